@@ -1,0 +1,119 @@
+"""Checkpoints that survive kills: atomic writes, the last two kept, corrupt files detected.
+
+A checkpoint is written to a temporary file in the same directory, flushed to disk and renamed
+over its final name (``os.replace`` is atomic on POSIX), so a run killed mid-write leaves the
+previous checkpoint intact. The newest ``keep`` checkpoints are kept; when the newest cannot be
+read (truncated by a full disk, say) the one before it is used, with a warning saying so.
+
+Every checkpoint carries a ``fingerprint`` of what makes weights comparable (dataset, model,
+method, seed): resuming from a checkpoint of a different run is refused with the reason,
+never silently ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "swalab-checkpoint"
+VERSION = 1
+_NAME = re.compile(r"^epoch(\d+)(?:_step(\d+))?\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: corrupt, from another run, or of another format."""
+
+
+def atomic_save(obj: Any, path: str | Path) -> Path:
+    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; checkpoints are shared like any other output
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def checkpoint_paths(directory: str | Path) -> list[Path]:
+    """Checkpoints in ``directory`` (``epochNNNN.pt``, ``epochNNNN_stepSSSSSS.pt``), newest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [((int(m.group(1)), int(m.group(2) or 0)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def save_checkpoint(state: dict, directory: str | Path, epoch: int, step: int = 0, keep: int = 2) -> Path:
+    """Write ``state`` atomically and delete all but the newest ``keep`` checkpoints.
+
+    The name is ``epochNNNN.pt`` at an epoch boundary and ``epochNNNN_stepSSSSSS.pt`` for a
+    checkpoint written ``step`` steps into the next epoch (preemption).
+    """
+    state = {"format": FORMAT, "version": VERSION, **state}
+    name = f"epoch{epoch:04d}.pt" if step == 0 else f"epoch{epoch:04d}_step{step:06d}.pt"
+    path = atomic_save(state, Path(directory) / name)
+    for old in checkpoint_paths(directory)[keep:]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Load one checkpoint file, raising ``CheckpointError`` with the reason when it is unusable."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # truncated zip, wrong pickle, disk error...
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a swalab checkpoint (no '{FORMAT}' marker)")
+    if state.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {state.get('version')}, this swalab reads {VERSION}")
+    return state
+
+
+def load_latest(directory: str | Path, fingerprint: dict | None = None) -> dict | None:
+    """The newest readable checkpoint in ``directory`` (None if there is none).
+
+    Unreadable checkpoints are skipped with a warning naming them; a readable one whose
+    fingerprint differs from ``fingerprint`` is refused with ``CheckpointError``.
+    """
+    for path in checkpoint_paths(directory):
+        try:
+            state = read_checkpoint(path)
+        except CheckpointError as exc:
+            warnings.warn(f"{exc}; falling back to the previous checkpoint", RuntimeWarning, stacklevel=2)
+            continue
+        check_fingerprint(state, fingerprint, path)
+        state["path"] = str(path)
+        return state
+    if checkpoint_paths(directory):
+        raise CheckpointError(f"no readable checkpoint in {directory}: every one is corrupt. Move the directory "
+                              "away to start the run afresh.")
+    return None
+
+
+def check_fingerprint(state: dict, fingerprint: dict | None, path: str | Path) -> None:
+    """Refuse a checkpoint written by a run with a different dataset/model/method/seed."""
+    if fingerprint is None:
+        return
+    theirs = state.get("fingerprint", {})
+    diffs = [f"{k}: checkpoint has {theirs.get(k)!r}, this run has {v!r}"
+             for k, v in fingerprint.items() if theirs.get(k) != v]
+    if diffs:
+        raise CheckpointError(f"checkpoint {path} belongs to a different run (" + "; ".join(diffs) +
+                              "). Use another output directory (hydra.run.dir=...) or trainer.resume=false "
+                              "after moving it away.")

@@ -1,0 +1,108 @@
+"""The hook protocol between the shared trainer and a training method.
+
+The trainer knows no method by name. It asks the method for the learning rate of every step,
+calls its hooks at fixed points of the loop, and at the end asks it for named *predictors*
+(``{"swa": model, "sgd": model}``, ``{"fge": ensemble}``) that the evaluators score the same way.
+Adding a method is one ``methods/x.py`` and one ``conf/method/x.yaml``; the loop stays as it is.
+
+Hooks run in this order::
+
+    on_train_start(ctx)                      once; on a resume, load_state_dict(state, ctx) follows
+    for epoch:
+        for step:  lr_at(...) -> optimizer step -> on_step_end(ctx, epoch, step)
+        on_epoch_end(ctx, epoch)
+    predictors(ctx)                           once, after the last epoch
+
+A method's ``state_dict`` goes into every checkpoint, so resuming in the middle of averaging
+restores the average exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from swalab.evaluate import ModelPredictor, Predictor
+from swalab.schedules import Schedule
+
+
+@dataclass
+class TrainContext:
+    """What the trainer lends to a method: the live model and the means to score and re-estimate.
+
+    ``update_bn(model)`` recomputes a model's BatchNorm statistics with one pass over the
+    training data (train mode, exact cumulative average, no grad); ``test_probs(model)`` gives
+    its softmax probabilities on the test set (labels in ``test_labels``); ``log`` adds values to
+    the current epoch's line of the run's history.
+    """
+
+    model: nn.Module
+    device: torch.device
+    epochs: int
+    steps_per_epoch: int
+    run_dir: Path
+    update_bn: Callable[[nn.Module], None]
+    test_probs: Callable[[nn.Module], torch.Tensor]
+    test_labels: torch.Tensor
+    amp: bool = True
+    log: Callable[[dict], None] = field(default=lambda row: None)
+
+
+class Method:
+    """Base class: plain SGD behaviour, every hook a no-op. Subclasses override what they need.
+
+    ``schedule`` is the base learning-rate schedule from ``conf/schedule``; methods that add a
+    phase of their own (SWA, FGE) switch away from it at their start epoch.
+    """
+
+    name = "method"
+
+    def __init__(self, schedule: Schedule, budget: float = 1.0, name: str | None = None):
+        self.schedule = schedule
+        self.budget = budget
+        if name is not None:
+            self.name = name
+
+    # -- checks before anything trains ---------------------------------------------------
+    def validate(self, epochs: int, initialized: bool) -> None:
+        """Raise ``ValueError`` naming the config key when the settings cannot work.
+
+        ``epochs`` is the run's length, ``initialized`` whether it starts from trained weights
+        (``trainer.init_from``). Called before any training, so a bad value costs nothing.
+        """
+
+    # -- learning rate -------------------------------------------------------------------
+    def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
+        return self.schedule.at(epoch, step, steps_per_epoch)
+
+    # -- hooks -----------------------------------------------------------------------------
+    def on_train_start(self, ctx: TrainContext) -> None:
+        pass
+
+    def on_step_end(self, ctx: TrainContext, epoch: int, step: int) -> None:
+        pass
+
+    def on_epoch_end(self, ctx: TrainContext, epoch: int) -> None:
+        pass
+
+    def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
+        return {"sgd": ModelPredictor(ctx.model, ctx.device, ctx.amp)}
+
+    def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
+        """Metrics beyond accuracy/NLL/ECE, merged into ``metrics.json`` per predictor."""
+        return {}
+
+    def final_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """State dicts of the method's own models (SWA average, EMA) for the final checkpoint."""
+        return {}
+
+    # -- checkpointing -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TrainContext) -> None:
+        pass

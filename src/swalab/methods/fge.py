@@ -1,0 +1,97 @@
+"""Fast Geometric Ensembling (Garipov et al., NeurIPS 2018), the paper's ensemble baseline.
+
+From a trained start (``trainer.init_from`` or ``pretrain_epochs`` of SGD), run a triangular
+cyclic learning rate ``lr_max -> lr_min -> lr_max`` with a period of ``cycle`` epochs and
+collect the weights at the middle of every cycle, where the lr is lowest. The ensemble's
+prediction is the mean of the members' softmax probabilities.
+
+Each member's test probabilities are computed once, when it is collected, and cached: scoring
+the ensemble of the first k members then needs no forward pass, and the whole accuracy/NLL
+curve against the number of members comes for free. With ``save_members`` the members' weights
+are written to ``<run>/members/`` so the ensemble can be re-scored on other data later.
+
+The cycle must be an even number of epochs: members are collected at the end of the epoch that
+completes the first half of a cycle, as in the reference recipe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from swalab.checkpoint import atomic_save
+from swalab.evaluate import CachedEnsemble, Predictor
+from swalab.methods.base import Method, TrainContext
+from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
+
+
+class FGE(Method):
+    name = "fge"
+
+    def __init__(self, schedule: Schedule, lr_max: float, lr_min: float, cycle: int = 2,
+                 pretrain_epochs: int = 0, pre_schedule: str = "reference", bn_update: bool = False,
+                 save_members: bool = False, budget: float = 1.0, name: str | None = None):
+        super().__init__(schedule, budget, name)
+        self.lr_max, self.lr_min, self.cycle = float(lr_max), float(lr_min), int(cycle)
+        self.pretrain_epochs, self.pre_schedule_name = int(pretrain_epochs), pre_schedule
+        self.bn_update, self.save_members = bn_update, save_members
+        self.pre_schedule = (PaperSGD(lr=schedule.lr, horizon=max(self.pretrain_epochs, 1))
+                             if pre_schedule == "reference" else schedule)
+        self.ensemble = CachedEnsemble()
+        self.member_epochs: list[int] = []
+
+    def validate(self, epochs: int, initialized: bool) -> None:
+        if self.cycle < 2 or self.cycle % 2:
+            raise ValueError(f"method.cycle must be an even number of epochs >= 2 (members are collected at "
+                             f"the middle of each cycle), got {self.cycle}")
+        if not (self.lr_max > 0 and self.lr_min > 0):
+            raise ValueError(f"method.lr_max and method.lr_min must be > 0, got {self.lr_max}, {self.lr_min}")
+        if self.pre_schedule_name not in ("reference", "base"):
+            raise ValueError(f"method.pre_schedule={self.pre_schedule_name!r} must be 'reference' or 'base'")
+        if self.pretrain_epochs < 0:
+            raise ValueError(f"method.pretrain_epochs must be >= 0, got {self.pretrain_epochs}")
+        if self.pretrain_epochs == 0 and not initialized:
+            raise ValueError("FGE needs a trained starting point: set trainer.init_from=<checkpoint or run dir> "
+                             "or method.pretrain_epochs>0 (epochs of SGD before the cycles start)")
+        if epochs - self.pretrain_epochs < self.cycle // 2:
+            raise ValueError(f"trainer.epochs={epochs} leaves {epochs - self.pretrain_epochs} epochs after "
+                             f"method.pretrain_epochs={self.pretrain_epochs}: fewer than half a cycle "
+                             f"({self.cycle // 2}), so no member would be collected")
+
+    def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
+        if epoch < self.pretrain_epochs:
+            return self.pre_schedule.at(epoch, step, steps_per_epoch)
+        return fge_cyclic_lr(epoch - self.pretrain_epochs, step / steps_per_epoch,
+                             self.lr_max, self.lr_min, self.cycle)
+
+    def is_collection_epoch(self, epoch: int) -> bool:
+        """Whether a member is collected at the end of (0-based) ``epoch``."""
+        e = epoch - self.pretrain_epochs
+        return e >= 0 and (e % self.cycle) + 1 == self.cycle // 2
+
+    def on_epoch_end(self, ctx: TrainContext, epoch: int) -> None:
+        if not self.is_collection_epoch(epoch):
+            return
+        if self.bn_update:
+            ctx.update_bn(ctx.model)
+        self.ensemble.add(ctx.test_probs(ctx.model))
+        self.member_epochs.append(epoch)
+        if self.save_members:
+            path = Path(ctx.run_dir) / "members" / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_save({"model": ctx.model.state_dict(), "epoch": epoch + 1}, path)
+
+    def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
+        return {"fge": self.ensemble}
+
+    def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
+        return {"fge": {"members": len(self.ensemble), "member_epochs": [e + 1 for e in self.member_epochs],
+                        "curve": self.ensemble.curve(labels)}}
+
+    def state_dict(self) -> dict:
+        return {"member_probs": self.ensemble.member_probs, "member_epochs": self.member_epochs}
+
+    def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
+        self.ensemble = CachedEnsemble(state.get("member_probs", []))
+        self.member_epochs = list(state.get("member_epochs", []))

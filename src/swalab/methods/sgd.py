@@ -1,0 +1,9 @@
+"""Conventional SGD: the paper's baseline. Everything it needs is the base class's default."""
+
+from swalab.methods.base import Method
+
+
+class SGD(Method):
+    """Train with the base schedule alone; the last iterate is the ``sgd`` predictor."""
+
+    name = "sgd"

@@ -1,0 +1,189 @@
+"""Learning-rate schedules as pure functions of training progress.
+
+Every formula here is written out in ``shared/reference.md`` section 1 and is tested
+alone against it. Two layers:
+
+* plain functions (``paper_sgd_factor``, ``cyclic_swa_lr``, ``fge_cyclic_lr`` ...) that take
+  numbers and return numbers, one per formula;
+* small callable schedule objects (``PaperSGD``, ``Constant``, ``Cosine`` ...) that Hydra
+  instantiates from ``conf/schedule/*.yaml``. Each maps a (fractional) epoch to a learning
+  rate and says whether it changes within an epoch (``per_iteration``).
+
+Methods combine a base schedule with their own phase (SWA's constant or cyclic phase, FGE's
+triangular cycles); the trainer only ever asks a method for "the learning rate of step s of
+epoch e".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+# ----------------------------------------------------------------------------- formulas
+
+
+def paper_sgd_factor(t: float, final_ratio: float) -> float:
+    """Conventional SGD schedule of the paper (appendix), as a multiple of the initial lr.
+
+    ``t`` is training progress in [0, 1]: factor 1 up to t = 0.5, a linear decay to
+    ``final_ratio`` between t = 0.5 and 0.9, then ``final_ratio`` to the end. With
+    ``final_ratio = swa_lr / lr_init`` this is also the reference code's pre-SWA schedule.
+    """
+    if t <= 0.5:
+        return 1.0
+    if t <= 0.9:
+        return 1.0 - (1.0 - final_ratio) * (t - 0.5) / 0.4
+    return final_ratio
+
+
+def reference_swa_lr(epoch: int, lr_init: float, swa_lr: float | None, swa_start: int | None, epochs: int) -> float:
+    """The reference implementation's ``schedule(epoch)``, set once per (0-indexed) epoch.
+
+    With SWA (``swa_lr`` and ``swa_start`` given) progress is measured against ``swa_start``
+    and the lr settles at ``swa_lr``; without SWA it is measured against ``epochs`` and
+    settles at ``0.01 * lr_init``.
+    """
+    swa = swa_lr is not None and swa_start is not None
+    t = epoch / (swa_start if swa else epochs)
+    ratio = swa_lr / lr_init if swa else 0.01
+    return lr_init * paper_sgd_factor(t, ratio)
+
+
+def cyclic_swa_lr(iteration: int, a1: float, a2: float, cycle: int) -> float:
+    """The paper's cyclic SWA schedule (section 3.1), per iteration ``i = 1, 2, ...``.
+
+    ``a(i) = (1 - t(i)) a1 + t(i) a2`` with ``t(i) = (mod(i - 1, c) + 1) / c``: a sawtooth
+    that decays linearly from near ``a1`` to exactly ``a2`` at the end of each cycle and then
+    jumps back. Models are captured where ``mod(i, c) == 0`` (the lr minimum).
+    """
+    if iteration < 1:
+        raise ValueError(f"cyclic_swa_lr counts iterations from 1, got {iteration}")
+    t = ((iteration - 1) % cycle + 1) / cycle
+    return (1.0 - t) * a1 + t * a2
+
+
+def fge_cyclic_lr(epoch: int, iter_fraction: float, a1: float, a2: float, cycle: int) -> float:
+    """FGE's triangular cyclic learning rate (Garipov et al. 2018), per iteration.
+
+    ``t = ((epoch % c) + iter_fraction) / c``; the lr goes linearly ``a1 -> a2`` over the first
+    half of a cycle and ``a2 -> a1`` over the second. ``iter_fraction`` is the position in the
+    epoch in [0, 1).
+    """
+    t = ((epoch % cycle) + iter_fraction) / cycle
+    if t < 0.5:
+        return a1 * (1.0 - 2.0 * t) + a2 * 2.0 * t
+    return a1 * (2.0 * t - 1.0) + a2 * (2.0 - 2.0 * t)
+
+
+def cosine_lr(t: float, lr: float, lr_min: float = 0.0) -> float:
+    """Cosine annealing from ``lr`` at t = 0 to ``lr_min`` at t = 1 (Loshchilov & Hutter)."""
+    t = min(max(t, 0.0), 1.0)
+    return lr_min + 0.5 * (lr - lr_min) * (1.0 + math.cos(math.pi * t))
+
+
+def piecewise_lr(epoch: float, lr: float, milestones: Sequence[float], gamma: float) -> float:
+    """Step decay: ``lr * gamma**k`` where k milestones (in epochs) have been passed."""
+    return lr * gamma ** sum(1 for m in milestones if epoch >= m)
+
+
+def shake_shake_swa_lr(epoch: int) -> float:
+    """The paper's SWA schedule for Shake-Shake (appendix), a 100-epoch cosine cycle.
+
+    ``a(i) = 0.1 (1 + cos(pi (1600 + epoch mod 100) / 1800))``: the tail of the 1800-epoch
+    cosine schedule from epoch 1600, repeated every 100 epochs.
+    """
+    return 0.1 * (1.0 + math.cos(math.pi * (1600 + epoch % 100) / 1800))
+
+
+def swalr_lr(step: int, swa_lr: float, lr_prev: float, anneal_epochs: int, strategy: str = "cos") -> float:
+    """torch's ``SWALR`` rule: anneal from the lr in force to ``swa_lr`` over ``anneal_epochs``.
+
+    ``lr = swa_lr a(t) + lr_prev (1 - a(t))``, ``t = min(1, step / anneal_epochs)``, with
+    ``a(t) = t`` ("linear") or ``(1 - cos(pi t)) / 2`` ("cos"). ``step`` counts epochs since
+    SWA started, from 0. This is torch's recipe, offered as an option next to the paper's.
+    """
+    if strategy not in ("cos", "linear"):
+        raise ValueError(f"SWALR anneal strategy must be 'cos' or 'linear', got {strategy!r}")
+    t = 1.0 if anneal_epochs <= 0 else min(1.0, step / anneal_epochs)
+    alpha = t if strategy == "linear" else (1.0 - math.cos(math.pi * t)) / 2.0
+    return swa_lr * alpha + lr_prev * (1.0 - alpha)
+
+
+# ----------------------------------------------------------------------------- schedule objects
+
+
+@dataclass
+class Schedule:
+    """A learning rate as a function of fractional epoch (``epoch + step / steps_per_epoch``).
+
+    ``per_iteration = False`` schedules are evaluated at the integer epoch only, as in the
+    reference code, which sets the lr once at the start of each epoch.
+    """
+
+    lr: float
+    per_iteration: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"schedule.lr must be > 0, got {self.lr}")
+
+    def __call__(self, epoch: float) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError(type(self).__name__ + " must define __call__")
+
+    def at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
+        """The lr for optimizer step ``step`` (0-based) of epoch ``epoch`` (0-based)."""
+        return self(epoch + step / steps_per_epoch if self.per_iteration else float(epoch))
+
+
+@dataclass
+class Constant(Schedule):
+    """The same lr throughout (the paper's Fig. 7 'constant lr from scratch' runs)."""
+
+    def __call__(self, epoch: float) -> float:
+        return self.lr
+
+
+@dataclass
+class PaperSGD(Schedule):
+    """The paper's conventional SGD schedule over ``horizon`` epochs (appendix).
+
+    ``final_lr`` defaults to ``0.01 * lr``. Used as SWA's pre-averaging schedule with
+    ``horizon = swa_start`` and ``final_lr = swa_lr`` (reference code).
+    """
+
+    horizon: float = 1.0
+    final_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.horizon > 0:
+            raise ValueError(f"schedule.horizon must be > 0 epochs, got {self.horizon}")
+
+    def __call__(self, epoch: float) -> float:
+        final = 0.01 * self.lr if self.final_lr is None else self.final_lr
+        return self.lr * paper_sgd_factor(epoch / self.horizon, final / self.lr)
+
+
+@dataclass
+class Cosine(Schedule):
+    """Cosine annealing over ``horizon`` epochs (Shake-Shake's SGD schedule)."""
+
+    horizon: float = 1.0
+    lr_min: float = 0.0
+
+    def __call__(self, epoch: float) -> float:
+        return cosine_lr(epoch / self.horizon, self.lr, self.lr_min)
+
+
+@dataclass
+class Piecewise(Schedule):
+    """Step decay at ``milestones`` given as fractions of ``horizon`` (PyramidNet: 0.5, 0.75)."""
+
+    horizon: float = 1.0
+    milestones: Sequence[float] = (0.5, 0.75)
+    gamma: float = 0.1
+
+    def __call__(self, epoch: float) -> float:
+        return piecewise_lr(epoch, self.lr, [m * self.horizon for m in self.milestones], self.gamma)

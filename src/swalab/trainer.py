@@ -1,0 +1,308 @@
+"""The one training loop every method runs through.
+
+The trainer owns the device, precision and memory layout (bf16 autocast and channels_last on
+CUDA, optional ``torch.compile``), the optimizer, the per-epoch history, checkpoints and
+resuming. It knows no method by name: it asks the method for the learning rate of every step and
+calls its hooks (``swalab.methods.base``).
+
+Resuming is exact. A checkpoint holds the model, optimizer, method state, every RNG state, the
+history so far and the position in the epoch; the data order and augmentation of an epoch
+depend only on (seed, epoch), so a run resumed from a checkpoint written mid-epoch (after a
+preemption signal) or at an epoch boundary (after a kill) ends with the same weights as one
+that ran straight through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.swa_utils import update_bn
+
+from swalab.checkpoint import save_checkpoint
+from swalab.evaluate import autocast_for, evaluate_predictors, labels_of, mean_loss_and_accuracy, predict_logits
+from swalab.methods.base import Method, TrainContext
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or Inf loss; the last good checkpoint and the history are kept."""
+
+
+class Preempted(RuntimeError):
+    """A SIGTERM / SIGUSR1 arrived; a checkpoint was written and the run should be re-launched."""
+
+
+def select_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present, else CPU; ``cuda`` without a GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"trainer.device must be auto, cpu or cuda[:N], got {name!r}")
+    return torch.device(name)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class TrainerOptions:
+    """Loop settings, all explicit (``train.py`` fills them from ``conf/trainer``)."""
+
+    epochs: int
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    amp: bool = True                 # bf16 autocast, CUDA only
+    channels_last: bool = True       # CUDA only
+    compile: bool = False
+    eval_every: int = 1              # score the live model on the test set every N epochs (0: end only)
+    checkpoint_every: int = 1        # epochs between checkpoints
+    keep_checkpoints: int = 2
+    nonfinite: str = "stop"          # stop | skip
+    max_skips: int = 10
+    progress: bool | None = None     # None: a bar only on an interactive terminal
+    save_at: tuple[int, ...] = ()    # epochs whose checkpoints are kept for good (branching)
+    handle_signals: bool = True
+
+
+class Trainer:
+    def __init__(self, model: nn.Module, method: Method, train_loader, test_loader, bn_loader: Iterable,
+                 device: torch.device, run_dir: str | Path, options: TrainerOptions,
+                 fingerprint: dict | None = None, logger=None, on_epoch: Callable[[dict], None] | None = None):
+        self.device, self.opts, self.method = device, options, method
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.train_loader, self.test_loader, self.bn_loader = train_loader, test_loader, bn_loader
+        self.fingerprint, self.logger, self.on_epoch = fingerprint or {}, logger, on_epoch
+        cuda = device.type == "cuda"
+        self.amp = options.amp and cuda
+        self.model = model.to(device)
+        if cuda and options.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.forward_model = torch.compile(self.model) if options.compile else self.model
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=method.lr_at(0, 0, 1),
+                                         momentum=options.momentum, weight_decay=options.weight_decay,
+                                         nesterov=options.nesterov)
+        self.history: list[dict] = []
+        self._pending_log: dict = {}
+        self._signal: int | None = None
+        self.test_labels = labels_of(test_loader)
+        self.ctx = TrainContext(model=self.model, device=device, epochs=options.epochs,
+                                steps_per_epoch=len(train_loader), run_dir=self.run_dir,
+                                update_bn=self.update_bn, test_probs=self.test_probs,
+                                test_labels=self.test_labels, amp=self.amp, log=self._pending_log.update)
+
+    # -- services lent to methods --------------------------------------------------------
+    def update_bn(self, model: nn.Module) -> None:
+        """Recompute BN statistics of ``model`` over the training data (exact average, no grad)."""
+        if hasattr(self.bn_loader, "set_epoch"):
+            self.bn_loader.set_epoch(0)
+        with autocast_for(self.device, self.amp):
+            update_bn(self.bn_loader, model, device=self.device)
+
+    def test_probs(self, model: nn.Module) -> torch.Tensor:
+        return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
+
+    # -- signals ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _preemption_signals(self):
+        if not self.opts.handle_signals:
+            yield
+            return
+        def handler(signum, frame):
+            self._signal = signum
+        previous = {}
+        try:
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not in the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def state(self, epoch: int, step: int, partial: dict | None = None) -> dict:
+        return {"epoch": epoch, "step": step, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
+                "rng": rng_state(), "history": self.history, "partial": partial or {},
+                "fingerprint": self.fingerprint}
+
+    def save(self, epoch: int, step: int = 0, partial: dict | None = None) -> Path:
+        """Checkpoint after ``epoch`` whole epochs and ``step`` steps of the next one."""
+        return save_checkpoint(self.state(epoch, step, partial), self.ckpt_dir, epoch, step,
+                               keep=self.opts.keep_checkpoints)
+
+    def restore(self, state: dict) -> tuple[int, int, dict]:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.method.load_state_dict(state["method"], self.ctx)
+        self.history = list(state["history"])
+        set_rng_state(state["rng"])
+        self._write_history()
+        return int(state["epoch"]), int(state.get("step", 0)), dict(state.get("partial") or {})
+
+    def _write_history(self) -> None:
+        path = self.run_dir / "history.jsonl"
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in self.history))
+        tmp.replace(path)
+
+    # -- the loop ------------------------------------------------------------------------
+    def fit(self, resume: dict | None = None) -> dict[str, dict]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.method.on_train_start(self.ctx)
+        start_epoch, start_step, partial = 0, 0, {}
+        if resume is not None:
+            start_epoch, start_step, partial = self.restore(resume)
+        steps = len(self.train_loader)
+        skips = int(partial.get("skips", 0))
+        with self._preemption_signals():
+            for epoch in range(start_epoch, self.opts.epochs):
+                t0 = time.perf_counter() - float(partial.get("seconds", 0.0))
+                loss_sum = torch.tensor(float(partial.get("loss_sum", 0.0)), device=self.device)
+                correct = torch.tensor(float(partial.get("correct", 0.0)), device=self.device)
+                seen = int(partial.get("seen", 0))
+                bad_step = torch.tensor(-1, device=self.device)
+                first_step = start_step if epoch == start_epoch else 0
+                partial = {}
+                self.model.train()
+                if hasattr(self.train_loader, "set_epoch"):
+                    self.train_loader.set_epoch(epoch)
+                bar = self._progress(epoch, steps, first_step)
+                lr = self.method.lr_at(epoch, first_step, steps)
+                for step, (x, y) in enumerate(self.train_loader):
+                    if step < first_step:
+                        continue
+                    lr = self.method.lr_at(epoch, step, steps)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                    with autocast_for(self.device, self.amp):
+                        out = self.forward_model(x)
+                        loss = F.cross_entropy(out, y)
+                    if not self._finite(loss, epoch, step, skips):
+                        skips += 1
+                        continue
+                    bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss.detach()), step, bad_step)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    self.optimizer.step()
+                    self.method.on_step_end(self.ctx, epoch, step)
+                    loss_sum += loss.detach().float() * y.shape[0]
+                    correct += out.detach().argmax(1).eq(y).sum()
+                    seen += y.shape[0]
+                    if bar is not None and step % 10 == 0:
+                        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.4g}")
+                    if bar is not None:
+                        bar.update(1)
+                    if self._signal is not None and step + 1 < steps:
+                        self.save(epoch, step + 1, {"loss_sum": float(loss_sum), "correct": float(correct),
+                                                    "seen": seen, "skips": skips,
+                                                    "seconds": time.perf_counter() - t0})
+                        raise Preempted(f"signal {self._signal} received: checkpoint written at epoch {epoch}, "
+                                        f"step {step + 1}; re-launch the same command to continue")
+                if bar is not None:
+                    bar.close()
+                if int(bad_step) >= 0:
+                    raise NonFiniteLossError(
+                        f"the training loss became NaN/Inf at epoch {epoch + 1}, step {int(bad_step) + 1}; the last "
+                        f"good checkpoint "
+                        f"in {self.ckpt_dir} and history.jsonl are kept. Lower the learning rate or set "
+                        "trainer.nonfinite=skip.")
+                self.method.on_epoch_end(self.ctx, epoch)
+                row = {"epoch": epoch + 1, "lr": lr,
+                       "train_loss": float(loss_sum) / max(seen, 1), "train_acc": 100.0 * float(correct) / max(seen, 1)}
+                last = epoch + 1 == self.opts.epochs
+                if last or (self.opts.eval_every and (epoch + 1) % self.opts.eval_every == 0):
+                    row["test_loss"], row["test_acc"] = mean_loss_and_accuracy(
+                        self.model, self.test_loader, self.device, amp=self.amp)
+                row.update(self._pending_log)
+                self._pending_log.clear()
+                row["seconds"] = time.perf_counter() - t0
+                self.history.append(row)
+                self._write_history()
+                if self.on_epoch is not None:
+                    self.on_epoch(row)
+                if last or (epoch + 1) % self.opts.checkpoint_every == 0 or (epoch + 1) in self.opts.save_at \
+                        or self._signal is not None:
+                    self.save(epoch + 1)
+                    if (epoch + 1) in self.opts.save_at:
+                        self._keep_named(epoch + 1)
+                if self._signal is not None and not last:
+                    raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {epoch + 1}; "
+                                    "re-launch the same command to continue")
+        return self.evaluate()
+
+    def _keep_named(self, epoch: int) -> None:
+        """Hard-link (or copy) the checkpoint of ``epoch`` to ``checkpoints/saved/`` for branching."""
+        import shutil
+        src = self.ckpt_dir / f"epoch{epoch:04d}.pt"
+        dst = self.ckpt_dir / "saved" / src.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dst.unlink(missing_ok=True)
+            dst.hardlink_to(src)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    def _finite(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
+        """In ``skip`` mode, drop a non-finite step (syncs each step); ``stop`` checks per epoch."""
+        if self.opts.nonfinite != "skip":
+            return True
+        if torch.isfinite(loss).item():
+            return True
+        if skips >= self.opts.max_skips:
+            raise NonFiniteLossError(
+                f"non-finite loss at epoch {epoch + 1}, step {step + 1}, after {skips} skipped steps "
+                f"(trainer.max_skips={self.opts.max_skips}); the last good checkpoint in {self.ckpt_dir} is kept")
+        warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
+        return False
+
+    def _progress(self, epoch: int, steps: int, initial: int):
+        if self.opts.progress is False:
+            return None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return None
+        return tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{self.opts.epochs}", leave=False,
+                    disable=None if self.opts.progress is None else not self.opts.progress)
+
+    def evaluate(self) -> dict[str, dict]:
+        """Score every predictor the method hands back, the same way, on the test set."""
+        predictors = self.method.predictors(self.ctx)
+        metrics = evaluate_predictors(predictors, self.test_loader, self.test_labels)
+        for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():
+            metrics.setdefault(name, {}).update(extra)
+        return metrics

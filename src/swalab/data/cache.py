@@ -1,0 +1,99 @@
+"""A decode cache for image data sets: decoded uint8 tensors saved next to the data they came from.
+
+Decoding the 60,000 JPEGs of CIFAR-10 takes far longer than reading the same pixels back from one
+tensor file, so the first load saves its result to ``<root>/.swalab_cache/<name>-<layout>-v1.pt`` and
+later loads read that instead. The file is written to a temporary name in the same folder and then
+renamed with ``os.replace`` (atomic on POSIX), so several jobs starting together on a shared file system
+either see no cache or a complete one, never half a file; at worst each of them decodes once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CACHE_DIR = ".swalab_cache"
+CACHE_FORMAT_VERSION = 1
+CACHE_KEYS = ("format_version", "source", "train_images", "train_labels", "test_images", "test_labels", "classes")
+
+
+def cache_path(root: Path, name: str, layout: str) -> Path:
+    """Where the cache for data set ``name`` read from ``layout`` under ``root`` lives."""
+    return Path(root) / CACHE_DIR / f"{name}-{layout}-v{CACHE_FORMAT_VERSION}.pt"
+
+
+def load_cache(path: Path, source: dict[str, Any]) -> dict[str, Any] | None:
+    """Read a cache written by :func:`save_cache`, or return ``None`` if it must be (re)built.
+
+    A missing file returns ``None`` quietly. A file that cannot be loaded, has another
+    ``format_version``, lacks a key, or was built from other source files (``source`` differs) also
+    returns ``None``, with a warning saying why, so the caller rebuilds and overwrites it.
+    """
+    if not path.is_file():
+        return None
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, corrupt, or written by an incompatible torch: all mean "rebuild"
+        warnings.warn(f"decode cache {path} could not be loaded ({type(err).__name__}: {err}); rebuilding it", stacklevel=3)
+        return None
+    if not isinstance(obj, dict):
+        warnings.warn(f"decode cache {path} holds a {type(obj).__name__}, not a dict; rebuilding it", stacklevel=3)
+        return None
+    version = obj.get("format_version")
+    if version != CACHE_FORMAT_VERSION:
+        warnings.warn(
+            f"decode cache {path} has format_version {version!r} but this swalab reads version "
+            f"{CACHE_FORMAT_VERSION}; rebuilding it",
+            stacklevel=3,
+        )
+        return None
+    missing = [k for k in CACHE_KEYS if k not in obj]
+    if missing:
+        warnings.warn(f"decode cache {path} lacks {missing}; rebuilding it", stacklevel=3)
+        return None
+    if obj["source"] != source:
+        warnings.warn(
+            f"decode cache {path} was built from other files than those now under the data folder "
+            f"(images added, removed or modified since); rebuilding it",
+            stacklevel=3,
+        )
+        return None
+    return obj
+
+
+def save_cache(path: Path, payload: dict[str, Any]) -> bool:
+    """Write ``payload`` (which gets ``format_version`` added) atomically to ``path``.
+
+    Returns ``False`` with a warning, instead of raising, when the folder is not writable (a read-only
+    data mount, a full disk): the caller already has the data, it only loses the speed-up next time.
+    """
+    payload = {"format_version": CACHE_FORMAT_VERSION, **payload}
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.stem}.", suffix=".pt.tmp")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; other users sharing the data folder must read it too
+        os.replace(tmp, path)
+        tmp = None
+        return True
+    except OSError as err:
+        warnings.warn(
+            f"cannot write decode cache {path} ({type(err).__name__}: {err}); continuing without it, so the "
+            f"images will be decoded again on the next load. Make dataset.root writable to cache them, or "
+            f"load with cache=False to skip caching",
+            stacklevel=3,
+        )
+        return False
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

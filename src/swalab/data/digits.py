@@ -1,0 +1,53 @@
+"""scikit-learn's 8x8 handwritten digits: the offline default data set.
+
+1,797 grey-scale 8x8 images of the digits 0-9 ship inside the scikit-learn package, so this data set
+needs no download and no data folder. It is what the shipped default config, the smoke tests and the
+end-to-end tests train on: a few seconds on a CPU are enough to see SGD, SWA and FGE differ. It says
+nothing about CIFAR-scale accuracy; use it to check that the machinery runs, not to reproduce the paper.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .splits import DataSplit, ImageData, subset
+
+SPLIT_SEED = 0
+
+
+def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: float = 0.2) -> ImageData:
+    """Load the digits as ``uint8`` images ``[N, 1, 8, 8]`` with a fixed stratified train/test split.
+
+    The pixel values 0..16 are scaled to 0..255 (``round(v * 255 / 16)``) so that the same
+    normalisation code (``x / 255``) serves every data set.
+
+    Args:
+        train_size: keep only this many training images (seeded, class-stratified, see
+            :func:`swalab.data.subset`); ``None`` keeps all of them.
+        seed: the run seed; it picks the ``train_size`` subset only. The train/test split itself is
+            always drawn with seed 0, so the test set is the same for every run and seed and test
+            numbers from different runs can be compared.
+        test_fraction: share of the 1,797 images held out as the test set (stratified by class).
+    """
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction!r}")
+    bunch = sklearn_digits()
+    images = torch.from_numpy(np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
+    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    train_idx, test_idx = train_test_split(
+        np.arange(len(labels)), test_size=test_fraction, stratify=bunch.target, random_state=SPLIT_SEED
+    )
+    train_idx, test_idx = torch.from_numpy(np.sort(train_idx)), torch.from_numpy(np.sort(test_idx))
+    train = DataSplit(images=images[train_idx], labels=labels[train_idx])
+    test = DataSplit(images=images[test_idx], labels=labels[test_idx])
+    return ImageData(
+        name="digits",
+        train=subset(train, train_size, seed),
+        test=test,
+        num_classes=10,
+        classes=[str(d) for d in range(10)],
+    )

@@ -1,0 +1,180 @@
+"""Reading an image-folder data set (``root/{train,test}/<class>/<image>``) into uint8 tensors.
+
+This is the layout of the JPEG copy of CIFAR-10 and of most data sets exported by hand. Class indices
+are the positions of the class folder names in sorted order, which for CIFAR-10 and CIFAR-100 is the
+standard label order. Every image is decoded once with PIL to RGB; decoding tens of thousands of small
+files is slow (see :func:`swalab.data.cifar.load_cifar` for the decode cache), so decoding runs in a
+small thread pool (PIL releases the GIL while it decodes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .splits import DataSplit
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+SPLITS = ("train", "test")
+
+
+def has_image_folder(root: Path) -> bool:
+    """Whether ``root`` looks like an image folder (holds ``train/`` or ``test/``)."""
+    return any((root / s).is_dir() for s in SPLITS)
+
+
+def _class_dirs(split_dir: Path) -> list[str]:
+    return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+
+
+def _image_files(class_dir: Path) -> list[str]:
+    return sorted(
+        e.name
+        for e in os.scandir(class_dir)
+        if not e.name.startswith(".") and e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()
+    )
+
+
+def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+    """List the classes and the ``(file path, label)`` pairs of both splits, checking the layout.
+
+    Paths are plain strings (``root/split/class/name``): for 60,000 files, ``pathlib`` objects would
+    make listing and fingerprinting a cached data set several times slower than reading its cache.
+
+    Raises ``FileNotFoundError`` when a split is missing and ``ValueError`` when a class folder is
+    empty or the two splits have different class folders; each message names the folder concerned.
+    """
+    root = Path(root)
+    missing = [s for s in SPLITS if not (root / s).is_dir()]
+    if missing:
+        present = [s for s in SPLITS if s not in missing]
+        raise FileNotFoundError(
+            f"image folder {root} has {', '.join(f'{s}/' for s in present) or 'no split folders'} but no "
+            f"{' or '.join(f'{s}/' for s in missing)}: the image-folder layout needs both "
+            f"{root / 'train'}/<class>/* and {root / 'test'}/<class>/*"
+        )
+    classes = _class_dirs(root / "train")
+    if not classes:
+        raise ValueError(f"{root / 'train'} holds no class folders; expected {root / 'train'}/<class>/<image>")
+    test_classes = _class_dirs(root / "test")
+    if test_classes != classes:
+        only_train = sorted(set(classes) - set(test_classes))
+        only_test = sorted(set(test_classes) - set(classes))
+        raise ValueError(
+            f"train/ and test/ under {root} have different class folders: "
+            f"only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}"
+        )
+    files: dict[str, list[tuple[str, int]]] = {}
+    for split in SPLITS:
+        pairs = []
+        for label, name in enumerate(classes):
+            class_dir = root / split / name
+            names = _image_files(class_dir)
+            if not names:
+                raise ValueError(
+                    f"class folder {class_dir} is empty: it holds no image files ({', '.join(IMAGE_EXTENSIONS)})"
+                )
+            if max_per_class is not None:
+                names = names[:max_per_class]
+            prefix = os.path.join(class_dir, "")
+            pairs.extend((prefix + n, label) for n in names)
+        files[split] = pairs
+    return classes, files
+
+
+def fingerprint(files: dict[str, list[tuple[str, int]]], root: Path) -> str:
+    """A hash of every listed file's path relative to ``root``, label, size and modification time.
+
+    Stored with the decode cache: if an image is added, removed, relabelled or rewritten, the hash
+    changes and the cache is rebuilt instead of silently serving stale pixels. Relative paths keep the
+    cache valid when the whole folder is moved or copied with its timestamps (``cp -a``, ``rsync -a``).
+    """
+    skip = len(os.path.join(root, ""))  # the listed paths all start with root/
+    lines = []
+    for split in SPLITS:
+        for path, label in files[split]:
+            st = os.stat(path)
+            lines.append(f"{path[skip:]}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def _decode_image(path: str | Path) -> np.ndarray:
+    """Decode one file to an RGB ``uint8`` array ``[H, W, 3]``, naming the file if it cannot be read."""
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError or DecompressionBombError
+        raise ValueError(f"cannot decode image {path}: {type(err).__name__}: {err}") from err
+
+
+def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = None, workers: int | None = None) -> torch.Tensor:
+    """Decode ``paths`` into one ``uint8`` tensor ``[N, 3, H, W]``.
+
+    All images must have the same size (``size`` if given, else that of the first image); a file of
+    another size raises ``ValueError`` naming it, since a silently resized image would change the data.
+    """
+    if not paths:
+        raise ValueError("no images to decode")
+    first = _decode_image(paths[0])
+    expected = size if size is not None else first.shape[:2]
+    out = np.empty((len(paths), expected[0], expected[1], 3), dtype=np.uint8)
+
+    def put(i: int, arr: np.ndarray) -> None:
+        if arr.shape[:2] != tuple(expected):
+            raise ValueError(
+                f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but expected "
+                f"{expected[1]}x{expected[0]}: all images of a data set must have the same size"
+            )
+        out[i] = arr
+
+    put(0, first)
+    workers = workers or min(8, os.cpu_count() or 1)
+    chunk = 1024
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for start in range(1, len(paths), chunk):
+            batch = paths[start : start + chunk]
+            for j, arr in enumerate(pool.map(_decode_image, batch)):
+                put(start + j, arr)
+    return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+
+
+def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = None) -> DataSplit:
+    """Decode the ``(file, label)`` pairs listed by :func:`list_image_folder` into a :class:`DataSplit`."""
+    images = decode_images([p for p, _ in pairs], size=size)
+    labels = torch.tensor([y for _, y in pairs], dtype=torch.int64)
+    return DataSplit(images=images, labels=labels)
+
+
+def read_image_folder(
+    root: str | Path,
+    max_per_class: int | None = None,
+    size: tuple[int, int] | None = None,
+) -> tuple[DataSplit, DataSplit, list[str]]:
+    """Decode ``root/train/<class>/*`` and ``root/test/<class>/*`` into two splits, without caching.
+
+    Class folders are sorted by name and numbered from 0; files inside a class are taken in sorted
+    order. Hidden entries (``.name``) and files without an image extension are ignored. For CIFAR use
+    :func:`swalab.data.cifar.load_cifar`, which checks the class count and caches the decoded pixels.
+
+    Args:
+        root: folder holding ``train/`` and ``test/``.
+        max_per_class: if set, only the first ``max_per_class`` files (sorted by name) of each class
+            folder in each split are read. For tests and quick looks at a large folder; it is not a
+            random sample (use :func:`swalab.data.subset` / ``dataset.train_size`` for real subsets).
+        size: required ``(H, W)`` of every image; ``None`` requires only that all sizes agree.
+
+    Returns:
+        ``(train, test, classes)``.
+    """
+    if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
+        raise ValueError(f"max_per_class must be a positive integer or None, got {max_per_class!r}")
+    classes, files = list_image_folder(Path(root), max_per_class)
+    train = decode_split(files["train"], size=size)
+    test = decode_split(files["test"], size=tuple(train.images.shape[-2:]))  # must match the train images
+    return train, test, classes

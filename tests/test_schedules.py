@@ -1,0 +1,299 @@
+"""Every learning-rate formula against shared/reference.md section 1, at many points.
+
+The expected values are written out independently of ``swalab.schedules`` (straight from the
+formulas in the reference), including the cycle boundaries where off-by-one errors hide.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swalab.methods import FGE, SWA
+from swalab.schedules import (
+    Constant,
+    Cosine,
+    PaperSGD,
+    Piecewise,
+    cosine_lr,
+    cyclic_swa_lr,
+    fge_cyclic_lr,
+    paper_sgd_factor,
+    piecewise_lr,
+    reference_swa_lr,
+    shake_shake_swa_lr,
+    swalr_lr,
+)
+
+
+def reference_schedule(epoch, lr_init, swa_lr, swa_start, epochs, swa=True):
+    """timgaripov/swa train.py ``schedule(epoch)``, transcribed from reference.md."""
+    t = epoch / (swa_start if swa else epochs)
+    r = swa_lr / lr_init if swa else 0.01
+    if t <= 0.5:
+        factor = 1.0
+    elif t <= 0.9:
+        factor = 1.0 - (1.0 - r) * (t - 0.5) / 0.4
+    else:
+        factor = r
+    return lr_init * factor
+
+
+# ----------------------------------------------------------------------------- paper SGD / reference
+
+
+@pytest.mark.parametrize("t, expected", [(0.0, 1.0), (0.25, 1.0), (0.5, 1.0), (0.6, 1 - 0.99 * 0.25),
+                                         (0.7, 1 - 0.99 * 0.5), (0.9, 0.01), (0.95, 0.01), (1.0, 0.01)])
+def test_paper_sgd_factor_is_flat_then_linear_then_flat(t, expected):
+    assert paper_sgd_factor(t, 0.01) == pytest.approx(expected, abs=1e-12)
+
+
+def test_paper_sgd_factor_is_continuous_at_both_knees():
+    for knee in (0.5, 0.9):
+        assert paper_sgd_factor(knee - 1e-9, 0.2) == pytest.approx(paper_sgd_factor(knee + 1e-9, 0.2), abs=1e-7)
+
+
+@pytest.mark.parametrize("lr_init, swa_lr, swa_start, epochs", [(0.05, 0.01, 161, 300), (0.1, 0.05, 126, 225),
+                                                               (0.1, 0.01, 126, 225)])
+def test_reference_swa_lr_matches_reference_schedule_every_epoch(lr_init, swa_lr, swa_start, epochs):
+    for epoch in range(epochs):
+        assert reference_swa_lr(epoch, lr_init, swa_lr, swa_start, epochs) == pytest.approx(
+            reference_schedule(epoch, lr_init, swa_lr, swa_start, epochs))
+
+
+def test_reference_swa_lr_named_values_vgg16():
+    # VGG-16, 300 epochs, swa_start 161: t = 80/161 <= 0.5 -> lr_init; t >= 0.9 -> swa_lr.
+    assert reference_swa_lr(80, 0.05, 0.01, 161, 300) == pytest.approx(0.05)
+    assert reference_swa_lr(81, 0.05, 0.01, 161, 300) < 0.05
+    mid = 0.7 * 161  # not an integer epoch: check the linear part through the formula's value
+    assert reference_swa_lr(113, 0.05, 0.01, 161, 300) == pytest.approx(
+        0.05 * (1 - (1 - 0.2) * (113 / 161 - 0.5) / 0.4))
+    assert mid == pytest.approx(112.7)
+    assert reference_swa_lr(145, 0.05, 0.01, 161, 300) == pytest.approx(0.01)  # 145/161 = 0.9006
+    assert reference_swa_lr(299, 0.05, 0.01, 161, 300) == pytest.approx(0.01)
+
+
+def test_reference_lr_without_swa_decays_to_one_percent_over_all_epochs():
+    for epoch in range(200):
+        assert reference_swa_lr(epoch, 0.1, None, None, 200) == pytest.approx(
+            reference_schedule(epoch, 0.1, None, None, 200, swa=False))
+    assert reference_swa_lr(199, 0.1, None, None, 200) == pytest.approx(0.001)
+    assert reference_swa_lr(100, 0.1, None, None, 200) == pytest.approx(0.1)
+
+
+def test_paper_sgd_object_is_per_epoch_and_defaults_final_to_one_percent():
+    s = PaperSGD(lr=0.1, horizon=150)
+    for epoch in range(150):
+        assert s.at(epoch, 37, 100) == pytest.approx(reference_schedule(epoch, 0.1, None, None, 150, swa=False))
+    assert s(149) == pytest.approx(0.001)
+    s2 = PaperSGD(lr=0.1, horizon=150, final_lr=0.05)
+    assert s2(149) == pytest.approx(0.05)
+    assert s2.at(10, 0, 100) == s2.at(10, 99, 100)  # set once per epoch
+
+
+def test_paper_sgd_per_iteration_moves_within_an_epoch():
+    s = PaperSGD(lr=0.1, horizon=10, per_iteration=True)
+    assert s.at(6, 50, 100) == pytest.approx(0.1 * paper_sgd_factor(6.5 / 10, 0.01))
+
+
+@pytest.mark.parametrize("kwargs, key", [(dict(lr=0.0), "schedule.lr"), (dict(lr=0.1, horizon=0), "schedule.horizon")])
+def test_paper_sgd_rejects_bad_values_naming_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        PaperSGD(**kwargs)
+
+
+# ----------------------------------------------------------------------------- cyclic SWA (sawtooth)
+
+
+def paper_cyclic(i, a1, a2, c):
+    t = ((i - 1) % c + 1) / c
+    return (1 - t) * a1 + t * a2
+
+
+@pytest.mark.parametrize("c", [1, 2, 5, 391])
+def test_cyclic_swa_lr_matches_paper_formula_over_several_cycles(c):
+    for i in range(1, 4 * c + 2):
+        assert cyclic_swa_lr(i, 0.05, 0.001, c) == pytest.approx(paper_cyclic(i, 0.05, 0.001, c))
+
+
+def test_cyclic_swa_lr_jumps_from_a2_back_near_a1_at_the_cycle_boundary():
+    a1, a2, c = 0.05, 0.001, 10
+    assert cyclic_swa_lr(c, a1, a2, c) == pytest.approx(a2)            # minimum at i = c (capture point)
+    assert cyclic_swa_lr(2 * c, a1, a2, c) == pytest.approx(a2)
+    after = cyclic_swa_lr(c + 1, a1, a2, c)
+    assert after == pytest.approx(a1 - (a1 - a2) / c)                 # back near a1: t = 1/c
+    assert after - cyclic_swa_lr(c, a1, a2, c) == pytest.approx((a1 - a2) * (c - 1) / c)  # the discontinuity
+    assert cyclic_swa_lr(1, a1, a2, c) == pytest.approx(after)
+    values = [cyclic_swa_lr(i, a1, a2, c) for i in range(1, c + 1)]
+    assert all(x > y for x, y in zip(values, values[1:]))             # strictly decreasing within a cycle
+
+
+def test_cyclic_swa_lr_with_cycle_one_is_constant_a2():
+    assert [cyclic_swa_lr(i, 0.05, 0.001, 1) for i in range(1, 20)] == pytest.approx([0.001] * 19)
+
+
+def test_cyclic_swa_lr_counts_iterations_from_one():
+    with pytest.raises(ValueError, match="from 1"):
+        cyclic_swa_lr(0, 0.05, 0.001, 3)
+
+
+# ----------------------------------------------------------------------------- FGE triangular
+
+
+def dmc_cyclic(epoch, it, a1, a2, c):
+    t = ((epoch % c) + it) / c
+    if t < 0.5:
+        return a1 * (1 - 2 * t) + a2 * 2 * t
+    return a1 * (2 * t - 1) + a2 * (2 - 2 * t)
+
+
+@pytest.mark.parametrize("c", [2, 4, 6])
+def test_fge_cyclic_lr_matches_reference_formula(c):
+    steps = 8
+    for epoch in range(3 * c):
+        for step in range(steps):
+            it = step / steps
+            assert fge_cyclic_lr(epoch, it, 0.05, 1e-4, c) == pytest.approx(dmc_cyclic(epoch, it, 0.05, 1e-4, c))
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_fge_cyclic_lr_is_a1_at_cycle_start_and_a2_at_mid(c):
+    a1, a2 = 0.05, 0.01
+    for k in range(3):
+        assert fge_cyclic_lr(k * c, 0.0, a1, a2, c) == pytest.approx(a1)
+        assert fge_cyclic_lr(k * c + c // 2, 0.0, a1, a2, c) == pytest.approx(a2)
+    # triangular: symmetric around mid-cycle, continuous across the cycle boundary
+    assert fge_cyclic_lr(0, 0.25, a1, a2, c) == pytest.approx(fge_cyclic_lr(c - 1, 0.75, a1, a2, c))
+    assert fge_cyclic_lr(c - 1, 0.999, a1, a2, c) == pytest.approx(a1, rel=1e-2)
+
+
+# ----------------------------------------------------------------------------- cosine, piecewise, shake-shake
+
+
+def test_cosine_lr_endpoints_and_midpoint():
+    assert cosine_lr(0.0, 0.2) == pytest.approx(0.2)
+    assert cosine_lr(0.5, 0.2) == pytest.approx(0.1)
+    assert cosine_lr(1.0, 0.2, 0.01) == pytest.approx(0.01)
+    assert cosine_lr(1.5, 0.2) == pytest.approx(0.0)  # clamped past the horizon
+
+
+def test_cosine_object_is_per_iteration_on_its_horizon():
+    s = Cosine(lr=0.2, horizon=1800, per_iteration=True)
+    assert s.at(900, 0, 391) == pytest.approx(0.1)
+    assert s.at(1600, 195, 391) == pytest.approx(0.1 * (1 + math.cos(math.pi * (1600 + 195 / 391) / 1800)))
+
+
+def test_piecewise_steps_down_at_fractions_of_the_horizon():
+    s = Piecewise(lr=0.1, horizon=300, milestones=(0.5, 0.75), gamma=0.1)
+    assert [s(e) for e in (0, 149, 150, 224, 225, 299)] == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
+    assert piecewise_lr(10, 1.0, [5, 10], 0.5) == pytest.approx(0.25)
+
+
+def test_constant_schedule():
+    s = Constant(lr=0.05)
+    assert {s.at(e, k, 10) for e in range(5) for k in range(10)} == {0.05}
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 50, 99, 100, 101, 199, 250])
+def test_shake_shake_swa_lr_matches_paper_formula(epoch):
+    assert shake_shake_swa_lr(epoch) == pytest.approx(0.1 * (1 + math.cos(math.pi * (1600 + epoch % 100) / 1800)))
+
+
+def test_shake_shake_cycle_replays_epochs_1600_to_1700_of_the_cosine_run():
+    sgd = Cosine(lr=0.2, horizon=1800)
+    for k in range(100):
+        assert shake_shake_swa_lr(k) == pytest.approx(sgd(1600 + k))
+    assert shake_shake_swa_lr(100) == pytest.approx(shake_shake_swa_lr(0))  # jumps back up
+    assert shake_shake_swa_lr(99) < shake_shake_swa_lr(100)
+
+
+# ----------------------------------------------------------------------------- SWALR
+
+
+@pytest.mark.parametrize("strategy", ["cos", "linear"])
+def test_swalr_lr_matches_the_reference_formula(strategy):
+    for step in range(0, 8):
+        t = min(1.0, step / 5)
+        a = t if strategy == "linear" else (1 - math.cos(math.pi * t)) / 2
+        assert swalr_lr(step, 0.05, 0.2, 5, strategy) == pytest.approx(0.05 * a + 0.2 * (1 - a))
+    assert swalr_lr(0, 0.05, 0.2, 5, strategy) == pytest.approx(0.2)
+    assert swalr_lr(5, 0.05, 0.2, 5, strategy) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("strategy", ["cos", "linear"])
+def test_swalr_lr_reproduces_torch_swalr_step_by_step(strategy):
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=0.2)
+    sched = torch.optim.swa_utils.SWALR(opt, swa_lr=0.05, anneal_epochs=5, anneal_strategy=strategy)
+    for step in range(9):
+        assert opt.param_groups[0]["lr"] == pytest.approx(swalr_lr(step, 0.05, 0.2, 5, strategy))
+        opt.step()
+        sched.step()
+
+
+def test_swalr_rejects_unknown_strategy():
+    with pytest.raises(ValueError, match="anneal strategy"):
+        swalr_lr(1, 0.05, 0.1, 5, "step")
+
+
+# ----------------------------------------------------------------------------- the methods' lr_at
+
+
+def swa(**kw):
+    base = PaperSGD(lr=0.1, horizon=kw.pop("horizon", 20))
+    return SWA(schedule=base, **{"swa_start": 12, "swa_lr": 0.02, **kw})
+
+
+def test_swa_reference_pre_schedule_is_the_reference_schedule_then_constant():
+    method = swa(pre_schedule="reference")
+    for epoch in range(20):
+        for step in (0, 5, 9):
+            assert method.lr_at(epoch, step, 10) == pytest.approx(reference_schedule(epoch, 0.1, 0.02, 12, 20))
+    assert method.lr_at(12, 0, 10) == pytest.approx(0.02)
+
+
+def test_swa_base_pre_schedule_keeps_the_sgd_schedule_until_swa_start():
+    method = swa(pre_schedule="base")
+    for epoch in range(12):
+        assert method.lr_at(epoch, 3, 10) == pytest.approx(reference_schedule(epoch, 0.1, None, None, 20, swa=False))
+    for epoch in range(12, 20):
+        assert method.lr_at(epoch, 3, 10) == pytest.approx(0.02)
+
+
+def test_swa_cyclic_phase_is_the_per_iteration_sawtooth_from_swa_start():
+    method = swa(phase="cyclic", swa_lr_min=0.001, cycle=2)
+    spe = 5
+    for epoch in range(12, 20):
+        for step in range(spe):
+            i = (epoch - 12) * spe + step + 1
+            assert method.lr_at(epoch, step, spe) == pytest.approx(paper_cyclic(i, 0.02, 0.001, 2 * spe))
+    assert method.lr_at(13, spe - 1, spe) == pytest.approx(0.001)      # end of the first cycle
+    assert method.lr_at(14, 0, spe) == pytest.approx(0.02 - 0.019 / 10)  # jump back up
+
+
+def test_swa_swalr_phase_anneals_from_the_lr_in_force():
+    method = swa(phase="swalr", anneal_epochs=4, anneal_strategy="linear")
+    lr_prev = reference_schedule(11, 0.1, 0.02, 12, 20)
+    for k in range(6):
+        assert method.lr_at(12 + k, 0, 10) == pytest.approx(swalr_lr(k, 0.02, lr_prev, 4, "linear"))
+
+
+def test_swa_shake_shake_phase_counts_epochs_from_swa_start():
+    method = SWA(schedule=Cosine(lr=0.2, horizon=1800, per_iteration=True), swa_start=1800, swa_lr=0.2,
+                 phase="shake_shake", pre_schedule="base")
+    assert method.lr_at(1799, 0, 10) == pytest.approx(Cosine(lr=0.2, horizon=1800)(1799))
+    assert method.lr_at(1800, 7, 10) == pytest.approx(shake_shake_swa_lr(0))
+    assert method.lr_at(1937, 0, 10) == pytest.approx(shake_shake_swa_lr(37))
+
+
+def test_fge_lr_at_pretrains_then_cycles():
+    base = PaperSGD(lr=0.1, horizon=10)
+    method = FGE(schedule=base, lr_max=0.05, lr_min=0.01, cycle=2, pretrain_epochs=8, pre_schedule="base")
+    assert method.lr_at(7, 0, 4) == pytest.approx(base(7))
+    assert method.lr_at(8, 0, 4) == pytest.approx(0.05)
+    assert method.lr_at(9, 0, 4) == pytest.approx(0.01)
+    assert method.lr_at(8, 2, 4) == pytest.approx(dmc_cyclic(0, 0.5, 0.05, 0.01, 2))
+    ref = FGE(schedule=base, lr_max=0.05, lr_min=0.01, cycle=2, pretrain_epochs=8, pre_schedule="reference")
+    assert ref.lr_at(7, 0, 4) == pytest.approx(reference_schedule(7, 0.1, None, None, 8, swa=False))

@@ -169,7 +169,8 @@ def _download(root: Path, spec: _CifarSpec, root_arg: str | Path) -> None:
         ) from err
 
 
-def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool) -> tuple[DataSplit, DataSplit, list[str]]:
+def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool,
+                       cache_dir: Path | None = None) -> tuple[DataSplit, DataSplit, list[str]]:
     classes, files = list_image_folder(root)
     if len(classes) != spec.num_classes:
         shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
@@ -177,7 +178,8 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool) -> tuple[DataS
             f"{root / 'train'} has {len(classes)} class folders ({shown}) but {spec.title} has "
             f"{spec.num_classes}: is dataset.root pointing at the right data set?"
         )
-    path = cache_path(root, spec.name, "folder")
+    path = cache_path(root, spec.name, "folder") if cache_dir is None else Path(cache_dir) / cache_path(
+        Path("."), spec.name, "folder").name
     source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": fingerprint(files, root)}
     if cache:
         hit = load_cache(path, source)
@@ -206,6 +208,7 @@ def load_cifar(
     train_size: int | None = None,
     seed: int = 0,
     cache: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> ImageData:
     """Load CIFAR-10 (``name="cifar10"``) or CIFAR-100 (``"cifar100"``, fine labels) into memory.
 
@@ -226,6 +229,8 @@ def load_cifar(
             ``root/.swalab_cache/<name>-folder-v1.pt`` (written atomically, rebuilt with a warning when
             stale or unreadable, skipped with a warning when ``root`` is not writable). The pickle
             layout is never cached: it already stores decoded pixels and reads as fast as the cache.
+        cache_dir: write the cache here instead of ``root/.swalab_cache`` (for a read-only or shared
+            ``root``). The cache records the files it was built from, so one folder can serve several roots.
 
     Raises:
         FileNotFoundError: neither layout is present (and ``download`` is off), or a file or split is
@@ -254,7 +259,7 @@ def load_cifar(
     if pickle_dir is not None:
         train, test, classes = read_cifar_pickles(pickle_dir, name)
     else:
-        train, test, classes = _load_image_folder(root, spec, cache)
+        train, test, classes = _load_image_folder(root, spec, cache, None if cache_dir is None else Path(cache_dir))
     return ImageData(
         name=spec.name,
         train=subset(train, train_size, seed),

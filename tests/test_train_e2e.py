@@ -1,0 +1,99 @@
+"""A whole run through swalab.train.train on CPU: the run directory, resume, and the real CIFAR-10 JPEGs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from swalab.checkpoint import CheckpointError, checkpoint_paths
+from swalab.train import train
+
+TINY = ["dataset.train_size=256", "model.budget=3", "trainer.batch_size=64"]
+
+
+def read_history(run_dir):
+    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+
+
+def test_tiny_sgd_run_writes_a_self_describing_run_dir(make_cfg, tmp_path):
+    metrics = train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
+    assert set(metrics) == {"sgd"} and set(metrics["sgd"]) >= {"acc", "nll", "ece"}
+    assert 0 <= metrics["sgd"]["acc"] <= 100 and metrics["sgd"]["nll"] > 0
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    rows = read_history(tmp_path)
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "seconds"} <= set(rows[-1])
+    assert rows[-1]["test_acc"] == pytest.approx(metrics["sgd"]["acc"], abs=1e-4)
+    assert (tmp_path / "config.yaml").read_text().count("num_classes: 10") >= 1
+    assert "commit" in json.loads((tmp_path / "git.json").read_text())
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "complete"
+    assert checkpoint_paths(tmp_path / "checkpoints")  # the last checkpoint is kept
+    assert torch.load(tmp_path / "final.pt", weights_only=False)["epoch"] == 3
+
+
+def test_a_finished_run_is_skipped_not_retrained(make_cfg, tmp_path, capsys):
+    first = train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
+    mtime = (tmp_path / "final.pt").stat().st_mtime_ns
+    again = train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
+    assert again == first
+    assert (tmp_path / "final.pt").stat().st_mtime_ns == mtime
+    assert "already holds a finished run" in capsys.readouterr().out
+
+
+def test_resume_after_interruption_gives_the_same_final_weights(make_cfg, tmp_path):
+    """Run straight through; then 'interrupt' a copy after epoch 2 of 5 and resume: identical weights."""
+    overrides = ["method=swa", "dataset.train_size=256", "model.budget=4", "method.budget=1.25", "model.swa.start=3",
+                 "trainer.batch_size=64", "trainer.keep_checkpoints=10"]
+    straight = tmp_path / "straight"
+    train(make_cfg(*overrides), run_dir=straight)
+    interrupted = tmp_path / "interrupted"
+    shutil.copytree(straight, interrupted)
+    for name in ("metrics.json", "final.pt"):
+        (interrupted / name).unlink()
+    for path in checkpoint_paths(interrupted / "checkpoints")[:-2]:  # keep epochs 1 and 2 only
+        path.unlink()
+    resumed = train(make_cfg(*overrides), run_dir=interrupted)
+    a = torch.load(straight / "final.pt", weights_only=False)
+    b = torch.load(interrupted / "final.pt", weights_only=False)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in a["methods"]["swa"]:
+        assert torch.equal(a["methods"]["swa"][key], b["methods"]["swa"][key]), key
+    assert resumed == json.loads((straight / "metrics.json").read_text())
+    assert [r["epoch"] for r in read_history(interrupted)] == [1, 2, 3, 4, 5]
+
+
+def test_a_checkpoint_of_another_run_is_refused(make_cfg, tmp_path):
+    train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
+    (tmp_path / "metrics.json").unlink()
+    with pytest.raises(CheckpointError, match="different run.*seed"):
+        train(make_cfg("method=sgd", *TINY, "seed=1"), run_dir=tmp_path)
+
+
+def test_bad_init_weights_name_the_missing_keys(make_cfg, tmp_path):
+    bad = tmp_path / "bad.pt"
+    torch.save({"conv.weight": torch.zeros(1)}, bad)
+    with pytest.raises(CheckpointError, match="missing keys"):
+        train(make_cfg("method=sgd", *TINY, f"trainer.init_from={bad}"), run_dir=tmp_path / "run")
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["status"] == "failed" and "missing keys" in status["error"]
+
+
+def test_fge_and_ema_runs_score_their_own_predictors(make_cfg, tmp_path):
+    fge = train(make_cfg("method=fge", *TINY, "model.budget=4", "method.pretrain_epochs=2"), run_dir=tmp_path / "f")
+    assert fge["fge"]["members"] == 1 and len(fge["fge"]["curve"]) == 1
+    ema = train(make_cfg("method=ema", *TINY), run_dir=tmp_path / "e")
+    assert set(ema) == {"ema", "sgd"}
+
+
+@pytest.mark.slow
+def test_real_cifar10_jpeg_subset_learns(make_cfg, tmp_path, cifar10_jpg):
+    """PreResNet-20 on 2,000 real CIFAR-10 training images beats chance clearly after 3 epochs."""
+    cache_root = tmp_path / "data"
+    metrics = train(make_cfg("dataset=cifar10", f"dataset.root={cifar10_jpg}", f"dataset.cache_dir={cache_root}",
+                             "dataset.train_size=2000", "model=preresnet20", "method=sgd", "trainer.epochs=3",
+                             "trainer.eval_every=0"), run_dir=tmp_path / "run")
+    assert metrics["sgd"]["acc"] > 20.0  # chance is 10%

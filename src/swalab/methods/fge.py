@@ -25,6 +25,8 @@ from swalab.evaluate import CachedEnsemble, Predictor
 from swalab.methods.base import Method, TrainContext
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 
+MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_probs", "member_epochs", "labels"}
+
 
 class FGE(Method):
     name = "fge"
@@ -83,6 +85,15 @@ class FGE(Method):
             atomic_save({"model": ctx.model.state_dict(), "epoch": epoch + 1}, path)
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
+        """The ensemble; its cached member test probabilities also go to ``<run>/fge_member_probs.pt``.
+
+        The file lets ``python -m swalab.compare`` and the analyses score the ensemble (and each
+        member) without the members' weights, i.e. without ``save_members``.
+        """
+        if len(self.ensemble):
+            atomic_save({"member_probs": self.ensemble.member_probs,
+                         "member_epochs": [e + 1 for e in self.member_epochs],
+                         "labels": ctx.test_labels.cpu()}, Path(ctx.run_dir) / MEMBER_PROBS_FILE)
         return {"fge": self.ensemble}
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:

@@ -76,6 +76,9 @@ class SWA(Method):
             raise ValueError(f"method.swa_lr must be > 0, got {self.swa_lr}")
         if self.c_epochs < 1:
             raise ValueError(f"method.c_epochs must be >= 1, got {self.c_epochs}")
+        if self.phase in ("constant", "swalr") and self.swa_start == 0 and self.c_epochs > epochs:
+            raise ValueError(f"method.c_epochs={self.c_epochs} with method.swa_start=0 captures first after epoch "
+                             f"{self.c_epochs}, beyond trainer.epochs={epochs}: no model to average")
         if self.phase == "cyclic":
             if self.swa_lr_min is None or not 0 < self.swa_lr_min <= self.swa_lr:
                 raise ValueError(f"method.swa_lr_min must be in (0, method.swa_lr={self.swa_lr}] for a cyclic "

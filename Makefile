@@ -1,0 +1,28 @@
+# Two commands for a new user (see README): `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test test-all clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# The offline quickstart: SWA vs SGD on scikit-learn's bundled 8x8 digits (no download), W&B offline.
+demo: install
+	$(PY) run.py
+
+# The default test suite (slow and GPU tests deselected; run them with `make test-all`).
+test: install
+	$(PY) -m pytest
+
+test-all: install
+	$(PY) -m pytest -m "slow or not slow"
+
+clean:
+	rm -rf outputs multirun .pytest_cache

@@ -1,0 +1,82 @@
+"""``swalab.runs.load_run`` and ``python -m swalab.compare`` on two tiny finished runs (SWA and FGE)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from swalab.compare import compare, main
+from swalab.evaluate import metrics_from_probs
+from swalab.runs import load_run
+from swalab.train import train
+
+TINY = ["dataset.train_size=64", "trainer.batch_size=32", "trainer.eval_every=0", "trainer.epochs=6"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from conftest import CONF_DIR, QUIET
+    from hydra import compose, initialize_config_dir
+
+    root = tmp_path_factory.mktemp("runs")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "method.swa_start=4"])
+        fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "method.pretrain_epochs=2",
+                                                        "method.save_members=true"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(swa, run_dir=root / "swa")
+        train(fge, run_dir=root / "fge")
+    finally:
+        torch.set_num_threads(before)
+    return root / "swa", root / "fge"
+
+
+def test_load_run_rebuilds_model_weights_and_loaders(runs):
+    run = load_run(runs[0], device="cpu")
+    final = torch.load(runs[0] / "final.pt", weights_only=False)
+    for key, value in run.model.state_dict().items():
+        assert torch.equal(value, final["model"][key]), key
+    swa = run.model_for("swa")
+    for key, value in swa.state_dict().items():
+        assert torch.equal(value, final["methods"]["swa"][key]), key
+    assert run.method == "swa" and len(run.test_labels()) == 360
+    scored = metrics_from_probs(run.probs(swa), run.test_labels())
+    assert scored["acc"] == pytest.approx(run.metrics["swa"]["acc"], abs=1e-6)
+    with pytest.raises(KeyError, match="ema"):
+        run.model_for("ema")
+
+
+@pytest.mark.slow
+def test_compare_scores_every_predictor_like_training_did(runs):
+    result = compare(runs, device="cpu")
+    table = result["predictors"]
+    assert set(table) == {"swa/seed0/sgd", "swa/seed0/swa", "fge/seed0/fge", "fge/seed0/fge_avg"}
+    swa_metrics = json.loads((runs[0] / "metrics.json").read_text())
+    fge_metrics = json.loads((runs[1] / "metrics.json").read_text())
+    for key in ("acc", "nll", "ece"):
+        assert table["swa/seed0/swa"][key] == pytest.approx(swa_metrics["swa"][key], abs=1e-5)
+        assert table["swa/seed0/sgd"][key] == pytest.approx(swa_metrics["sgd"][key], abs=1e-5)
+        assert table["fge/seed0/fge"][key] == pytest.approx(fge_metrics["fge"][key], abs=1e-5)
+    diag = result["section35"]["fge/seed0/fge"]
+    assert diag["members"] == 2 and diag["consecutive"]["pairs"][0]["members"] == [1, 2]
+    assert set(diag["vs_ensemble"]) == {"fge/seed0/fge_avg", "swa/seed0/swa"}
+    for pair in diag["vs_ensemble"].values():
+        assert 0 <= pair["l2"] <= 2 ** 0.5 and 0 <= pair["agreement"] <= 100
+
+
+def test_compare_falls_back_to_cached_member_probs_and_writes_json(runs, tmp_path, capsys):
+    fge_dir = tmp_path / "fge"
+    import shutil
+
+    shutil.copytree(runs[1], fge_dir)
+    shutil.rmtree(fge_dir / "members")
+    out = tmp_path / "cmp.json"
+    result = main([str(fge_dir), "--out", str(out), "--device", "cpu"])
+    assert set(result["predictors"]) == {"fge/seed0/fge"}
+    assert json.loads(out.read_text())["predictors"] == result["predictors"]
+    printed = capsys.readouterr().out
+    assert "consecutive members" in printed and "fge/seed0/fge" in printed

@@ -1,0 +1,69 @@
+"""Test error against epoch for several runs, from their ``history.jsonl`` (paper Figs. 6 and 7).
+
+For each run the live model's curve comes from ``test_acc`` (labelled ``<name> SGD``) and, where the
+run logged it (SWA with ``method.eval_every=1``), the average's curve from ``swa_test_acc``
+(``<name> SWA``). Errors are ``100 - accuracy``.
+
+Usage::
+
+    python -m swalab.analysis.curves RUN [RUN ...] [--labels A B ...] [--only swa|sgd] --out fig.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from swalab.analysis import plots
+
+
+def read_history(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "history.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} has no history.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def error_curves(history: list[dict], label: str, only: str | None = None) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``[(label, epochs, test error %)]``: the SGD curve (``test_acc``) and the SWA one (``swa_test_acc``)."""
+    curves = []
+    for key, kind in (("test_acc", "SGD"), ("swa_test_acc", "SWA")):
+        if only and only.upper() != kind:
+            continue
+        rows = [r for r in history if r.get(key) is not None]
+        if rows:
+            curves.append((f"{label} {kind}", np.array([r["epoch"] for r in rows]),
+                           100.0 - np.array([r[key] for r in rows], dtype=float)))
+    return curves
+
+
+def label_of(run_dir: str | Path) -> str:
+    """A short name: the run directory's path below its ``seedN`` folder's grandparent, if any."""
+    parts = Path(run_dir).resolve().parts
+    return "/".join(parts[-3:-1]) if parts[-1].startswith("seed") and len(parts) >= 3 else parts[-1]
+
+
+def main(argv=None) -> list:
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.curves", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="run directories")
+    p.add_argument("--labels", nargs="+", default=None, help="one label per run (default: from the paths)")
+    p.add_argument("--only", choices=["swa", "sgd"], default=None, help="draw only the SWA or only the SGD curves")
+    p.add_argument("--title", default="", help="figure title")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    args = p.parse_args(argv)
+    if args.labels and len(args.labels) != len(args.runs):
+        p.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
+    labels = args.labels or [label_of(r) for r in args.runs]
+    curves = [c for run, label in zip(args.runs, labels) for c in error_curves(read_history(run), label, args.only)]
+    if not curves:
+        raise SystemExit("none of the runs logged test_acc or swa_test_acc")
+    plots.curves_figure(args.out, curves, title=args.title)
+    print(f"[curves] wrote {args.out} ({len(curves)} curves)")
+    return curves
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Loss and error surfaces in the plane through three weight vectors (paper Figs. 1 and 3).
+
+The basis is the paper's footnote 1: ``u = w2 - w1``, ``v = (w3 - w1) - <w3 - w1, u>/||u||^2 u``,
+both normalised; the point ``(x, y)`` is ``w1 + x u_hat + y v_hat``. So ``w1`` sits at the origin,
+``w2`` at ``(||u||, 0)`` and ``w3`` at its projections. The grid spans the three points' coordinates
+plus ``margin`` times that span on every side. Other weights (a run's saved checkpoints, the SWA
+solution) are projected into the plane; they generally lie off it, so the surface value under a
+projected point is *not* that point's loss (the paper makes the same remark).
+
+Usage (w1, w2, w3 and --point take weight specs, see :mod:`swalab.analysis.loading`)::
+
+    python -m swalab.analysis.plane --w1 RUN@12 --w2 RUN:swa --w3 RUN:sgd --trajectory RUN \\
+        --grid 21 --margin 0.2 --train-size 1000 --test-size 1000 --out DIR
+
+Writes ``DIR/plane.jsonl`` (one line per grid point as it is evaluated; a re-run skips those),
+``DIR/plane.npz`` (grid, surfaces, projected points) and ``DIR/plane.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from swalab.analysis import plots
+from swalab.analysis.loading import add_common_arguments, load_weights, prepare, run_of
+from swalab.analysis.probe import Probe, ResultLog
+
+METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
+
+
+class Plane:
+    """The affine plane through ``w1, w2, w3`` with the footnote-1 orthonormal basis."""
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor):
+        u = w2 - w1
+        du = float(u.norm())
+        if du == 0:
+            raise ValueError("w1 and w2 are the same weights: they do not define a direction")
+        d3 = w3 - w1
+        v = d3 - (d3 @ u) / (du ** 2) * u
+        dv = float(v.norm())
+        if dv <= 1e-12 * max(du, float(d3.norm())):
+            raise ValueError("w1, w2 and w3 lie on one line: they do not define a plane")
+        self.origin, self.u_hat, self.v_hat = w1, u / du, v / dv
+
+    def point(self, x: float, y: float) -> torch.Tensor:
+        return self.origin + x * self.u_hat + y * self.v_hat
+
+    def coordinates(self, w: torch.Tensor) -> tuple[float, float, float]:
+        """``(x, y, distance off the plane)`` of the orthogonal projection of ``w``."""
+        d = w - self.origin
+        x, y = float(d @ self.u_hat), float(d @ self.v_hat)
+        off = float((d - x * self.u_hat - y * self.v_hat).norm())
+        return x, y, off
+
+
+def grid_axes(coords: list[tuple[float, float]], size: int, margin: float) -> tuple[np.ndarray, np.ndarray]:
+    """``size`` points per axis over the span of ``coords`` widened by ``margin`` x span on each side."""
+    xy = np.asarray(coords, dtype=float)
+    lo, hi = xy.min(axis=0), xy.max(axis=0)
+    span = hi - lo
+    span = np.where(span > 0, span, span.max())
+    lo, hi = lo - margin * span, hi + margin * span
+    return np.linspace(lo[0], hi[0], size), np.linspace(lo[1], hi[1], size)
+
+
+def evaluate_grid(plane: Plane, xs: np.ndarray, ys: np.ndarray, probe: Probe, log: ResultLog,
+                  progress: bool = True) -> dict[str, np.ndarray]:
+    """Score every grid point not yet in ``log`` (row by row) and return ``{metric: [len(ys), len(xs)]}``."""
+    total, done_before, started = len(xs) * len(ys), sum(1 for _ in log.rows), time.time()
+    out = {m: np.full((len(ys), len(xs)), np.nan) for m in METRICS}
+    for j, y in enumerate(ys):
+        for i, x in enumerate(xs):
+            key = f"{i},{j}"
+            if key not in log:
+                metrics = probe(plane.point(float(x), float(y)))
+                log.add(key, {"i": i, "j": j, "x": float(x), "y": float(y), **metrics})
+                if progress:
+                    n = probe.calls
+                    eta = (time.time() - started) / n * (total - done_before - n)
+                    print(f"[plane] {len(log.rows)}/{total} ({x:+.3f}, {y:+.3f}) train_loss "
+                          f"{metrics['train_loss']:.4f} test_err {metrics['test_err']:.2f}%  eta {eta:.0f}s",
+                          flush=True)
+            row = log.rows[key]
+            for m in METRICS:
+                out[m][j, i] = row[m]
+    return out
+
+
+def trajectory_specs(run_dir: str | Path) -> list[tuple[int, str]]:
+    """``(epoch, path)`` of every checkpoint a run kept (``checkpoints/`` and ``checkpoints/saved/``)."""
+    found: dict[int, str] = {}
+    root = Path(run_dir) / "checkpoints"
+    for path in sorted(root.glob("epoch*.pt")) + sorted((root / "saved").glob("epoch*.pt")):
+        m = re.fullmatch(r"epoch(\d+)\.pt", path.name)
+        if m:
+            found[int(m.group(1))] = str(path)
+    if not found:
+        raise FileNotFoundError(f"--trajectory {run_dir}: no checkpoints/epochNNNN.pt there")
+    return sorted(found.items())
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.plane", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--w1", required=True, help="weights at the origin: <ckpt|run[:swa|:sgd|@epoch]>")
+    p.add_argument("--w2", required=True, help="weights on the x axis")
+    p.add_argument("--w3", required=True, help="third weights, fixing the y direction")
+    p.add_argument("--labels", nargs=3, default=None, metavar=("L1", "L2", "L3"),
+                   help="names for w1 w2 w3 on the plot (default: the specs' last parts)")
+    p.add_argument("--trajectory", default=None, help="a run directory whose checkpoints are projected and drawn")
+    p.add_argument("--point", action="append", default=[], metavar="NAME=SPEC",
+                   help="another weight vector to project and mark (repeatable)")
+    p.add_argument("--run", default=None, help="run directory for the config and data (default: the one w1 is in)")
+    p.add_argument("--grid", type=int, default=21, help="grid points per axis")
+    p.add_argument("--margin", type=float, default=0.2, help="margin on every side, as a fraction of the span")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+    add_common_arguments(p)
+    return p.parse_args(argv)
+
+
+def _label(spec: str) -> str:
+    return Path(str(spec).rstrip("/")).name
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    run_dir = args.run or run_of(args.w1)
+    if run_dir is None:
+        sys.exit("--run is needed: w1 is not inside a run directory, so its config and data are unknown")
+    run, model, space, data, bn_update, device = prepare(run_dir, args)
+    states = [load_weights(s) for s in (args.w1, args.w2, args.w3)]
+    w = [space.flatten(s) for s in states]
+    plane = Plane(*w)
+    labels = args.labels or [_label(s) for s in (args.w1, args.w2, args.w3)]
+    points = {name: plane.coordinates(v) for name, v in zip(labels, w)}
+    for item in args.point:
+        name, _, spec = item.partition("=")
+        points[name] = plane.coordinates(space.flatten(load_weights(spec)))
+    trajectory = []
+    if args.trajectory:
+        trajectory = [(epoch, plane.coordinates(space.flatten(load_weights(p))))
+                      for epoch, p in trajectory_specs(args.trajectory)]
+    xs, ys = grid_axes([(x, y) for x, y, _ in points.values()], args.grid, args.margin)
+
+    out = Path(args.out)
+    settings = {"w1": args.w1, "w2": args.w2, "w3": args.w3, "grid": args.grid, "margin": args.margin,
+                "train_size": data.train_size, "test_size": data.test_size, "bn_update": bn_update,
+                "seed": args.seed, "x": [float(xs[0]), float(xs[-1])], "y": [float(ys[0]), float(ys[-1])]}
+    log = ResultLog(out / "plane.jsonl", settings)
+    probe = Probe(model, space, space.buffers(states[0]), data, device, run.weight_decay, bn_update)
+    surfaces = evaluate_grid(plane, xs, ys, probe, log, progress=not args.quiet)
+
+    names = list(points)
+    traj_xy = np.array([[x, y] for _, (x, y, _) in trajectory]).reshape(-1, 2)
+    np.savez(out / "plane.npz", xs=xs, ys=ys, **surfaces, point_names=np.array(names),
+             point_xyz=np.array([points[n] for n in names]), trajectory_epochs=np.array([e for e, _ in trajectory]),
+             trajectory_xyz=np.array([c for _, c in trajectory]).reshape(-1, 3))
+    title = f"{run.cfg.model.name} on {run.cfg.dataset.name} ({data.train_size} train / {data.test_size} test images" \
+            f"{', BN updated' if bn_update else ''})"
+    plots.plane_figure(out / "plane.png", xs, ys,
+                       {"train loss (CE + L2)": surfaces["train_loss"], "test error (%)": surfaces["test_err"]},
+                       {n: points[n][:2] for n in names},
+                       {"trajectory": traj_xy} if len(traj_xy) else None, title=title)
+    print(f"[plane] wrote {out / 'plane.npz'} and {out / 'plane.png'} ({probe.calls} points evaluated now)")
+    return {"surfaces": surfaces, "xs": xs, "ys": ys, "points": points, "trajectory": trajectory,
+            "evaluated": probe.calls}
+
+
+if __name__ == "__main__":
+    main()

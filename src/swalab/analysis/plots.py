@@ -1,0 +1,128 @@
+"""PNG figures for the analyses, drawn with matplotlib's Agg backend (no display, no LaTeX).
+
+Each function takes plain arrays (as stored in the analyses' ``.npz`` files), so a figure can be
+redrawn from saved data without evaluating anything again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+matplotlib.rcParams["text.usetex"] = False
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _levels(values: np.ndarray, count: int = 20) -> np.ndarray:
+    """Contour levels at quantiles of the finite values, so low basins and steep walls both show."""
+    finite = values[np.isfinite(values)]
+    levels = np.unique(np.quantile(finite, np.linspace(0, 1, count)))
+    return levels if len(levels) > 1 else np.array([finite.min(), finite.min() + 1e-9])
+
+
+def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dict[str, np.ndarray],
+                 points: dict[str, tuple[float, float]], trajectory: dict[str, np.ndarray] | None = None,
+                 title: str = "") -> Path:
+    """Filled contours of each surface (``{label: [len(ys), len(xs)]}``) over the plane's grid.
+
+    ``points`` (the three defining weights, and any others named) are black crosses with labels;
+    ``trajectory`` maps a name to ``[k, 2]`` projected coordinates, drawn as a dotted path.
+    """
+    n = len(surfaces)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.4), squeeze=False)
+    for ax, (label, z) in zip(axes[0], surfaces.items()):
+        cf = ax.contourf(xs, ys, z, levels=_levels(z), cmap="viridis")
+        ax.contour(xs, ys, z, levels=_levels(z), colors="k", linewidths=0.3, alpha=0.5)
+        fig.colorbar(cf, ax=ax, format="%.3g")
+        for name, xy in (trajectory or {}).items():
+            xy = np.asarray(xy)
+            if len(xy):
+                ax.plot(xy[:, 0], xy[:, 1], "o:", color="white", markersize=3, linewidth=0.8, label=name)
+        for name, (x, y) in points.items():
+            ax.plot([x], [y], "kx", markersize=9, markeredgewidth=2)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
+                        bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
+        ax.set_title(label)
+        ax.set_xlabel("x (along w2 - w1)")
+        ax.set_ylabel("y")
+        ax.set_aspect("equal")
+        if trajectory:
+            ax.legend(loc="lower right", fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[str, np.ndarray]],
+                title: str = "") -> Path:
+    """Train loss and test error against distance along random rays (paper Fig. 4).
+
+    ``curves[start][metric]`` is ``[directions, len(distances)]``; each start (``swa``, ``sgd``) gets
+    one colour, one thin line per direction.
+    """
+    colours = {"swa": "tab:blue", "sgd": "tab:red"}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (metric, label) in zip(axes, [("train_loss", "train loss (CE + L2)"), ("test_err", "test error (%)")]):
+        for start, per_metric in curves.items():
+            values = np.asarray(per_metric[metric])
+            colour = colours.get(start, None)
+            for i, row in enumerate(values):
+                ax.plot(distances, row, color=colour, alpha=0.6, linewidth=1,
+                        label=start.upper() if i == 0 else None)
+        ax.set_xlabel("distance along a random unit direction")
+        ax.set_ylabel(label)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarray, test_err: np.ndarray,
+                   sgd_distance: float, title: str = "") -> Path:
+    """Train loss (left axis) and test error (right axis) along the SWA-SGD line (paper Fig. 5)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.plot(distances, train_loss, color="tab:blue", marker=".", label="train loss")
+    ax.set_xlabel("signed distance from SWA (towards SGD)")
+    ax.set_ylabel("train loss (CE + L2)", color="tab:blue")
+    other = ax.twinx()
+    other.plot(distances, test_err, color="tab:red", marker=".", label="test error")
+    other.set_ylabel("test error (%)", color="tab:red")
+    for x, name in [(0.0, "SWA"), (sgd_distance, "SGD")]:
+        ax.axvline(x, color="k", linestyle="--", linewidth=0.8)
+        ax.annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), textcoords="offset points",
+                    xytext=(3, -12), fontsize=9)
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarray]],
+                  ylabel: str = "test error (%)", title: str = "") -> Path:
+    """Test error against epoch, one line per ``(label, epochs, values)`` (paper Figs. 6 and 7)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, epochs, values in curves:
+        ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith("SGD") else "-")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

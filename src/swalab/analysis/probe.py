@@ -1,0 +1,95 @@
+"""Score a point of weight space, and keep the scores of many points in a resumable log.
+
+:class:`Probe` turns a parameter vector into the numbers the paper plots: the L2-regularised
+train loss (mean cross-entropy + wd/2 ||w||^2, ``train_loss``), the plain train cross-entropy and
+error, and the test loss and error (errors in %). With ``bn_update`` it first recomputes the
+BatchNorm statistics for those weights over the training subset (``torch.optim.swa_utils.update_bn``,
+the pass the trainer makes for SWA); without it the reference state's buffers are used as they are.
+
+:class:`ResultLog` is a JSON-lines file with one line per evaluated point, flushed as soon as the
+point is done. A killed analysis re-run with the same ``--out`` skips every point already there, so
+long CPU grids can be stopped and resumed; the header line stores the settings and a second run
+with other settings is refused rather than mixing two surfaces in one file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.swa_utils import update_bn
+
+from swalab.evaluate import predict_logits
+from swalab.analysis.weights import ParamSpace, squared_norm
+
+
+class Probe:
+    """Metrics of ``model`` at any parameter vector of ``space`` (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, space: ParamSpace, buffers: dict[str, torch.Tensor], data,
+                 device: torch.device, weight_decay: float, bn_update: bool):
+        self.model, self.space, self.buffers, self.data = model.to(device), space, buffers, data
+        self.device, self.weight_decay, self.bn_update = device, float(weight_decay), bool(bn_update)
+        self.calls = 0
+
+    def load(self, vector: torch.Tensor, buffers: dict[str, torch.Tensor] | None = None) -> nn.Module:
+        """Put ``vector`` and buffers (default: the reference ones) into the model; recompute BN if asked."""
+        self.model.load_state_dict(self.space.to_state(vector, self.buffers if buffers is None else buffers))
+        if self.bn_update:
+            if hasattr(self.data.bn, "set_epoch"):
+                self.data.bn.set_epoch(0)  # the same augmented pass for every point
+            update_bn(self.data.bn, self.model, device=self.device)
+        return self.model
+
+    def _loss_and_error(self, loader) -> tuple[float, float]:
+        logits = predict_logits(self.model, loader, self.device, amp=False)
+        labels = torch.cat([y.cpu() for _, y in loader])
+        loss = float(F.cross_entropy(logits, labels))
+        error = 100.0 * float(logits.argmax(1).ne(labels).float().mean())
+        return loss, error
+
+    def __call__(self, vector: torch.Tensor, buffers: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+        self.calls += 1
+        self.load(vector, buffers)
+        train_ce, train_err = self._loss_and_error(self.data.train_eval)
+        test_loss, test_err = self._loss_and_error(self.data.test)
+        l2 = 0.5 * self.weight_decay * squared_norm(vector)
+        return {"train_loss": train_ce + l2, "train_ce": train_ce, "train_err": train_err,
+                "test_loss": test_loss, "test_err": test_err}
+
+
+class ResultLog:
+    """Append-only JSON lines: a header ``{"settings": ...}``, then one ``{"key": ..., ...}`` per point."""
+
+    def __init__(self, path: str | Path, settings: dict):
+        self.path = Path(path)
+        self.rows: dict[str, dict] = {}
+        settings = json.loads(json.dumps(settings))  # normalise tuples, numpy scalars
+        if self.path.exists() and self.path.stat().st_size:
+            lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            stored = lines[0].get("settings") if lines else None
+            if stored != settings:
+                raise ValueError(f"{self.path} holds results for other settings:\n  stored {stored}\n  asked  "
+                                 f"{settings}\nUse another --out directory (or delete the file) to start afresh")
+            self.rows = {row["key"]: row for row in lines[1:] if "key" in row}
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._write({"settings": settings})
+
+    def _write(self, obj: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(obj) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.rows
+
+    def add(self, key: str, row: dict) -> None:
+        row = {"key": key, **row}
+        self._write(row)
+        self.rows[key] = row

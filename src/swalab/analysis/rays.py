@@ -1,0 +1,97 @@
+"""Width along random directions: train loss and test error on rays from SWA and SGD (paper Fig. 4).
+
+For unit directions ``d_i`` drawn uniformly from the sphere in parameter space (the same ``d_i``
+for both starts), score ``w_SWA + t d_i`` and ``w_SGD + t d_i`` for ``t`` from 0 to
+``--max-distance``. A wider solution is one whose curves rise later. ``t = 0`` is the solution
+itself, scored once per start.
+
+Usage::
+
+    python -m swalab.analysis.rays --run RUN --directions 10 --max-distance 20 --points 11 \\
+        --train-size 1000 --test-size 1000 --out DIR
+
+``--swa`` / ``--sgd`` take other weight specs (e.g. ``--sgd OTHER_RUN`` for a conventionally
+trained SGD run, as in the paper; by default both come from the SWA run's ``final.pt``, where
+"sgd" is the last iterate of the SWA phase). Writes ``DIR/rays.jsonl`` (resumable), ``DIR/rays.npz``
+and ``DIR/rays.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from swalab.analysis import plots
+from swalab.analysis.loading import add_common_arguments, load_weights, prepare
+from swalab.analysis.plane import METRICS
+from swalab.analysis.probe import Probe, ResultLog
+from swalab.analysis.weights import random_unit_directions
+
+
+def evaluate_rays(starts: dict[str, tuple], directions, distances: np.ndarray, probe: Probe, log: ResultLog,
+                  progress: bool = True) -> dict[str, dict[str, np.ndarray]]:
+    """``{start: {metric: [directions, len(distances)]}}`` for ``starts = {name: (vector, buffers)}``."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    started = time.time()
+    for name, (w, buffers) in starts.items():
+        out[name] = {m: np.full((len(directions), len(distances)), np.nan) for m in METRICS}
+        for k, t in enumerate(distances):
+            for i, d in enumerate(directions):
+                key = f"{name}/0" if t == 0 else f"{name}/{i}/{k}"  # t = 0 is the same point for every d
+                if key not in log:
+                    metrics = probe(w + float(t) * d, buffers)
+                    log.add(key, {"start": name, "direction": i, "t": float(t), **metrics})
+                    if progress:
+                        print(f"[rays] {name} d{i} t={t:.3g}: train_loss {metrics['train_loss']:.4f} "
+                              f"test_err {metrics['test_err']:.2f}%  ({time.time() - started:.0f}s)", flush=True)
+                for m in METRICS:
+                    out[name][m][i, k] = log.rows[key][m]
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.rays", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="an SWA run directory (config, data, and final.pt)")
+    p.add_argument("--swa", default=None, help="SWA weights (default: RUN:swa)")
+    p.add_argument("--sgd", default=None, help="SGD weights (default: RUN:sgd, the run's last iterate)")
+    p.add_argument("--directions", type=int, default=10, help="number of random unit directions")
+    p.add_argument("--max-distance", type=float, default=None,
+                   help="largest t (default: 0.5 x ||w_SWA||)")
+    p.add_argument("--points", type=int, default=11, help="distances from 0 to --max-distance")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+    add_common_arguments(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    run, model, space, data, bn_update, device = prepare(args.run, args)
+    specs = {"swa": args.swa or f"{args.run}:swa", "sgd": args.sgd or f"{args.run}:sgd"}
+    states = {name: load_weights(spec) for name, spec in specs.items()}
+    starts = {name: (space.flatten(s), space.buffers(s)) for name, s in states.items()}
+    max_distance = args.max_distance if args.max_distance is not None else 0.5 * float(starts["swa"][0].norm())
+    distances = np.linspace(0.0, max_distance, args.points)
+    directions = random_unit_directions(space.dim, args.directions, args.seed)
+
+    out = Path(args.out)
+    settings = {**specs, "directions": args.directions, "max_distance": max_distance, "points": args.points,
+                "train_size": data.train_size, "test_size": data.test_size, "bn_update": bn_update, "seed": args.seed}
+    log = ResultLog(out / "rays.jsonl", settings)
+    probe = Probe(model, space, starts["swa"][1], data, device, run.weight_decay, bn_update)
+    curves = evaluate_rays(starts, directions, distances, probe, log, progress=not args.quiet)
+    np.savez(out / "rays.npz", distances=distances,
+             **{f"{name}_{m}": curves[name][m] for name in curves for m in METRICS})
+    title = f"{run.cfg.model.name} on {run.cfg.dataset.name}: {args.directions} random directions " \
+            f"({data.train_size} train / {data.test_size} test images{', BN updated' if bn_update else ''})"
+    plots.rays_figure(out / "rays.png", distances, curves, title=title)
+    print(f"[rays] wrote {out / 'rays.npz'} and {out / 'rays.png'} ({probe.calls} points evaluated now)")
+    return {"distances": distances, "curves": curves, "evaluated": probe.calls}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The line through SWA and SGD: ``w(t) = t w_SGD + (1 - t) w_SWA``, beyond both ends (paper Fig. 5).
+
+Train loss and test error are plotted against the signed distance from SWA, ``t ||w_SGD - w_SWA||``:
+SWA at 0, SGD at ``||w_SGD - w_SWA||``, negative values on the far side of SWA. The paper reads two
+things off this plot: the train-loss and test-error curves are shifted against each other, and SGD
+sits near the edge of a flat region of the train loss, where it rises steeply.
+
+Usage::
+
+    python -m swalab.analysis.segment --run RUN --t-min -1 --t-max 2 --points 31 \\
+        --train-size 1000 --test-size 1000 --out DIR
+
+Writes ``DIR/segment.jsonl`` (resumable), ``DIR/segment.npz`` and ``DIR/segment.png``. Without
+``--bn-update`` each point keeps the BN statistics of the nearer end (SWA for t < 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from swalab.analysis import plots
+from swalab.analysis.loading import add_common_arguments, load_weights, prepare
+from swalab.analysis.plane import METRICS
+from swalab.analysis.probe import Probe, ResultLog
+
+
+def segment_ts(t_min: float, t_max: float, points: int) -> np.ndarray:
+    """``points`` evenly spaced values of t, plus exactly 0 (SWA) and 1 (SGD) when in range."""
+    ts = np.linspace(t_min, t_max, points)
+    extra = [t for t in (0.0, 1.0) if t_min <= t <= t_max]
+    return np.unique(np.round(np.concatenate([ts, extra]), 12))
+
+
+def evaluate_segment(swa: tuple, sgd: tuple, ts: np.ndarray, probe: Probe, log: ResultLog,
+                     progress: bool = True) -> dict[str, np.ndarray]:
+    """``{metric: [len(ts)]}`` along ``w(t)``; ``swa`` and ``sgd`` are ``(vector, buffers)``."""
+    (w_swa, b_swa), (w_sgd, b_sgd) = swa, sgd
+    out = {m: np.full(len(ts), np.nan) for m in METRICS}
+    started = time.time()
+    for k, t in enumerate(ts):
+        key = f"{t:.12g}"
+        if key not in log:
+            metrics = probe(float(t) * w_sgd + (1.0 - float(t)) * w_swa, b_swa if t < 0.5 else b_sgd)
+            log.add(key, {"t": float(t), **metrics})
+            if progress:
+                print(f"[segment] t={t:+.3f}: train_loss {metrics['train_loss']:.4f} test_err "
+                      f"{metrics['test_err']:.2f}%  ({time.time() - started:.0f}s)", flush=True)
+        for m in METRICS:
+            out[m][k] = log.rows[key][m]
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.segment", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="an SWA run directory (config, data, and final.pt)")
+    p.add_argument("--swa", default=None, help="SWA weights (default: RUN:swa)")
+    p.add_argument("--sgd", default=None, help="SGD weights (default: RUN:sgd, the run's last iterate)")
+    p.add_argument("--t-min", type=float, default=-1.0, help="smallest t (negative: beyond SWA)")
+    p.add_argument("--t-max", type=float, default=2.0, help="largest t (above 1: beyond SGD)")
+    p.add_argument("--points", type=int, default=31, help="evenly spaced values of t (0 and 1 are added)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+    add_common_arguments(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    run, model, space, data, bn_update, device = prepare(args.run, args)
+    specs = {"swa": args.swa or f"{args.run}:swa", "sgd": args.sgd or f"{args.run}:sgd"}
+    states = {name: load_weights(spec) for name, spec in specs.items()}
+    swa = (space.flatten(states["swa"]), space.buffers(states["swa"]))
+    sgd = (space.flatten(states["sgd"]), space.buffers(states["sgd"]))
+    length = float((sgd[0] - swa[0]).norm())
+    ts = segment_ts(args.t_min, args.t_max, args.points)
+
+    out = Path(args.out)
+    settings = {**specs, "t_min": args.t_min, "t_max": args.t_max, "points": args.points,
+                "train_size": data.train_size, "test_size": data.test_size, "bn_update": bn_update, "seed": args.seed}
+    log = ResultLog(out / "segment.jsonl", settings)
+    probe = Probe(model, space, swa[1], data, device, run.weight_decay, bn_update)
+    values = evaluate_segment(swa, sgd, ts, probe, log, progress=not args.quiet)
+    distances = ts * length
+    np.savez(out / "segment.npz", t=ts, distance=distances, sgd_distance=length, **values)
+    title = f"{run.cfg.model.name} on {run.cfg.dataset.name}: SWA to SGD ({data.train_size} train / " \
+            f"{data.test_size} test images{', BN updated' if bn_update else ''})"
+    plots.segment_figure(out / "segment.png", distances, values["train_loss"], values["test_err"], length,
+                         title=title)
+    print(f"[segment] ||w_SGD - w_SWA|| = {length:.4f}; wrote {out / 'segment.npz'} and {out / 'segment.png'} "
+          f"({probe.calls} points evaluated now)")
+    return {"t": ts, "distance": distances, "length": length, "values": values, "evaluated": probe.calls}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The loss-surface analyses: plane geometry, rays, segment, resumability, curves, experiment configs.
+
+The runs here are fabricated in a temporary directory (a resolved ``config.yaml`` plus ``final.pt``
+and checkpoints) around tiny models on a few hundred of scikit-learn's 8x8 digits, so every test
+runs in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch.optim.swa_utils import update_bn
+
+from swalab.analysis import curves, plane, rays, segment
+from swalab.analysis.loading import load_run, load_weights
+from swalab.analysis.plane import Plane
+from swalab.analysis.weights import ParamSpace, random_unit_directions
+from swalab.checkpoint import save_checkpoint
+from swalab.evaluate import predict_logits
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+LINEAR = {"_target_": "torch.nn.Sequential",
+          "_args_": [{"_target_": "torch.nn.Flatten"}, {"_target_": "torch.nn.Linear", "in_features": 64,
+                                                         "out_features": 10}]}
+SMALL_BN = {"_target_": "torch.nn.Sequential",
+            "_args_": [{"_target_": "torch.nn.Conv2d", "in_channels": 1, "out_channels": 4, "kernel_size": 3},
+                       {"_target_": "torch.nn.BatchNorm2d", "num_features": 4},
+                       {"_target_": "torch.nn.ReLU"},
+                       {"_target_": "torch.nn.Flatten"},
+                       {"_target_": "torch.nn.Linear", "in_features": 144, "out_features": 10}]}
+
+
+def fake_run(root: Path, arch: dict, weight_decay: float, states: dict, checkpoints: dict | None = None,
+             train_size: int = 300) -> Path:
+    """A run directory as ``train()`` leaves it, with the given weights and a digits config."""
+    cfg = {"seed": 0,
+           "dataset": {"name": "digits", "num_classes": 10, "mean": [0.305], "std": [0.376], "pad": 1, "flip": False,
+                       "source": {"_target_": "swalab.data.load_digits", "train_size": train_size, "seed": 0}},
+           "model": {"name": "toy", "arch": arch, "mean": None, "std": None},
+           "trainer": {"batch_size": 64, "eval_batch_size": 500, "weight_decay": weight_decay,
+                       "channels_last": False, "bn_update_fraction": 1.0}}
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    torch.save({"model": states["sgd"], "methods": {"swa": states["swa"]}}, root / "final.pt")
+    for epoch, state in (checkpoints or {}).items():
+        save_checkpoint({"model": state, "epoch": epoch}, root / "checkpoints", epoch, keep=100)
+    return root
+
+
+def bn_states(seed: int = 0) -> dict:
+    """Two nearby BN networks with non-trivial running statistics: ``swa`` and ``sgd``."""
+    torch.manual_seed(seed)
+    run = load_run_like(SMALL_BN)
+    a = run.build_model()
+    b = run.build_model()
+    with torch.no_grad():
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            pb.copy_(pa + 0.05 * torch.randn_like(pa))
+    x = torch.randn(64, 1, 8, 8)
+    a.train()(x)
+    b.train()(x + 0.3)
+    return {"swa": a.state_dict(), "sgd": b.state_dict()}
+
+
+def load_run_like(arch: dict):
+    from swalab.analysis.loading import LoadedRun
+
+    return LoadedRun(run_dir=Path("."), cfg=OmegaConf.create({"model": {"arch": arch}}))
+
+
+def direct_metrics(run_dir: Path, state: dict, bn_update: bool) -> dict:
+    """Train CE / test error of ``state`` computed without the analysis code, for comparison."""
+    run = load_run(run_dir)
+    model = run.build_model()
+    model.load_state_dict(state)
+    data = run.build_data(torch.device("cpu"))
+    if bn_update:
+        data.bn.set_epoch(0)
+        update_bn(data.bn, model)
+    logits = predict_logits(model, data.train_eval, torch.device("cpu"), amp=False)
+    labels = torch.cat([y for _, y in data.train_eval])
+    test_logits = predict_logits(model, data.test, torch.device("cpu"), amp=False)
+    test_labels = torch.cat([y for _, y in data.test])
+    return {"train_ce": float(F.cross_entropy(logits, labels)),
+            "test_err": 100.0 * float(test_logits.argmax(1).ne(test_labels).float().mean())}
+
+
+# ----------------------------------------------------------------------------- plane geometry
+
+
+def test_plane_basis_is_orthonormal_and_reproduces_the_three_points():
+    g = torch.Generator().manual_seed(1)
+    w1, w2, w3 = (torch.randn(50, generator=g, dtype=torch.float64) for _ in range(3))
+    p = Plane(w1, w2, w3)
+    assert float(p.u_hat.norm()) == pytest.approx(1.0, abs=1e-12)
+    assert float(p.v_hat.norm()) == pytest.approx(1.0, abs=1e-12)
+    assert float(p.u_hat @ p.v_hat) == pytest.approx(0.0, abs=1e-12)
+    for w in (w1, w2, w3):
+        x, y, off = p.coordinates(w)
+        assert off == pytest.approx(0.0, abs=1e-10)
+        assert torch.allclose(p.point(x, y), w, atol=1e-10)
+    assert p.coordinates(w1)[:2] == pytest.approx((0.0, 0.0), abs=1e-12)
+    assert p.coordinates(w2)[:2] == pytest.approx((float((w2 - w1).norm()), 0.0), abs=1e-10)
+    assert p.coordinates(w3)[1] > 0  # v points towards w3
+
+
+def test_plane_refuses_collinear_points():
+    w1 = torch.zeros(5, dtype=torch.float64)
+    w2 = torch.ones(5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="one line"):
+        Plane(w1, w2, 3 * w2)
+
+
+def test_param_space_keeps_bn_buffers_out_of_the_vector():
+    state = bn_states()["swa"]
+    space = ParamSpace.of(load_run_like(SMALL_BN).build_model())
+    vector = space.flatten(state)
+    assert vector.numel() == space.dim == sum(v.numel() for k, v in state.items() if "running" not in k
+                                              and "num_batches" not in k)
+    buffers = space.buffers(state)
+    assert set(buffers) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    rebuilt = space.to_state(vector, buffers)
+    assert all(torch.equal(rebuilt[k], state[k]) for k in state)
+
+
+def test_random_directions_are_unit_and_seeded():
+    d = random_unit_directions(1000, 4, seed=3)
+    assert torch.allclose(d.norm(dim=1), torch.ones(4, dtype=torch.float64))
+    assert torch.equal(d, random_unit_directions(1000, 4, seed=3))
+    assert not torch.equal(d, random_unit_directions(1000, 4, seed=4))
+
+
+# ----------------------------------------------------------------------------- convex toy problem
+
+
+def test_plane_minimum_of_l2_logistic_regression_is_at_the_optimum(tmp_path):
+    """Regularised logistic regression is strongly convex: put its optimum w* on a grid point of the
+    plane and the grid's smallest train loss must be exactly there."""
+    wd = 0.02
+    torch.manual_seed(0)
+    run_dir = fake_run(tmp_path / "lin", LINEAR, wd, {"swa": {}, "sgd": {}})
+    run = load_run(run_dir)
+    data = run.build_data(torch.device("cpu"))
+    x = torch.cat([b for b, _ in data.train_eval])
+    y = torch.cat([lab for _, lab in data.train_eval])
+    model = run.build_model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=1, max_iter=200, tolerance_grad=1e-9, tolerance_change=1e-12,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y) + 0.5 * wd * sum(p.pow(2).sum() for p in model.parameters())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    space = ParamSpace.of(model)
+    w_star = space.flatten(model.state_dict())
+    a = random_unit_directions(space.dim, 2, seed=5)
+    b = a[1] - (a[1] @ a[0]) * a[0]  # orthogonal to a[0], so w* projects to the middle of the x range
+    a, b = a[0], b / b.norm()
+    points = {"w1": w_star - a, "w2": w_star + a, "w3": w_star + b}
+    for name, w in points.items():
+        torch.save(space.to_state(w, {}), tmp_path / f"{name}.pt")
+    # grid 5, margin 0.5: x in [-1, 3] (w* at x = 1, index 2), y in [-0.5, 1.5] (w* at y = 0, index 1)
+    result = plane.main(["--w1", str(tmp_path / "w1.pt"), "--w2", str(tmp_path / "w2.pt"), "--w3",
+                         str(tmp_path / "w3.pt"), "--run", str(run_dir), "--grid", "5", "--margin", "0.5",
+                         "--out", str(tmp_path / "plane"), "--quiet"])
+    loss = result["surfaces"]["train_loss"]
+    j, i = np.unravel_index(np.argmin(loss), loss.shape)
+    assert (i, j) == (2, 1)
+    assert result["xs"][2] == pytest.approx(1.0) and result["ys"][1] == pytest.approx(0.0, abs=1e-12)
+    # the bowl rises on every side of the optimum
+    assert loss[1, 1] > loss[1, 2] < loss[1, 3] and loss[0, 2] > loss[1, 2] < loss[2, 2]
+    assert (tmp_path / "plane" / "plane.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- rays and segment
+
+
+@pytest.mark.parametrize("bn_update", [False, True])
+def test_ray_of_length_zero_gives_the_solutions_own_metrics(tmp_path, bn_update):
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states)
+    flag = "--bn-update" if bn_update else "--no-bn-update"
+    result = rays.main(["--run", str(run_dir), "--directions", "2", "--max-distance", "1", "--points", "2",
+                        "--out", str(tmp_path / "rays"), "--quiet", flag])
+    assert result["evaluated"] == 2 * (1 + 2)  # t = 0 once per start, then each direction at t = 1
+    for name in ("swa", "sgd"):
+        expected = direct_metrics(run_dir, states[name], bn_update)
+        got = result["curves"][name]
+        assert got["train_ce"][:, 0] == pytest.approx([expected["train_ce"]] * 2, abs=1e-5)
+        assert got["test_err"][:, 0] == pytest.approx([expected["test_err"]] * 2, abs=1e-9)
+    assert result["curves"]["swa"]["train_ce"][0, 1] != result["curves"]["swa"]["train_ce"][1, 1]
+
+
+def test_segment_ends_give_the_swa_and_sgd_metrics(tmp_path):
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states)
+    result = segment.main(["--run", str(run_dir), "--t-min", "-0.5", "--t-max", "1.5", "--points", "3",
+                           "--out", str(tmp_path / "seg"), "--quiet", "--no-bn-update"])
+    ts = list(result["t"])
+    assert ts == [-0.5, 0.0, 0.5, 1.0, 1.5]
+    for t, name in ((0.0, "swa"), (1.0, "sgd")):
+        expected = direct_metrics(run_dir, states[name], bn_update=False)
+        assert result["values"]["train_ce"][ts.index(t)] == pytest.approx(expected["train_ce"], abs=1e-5)
+        assert result["values"]["test_err"][ts.index(t)] == pytest.approx(expected["test_err"], abs=1e-9)
+    space = ParamSpace.of(load_run(run_dir).build_model())
+    length = float((space.flatten(states["sgd"]) - space.flatten(states["swa"])).norm())
+    assert result["distance"][ts.index(1.0)] == pytest.approx(length)
+    assert (tmp_path / "seg" / "segment.png").exists()
+
+
+# ----------------------------------------------------------------------------- resumability
+
+
+def test_plane_resumes_and_evaluates_only_the_missing_points(tmp_path):
+    states = bn_states()
+    mid = {k: 0.5 * (states["swa"][k].double() + states["sgd"][k].double()).to(v.dtype) if v.is_floating_point()
+           else v for k, v in states["swa"].items()}
+    mid["1.weight"] = mid["1.weight"] + 0.1
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: states["sgd"], 2: mid})
+    common = ["--w1", f"{run_dir}@1", "--w2", f"{run_dir}:swa", "--w3", f"{run_dir}@2", "--trajectory", str(run_dir),
+              "--margin", "0.2", "--out", str(tmp_path / "plane"), "--quiet"]
+    args = common + ["--grid", "3"]
+    first = plane.main(args)
+    assert first["evaluated"] == 9
+    log = tmp_path / "plane" / "plane.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:1 + 4]) + "\n")  # header + 4 points, as if killed mid-way
+    second = plane.main(args)
+    assert second["evaluated"] == 5
+    assert len(log.read_text().splitlines()) == 1 + 9
+    for m in ("train_loss", "test_err"):
+        np.testing.assert_allclose(second["surfaces"][m], first["surfaces"][m], rtol=1e-6)
+    assert plane.main(args)["evaluated"] == 0
+    # the trajectory's checkpoints project onto w1 and w3 (both lie in the plane)
+    traj = dict(second["trajectory"])
+    assert traj[1][:2] == pytest.approx((0.0, 0.0), abs=1e-6)
+    assert traj[2][2] == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(ValueError, match="other settings"):
+        plane.main(common + ["--grid", "5"])
+
+
+def test_weight_specs_pick_live_swa_and_epoch_weights(tmp_path):
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={3: states["swa"]})
+    assert torch.equal(load_weights(str(run_dir))["0.weight"], states["sgd"]["0.weight"])
+    assert torch.equal(load_weights(f"{run_dir}:sgd")["0.weight"], states["sgd"]["0.weight"])
+    assert torch.equal(load_weights(f"{run_dir}:swa")["0.weight"], states["swa"]["0.weight"])
+    assert torch.equal(load_weights(f"{run_dir}@3")["0.weight"], states["swa"]["0.weight"])
+    with pytest.raises(KeyError, match="ema"):
+        load_weights(f"{run_dir}:ema")
+
+
+# ----------------------------------------------------------------------------- curves and experiment configs
+
+
+def test_curves_take_sgd_from_test_acc_and_swa_from_swa_test_acc(tmp_path):
+    run = tmp_path / "r" / "seed0"
+    run.mkdir(parents=True)
+    rows = [{"epoch": 1, "test_acc": 50.0}, {"epoch": 2, "test_acc": 60.0, "swa_test_acc": 65.0},
+            {"epoch": 3, "test_acc": 61.0, "swa_test_acc": 70.0}]
+    (run / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "fig.png"
+    got = curves.main([str(run), "--labels", "lr0.05", "--out", str(out)])
+    assert [c[0] for c in got] == ["lr0.05 SGD", "lr0.05 SWA"]
+    np.testing.assert_array_equal(got[0][2], [50.0, 40.0, 39.0])
+    np.testing.assert_array_equal(got[1][1], [2, 3])
+    np.testing.assert_array_equal(got[1][2], [35.0, 30.0])
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("experiment", ["fig6_swa_lr_study", "fig7_constant_vs_decay"])
+def test_figure_experiments_compose(experiment):
+    from hydra import compose, initialize_config_dir
+
+    import swalab  # noqa: F401  (registers the resolvers)
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"experiment={experiment}", "logger=none"],
+                      return_hydra_config=True)
+    sweep = cfg.hydra.sweeper.params
+    assert sweep, "the experiment defines a multirun sweep"
+    assert cfg.method.eval_every == 1  # the SWA curve lands in history.jsonl as swa_test_acc
+    if experiment == "fig6_swa_lr_study":
+        assert cfg.method.name == "swa" and cfg.method.swa_start == 0 and cfg.method.cycle == 5
+        assert sweep.swa_schedule.count("phase:cyclic") == 4 and sweep.swa_schedule.count("phase:constant") == 4
+    else:
+        assert sweep.method == "swa,sgd" and cfg.schedule._target_.endswith("PaperSGD")
+        assert cfg.method.swa_lr == cfg.model.lr == 0.05  # reference pre-schedule from 0.05 to 0.05: constant

@@ -33,6 +33,9 @@ class NullTracker:
     def log_artifact(self, path: str | Path, name: str, kind: str = "model") -> None:
         pass
 
+    def final_checkpoint(self, path: str | Path) -> None:
+        pass
+
     def finish(self, exit_code: int = 0) -> None:
         pass
 
@@ -42,15 +45,17 @@ class WandbTracker(NullTracker):
 
     def __init__(self, project: str, run_dir: str | Path, run_config: dict, mode: str = "offline",
                  entity: str | None = None, group: str | None = None, tags: list[str] | None = None,
-                 name: str | None = None, job_type: str | None = None):
+                 name: str | None = None, job_type: str | None = None, log_checkpoint: bool = False):
         self.run = None
         self._failed = False
         self.not_logged: list[str] = []
+        self.log_checkpoint = log_checkpoint
+        tags = [*(tags or []), *sweep_tags()]
         try:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self.run = wandb.init(project=project, entity=entity, group=group, tags=tags, name=name,
+            self.run = wandb.init(project=project, entity=entity, group=group, tags=tags or None, name=name,
                                   job_type=job_type, config=run_config, dir=str(run_dir), mode=mode,
                                   reinit="finish_previous", settings=wandb.Settings(init_timeout=60))
         except Exception as exc:  # import error, network, auth...
@@ -96,6 +101,11 @@ class WandbTracker(NullTracker):
             self.run.log_artifact(artifact)
         self._call("artifact", write)
 
+    def final_checkpoint(self, path: str | Path) -> None:
+        """Upload ``final.pt`` as a model artifact when ``logger.log_checkpoint`` asks for it."""
+        if self.log_checkpoint and self.run is not None:
+            self.log_artifact(path, name=f"{self.run.id}-final", kind="model")
+
     def finish(self, exit_code: int = 0) -> None:
         if self.run is not None:
             try:
@@ -103,6 +113,24 @@ class WandbTracker(NullTracker):
             except Exception as exc:
                 self._fail("finish", exc)
             self.run = None
+
+
+def sweep_tags() -> list[str]:
+    """``["sweep:<sweep dir name>"]`` for a job of a Hydra multirun (``-m``), else ``[]``.
+
+    Runs of one grid share this tag, so W&B can filter a whole sweep; the W&B *group* stays the grid
+    cell (dataset-model-method) so that W&B's grouped view averages over seeds, like the report's cells.
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            return [f"sweep:{Path(hydra_cfg.sweep.dir).name}"]
+    except (ImportError, ValueError):  # no Hydra, or not inside a Hydra job (tests, notebooks)
+        pass
+    return []
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,125 @@
+"""Branching: continue another run's checkpoint, with its full state, as a new run of another method.
+
+When to use it: a row of the paper's Table 1 (SGD, FGE, SWA at 1, 1.25 and 1.5 budgets) shares
+its first epochs. SWA starts from the SGD run "stopped early without modifying the learning rate
+schedule" (paper section 3.2) and FGE from a pretrained checkpoint of the same SGD run, so both
+can *branch* off one SGD trunk instead of re-training the shared epochs.
+
+``trainer.branch_from=<trunk run dir>@<epoch>`` restores what a resume restores (weights,
+optimizer momentum, every RNG state, the history up to that epoch, the epoch counter) into a new
+run directory with its own config. Only the method's own state starts fresh, which is what a
+straight-through run of the child's config holds at that epoch provided that
+
+* the epoch is at most ``method.last_branch_epoch(epochs)`` (the method has averaged or collected
+  nothing yet: ``swa_start - 1`` for constant-lr SWA, ``pretrain_epochs`` for FGE), and
+* the child's learning rate agrees with the trunk's on every epoch before it (``check_branch``
+  replays the child's ``lr_at`` against the ``lr`` column of the trunk's history), and momentum,
+  weight decay and Nesterov agree with the trunk's optimizer.
+
+Both are checked before training, so a branch either equals the straight-through run or is
+refused with the reason. The checkpoint fingerprint must match on everything except ``method``
+and ``epochs`` (which differ by design): another data set, model, seed, batch size or training
+subset is refused. Plain ``trainer.init_from`` is different: it copies weights only (momentum and
+RNG are lost) and suits fine-tuning, not reproducing a straight-through run.
+
+``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` and
+``lineage_chain`` read it back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from swalab.checkpoint import read_checkpoint
+
+BRANCH_MAY_DIFFER = ("method", "epochs")  # fingerprint keys a branch may change; the rest must match the trunk
+LINEAGE_FILE = "lineage.json"
+
+
+class BranchError(ValueError):
+    """A branch that would not equal the straight-through run; the message says why and what to change."""
+
+
+def parse_spec(spec: str) -> tuple[Path, int]:
+    """``<run dir>@<epoch>`` -> (run dir, epoch). The epoch is required: a branch point is explicit."""
+    path, sep, epoch = str(spec).rpartition("@")
+    if not sep or not epoch.isdigit():
+        raise BranchError(f"trainer.branch_from={spec!r} must be <run dir>@<epoch>, e.g. outputs/.../seed0@112")
+    return Path(path), int(epoch)
+
+
+def find_checkpoint(run_dir: Path, epoch: int) -> Path:
+    """The trunk's checkpoint after ``epoch`` whole epochs: ``checkpoints/saved/`` first, then the last two."""
+    name = f"epoch{epoch:04d}.pt"
+    for candidate in (run_dir / "checkpoints" / "saved" / name, run_dir / "checkpoints" / name):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"trainer.branch_from={run_dir}@{epoch}: no checkpoint of epoch {epoch} in "
+                            f"{run_dir / 'checkpoints'} (the trunk keeps it for good with trainer.save_at=[{epoch}])")
+
+
+def load_branch_state(spec: str, fingerprint: dict) -> tuple[dict, dict]:
+    """The trunk's checkpoint as a resume state for the child, and the child's lineage record.
+
+    The method state is dropped (``None``), so the child's method starts fresh; the fingerprint
+    must match on everything but ``BRANCH_MAY_DIFFER``.
+    """
+    parent, epoch = parse_spec(spec)
+    path = find_checkpoint(parent, epoch)
+    state = read_checkpoint(path)
+    if int(state.get("step", 0)) != 0 or int(state["epoch"]) != epoch:
+        raise BranchError(f"{path} was written mid-epoch; a branch starts at an epoch boundary")
+    parent_fp = dict(state.get("fingerprint") or {})
+    diffs = [f"{k}: trunk has {parent_fp.get(k)!r}, this run has {v!r}" for k, v in fingerprint.items()
+             if k not in BRANCH_MAY_DIFFER and parent_fp.get(k) != v]
+    if diffs:
+        raise BranchError(f"trainer.branch_from={spec}: {path} belongs to another experiment (" + "; ".join(diffs)
+                          + "). A branch may change only " + " and ".join(BRANCH_MAY_DIFFER))
+    state = {**state, "method": None, "path": str(path)}
+    lineage = {"kind": "branch", "parent": str(parent), "checkpoint": str(path), "epoch": epoch,
+               "parent_method": parent_fp.get("method"), "parent_epochs": parent_fp.get("epochs")}
+    return state, lineage
+
+
+def check_branch(method, state: dict, epochs: int, steps_per_epoch: int, momentum: float, weight_decay: float,
+                 nesterov: bool) -> None:
+    """Refuse a branch that would not equal a straight-through run of the child's config (see module doc)."""
+    epoch = int(state["epoch"])
+    if epoch >= epochs:
+        raise BranchError(f"trainer.branch_from at epoch {epoch} leaves nothing to train (trainer.epochs={epochs})")
+    limit = method.last_branch_epoch(epochs)
+    if epoch > limit:
+        raise BranchError(f"method {method.name} holds state of its own after epoch {limit} (e.g. SWA's first capture "
+                          f"is after epoch swa_start), so a branch at epoch {epoch} would miss it: branch at epoch "
+                          f"{limit} or earlier (keep it with trainer.save_at in the trunk)")
+    for row in state["history"][:epoch]:
+        e = int(row["epoch"]) - 1
+        mine = method.lr_at(e, steps_per_epoch - 1, steps_per_epoch)
+        if not math.isclose(mine, float(row["lr"]), rel_tol=1e-9, abs_tol=1e-12):
+            raise BranchError(f"the trunk trained epoch {e + 1} at lr {row['lr']:.6g} but this run would use "
+                              f"{mine:.6g}: the schedules differ before the branch point. For SWA use "
+                              "method.pre_schedule=base and schedule.horizon=<the trunk's trainer.epochs>")
+    group = state["optimizer"]["param_groups"][0]
+    for key, mine in (("momentum", momentum), ("weight_decay", weight_decay), ("nesterov", nesterov)):
+        if not math.isclose(float(group[key]), float(mine), rel_tol=1e-12):
+            raise BranchError(f"the trunk trained with {key}={group[key]} but this run has trainer.{key}={mine}")
+
+
+def read_lineage(run_dir: str | Path) -> dict | None:
+    """The run's ``lineage.json`` (``kind`` ``branch``, or absent for a weights-only ``init_from``), if any."""
+    path = Path(run_dir) / LINEAGE_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def lineage_chain(run_dir: str | Path) -> list[dict]:
+    """The lineage records from this run up to its root (nearest parent first)."""
+    chain: list[dict] = []
+    seen: set[str] = set()
+    current = read_lineage(run_dir)
+    while current is not None and current.get("parent") and current["parent"] not in seen:
+        chain.append(current)
+        seen.add(current["parent"])
+        current = read_lineage(current["parent"])
+    return chain

@@ -1,0 +1,226 @@
+"""One row of the paper's Table 1 (SGD, FGE at 1 budget, SWA at 1, 1.25 and 1.5 budgets) per seed.
+
+    python -m swalab.row --dataset cifar10 --model preresnet20 --seeds 0 1 [key=value overrides]
+    python -m swalab.row ... --dry-run      # print the commands in dependency order (for SLURM, see docs/branching.md)
+    python -m swalab.row ... --naive        # the five runs trained straight through, for comparison
+
+When to use it: the five runs of a row share most of their epochs. Trained naively they cost
+5.75 budgets per seed; branched they cost about 2: one SGD trunk (``method=sgd``, 1 budget) keeps
+the checkpoints of the branch points (``trainer.save_at``), one SWA run branches off it at
+``swa_start - 1`` and trains to the largest budget, scoring its average at the smaller budget
+marks on the way (predictors ``swa@1``, ``swa@1.25``, ``swa``), and FGE branches off it at its
+``pretrain_epochs``. Each branch equals the run trained straight through (``swalab.branching``),
+so both modes give the same table.
+
+Each job is ``python run.py <overrides>`` in a subprocess, run one after another, trunk first; a
+job whose run directory already holds ``metrics.json`` is skipped, so an interrupted row is
+re-launched with the same command. The run directories are the ones ``run.py`` would pick
+(``trainer.save_at`` and ``trainer.branch_from`` stay out of their names), and
+``<paths.output_dir>/rows/<dataset>_<model>_seed<N>.json`` maps each Table 1 column to the run
+and predictor that hold it (the report reads the runs' ``metrics.json`` and ``lineage.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+import swalab  # noqa: F401  (registers the config resolvers)
+
+REPO = Path(__file__).resolve().parents[2]
+SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
+NOMINAL_STEPS = 100  # steps per epoch used to compare per-iteration schedules when placing branch points
+
+
+@dataclass
+class Job:
+    """One run of the row: its ``run.py`` overrides, where it lands, and what it branches from."""
+
+    name: str                                  # sgd | swa | fge | swa_b<budget> (naive)
+    overrides: list[str]
+    run_dir: Path
+    parent: str | None = None                  # the job it branches from
+    branch_epoch: int | None = None
+    columns: dict[str, str] = field(default_factory=dict)  # Table 1 column -> predictor in this run
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(REPO / "run.py"), *self.overrides]
+
+
+def compose_run(overrides: list[str]) -> DictConfig:
+    """The config ``run.py`` would compose for ``overrides``, with ``hydra.run.dir`` resolvable."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def run_dir_of(cfg: DictConfig) -> Path:
+    return Path(str(cfg.hydra.run.dir)).resolve()
+
+
+def method_of(cfg: DictConfig):
+    return instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=instantiate(cfg.schedule))
+
+
+def agree_until(child, trunk, epochs: int) -> int:
+    """The number of leading epochs over which ``child`` and ``trunk`` use the same learning rates."""
+    for e in range(epochs):
+        for s in (0, NOMINAL_STEPS // 2, NOMINAL_STEPS - 1):
+            if abs(child.lr_at(e, s, NOMINAL_STEPS) - trunk.lr_at(e, s, NOMINAL_STEPS)) > 1e-12:
+                return e
+    return epochs
+
+
+def branch_point(child_cfg: DictConfig, trunk_cfg: DictConfig) -> int:
+    """The latest trunk epoch the child can branch from and still equal its straight-through run."""
+    child, trunk = method_of(child_cfg), method_of(trunk_cfg)
+    trunk_epochs = int(trunk_cfg.trainer.epochs)
+    limit = min(child.last_branch_epoch(int(child_cfg.trainer.epochs)), trunk_epochs)
+    return min(limit, agree_until(child, trunk, trunk_epochs))
+
+
+def fmt_budget(b: float) -> str:
+    return f"{b:g}"
+
+
+def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_budgets=SWA_BUDGETS,
+             fge: bool = True, naive: bool = False) -> list[Job]:
+    """The jobs of one row for one seed, in dependency order (the trunk first)."""
+    base = [f"dataset={dataset}", f"model={model}", f"seed={seed}", *extra]
+    trunk_cfg = compose_run([*base, "method=sgd"])
+    horizon = trunk_cfg.schedule.get("horizon")
+    budgets = sorted(float(b) for b in swa_budgets)
+
+    def swa_overrides(budget: float, marks: list[float]) -> list[str]:
+        out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "method.pre_schedule=base"]
+        if marks:
+            out.append("method.eval_at_budgets=[" + ",".join(fmt_budget(b) for b in marks) + "]")
+        probe = compose_run(out)
+        if horizon is not None and probe.schedule.get("horizon") != horizon:
+            out.append(f"schedule.horizon={horizon}")  # the SGD run's schedule, "not modified" (paper 3.2)
+        return out
+
+    fge_overrides = [*base, "method=fge"]
+    if naive:
+        jobs = [Job("sgd", [*base, "method=sgd"], run_dir_of(trunk_cfg), columns={"SGD": "sgd"})]
+        if fge:
+            jobs.append(Job("fge", fge_overrides, run_dir_of(compose_run(fge_overrides)), columns={"FGE 1B": "fge"}))
+        for b in budgets:
+            ov = swa_overrides(b, [])
+            jobs.append(Job(f"swa_b{fmt_budget(b)}", ov, run_dir_of(compose_run(ov)),
+                            columns={f"SWA {fmt_budget(b)}B": "swa"}))
+        return jobs
+
+    swa_ov = swa_overrides(budgets[-1], budgets[:-1])
+    swa_cfg = compose_run(swa_ov)
+    children = [("swa", swa_ov, swa_cfg, {**{f"SWA {fmt_budget(b)}B": f"swa@{fmt_budget(b)}" for b in budgets[:-1]},
+                                         f"SWA {fmt_budget(budgets[-1])}B": "swa"})]
+    if fge:
+        children.append(("fge", fge_overrides, compose_run(fge_overrides), {"FGE 1B": "fge"}))
+    points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
+    trunk_dir = run_dir_of(compose_run([*base, "method=sgd"]))
+    save_at = "trainer.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()))) + "]"
+    jobs = [Job("sgd", [*base, "method=sgd", save_at], trunk_dir, columns={"SGD": "sgd"})]
+    for name, ov, cfg, columns in children:
+        k = points[name]
+        jobs.append(Job(name, [*ov, f"trainer.branch_from='{trunk_dir}@{k}'"], run_dir_of(compose_run(ov)),
+                        parent="sgd", branch_epoch=k, columns=columns))
+    return jobs
+
+
+def epochs_in(run_dir: Path) -> int:
+    path = run_dir / "history.jsonl"
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+
+
+def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
+    """Run the jobs in order (skipping finished ones); return what each cost: seconds and epochs trained."""
+    done = []
+    for job in jobs:
+        record = {"name": job.name, "run_dir": str(job.run_dir), "branch_epoch": job.branch_epoch}
+        if dry_run:
+            print(shlex.join(job.command()))
+            continue
+        if (job.run_dir / "metrics.json").exists():
+            print(f"[row] {job.name}: {job.run_dir} already finished; skipped")
+            done.append({**record, "skipped": True, "seconds": 0.0, "epochs_trained": 0})
+            continue
+        print(f"[row] {job.name}: {' '.join(job.overrides)}", flush=True)
+        t0 = time.perf_counter()
+        subprocess.run(job.command(), check=True)
+        seconds = time.perf_counter() - t0
+        done.append({**record, "skipped": False, "seconds": seconds,
+                     "epochs_trained": epochs_in(job.run_dir) - (job.branch_epoch or 0)})
+    return done
+
+
+def manifest_of(jobs: list[Job]) -> dict[str, dict]:
+    """Table 1 column -> the run directory and predictor holding it."""
+    return {column: {"run": str(job.run_dir), "predictor": predictor}
+            for job in jobs for column, predictor in job.columns.items()}
+
+
+def row_metrics(manifest: dict[str, dict]) -> dict[str, dict]:
+    """Table 1 column -> that predictor's metrics (acc, nll, ece, ...) read from its run's metrics.json."""
+    out = {}
+    for column, where in manifest.items():
+        metrics = json.loads((Path(where["run"]) / "metrics.json").read_text())
+        out[column] = metrics[where["predictor"]]
+    return out
+
+
+def format_row(metrics: dict[str, dict]) -> str:
+    return "\n".join(f"{column:<10} acc {m['acc']:6.2f}  nll {m['nll']:.4f}" for column, m in metrics.items())
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate Hydra ``key=value`` overrides from the row's own ``--options``."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    return [a for a in argv if a not in overrides], overrides
+
+
+def main(argv: list[str] | None = None) -> dict:
+    own, extra = split_args(list(sys.argv[1:] if argv is None else argv))
+    parser = argparse.ArgumentParser(prog="python -m swalab.row", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--swa-budgets", type=float, nargs="+", default=list(SWA_BUDGETS))
+    parser.add_argument("--no-fge", action="store_true", help="leave out the FGE column")
+    parser.add_argument("--naive", action="store_true", help="train each column straight through (no branching)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands in order and run nothing")
+    args = parser.parse_args(own)
+    result = {}
+    for seed in args.seeds:
+        jobs = plan_row(args.dataset, args.model, seed, extra, args.swa_budgets, fge=not args.no_fge,
+                        naive=args.naive)
+        costs = run_jobs(jobs, dry_run=args.dry_run)
+        if args.dry_run:
+            continue
+        output_dir = Path(str(compose_run([f"dataset={args.dataset}", f"model={args.model}", *extra]).paths.output_dir))
+        manifest = manifest_of(jobs)
+        record = {"dataset": args.dataset, "model": args.model, "seed": seed, "naive": args.naive,
+                  "jobs": [{**asdict(j), "run_dir": str(j.run_dir)} for j in jobs], "costs": costs,
+                  "columns": manifest}
+        path = output_dir / "rows" / f"{args.dataset}_{args.model}_seed{seed}{'_naive' if args.naive else ''}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"[row] seed {seed}: {path}\n" + format_row(row_metrics(manifest)))
+        result[seed] = record
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Branching a Table 1 row off one SGD trunk gives exactly the runs trained straight through.
+
+Tiny real runs on scikit-learn's digits (128 training images, batches of 64, a PreResNet-8, a
+budget of 4 epochs, SWA from epoch 3), trained in-process on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import swalab  # noqa: F401  (registers resolvers)
+from swalab.branching import BranchError, check_branch, lineage_chain, load_branch_state, read_lineage
+from swalab.checkpoint import save_checkpoint
+from swalab.methods import FGE, SGD, SWA
+from swalab.row import plan_row
+from swalab.schedules import PaperSGD
+from swalab.train import train
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+B = 4  # the budget in epochs
+TINY = ["logger=none", "trainer.progress=false", "dataset=digits", "model=preresnet20", "model.arch.depth=8", "dataset.train_size=128",
+        "trainer.batch_size=64", "trainer.eval_every=0", "trainer.eval_batch_size=512", f"model.budget={B}",
+        "model.swa.start=3", "seed=0"]
+# SWA that branches off the SGD run "without modifying the learning rate schedule": the SGD run's schedule
+SWA_BASE = ["method=swa", "method.pre_schedule=base", f"schedule.horizon={B}"]
+
+
+def cfg_of(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=[*TINY, *overrides])
+
+
+def run(run_dir: Path, *overrides: str) -> dict:
+    train(cfg_of(*overrides), run_dir=run_dir)
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def history(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+
+
+def final_weights(run_dir: Path, which: str | None = None) -> dict[str, torch.Tensor]:
+    final = torch.load(run_dir / "final.pt", map_location="cpu", weights_only=False)
+    return final["model"] if which is None else final["methods"][which]
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+def without_timing(metrics: dict) -> dict:
+    return {name: {k: v for k, v in m.items() if k != "seconds"} for name, m in metrics.items()}
+
+
+@pytest.fixture(scope="module")
+def trunk(tmp_path_factory) -> Path:
+    """The SGD run of one budget, keeping its checkpoints after epochs 2 and 3 for branching."""
+    run_dir = tmp_path_factory.mktemp("trunk") / "sgd"
+    run(run_dir, "method=sgd", "trainer.save_at=[2,3]")
+    return run_dir
+
+
+def test_swa_scored_at_a_budget_mark_equals_a_run_stopped_there(tmp_path):
+    long = tmp_path / "swa_1.5"
+    short = tmp_path / "swa_1"
+    long_metrics = run(long, *SWA_BASE, "method.budget=1.5", "method.eval_at_budgets=[1.0]", f"trainer.save_at=[{B}]")
+    short_metrics = run(short, *SWA_BASE, "method.budget=1")
+    assert [r["lr"] for r in history(long)][:B] == [r["lr"] for r in history(short)]
+    assert long_metrics["swa@1"] == {k: v for k, v in short_metrics["swa"].items() if k != "n_averaged"}
+    at_mark = torch.load(long / "checkpoints" / "saved" / f"epoch{B:04d}.pt", weights_only=False)["method"]["averaged"]
+    assert int(at_mark["n_averaged"]) == short_metrics["swa"]["n_averaged"] == 2  # epochs 3 and 4
+    averaged = {k.removeprefix("module."): v for k, v in at_mark.items() if k.startswith("module.")}
+    assert_same_weights(averaged, final_weights(short, "swa"))
+    assert long_metrics["swa"]["n_averaged"] == 4  # the 1.5-budget average goes on to epoch 6
+
+
+def test_a_swa_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
+    branch = tmp_path / "branch"
+    straight = tmp_path / "straight"
+    swa = [*SWA_BASE, "method.budget=1.5", "method.eval_at_budgets=[1.0,1.25]"]
+    branch_metrics = run(branch, *swa, f"trainer.branch_from={trunk}@2")
+    straight_metrics = run(straight, *swa)
+    assert set(branch_metrics) == {"swa@1", "swa@1.25", "swa", "sgd"}
+    assert without_timing(branch_metrics) == without_timing(straight_metrics)
+    assert_same_weights(final_weights(branch, "swa"), final_weights(straight, "swa"))
+    assert_same_weights(final_weights(branch), final_weights(straight))
+    keep = ("epoch", "lr", "train_loss", "train_acc")
+    assert [{k: r[k] for k in keep} for r in history(branch)] == [{k: r[k] for k in keep} for r in history(straight)]
+    assert [r["train_loss"] for r in history(branch)][:2] == [r["train_loss"] for r in history(trunk)][:2]
+
+
+def test_a_fge_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
+    fge = ["method=fge", "method.pretrain_epochs=2", "method.cycle=2"]
+    branch_metrics = run(tmp_path / "branch", *fge, f"trainer.branch_from={trunk}@2")
+    straight_metrics = run(tmp_path / "straight", *fge)
+    assert branch_metrics["fge"]["member_epochs"] == [3] and branch_metrics["fge"]["members"] == 1
+    assert without_timing(branch_metrics) == without_timing(straight_metrics)
+
+
+def test_the_lineage_is_written_and_read_back(trunk, tmp_path):
+    child = tmp_path / "swa"
+    run(child, *SWA_BASE, "method.budget=1.25", f"trainer.branch_from={trunk}@2")
+    lineage = read_lineage(child)
+    assert lineage == {"kind": "branch", "parent": str(trunk), "epoch": 2,
+                       "checkpoint": str(trunk / "checkpoints" / "saved" / "epoch0002.pt"),
+                       "parent_method": "sgd", "parent_epochs": B}
+    grandchild_lineage = {"kind": "branch", "parent": str(child), "epoch": 3, "checkpoint": "x"}
+    (tmp_path / "grandchild").mkdir()
+    (tmp_path / "grandchild" / "lineage.json").write_text(json.dumps(grandchild_lineage))
+    assert [rec["parent"] for rec in lineage_chain(tmp_path / "grandchild")] == [str(child), str(trunk)]
+    assert read_lineage(trunk) is None
+
+
+def test_a_branch_from_another_seed_or_model_is_refused(trunk):
+    state_fp = {"dataset": "digits", "model": "preresnet20", "method": "swa", "seed": 1, "epochs": 6,
+                "batch_size": 64, "train_size": 128}
+    with pytest.raises(BranchError, match="seed: trunk has 0, this run has 1"):
+        load_branch_state(f"{trunk}@2", state_fp)
+    with pytest.raises(BranchError, match="model: trunk has 'preresnet20', this run has 'vgg16'"):
+        load_branch_state(f"{trunk}@2", {**state_fp, "seed": 0, "model": "vgg16"})
+    state, lineage = load_branch_state(f"{trunk}@2", {**state_fp, "seed": 0})  # method and epochs may differ
+    assert state["method"] is None and state["epoch"] == 2 and len(state["history"]) == 2
+    with pytest.raises(FileNotFoundError, match=r"trainer.save_at=\[1\]"):
+        load_branch_state(f"{trunk}@1", {**state_fp, "seed": 0})
+    with pytest.raises(BranchError, match="<run dir>@<epoch>"):
+        load_branch_state(str(trunk), state_fp)
+
+
+def synthetic_state(lrs: list[float], momentum: float = 0.9, weight_decay: float = 5e-4) -> dict:
+    return {"epoch": len(lrs), "history": [{"epoch": e + 1, "lr": lr} for e, lr in enumerate(lrs)],
+            "optimizer": {"param_groups": [{"momentum": momentum, "weight_decay": weight_decay, "nesterov": False}]}}
+
+
+def test_a_branch_that_would_miss_a_capture_or_use_another_lr_is_refused():
+    sgd_schedule = PaperSGD(lr=0.1, horizon=8)  # constant to epoch 4, then decaying
+    trunk_lrs = [sgd_schedule.at(e, 0, 10) for e in range(7)]
+    swa = SWA(sgd_schedule, swa_start=7, swa_lr=0.01, pre_schedule="base")
+    check_branch(swa, synthetic_state(trunk_lrs[:6]), 12, 10, 0.9, 5e-4, False)  # swa_start - 1: fine
+    with pytest.raises(BranchError, match="branch at epoch 6 or earlier"):
+        check_branch(swa, synthetic_state(trunk_lrs), 12, 10, 0.9, 5e-4, False)
+    reference = SWA(sgd_schedule, swa_start=7, swa_lr=0.01, pre_schedule="reference")  # paper shape over swa_start
+    with pytest.raises(BranchError, match="schedules differ before the branch point"):
+        check_branch(reference, synthetic_state(trunk_lrs[:6]), 12, 10, 0.9, 5e-4, False)
+    longer_horizon = SWA(PaperSGD(lr=0.1, horizon=12), swa_start=7, swa_lr=0.01, pre_schedule="base")
+    with pytest.raises(BranchError, match="schedule.horizon"):
+        check_branch(longer_horizon, synthetic_state(trunk_lrs[:6]), 12, 10, 0.9, 5e-4, False)
+    with pytest.raises(BranchError, match="weight_decay"):
+        check_branch(swa, synthetic_state(trunk_lrs[:6], weight_decay=1e-4), 12, 10, 0.9, 5e-4, False)
+    fge = FGE(sgd_schedule, lr_max=0.05, lr_min=0.01, cycle=2, pretrain_epochs=5, pre_schedule="base")
+    assert fge.last_branch_epoch(8) == 5 and SGD(sgd_schedule).last_branch_epoch(8) == 8
+    check_branch(fge, synthetic_state(trunk_lrs[:5]), 8, 10, 0.9, 5e-4, False)
+
+
+def test_a_row_plans_one_trunk_and_two_branches():
+    jobs = plan_row("digits", "preresnet20", 0, ["logger=none", "model.budget=8", "model.swa.start=6",
+                                                 "paths.output_dir=/tmp/swalab-row-plan"])
+    assert [j.name for j in jobs] == ["sgd", "swa", "fge"]
+    sgd, swa, fge = jobs
+    assert "trainer.save_at=[5,6]" in sgd.overrides  # SWA branches at swa_start - 1, FGE at pretrain_epochs = 6
+    assert (swa.branch_epoch, fge.branch_epoch) == (5, 6)
+    assert f"trainer.branch_from='{sgd.run_dir}@5'" in swa.overrides
+    assert {"method.budget=1.5", "method.pre_schedule=base", "method.eval_at_budgets=[1,1.25]",
+            "schedule.horizon=8"} <= set(swa.overrides)
+    assert swa.columns == {"SWA 1B": "swa@1", "SWA 1.25B": "swa@1.25", "SWA 1.5B": "swa"}
+    assert sgd.run_dir.parts[-3:] == ("sgd", "model.budget=8,model.swa.start=6", "seed0")  # save_at not in the name

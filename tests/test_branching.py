@@ -1,7 +1,9 @@
 """Branching a Table 1 row off one SGD trunk gives exactly the runs trained straight through.
 
 Tiny real runs on scikit-learn's digits (128 training images, batches of 64, a PreResNet-8, a
-budget of 4 epochs, SWA from epoch 3), trained in-process on the CPU.
+budget of 4 epochs, SWA from epoch 3), trained in-process on the CPU. The equality tests train
+several runs each and are marked slow (``pytest -m slow tests/test_branching.py``); the default
+selection trains only the shared SGD trunk.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def trunk(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_swa_scored_at_a_budget_mark_equals_a_run_stopped_there(tmp_path):
     long = tmp_path / "swa_1.5"
     short = tmp_path / "swa_1"
@@ -81,6 +84,7 @@ def test_swa_scored_at_a_budget_mark_equals_a_run_stopped_there(tmp_path):
     assert long_metrics["swa"]["n_averaged"] == 4  # the 1.5-budget average goes on to epoch 6
 
 
+@pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_a_swa_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
     branch = tmp_path / "branch"
     straight = tmp_path / "straight"
@@ -96,6 +100,7 @@ def test_a_swa_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
     assert [r["train_loss"] for r in history(branch)][:2] == [r["train_loss"] for r in history(trunk)][:2]
 
 
+@pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_a_fge_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
     fge = ["method=fge", "method.pretrain_epochs=2", "method.cycle=2"]
     branch_metrics = run(tmp_path / "branch", *fge, f"trainer.branch_from={trunk}@2")
@@ -104,6 +109,7 @@ def test_a_fge_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
     assert without_timing(branch_metrics) == without_timing(straight_metrics)
 
 
+@pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_the_lineage_is_written_and_read_back(trunk, tmp_path):
     child = tmp_path / "swa"
     run(child, *SWA_BASE, "method.budget=1.25", f"trainer.branch_from={trunk}@2")

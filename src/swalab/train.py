@@ -8,7 +8,7 @@ objects to the ``Trainer``, and writes the run directory:
     status.json      running / complete / failed / preempted, with the error if any
     checkpoints/     epochNNNN.pt (last two kept; saved/ holds trainer.save_at epochs)
     final.pt         live weights plus each method's own (SWA average, EMA)
-    lineage.json     the checkpoint this run started from (trainer.init_from), if any
+    lineage.json     the checkpoint this run started from (trainer.init_from or trainer.branch_from), if any
 
 Re-running the same command lands in the same directory (see ``conf/hydra/default.yaml``): a
 finished run is skipped, an interrupted one resumes from its newest good checkpoint.
@@ -28,6 +28,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointError, load_latest, read_checkpoint
 from swalab.config import ConfigError, check_config
 from swalab.data import ResidentLoader, subset
@@ -208,12 +209,26 @@ def _run(cfg: DictConfig, run_dir: Path, resolved: dict, fingerprint: dict, resu
         weights, lineage = load_init_weights(cfg.trainer.init_from)
         load_into(model, weights, str(cfg.trainer.init_from))
         write_json(run_dir / "lineage.json", lineage)
+    branched = False
+    if cfg.trainer.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
+        if lineage is not None:
+            raise ConfigError("set trainer.init_from (weights only) or trainer.branch_from (full state), not both")
+        if resume_state is None:
+            resume_state, lineage = load_branch_state(str(cfg.trainer.branch_from), fingerprint)
+            branched = True
+        else:  # this branch wrote checkpoints of its own and resumes from them
+            lineage = read_lineage(run_dir)
     schedule = instantiate(cfg.schedule)
     method = instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=schedule)
     epochs = int(cfg.trainer.epochs)
     method.validate(epochs, initialized=lineage is not None)
+    if branched:  # refuse before anything trains if the branch would not equal a straight-through run
+        check_branch(method, resume_state, epochs, len(train_loader), cfg.trainer.momentum,
+                     cfg.trainer.weight_decay, cfg.trainer.nesterov)
+        write_json(run_dir / "lineage.json", lineage)
 
-    tracker = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), run_config=resolved)
+    tracker = instantiate(cfg.logger, _partial_=True)(
+        run_dir=str(run_dir), run_config=resolved if lineage is None else {**resolved, "lineage": lineage})
     options = TrainerOptions(
         epochs=epochs, momentum=cfg.trainer.momentum, weight_decay=cfg.trainer.weight_decay,
         nesterov=cfg.trainer.nesterov, amp=cfg.trainer.amp, channels_last=cfg.trainer.channels_last,
@@ -225,6 +240,9 @@ def _run(cfg: DictConfig, run_dir: Path, resolved: dict, fingerprint: dict, resu
                       on_epoch=lambda row: tracker.log(row, step=row["epoch"]))
     if resume_state is not None:
         print(f"[swalab] resuming {run_dir} from {resume_state['path']}")
+    if branched:  # the trunk's epochs are this run's history too
+        for row in resume_state["history"]:
+            tracker.log(row, step=row["epoch"])
     try:
         metrics = trainer.fit(resume_state)
     except BaseException:

@@ -75,6 +75,16 @@ class Method:
         (``trainer.init_from``). Called before any training, so a bad value costs nothing.
         """
 
+    def last_branch_epoch(self, epochs: int) -> int:
+        """The latest trunk epoch a branch of this method may start from (``trainer.branch_from``).
+
+        A branch restores the trunk's weights, optimizer and RNG but starts this method's own state
+        fresh, so it equals a straight-through run only up to the last epoch after which the method
+        still holds no state. The default, 0, is the safe answer for a method that keeps state from
+        its first step (EMA); methods that keep none for a while say how long.
+        """
+        return 0
+
     # -- learning rate -------------------------------------------------------------------
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
         return self.schedule.at(epoch, step, steps_per_epoch)

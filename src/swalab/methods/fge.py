@@ -61,6 +61,9 @@ class FGE(Method):
                              f"method.pretrain_epochs={self.pretrain_epochs}: fewer than half a cycle "
                              f"({self.cycle // 2}), so no member would be collected")
 
+    def last_branch_epoch(self, epochs: int) -> int:
+        return self.pretrain_epochs + self.cycle // 2 - 1  # the first member is collected after the next epoch
+
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
         if epoch < self.pretrain_epochs:
             return self.pre_schedule.at(epoch, step, steps_per_epoch)

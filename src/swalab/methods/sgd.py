@@ -7,3 +7,6 @@ class SGD(Method):
     """Train with the base schedule alone; the last iterate is the ``sgd`` predictor."""
 
     name = "sgd"
+
+    def last_branch_epoch(self, epochs: int) -> int:
+        return epochs  # no state of its own: any epoch of an SGD trunk can be continued as SGD

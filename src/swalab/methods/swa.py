@@ -97,6 +97,13 @@ class SWA(Method):
                 raise ValueError(f"method.eval_at_budgets: budget {b} is epoch {mark}, outside (swa_start="
                                  f"{self.swa_start}, trainer.epochs={epochs}]")
 
+    def last_branch_epoch(self, epochs: int) -> int:
+        """A constant/swalr phase captures first after epoch ``swa_start`` (after ``c_epochs`` when it is 0),
+        so a branch must start one epoch earlier; cyclic and Shake-Shake phases capture within later epochs."""
+        if self.phase in ("cyclic", "shake_shake"):
+            return self.swa_start
+        return (self.swa_start if self.swa_start > 0 else self.c_epochs) - 1
+
     def _budget_epoch(self, budget: float) -> int:
         if self.budget_epochs is None:
             raise ValueError("method.eval_at_budgets needs method.budget_epochs (the model's budget B in epochs)")

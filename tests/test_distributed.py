@@ -1,0 +1,95 @@
+"""Data-parallel training (torchrun + DDP) equals one process with the same global batch.
+
+Two CPU processes (gloo) each train on their half of every global batch; DDP averages the
+gradients, so the weights, and with them the SWA average, must match a single process that sees
+the whole global batch. The model has no BatchNorm: with BN each rank normalises with the statistics
+of its own half-batch, which (as in any DDP run without SyncBatchNorm) is not the single-process run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from swalab.data import ResidentLoader
+from swalab.data.splits import DataSplit
+from swalab.methods import SWA
+from swalab.schedules import Constant
+from swalab.trainer import Trainer, TrainerOptions
+
+GLOBAL_BATCH, EPOCHS = 32, 4
+
+
+def toy_data() -> DataSplit:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (160, 1, 8, 8), dtype=torch.uint8, generator=g)
+    labels = (images.float().mean(dim=(1, 2, 3)) > 127.5).long() + 2 * (images[:, 0, 0, 0] > 127).long()
+    return DataSplit(images, labels)
+
+
+def toy_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 4))
+
+
+def train_swa(run_dir, rank: int = 0, world_size: int = 1) -> dict[str, torch.Tensor]:
+    data, cpu = toy_data(), torch.device("cpu")
+    common = dict(device=cpu, mean=[0.5], std=[0.25])
+    train = ResidentLoader(data, GLOBAL_BATCH // world_size, train=True, pad=1, flip=False, seed=3,
+                           rank=rank, world_size=world_size, **common)
+    test = ResidentLoader(data, 64, train=False, **common)
+    method = SWA(Constant(lr=0.05), swa_start=2, swa_lr=0.02, bn_update=False)
+    trainer = Trainer(toy_model(), method, train, test, test, cpu, run_dir,
+                      TrainerOptions(epochs=EPOCHS, weight_decay=1e-4, progress=False, handle_signals=False))
+    trainer.fit()
+    return {k: v.detach().clone() for k, v in method.final_weights()["swa"].items()}
+
+
+def _worker(rank: int, world_size: int, port: int, run_dir: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        swa = train_swa(run_dir, rank, world_size)
+        files = sorted(p.name for p in Path(run_dir).rglob("*") if p.is_file())
+        torch.save({"swa": swa, "files": files}, out)  # tensors through a file: the worker may exit first
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_ranks_average_the_same_swa_weights_as_one_process(tmp_path):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with the gloo backend is not available in this build")
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, 2, port, str(tmp_path / f"rank{r}"), str(tmp_path / f"out{r}.pt")))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=600)
+        assert p.exitcode == 0
+    results = {r: tuple(torch.load(tmp_path / f"out{r}.pt").values()) for r in range(2)}
+
+    single = train_swa(tmp_path / "single")
+    for rank in (0, 1):
+        for name, value in single.items():
+            torch.testing.assert_close(results[rank][0][name], value, rtol=1e-4, atol=1e-5)
+    # only rank 0 writes: each rank got its own directory here, and rank 1's stays empty
+    assert "history.jsonl" in results[0][1] and any(f.startswith("epoch") for f in results[0][1])
+    assert results[1][1] == []

@@ -51,10 +51,11 @@ def _positive(cfg: DictConfig, key: str, errors: list[str], allow_zero: bool = F
 def check_config(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` listing every bad value the config holds (not just the first)."""
     errors: list[str] = []
-    for key in ("trainer.epochs", "trainer.batch_size", "schedule.lr", "method.swa_lr", "method.swa_lr_min",
+    for key in ("trainer.batch_size", "schedule.lr", "method.swa_lr", "method.swa_lr_min",
                 "method.lr_max", "method.lr_min", "method.cycle", "method.budget", "model.budget"):
         _positive(cfg, key, errors)
-    for key in ("trainer.weight_decay", "trainer.momentum", "trainer.eval_every", "trainer.checkpoint_every"):
+    for key in ("trainer.epochs", "trainer.weight_decay", "trainer.momentum", "trainer.eval_every",
+                "trainer.checkpoint_every"):  # trainer.epochs=0 scores the starting weights only
         _positive(cfg, key, errors, allow_zero=True)
     if cfg.trainer.get("keep_checkpoints", 2) < 1:
         errors.append(f"trainer.keep_checkpoints={cfg.trainer.keep_checkpoints} must be >= 1")
@@ -70,7 +71,7 @@ def check_config(cfg: DictConfig) -> None:
     if train_size is not None and train_size < 1:
         errors.append(f"dataset.train_size={train_size} must be >= 1 (or null for the whole training set)")
     swa_start = OmegaConf.select(cfg, "method.swa_start")
-    if swa_start is not None and not 0 <= swa_start < cfg.trainer.epochs:
+    if swa_start is not None and cfg.trainer.epochs > 0 and not 0 <= swa_start < cfg.trainer.epochs:
         errors.append(f"method.swa_start={swa_start} must be in [0, trainer.epochs={cfg.trainer.epochs}): "
                       "SWA needs epochs after swa_start to average")
     if errors:

@@ -55,7 +55,10 @@ def predict_logits(model: nn.Module, loader: Iterable, device: torch.device, amp
 
 
 def labels_of(loader: Iterable) -> torch.Tensor:
-    """All labels of a loader, in order, on the CPU."""
+    """All labels of a loader, in order, on the CPU (read from ``loader.labels`` when it knows them)."""
+    known = getattr(loader, "labels", None)
+    if isinstance(known, torch.Tensor):  # a streaming loader: no decoding pass just to collect labels
+        return known.cpu()
     return torch.cat([y.cpu() for _, y in loader])
 
 

@@ -124,8 +124,40 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
                               f"missing keys {result.missing_keys[:8]}, unexpected keys {result.unexpected_keys[:8]}")
 
 
+def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
+    """Training, test and BN-update loaders that decode from disk in worker processes (``dataset.loader=stream``).
+
+    Transforms follow the pretrained config of the timm model being trained (``model.arch.model_name``);
+    the BN-update loader reads a fixed seeded ``trainer.bn_update_fraction`` of the training set.
+    """
+    from swalab.data.imagenet import StreamLoader, bn_subset_indices, imagenet_transforms
+
+    model_name = cfg.model.arch.get("model_name")
+    mean = cfg.model.get("mean") or (None if model_name else cfg.dataset.mean)
+    std = cfg.model.get("std") or (None if model_name else cfg.dataset.std)
+    train_tf, test_tf, _ = imagenet_transforms(model_name, image_size=cfg.dataset.get("image_size"), mean=mean,
+                                               std=std, interpolation=cfg.dataset.get("interpolation"),
+                                               crop_pct=cfg.dataset.get("crop_pct"), flip=bool(cfg.dataset.flip))
+    batch_size = int(cfg.trainer.batch_size)
+    if batch_size > len(data.train):
+        raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
+                          "(lower it, or raise dataset.train_size)")
+    common = dict(num_workers=int(cfg.dataset.num_workers), pin_memory=device.type == "cuda",
+                  prefetch_factor=cfg.dataset.get("prefetch_factor"))
+    train = StreamLoader(data.train.with_transform(train_tf), batch_size, train=True, seed=int(cfg.seed), **common)
+    test = StreamLoader(data.test.with_transform(test_tf), int(cfg.trainer.eval_batch_size), train=False, **common)
+    keep = bn_subset_indices(len(data.train), float(cfg.trainer.bn_update_fraction), batch_size, int(cfg.seed) + 1)
+    bn_split = data.train if keep is None else data.train.subset(keep)
+    # drop_last: a last batch of one image cannot be batch-normalised in train mode; used rarely: no idle workers
+    bn = StreamLoader(bn_split.with_transform(train_tf), batch_size, train=True, drop_last=True,
+                      seed=int(cfg.seed) + 1, persistent_workers=False, **common)
+    return train, test, bn
+
+
 def build_loaders(cfg: DictConfig, data, device: torch.device):
     """Training, test and BN-update loaders on ``device``; the split stays resident there."""
+    if cfg.dataset.get("loader", "resident") == "stream":
+        return build_stream_loaders(cfg, data, device)
     mean = list(cfg.model.get("mean") or cfg.dataset.mean)
     std = list(cfg.model.get("std") or cfg.dataset.std)
     batch_size = int(cfg.trainer.batch_size)
@@ -218,10 +250,14 @@ def _run(cfg: DictConfig, run_dir: Path, resolved: dict, fingerprint: dict, resu
             branched = True
         else:  # this branch wrote checkpoints of its own and resumes from them
             lineage = read_lineage(run_dir)
-    schedule = instantiate(cfg.schedule)
-    method = instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=schedule)
     epochs = int(cfg.trainer.epochs)
-    method.validate(epochs, initialized=lineage is not None)
+    if epochs == 0:  # evaluation only: score the starting weights (the "SGD" column of the ImageNet table)
+        from swalab.methods.pretrained import Pretrained
+        method = Pretrained()
+    else:
+        schedule = instantiate(cfg.schedule)
+        method = instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=schedule)
+    method.validate(epochs, initialized=lineage is not None or bool(cfg.model.get("pretrained")))
     if branched:  # refuse before anything trains if the branch would not equal a straight-through run
         check_branch(method, resume_state, epochs, len(train_loader), cfg.trainer.momentum,
                      cfg.trainer.weight_decay, cfg.trainer.nesterov)

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from swalab import faults
+
 FORMAT = "swalab-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"^epoch(\d+)(?:_step(\d+))?\.pt$")
@@ -41,7 +43,13 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        faults.hit("checkpoint_write")  # test-only: a kill here leaves the temp file, not a torn checkpoint
         os.replace(tmp, path)
+    except OSError as exc:  # full disk, quota, I/O error: the file it would have replaced is untouched
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, f"cannot write {path} ({exc.strerror or exc}); nothing was replaced, so the "
+                                 f"previous checkpoints in {path.parent} are intact. Free space (or point "
+                                 "paths.output_dir elsewhere) and re-launch the same command to continue") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -68,6 +76,8 @@ def save_checkpoint(state: dict, directory: str | Path, epoch: int, step: int = 
     path = atomic_save(state, Path(directory) / name)
     for old in checkpoint_paths(directory)[keep:]:
         old.unlink(missing_ok=True)
+    for stale in Path(directory).glob("epoch*.pt.*.tmp"):  # left by a run killed mid-write; one writer per run
+        stale.unlink(missing_ok=True)
     return path
 
 

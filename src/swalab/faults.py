@@ -1,0 +1,72 @@
+"""Test-only fault injection: make a run die (or be signalled) at an exact point, on purpose.
+
+The reliability tests (``tests/test_reliability.py``) must kill a training run *mid-epoch*, *while
+SWA averages*, *during the BN update* or *while a checkpoint is being written*, and do so at the
+same place every time. Sending a signal from outside at a wall-clock moment cannot hit those
+points reliably, so the code calls :func:`hit` at each of them and this module decides, from one
+environment variable, whether to act:
+
+    SWALAB_FAULT=<point>:<n>[:<signal>]      e.g.  SWALAB_FAULT=train_step:7
+                                                   SWALAB_FAULT=checkpoint_write:2:KILL
+                                                   SWALAB_FAULT=train_step:5:TERM
+
+At the ``n``-th hit of ``<point>`` in this process, the process sends itself ``<signal>`` (default
+``KILL``: no handler, no cleanup, exactly like ``kill -9`` or an out-of-memory kill). ``TERM`` and
+``USR1`` exercise the preemption path instead. Points: ``train_step`` (after an optimizer step),
+``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
+re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place).
+
+Without the variable :func:`hit` is one dictionary lookup and does nothing; never set it outside
+tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+ENV = "SWALAB_FAULT"
+POINTS = ("train_step", "swa_average", "bn_update", "checkpoint_write")
+_hits: Counter[str] = Counter()
+
+
+def _plan() -> tuple[str, int, signal.Signals] | None:
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    point, _, rest = spec.partition(":")
+    count, _, sig = rest.partition(":")
+    if point not in POINTS or not count.isdigit() or int(count) < 1:
+        raise ValueError(f"{ENV}={spec!r}: expected <point>:<n>[:<signal>] with point in {POINTS} and n >= 1")
+    return point, int(count), signal.Signals["SIG" + (sig or "KILL").upper().removeprefix("SIG")]
+
+
+def hit(point: str) -> None:
+    """Count one pass through ``point``; at the planned pass, signal this process."""
+    plan = _plan()
+    if plan is None or plan[0] != point:
+        return
+    _hits[point] += 1
+    if _hits[point] == plan[1]:
+        os.kill(os.getpid(), plan[2])
+
+
+def watch(batches: Iterable, point: str) -> Iterable:
+    """``batches`` unchanged, with :func:`hit` called before each batch when a fault is planned."""
+    plan = _plan()
+    if plan is None or plan[0] != point:
+        return batches
+    return _watched(batches, point)
+
+
+def _watched(batches: Iterable, point: str) -> Iterator:
+    for batch in batches:
+        hit(point)
+        yield batch
+
+
+def reset() -> None:
+    """Forget the hits counted so far (tests that inject faults in-process call it first)."""
+    _hits.clear()

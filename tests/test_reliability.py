@@ -1,0 +1,493 @@
+"""Runs survive kills, preemption, bad input and flaky services without losing work (docs/reliability.md).
+
+Every test trains the same tiny SWA run on the bundled digits (PreResNet-8, 256 training images, batch
+64: 4 steps per epoch, 4 epochs, averaging from epoch 2) and compares against one uninterrupted run of
+it. Faults are placed exactly with the test-only hook ``SWALAB_FAULT=<point>:<n>[:<signal>]``
+(``swalab.faults``). Kills must happen in a child process (``python run.py ...``); everything that can
+run in-process does, to keep the default suite short.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
+from PIL import Image
+
+import swalab  # noqa: F401  (registers the config resolvers)
+from swalab import faults
+from swalab.checkpoint import CheckpointError, load_latest, save_checkpoint
+from swalab.config import ConfigError
+from swalab.data.cache import CACHE_FORMAT_VERSION, cache_path, load_cache
+from swalab.train import train
+from swalab.trainer import PREEMPTED_EXIT_CODE, NonFiniteLossError, Preempted
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+TINY = ["logger=none", "trainer.progress=false", "trainer.epochs=4", "method.swa_start=2",
+        "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8"]
+STEPS_PER_EPOCH = 4
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def make_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=[*TINY, *overrides])
+
+
+def run_cli(run_dir: Path, *overrides: str, fault: str | None = None, timeout: int = 300,
+            python: list[str] | None = None) -> subprocess.CompletedProcess:
+    """``python run.py <TINY> hydra.run.dir=<run_dir>``, optionally with a planned fault."""
+    env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+    if fault:
+        env[faults.ENV] = fault
+    cmd = [*(python or [PYTHON, "run.py"]), *TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def history(run_dir: Path) -> list[dict]:
+    """history.jsonl without the wall-clock column (the only thing a resume may change)."""
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+
+def assert_same_run(run: Path, reference: Path) -> None:
+    """Final weights (live and SWA average), metrics and history equal bit for bit."""
+    a = torch.load(run / "final.pt", weights_only=False)
+    b = torch.load(reference / "final.pt", weights_only=False)
+    for name, ref_state in [("model", b["model"]), *(("methods." + k, v) for k, v in b["methods"].items())]:
+        state = a["model"] if name == "model" else a["methods"][name.split(".", 1)[1]]
+        assert state.keys() == ref_state.keys()
+        unequal = [k for k in ref_state if not torch.equal(state[k], ref_state[k])]
+        assert not unequal, f"{name} differs from the uninterrupted run in {unequal[:5]}"
+    assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+    assert history(run) == history(reference)
+    assert json.loads((run / "status.json").read_text())["status"] == "complete"
+
+
+@pytest.fixture(autouse=True)
+def no_planned_fault(monkeypatch):
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.reset()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run every interrupted one must end equal to."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    train(make_cfg(), run_dir=run_dir)
+    return run_dir
+
+
+# -- 1. kill anywhere, resume exactly ---------------------------------------------------------------
+def test_sigkill_mid_epoch_then_resume_ends_equal_to_uninterrupted_run(tmp_path, reference):
+    run = tmp_path / "run"
+    killed = run_cli(run, fault="train_step:6")  # step 2 of epoch 2
+    assert killed.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch0001.pt"]
+    assert len(history(run)) == 1
+    train(make_cfg(), run_dir=run)  # what re-launching the same command does, in-process
+    assert_same_run(run, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, newest_before_resume", [
+    ("train_step:6", "epoch0001.pt"),        # mid-epoch 2
+    ("swa_average:1", "epoch0001.pt"),       # while SWA folds the epoch-2 model into its average
+    ("bn_update:2", "epoch0004.pt"),         # during the final BN re-estimation of the average
+    ("checkpoint_write:3", "epoch0002.pt"),  # epoch-3 checkpoint written to its temp file, not yet renamed
+])
+def test_sigkill_at_each_point_then_same_command_resumes_exactly(tmp_path, reference, fault, newest_before_resume):
+    run = tmp_path / "run"
+    killed = run_cli(run, fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert load_latest(run / "checkpoints")["path"].endswith(newest_before_resume)
+    resumed = run_cli(run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming {run} from {run / 'checkpoints' / newest_before_resume}" in resumed.stdout
+    assert not list((run / "checkpoints").glob("*.tmp")), "a temp file of the killed write was left behind"
+    assert_same_run(run, reference)
+
+
+def test_truncated_newest_checkpoint_falls_back_to_previous_with_warning(tmp_path, reference):
+    run = tmp_path / "run"
+    train(make_cfg(), run_dir=run)
+    (run / "metrics.json").unlink()  # pretend the run died after its last checkpoint
+    newest = run / "checkpoints" / "epoch0004.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])
+    with pytest.warns(RuntimeWarning, match=r"cannot read checkpoint .*epoch0004\.pt.*falling back"):
+        train(make_cfg(), run_dir=run)
+    assert_same_run(run, reference)  # epoch 4 was recomputed from epoch 3
+
+
+def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path):
+    for epoch in (1, 2):
+        save_checkpoint({"epoch": epoch}, tmp_path, epoch)
+        (tmp_path / f"epoch{epoch:04d}.pt").write_bytes(b"not a checkpoint")
+    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError, match="every one is corrupt"):
+        load_latest(tmp_path)
+
+
+def test_only_the_newest_two_checkpoints_are_kept(tmp_path):
+    for epoch in range(1, 6):
+        save_checkpoint({"epoch": epoch}, tmp_path, epoch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch0004.pt", "epoch0005.pt"]
+
+
+# -- 2. preemption --------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", ["TERM", pytest.param("USR1", marks=pytest.mark.slow)])  # same code path
+def test_preemption_signal_checkpoints_mid_epoch_and_relaunch_ends_equal(tmp_path, reference, monkeypatch, sig):
+    run = tmp_path / "run"
+    monkeypatch.setenv(faults.ENV, f"train_step:6:{sig}")  # arrives during step 2 of epoch 2
+    with pytest.raises(Preempted, match="epoch 1, step 2") as info:
+        train(make_cfg(), run_dir=run)
+    assert info.value.signum == signal.Signals["SIG" + sig]
+    assert json.loads((run / "status.json").read_text())["status"] == "preempted"
+    assert load_latest(run / "checkpoints")["path"].endswith("epoch0001_step000002.pt")
+    monkeypatch.delenv(faults.ENV)
+    train(make_cfg(), run_dir=run)
+    assert_same_run(run, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["TERM", "USR1"])
+def test_preempted_command_exits_75_and_the_same_command_continues(tmp_path, reference, sig):
+    run = tmp_path / "run"
+    preempted = run_cli(run, fault=f"train_step:9:{sig}")  # step 1 of epoch 3, during averaging
+    assert preempted.returncode == PREEMPTED_EXIT_CODE, preempted.stderr[-2000:]
+    assert "re-launch the same command" in preempted.stderr
+    resumed = run_cli(run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "epoch0002_step000001.pt" in resumed.stdout
+    assert_same_run(run, reference)
+
+
+@pytest.mark.slow
+def test_a_launchers_own_signal_handler_runs_after_the_checkpoint(tmp_path):
+    """Under submitit the SIGUSR1 handler (checkpoint() + requeue) must still run, but only once the
+    checkpoint is on disk; here a stand-in handler records what it found."""
+    run, seen = tmp_path / "run", tmp_path / "seen.json"
+    launcher = textwrap.dedent(f"""
+        import json, os, runpy, signal, sys
+        def requeue(signum, frame):  # what submitit's checkpoint_and_try_requeue is to the job
+            names = sorted(os.listdir({str(run / 'checkpoints')!r}))
+            open({str(seen)!r}, "w").write(json.dumps({{"signal": signum, "checkpoints": names}}))
+        signal.signal(signal.SIGUSR1, requeue)
+        sys.argv = ["run.py", *sys.argv[1:]]
+        runpy.run_path("run.py", run_name="__main__")
+    """)
+    done = run_cli(run, fault="train_step:6:USR1", python=[PYTHON, "-c", launcher])
+    assert done.returncode == PREEMPTED_EXIT_CODE, done.stderr[-2000:]
+    record = json.loads(seen.read_text())
+    assert record == {"signal": signal.SIGUSR1, "checkpoints": ["epoch0001.pt", "epoch0001_step000002.pt"]}
+
+
+# -- 3. bad config values, caught before anything is written -------------------------------------------
+@pytest.mark.parametrize("overrides, message", [
+    (["schedule.lr=0"], "schedule.lr=0 must be > 0"),
+    (["schedule.lr=-0.1"], "schedule.lr=-0.1 must be > 0"),
+    (["method.swa_lr=-1"], "method.swa_lr=-1 must be > 0"),
+    (["schedule.lr=fast"], "schedule.lr='fast' must be a number > 0"),
+    (["trainer.epochs=-1"], "trainer.epochs=-1 must be >= 0"),
+    (["method.swa_start=4"], "method.swa_start=4 must be in [0, trainer.epochs=4)"),
+    (["method.swa_start=9"], "method.swa_start=9 must be in [0, trainer.epochs=4)"),
+    (["trainer.batch_size=300"], "trainer.batch_size=300 is larger than dataset.train_size=256"),
+    (["trainer.batch_size=0"], "trainer.batch_size=0 must be > 0"),
+    (["trainer.nonfinite=ignore"], "trainer.nonfinite='ignore' must be 'stop' or 'skip'"),
+])
+def test_bad_values_are_refused_before_anything_is_written(tmp_path, overrides, message):
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError) as info:
+        train(make_cfg(*overrides), run_dir=run)
+    assert message in str(info.value)
+    assert not run.exists()
+
+
+def test_batch_larger_than_the_whole_training_set_fails_before_any_epoch(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"trainer.batch_size=5000 is larger than the 1437 training images"):
+        train(make_cfg("dataset.train_size=null", "trainer.batch_size=5000"), run_dir=run)
+    assert not (run / "checkpoints").exists() and not (run / "history.jsonl").exists()
+    assert json.loads((run / "status.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("override, exception, fragments", [
+    ("trainer.foo=1", ConfigCompositionException, ["Could not override 'trainer.foo'", "+trainer.foo=1"]),
+    ("model=resnet9", MissingConfigException, ["Could not find 'model/resnet9'", "Available options in 'model'",
+                                               "preresnet20", "wrn28_10"]),
+    ("dataset=svhn", MissingConfigException, ["Could not find 'dataset/svhn'", "cifar10", "digits"]),
+    ("method=sam", MissingConfigException, ["Could not find 'method/sam'", "ema", "fge", "sgd", "swa"]),
+    ("schedule=step", MissingConfigException, ["Could not find 'schedule/step'", "paper_sgd", "cosine"]),
+    ("experiment=table9", MissingConfigException, ["Could not find 'experiment/table9'",
+                                                   "Available options in 'experiment'"]),
+])
+def test_unknown_keys_and_names_are_refused_with_the_valid_options(override, exception, fragments):
+    with pytest.raises(exception) as info:
+        make_cfg(override)
+    text = str(info.value) + str(info.value.__cause__ or "")
+    for fragment in fragments:
+        assert fragment in text
+
+
+@pytest.mark.slow
+def test_run_py_prints_the_valid_options_for_an_unknown_model(tmp_path):
+    done = run_cli(tmp_path / "run", "model=resnet9")
+    assert done.returncode != 0
+    assert "Could not find 'model/resnet9'" in done.stderr and "preresnet20" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# -- 4. bad data ------------------------------------------------------------------------------------
+def image_folder(root: Path, classes: int = 10, train: int = 3, test: int = 1) -> Path:
+    rng = np.random.default_rng(0)
+    for split, n in (("train", train), ("test", test)):
+        for c in range(classes):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def folder_cfg(root: Path, *overrides: str):
+    return make_cfg("dataset=cifar10", f"dataset.root={root}", "dataset.download=false", "dataset.train_size=null",
+                    "trainer.batch_size=10", "trainer.epochs=2", "method.swa_start=1", *overrides)
+
+
+def write_cifar_pickles(root: Path, labels: list[int]) -> Path:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    data = np.zeros((len(labels), 3072), dtype=np.uint8)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": data, "labels": labels}, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+    return root
+
+
+def data_error(info: pytest.ExceptionInfo) -> BaseException:
+    """The loader's own error (Hydra's ``instantiate`` wraps it, keeping its message)."""
+    return info.value.__cause__ if isinstance(info.value, InstantiationException) else info.value
+
+
+def assert_failed_before_training(run: Path) -> None:
+    assert json.loads((run / "status.json").read_text())["status"] == "failed"
+    assert not (run / "checkpoints").exists() and not (run / "history.jsonl").exists()
+
+
+@pytest.mark.parametrize("damage, exception, message", [
+    (lambda r: __import__("shutil").rmtree(r / "test"), FileNotFoundError, r"no test/"),
+    (lambda r: [p.unlink() for p in (r / "train" / "class3").iterdir()], ValueError,
+     r"class folder .*train/class3 is empty"),
+    (lambda r: (r / "train" / "class5" / "1.png").write_bytes(b"\x89PNG broken"), ValueError,
+     r"cannot decode image .*train/class5/1\.png"),
+    (lambda r: (r / "test" / "class2").rename(r / "test" / "other"), ValueError,
+     r"different class folders: only in train/: \['class2'\]; only in test/: \['other'\]"),
+])
+def test_broken_image_folder_is_a_clear_error_naming_the_file(tmp_path, damage, exception, message):
+    root = image_folder(tmp_path / "data")
+    damage(root)
+    run = tmp_path / "run"
+    with pytest.raises(Exception) as info:
+        train(folder_cfg(root), run_dir=run)
+    assert isinstance(data_error(info), exception) and re.search(message, str(data_error(info)))
+    assert_failed_before_training(run)
+
+
+def test_labels_out_of_range_are_a_clear_error(tmp_path):
+    root = write_cifar_pickles(tmp_path / "data", labels=[0, 3, 10, 9])
+    run = tmp_path / "run"
+    with pytest.raises(Exception) as info:
+        train(folder_cfg(root, "trainer.batch_size=2"), run_dir=run)
+    assert isinstance(data_error(info), ValueError)
+    assert "data_batch_1: labels range over [0, 10] but CIFAR-10 has classes 0..9" in str(data_error(info))
+    assert_failed_before_training(run)
+
+
+def test_cache_written_by_another_version_is_rebuilt(tmp_path):
+    root = image_folder(tmp_path / "data")
+    cache = cache_path(root, "cifar10", "folder")
+    cache.parent.mkdir(parents=True)
+    torch.save({"format_version": CACHE_FORMAT_VERSION + 1, "train_images": "from the future"}, cache)
+    with pytest.warns(UserWarning, match="format_version .* rebuilding it"):
+        train(folder_cfg(root), run_dir=tmp_path / "run")
+    assert torch.load(cache, weights_only=True)["format_version"] == CACHE_FORMAT_VERSION
+    assert (tmp_path / "run" / "metrics.json").exists()
+
+
+# -- 5. numerical faults --------------------------------------------------------------------------
+@pytest.fixture
+def poison_losses(monkeypatch):
+    """``poison_losses({7, 9})``: the 7th and 9th training losses (counted over the run) become NaN."""
+    def install(calls: set[int]):
+        real, count = torch.nn.functional.cross_entropy, [0]
+
+        def cross_entropy(*args, **kwargs):
+            loss = real(*args, **kwargs)
+            if not torch.is_grad_enabled():  # evaluation passes are not training steps
+                return loss
+            count[0] += 1
+            return loss * float("nan") if count[0] in calls else loss
+        monkeypatch.setattr(torch.nn.functional, "cross_entropy", cross_entropy)
+    return install
+
+
+def test_nan_loss_stops_naming_epoch_and_step_and_keeps_the_good_checkpoint(tmp_path, reference, poison_losses,
+                                                                             monkeypatch):
+    run = tmp_path / "run"
+    poison_losses({7})  # epoch 2, step 3
+    with pytest.raises(NonFiniteLossError, match=r"NaN/Inf at epoch 2, step 3"):
+        train(make_cfg("trainer.nonfinite=stop"), run_dir=run)
+    assert len(history(run)) == 1
+    kept = load_latest(run / "checkpoints")
+    assert kept["path"].endswith("epoch0001.pt")
+    assert all(torch.isfinite(t).all() for t in kept["model"].values() if t.is_floating_point())
+    assert json.loads((run / "status.json").read_text())["status"] == "failed"
+    monkeypatch.undo()  # the cause is gone: re-launching continues from the good checkpoint
+    train(make_cfg("trainer.nonfinite=stop"), run_dir=run)
+    assert_same_run(run, reference)
+
+
+def test_nonfinite_skip_drops_bad_steps_up_to_max_skips(tmp_path, poison_losses):
+    poison_losses({5, 10})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(make_cfg("trainer.nonfinite=skip", "trainer.max_skips=2"), run_dir=tmp_path / "run")
+    skipped = [str(w.message) for w in caught if "step skipped" in str(w.message)]
+    assert skipped == ["non-finite loss at epoch 2, step 1: step skipped",
+                       "non-finite loss at epoch 3, step 2: step skipped"]
+    assert all(np.isfinite(m["nll"]) for m in json.loads((tmp_path / "run" / "metrics.json").read_text()).values())
+
+
+def test_nonfinite_skip_stops_after_max_skips(tmp_path, poison_losses):
+    poison_losses({2, 3, 4})
+    with pytest.warns(RuntimeWarning, match="step skipped"), \
+            pytest.raises(NonFiniteLossError, match=r"epoch 1, step 4, after 2 skipped steps \(trainer.max_skips=2\)"):
+        train(make_cfg("trainer.nonfinite=skip", "trainer.max_skips=2"), run_dir=tmp_path / "run")
+
+
+# -- 6. services ----------------------------------------------------------------------------------
+class FakeWandb:
+    """Stands in for the ``wandb`` module: ``init`` fails, or ``log`` fails from its ``fail_at``-th call."""
+
+    class Settings:
+        def __init__(self, **kwargs):
+            pass
+
+    def __init__(self, init_error: Exception | None = None, fail_at: int | None = None):
+        self.init_error, self.fail_at, self.logged = init_error, fail_at, []
+
+    def init(self, **kwargs):
+        if self.init_error is not None:
+            raise self.init_error
+        fake = self
+
+        class Run:
+            summary: dict = {}
+
+            def log(self, row, step=None):
+                if fake.fail_at is not None and len(fake.logged) + 1 >= fake.fail_at:
+                    raise ConnectionError("wandb.ai unreachable")
+                fake.logged.append(row)
+
+            def finish(self, exit_code=0):
+                pass
+        return Run()
+
+
+@pytest.mark.parametrize("fake, logged", [
+    (FakeWandb(init_error=ConnectionError("cannot reach api.wandb.ai")), 0),  # unreachable from the start
+    (FakeWandb(fail_at=3), 2),                                                # fails mid-run
+])
+def test_wandb_failure_never_stops_training_and_warns_once(tmp_path, reference, monkeypatch, fake, logged):
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    run = tmp_path / "run"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(make_cfg("logger=wandb"), run_dir=run)
+    about_wandb = [str(w.message) for w in caught if "W&B" in str(w.message)]
+    assert len(about_wandb) == 1 and "not sent to W&B" in about_wandb[0]
+    assert "ConnectionError" in about_wandb[0]
+    assert len(fake.logged) == logged
+    assert history(run) == history(reference)
+    assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+
+
+def test_two_processes_writing_one_data_cache_never_corrupt_it(tmp_path):
+    """Two jobs decode the same data set at once: each rewrites the cache 15 times and reads it back
+    after every write; every read must be a whole, valid cache written by one of them."""
+    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    job = textwrap.dedent(f"""
+        import sys, torch
+        from swalab.data.cache import load_cache, save_cache
+        me, source = int(sys.argv[1]), {{"fingerprint": "same files"}}
+        path = __import__("pathlib").Path({str(path)!r})
+        for _ in range(15):
+            images = torch.full((2000, 3, 32, 32), me, dtype=torch.uint8)  # 6 MB: writes take a while
+            assert save_cache(path, {{"source": source, "train_images": images, "train_labels": torch.zeros(2000),
+                                     "test_images": images[:10], "test_labels": torch.zeros(10), "classes": []}})
+            got = load_cache(path, source)
+            assert got is not None, "cache unreadable"
+            value = int(got["train_images"][0, 0, 0, 0])
+            assert value in (1, 2) and bool((got["train_images"] == value).all()), "torn cache"
+        print("ok")
+    """)
+    jobs = [subprocess.Popen([PYTHON, "-W", "error", "-c", job, str(me)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for me in (1, 2)]
+    results = [j.communicate(timeout=300) for j in jobs]
+    for j, (out, err) in zip(jobs, results):
+        assert j.returncode == 0 and out.strip() == "ok", err[-2000:]
+    assert load_cache(path, {"fingerprint": "same files"}) is not None
+    assert not list(path.parent.glob("*.tmp"))
+
+
+# -- 7. disk --------------------------------------------------------------------------------------
+def test_unwritable_output_directory_is_a_clear_error_at_start(tmp_path, monkeypatch):
+    blocker = tmp_path / "outputs"
+    blocker.write_text("a file where the output directory should be")
+    loaded = []
+    monkeypatch.setattr("swalab.data.load_digits", lambda *a, **k: loaded.append(1))
+    run = blocker / "digits" / "run"
+    with pytest.raises(PermissionError) as info:
+        train(make_cfg(), run_dir=run)
+    message = str(info.value)
+    assert str(run) in message and "paths.output_dir=" in message and "hydra.run.dir=" in message
+    assert not loaded, "data were loaded before the output directory was checked"
+
+
+def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, reference, monkeypatch):
+    real_save, calls = torch.save, [0]
+
+    def save_until_disk_full(obj, f, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:  # the epoch-3 checkpoint: half written, then the disk is full
+            f.write(b"PK\x03\x04" + b"\0" * 4096)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *args, **kwargs)
+    monkeypatch.setattr(torch, "save", save_until_disk_full)
+    run = tmp_path / "run"
+    with pytest.raises(OSError, match=r"cannot write .*epoch0003\.pt \(No space left on device\); nothing was "
+                                      r"replaced, so the previous checkpoints in .* are intact") as info:
+        train(make_cfg(), run_dir=run)
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch0001.pt", "epoch0002.pt"]
+    assert load_latest(run / "checkpoints")["epoch"] == 2
+    assert json.loads((run / "status.json").read_text())["status"] == "failed"
+    monkeypatch.undo()  # space freed: the same command continues from epoch 2
+    train(make_cfg(), run_dir=run)
+    assert_same_run(run, reference)

@@ -6,6 +6,7 @@ and the grid goes on; a single run that fails exits non-zero. A preempted run (S
 writes a checkpoint and exits with code 75, and re-launching the same command continues it.
 """
 
+import signal
 import sys
 
 import hydra
@@ -25,6 +26,11 @@ def main(cfg: DictConfig) -> float | None:
         metrics = train(cfg)
     except Preempted as exc:
         print(f"[swalab] {exc}", file=sys.stderr)
+        # A launcher that installed its own handler (submitit: SIGUSR1 -> checkpoint() -> requeue) gets the
+        # signal now that the checkpoint is safely written; a plain launch exits 75 for a requeue wrapper.
+        handler = signal.getsignal(exc.signum) if exc.signum else None
+        if callable(handler):
+            handler(exc.signum, None)
         sys.exit(PREEMPTED_EXIT_CODE)
     except Exception as exc:
         if not multirun:

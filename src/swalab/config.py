@@ -15,6 +15,8 @@ range in its message.
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -43,6 +45,9 @@ def _positive(cfg: DictConfig, key: str, errors: list[str], allow_zero: bool = F
     value = OmegaConf.select(cfg, key)
     if value is None:
         return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        errors.append(f"{key}={value!r} must be a number {'>= 0' if allow_zero else '> 0'}")
+        return
     ok = value >= 0 if allow_zero else value > 0
     if not ok:
         errors.append(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
@@ -70,9 +75,31 @@ def check_config(cfg: DictConfig) -> None:
     train_size = cfg.dataset.get("train_size")
     if train_size is not None and train_size < 1:
         errors.append(f"dataset.train_size={train_size} must be >= 1 (or null for the whole training set)")
+    batch_size = cfg.trainer.batch_size
+    if isinstance(train_size, int) and isinstance(batch_size, int) and batch_size > train_size >= 1:
+        errors.append(f"trainer.batch_size={batch_size} is larger than dataset.train_size={train_size}: "
+                      "lower the batch size or raise the training set size")
     swa_start = OmegaConf.select(cfg, "method.swa_start")
-    if swa_start is not None and cfg.trainer.epochs > 0 and not 0 <= swa_start < cfg.trainer.epochs:
+    if swa_start is not None and isinstance(cfg.trainer.epochs, int) and cfg.trainer.epochs > 0 and not 0 <= swa_start < cfg.trainer.epochs:
         errors.append(f"method.swa_start={swa_start} must be in [0, trainer.epochs={cfg.trainer.epochs}): "
                       "SWA needs epochs after swa_start to average")
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def check_writable(run_dir: str | Path) -> None:
+    """Fail at start, naming the directory and the overrides that move it, when outputs cannot be written.
+
+    Creates ``run_dir`` and writes (then removes) one small file there, so a read-only mount, a
+    missing permission or a full disk shows up before any data is loaded or any step trained.
+    """
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir) as f:
+            f.write(b"swalab write check")
+    except OSError as exc:
+        raise PermissionError(
+            f"cannot write the run directory {run_dir} ({type(exc).__name__}: {exc.strerror or exc}). Point the "
+            "outputs somewhere writable with paths.output_dir=<dir> (all runs) or hydra.run.dir=<dir> (this run)"
+        ) from exc

@@ -36,6 +36,7 @@ from typing import Sequence
 import torch
 from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
+from swalab import faults
 from swalab.evaluate import CachedProbs, ModelPredictor, Predictor, metrics_from_probs
 from swalab.methods.base import Method, TrainContext
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
@@ -133,6 +134,7 @@ class SWA(Method):
 
     def capture(self, ctx: TrainContext) -> None:
         self.averaged.update_parameters(ctx.model)
+        faults.hit("swa_average")  # test-only kill point (swalab.faults)
 
     @property
     def n_averaged(self) -> int:

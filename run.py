@@ -28,9 +28,10 @@ def main(cfg: DictConfig) -> float | None:
         print(f"[swalab] {exc}", file=sys.stderr)
         # A launcher that installed its own handler (submitit: SIGUSR1 -> checkpoint() -> requeue) gets the
         # signal now that the checkpoint is safely written; a plain launch exits 75 for a requeue wrapper.
-        handler = signal.getsignal(exc.signum) if exc.signum else None
+        signum = getattr(exc, "signum", None)
+        handler = signal.getsignal(signum) if signum else None
         if callable(handler):
-            handler(exc.signum, None)
+            handler(signum, None)
         sys.exit(PREEMPTED_EXIT_CODE)
     except Exception as exc:
         if not multirun:

@@ -229,7 +229,17 @@ def write_csv(table: Table, path: Path) -> None:
                                      len(values), " ".join(f"{v:.4f}" for v in values)])
 
 
-def write_runs_csv(runs: Sequence[Run], path: Path) -> None:
+def shown_path(run: Path, roots: Sequence[str | Path]) -> str:
+    """``<root name>/<path below it>``: readable wherever the CSV ends up."""
+    for root in map(Path, roots):
+        try:
+            return str(Path(root.resolve().name) / run.resolve().relative_to(root.resolve()))
+        except ValueError:
+            continue
+    return str(run)
+
+
+def write_runs_csv(runs: Sequence[Run], path: Path, roots: Sequence[str | Path] = ()) -> None:
     predictors = sorted({name for r in runs for name, m in r.metrics.items() if isinstance(m, dict) and "acc" in m})
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -237,7 +247,7 @@ def write_runs_csv(runs: Sequence[Run], path: Path) -> None:
         for r in runs:
             accs = [f"{r.metrics[p]['acc']:.4f}" if isinstance(r.metrics.get(p), dict) and "acc" in r.metrics[p] else ""
                     for p in predictors]
-            writer.writerow([str(r.path), r.status, r.dataset, r.model, r.method, f"{r.budget:g}", r.seed, *accs,
+            writer.writerow([shown_path(r.path, roots), r.status, r.dataset, r.model, r.method, f"{r.budget:g}", r.seed, *accs,
                              (r.error or "").splitlines()[0] if r.error else ""])
 
 
@@ -420,7 +430,7 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
             if plot(runs, out / f"{name}.png"):
                 written[f"{name}.png"] = out / f"{name}.png"
     if runs:
-        write_runs_csv(runs, out / "runs.csv")
+        write_runs_csv(runs, out / "runs.csv", roots)
         written["runs.csv"] = out / "runs.csv"
     if wandb_mode and finished:
         push_to_wandb(table, {k: v for k, v in written.items() if k.endswith(".png")}, out, wandb_mode, wandb_project)

@@ -137,6 +137,10 @@ class ResidentLoader:
         channels_last: return batches in ``torch.channels_last`` memory format (faster convolutions
             with AMP on recent GPUs).
         dtype: floating dtype of ``x``; the normalisation itself is computed in float32.
+        rank, world_size: data-parallel training (``torchrun``): every rank draws the same seeded
+            permutation and takes its own ``batch_size`` slice of each global batch of
+            ``batch_size * world_size`` samples, so the ranks together see exactly the batches of one
+            process with the global batch size. Training only; the last incomplete batch is dropped.
         prenormalize: normalise the whole split once, when the loader is built, and keep it on
             ``device`` as ``dtype`` (4x the memory of ``uint8`` in float32) instead of normalising every
             batch. The batches are bit-identical either way (normalisation is elementwise, so it commutes
@@ -160,6 +164,8 @@ class ResidentLoader:
         channels_last: bool = False,
         dtype: torch.dtype = torch.float32,
         prenormalize: bool | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         n = len(split)
         channels, height, width = split.images.shape[1:]
@@ -180,8 +186,16 @@ class ResidentLoader:
             raise ValueError(f"std must be positive, got {list(std)}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating type, got {dtype}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if world_size > 1 and not train:
+            raise ValueError("rank/world_size shard training batches only; every rank evaluates the whole split")
+        if world_size > 1 and (drop_last is False or n < batch_size * world_size):
+            raise ValueError(f"sharding over {world_size} ranks needs drop_last and at least one global batch "
+                             f"({batch_size * world_size} samples), got drop_last={drop_last} and {n} samples")
+        self.rank, self.world_size = int(rank), int(world_size)
         if drop_last is None:
-            drop_last = train and n >= 2 * batch_size
+            drop_last = train and n >= 2 * batch_size * world_size
         elif drop_last and not train:
             raise ValueError("drop_last=True with train=False would leave test samples out of the evaluation")
         elif drop_last and n < batch_size:
@@ -213,7 +227,7 @@ class ResidentLoader:
     def __len__(self) -> int:
         """Number of batches per pass."""
         if self.drop_last:
-            return self._n // self.batch_size
+            return self._n // (self.batch_size * self.world_size)
         return math.ceil(self._n / self.batch_size)
 
     @property
@@ -254,7 +268,8 @@ class ResidentLoader:
         draws = _draw_crop_flip(self._n, 2 * self.pad, 2 * self.pad, self.flip, g)
         order, oy, ox, fl = (t.to(self.device) for t in (order, *draws))  # one transfer per epoch
         for i in range(len(self)):
-            part = slice(i * self.batch_size, (i + 1) * self.batch_size)
+            start = (i * self.world_size + self.rank) * self.batch_size  # this rank's slice of global batch i
+            part = slice(start, start + self.batch_size)
             index = order[part]
             pixels = _gather_windows(self._images, index, oy[part], ox[part], fl[part], self._size)
             yield self._normalize(pixels), self._labels[index]

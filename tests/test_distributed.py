@@ -93,3 +93,23 @@ def test_two_ranks_average_the_same_swa_weights_as_one_process(tmp_path):
     # only rank 0 writes: each rank got its own directory here, and rank 1's stays empty
     assert "history.jsonl" in results[0][1] and any(f.startswith("epoch") for f in results[0][1])
     assert results[1][1] == []
+
+
+def test_ranks_take_disjoint_slices_that_rebuild_the_single_process_batches():
+    data = toy_data()
+    common = dict(device="cpu", mean=[0.5], std=[0.25], train=True, pad=1, flip=True, seed=5)
+    whole = ResidentLoader(data, GLOBAL_BATCH, **common)
+    halves = [ResidentLoader(data, GLOBAL_BATCH // 2, rank=r, world_size=2, **common) for r in range(2)]
+    for loader in (whole, *halves):
+        loader.set_epoch(3)
+    assert len(halves[0]) == len(halves[1]) == len(whole)
+    for (x, y), (x0, y0), (x1, y1) in zip(whole, *halves):
+        torch.testing.assert_close(torch.cat([x0, x1]), x)
+        assert torch.equal(torch.cat([y0, y1]), y)
+
+
+def test_sharding_refuses_what_would_leave_a_rank_without_a_batch():
+    with pytest.raises(ValueError, match="global batch"):
+        ResidentLoader(toy_data(), 100, device="cpu", mean=[0.5], std=[0.25], train=True, rank=1, world_size=2)
+    with pytest.raises(ValueError, match="training batches only"):
+        ResidentLoader(toy_data(), 16, device="cpu", mean=[0.5], std=[0.25], train=False, rank=0, world_size=2)

@@ -9,6 +9,7 @@ objects to the ``Trainer``, and writes the run directory:
     checkpoints/     epochNNNN.pt (last two kept; saved/ holds trainer.save_at epochs)
     final.pt         live weights plus each method's own (SWA average, EMA)
     lineage.json     the checkpoint this run started from (trainer.init_from or trainer.branch_from), if any
+    reliability.json per predictor, 15 confidence bins (count, accuracy, confidence) for reliability diagrams
 
 Re-running the same command lands in the same directory (see ``conf/hydra/default.yaml``): a
 finished run is skipped, an interrupted one resumes from its newest good checkpoint.
@@ -28,10 +29,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from swalab import distributed
 from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointError, load_latest, read_checkpoint
-from swalab.config import ConfigError, check_config
+from swalab.config import ConfigError, check_config, check_writable
 from swalab.data import ResidentLoader, subset
+from swalab.tracking import NullTracker
 from swalab.trainer import Preempted, Trainer, TrainerOptions, select_device
 
 
@@ -54,6 +57,8 @@ def git_info() -> dict:
 
 
 def write_json(path: Path, obj) -> None:
+    if not distributed.is_main():  # data-parallel runs: rank 0 writes the run directory
+        return
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=float) + "\n")
     tmp.replace(path)
@@ -166,8 +171,11 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
                           "(lower it, or raise dataset.train_size)")
     channels_last = bool(cfg.trainer.channels_last) and device.type == "cuda"
     common = dict(device=device, mean=mean, std=std, channels_last=channels_last)
-    train = ResidentLoader(data.train, batch_size, pad=cfg.dataset.pad, flip=cfg.dataset.flip, train=True,
-                           seed=int(cfg.seed), **common)
+    ranks = distributed.info()  # torchrun: batch_size is the global batch, each rank takes its slice
+    if batch_size % ranks.world_size:
+        raise ConfigError(f"trainer.batch_size={batch_size} must divide evenly over {ranks.world_size} ranks")
+    train = ResidentLoader(data.train, batch_size // ranks.world_size, pad=cfg.dataset.pad, flip=cfg.dataset.flip,
+                           train=True, seed=int(cfg.seed), rank=ranks.rank, world_size=ranks.world_size, **common)
     test = ResidentLoader(data.test, int(cfg.trainer.eval_batch_size), train=False, **common)
     fraction = float(cfg.trainer.bn_update_fraction)
     bn_split = data.train if fraction >= 1 else subset(data.train, max(batch_size, int(fraction * len(data.train))),
@@ -187,12 +195,14 @@ def fingerprint_of(cfg: DictConfig) -> dict:
 def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
     """Train one run as ``cfg`` says and return its final metrics (``{predictor: {metric: value}}``)."""
     check_config(cfg)
+    distributed.init_distributed(str(cfg.trainer.device))  # no-op unless launched by torchrun
     run_dir = resolve_run_dir(cfg, run_dir)
     metrics_path = run_dir / "metrics.json"
     resume_mode = cfg.trainer.resume
     if metrics_path.exists() and resume_mode is not False:
         print(f"[swalab] {run_dir} already holds a finished run; skipping (metrics.json kept)")
         return json.loads(metrics_path.read_text())
+    check_writable(run_dir)  # an unwritable output directory fails here, before any data is loaded
     fingerprint = fingerprint_of(cfg)
     resume_state = load_latest(run_dir / "checkpoints", fingerprint) if resume_mode is not False else None
     if resume_mode is True and resume_state is None:
@@ -202,7 +212,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
                               "Continue it with trainer.resume=auto, or choose another hydra.run.dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    if distributed.is_main():
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
     write_json(run_dir / "git.json", git_info())
     write_json(run_dir / "status.json", {"status": "running"})
 
@@ -217,7 +228,10 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
         raise
     final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": epochs,
              "fingerprint": fingerprint}
-    torch.save(final, run_dir / "final.pt")
+    if distributed.is_main():
+        torch.save(final, run_dir / "final.pt")
+    tracker.final_checkpoint(run_dir / "final.pt")
+    write_json(run_dir / "reliability.json", getattr(trainer, "reliability", {}))
     write_json(metrics_path, metrics)
     write_json(run_dir / "status.json", {"status": "complete"})
     tracker.summary(metrics)
@@ -229,7 +243,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
 def _run(cfg: DictConfig, run_dir: Path, resolved: dict, fingerprint: dict, resume_state: dict | None):
     """Build everything from the config and train; the tracker is finished on any failure."""
     seed_everything(int(cfg.seed))
-    device = select_device(str(cfg.trainer.device))
+    device = distributed.local_device(select_device(str(cfg.trainer.device)))
     data = instantiate(cfg.dataset.source)
     if data.num_classes != cfg.dataset.num_classes:
         raise ConfigError(f"dataset.num_classes={cfg.dataset.num_classes} but the data at dataset.root has "
@@ -263,7 +277,7 @@ def _run(cfg: DictConfig, run_dir: Path, resolved: dict, fingerprint: dict, resu
                      cfg.trainer.weight_decay, cfg.trainer.nesterov)
         write_json(run_dir / "lineage.json", lineage)
 
-    tracker = instantiate(cfg.logger, _partial_=True)(
+    tracker = NullTracker() if not distributed.is_main() else instantiate(cfg.logger, _partial_=True)(
         run_dir=str(run_dir), run_config=resolved if lineage is None else {**resolved, "lineage": lineage})
     options = TrainerOptions(
         epochs=epochs, momentum=cfg.trainer.momentum, weight_decay=cfg.trainer.weight_decay,

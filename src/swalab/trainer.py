@@ -30,8 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import update_bn
 
+from swalab import distributed, faults
 from swalab.checkpoint import save_checkpoint
-from swalab.evaluate import autocast_for, evaluate_predictors, labels_of, mean_loss_and_accuracy, predict_logits
+from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_probs, predict_logits,
+                             reliability_bins)
 from swalab.methods.base import Method, TrainContext
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
@@ -43,6 +45,10 @@ class NonFiniteLossError(RuntimeError):
 
 class Preempted(RuntimeError):
     """A SIGTERM / SIGUSR1 arrived; a checkpoint was written and the run should be re-launched."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum  # run.py hands the signal on to a launcher's own handler (submitit)
 
 
 def select_device(name: str) -> torch.device:
@@ -106,7 +112,10 @@ class Trainer:
         self.model = model.to(device)
         if cuda and options.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.forward_model = torch.compile(self.model) if options.compile else self.model
+        # DDP when launched by torchrun (swalab.distributed); methods see the bare self.model
+        self.forward_model = distributed.wrap(self.model, device)
+        self.forward_model = torch.compile(self.forward_model) if options.compile else self.forward_model
+        self.main = distributed.is_main()  # only rank 0 writes checkpoints and history
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=method.lr_at(0, 0, 1),
                                          momentum=options.momentum, weight_decay=options.weight_decay,
                                          nesterov=options.nesterov)
@@ -125,7 +134,7 @@ class Trainer:
         if hasattr(self.bn_loader, "set_epoch"):
             self.bn_loader.set_epoch(0)
         with autocast_for(self.device, self.amp):
-            update_bn(self.bn_loader, model, device=self.device)
+            update_bn(faults.watch(self.bn_loader, "bn_update"), model, device=self.device)
 
     def test_probs(self, model: nn.Module) -> torch.Tensor:
         return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
@@ -160,6 +169,8 @@ class Trainer:
 
     def save(self, epoch: int, step: int = 0, partial: dict | None = None) -> Path:
         """Checkpoint after ``epoch`` whole epochs and ``step`` steps of the next one."""
+        if not self.main:
+            return self.ckpt_dir / f"epoch{epoch:04d}.pt"
         return save_checkpoint(self.state(epoch, step, partial), self.ckpt_dir, epoch, step,
                                keep=self.opts.keep_checkpoints)
 
@@ -174,6 +185,8 @@ class Trainer:
         return int(state["epoch"]), int(state.get("step", 0)), dict(state.get("partial") or {})
 
     def _write_history(self) -> None:
+        if not self.main:
+            return
         path = self.run_dir / "history.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(row) + "\n" for row in self.history))
@@ -220,6 +233,7 @@ class Trainer:
                     loss.backward()
                     self.optimizer.step()
                     self.method.on_step_end(self.ctx, epoch, step)
+                    faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
                     loss_sum += loss.detach().float() * y.shape[0]
                     correct += out.detach().argmax(1).eq(y).sum()
                     seen += y.shape[0]
@@ -232,7 +246,7 @@ class Trainer:
                                                     "seen": seen, "skips": skips,
                                                     "seconds": time.perf_counter() - t0})
                         raise Preempted(f"signal {self._signal} received: checkpoint written at epoch {epoch}, "
-                                        f"step {step + 1}; re-launch the same command to continue")
+                                        f"step {step + 1}; re-launch the same command to continue", self._signal)
                 if bar is not None:
                     bar.close()
                 if int(bad_step) >= 0:
@@ -253,16 +267,16 @@ class Trainer:
                 row["seconds"] = time.perf_counter() - t0
                 self.history.append(row)
                 self._write_history()
-                if self.on_epoch is not None:
+                if self.on_epoch is not None and self.main:
                     self.on_epoch(row)
                 if last or (epoch + 1) % self.opts.checkpoint_every == 0 or (epoch + 1) in self.opts.save_at \
                         or self._signal is not None:
                     self.save(epoch + 1)
-                    if (epoch + 1) in self.opts.save_at:
+                    if (epoch + 1) in self.opts.save_at and self.main:
                         self._keep_named(epoch + 1)
                 if self._signal is not None and not last:
                     raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {epoch + 1}; "
-                                    "re-launch the same command to continue")
+                                    "re-launch the same command to continue", self._signal)
         return self.evaluate()
 
     def _keep_named(self, epoch: int) -> None:
@@ -303,7 +317,10 @@ class Trainer:
     def evaluate(self) -> dict[str, dict]:
         """Score every predictor the method hands back, the same way, on the test set."""
         predictors = self.method.predictors(self.ctx)
-        metrics = evaluate_predictors(predictors, self.test_loader, self.test_labels)
+        probs = {name: p.predict_proba(self.test_loader).float() for name, p in predictors.items()}
+        metrics = {name: metrics_from_probs(p, self.test_labels) for name, p in probs.items()}
+        # per-bin accuracy/confidence for reliability diagrams (train.py writes reliability.json)
+        self.reliability = {name: reliability_bins(p.cpu(), self.test_labels.cpu()) for name, p in probs.items()}
         for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():
             metrics.setdefault(name, {}).update(extra)
         return metrics

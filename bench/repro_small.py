@@ -56,6 +56,8 @@ def run_one(method: str, seed: int, args) -> Path:
                  "dataset.download=false", f"dataset.train_size={args.train_size}", f"model={args.model}",
                  f"method={method}", f"trainer.epochs={args.epochs}", "trainer.eval_every=0", f"seed={seed}",
                  *method_overrides(method, args.epochs, args.swa_lr)]
+    if args.cache_dir:
+        overrides.append(f"dataset.cache_dir={args.cache_dir}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     t0 = time.perf_counter()
@@ -96,6 +98,8 @@ def summarize(results: list[dict]) -> tuple[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default="/work/shared/data/cifar10-jpg", help="CIFAR-10 (pickles or image folder)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="writable folder for the decoded-image cache (needed when --root is read-only or shared)")
     parser.add_argument("--train-size", type=int, default=10000, help="training images (class-stratified subset)")
     parser.add_argument("--epochs", type=int, default=16, help="epochs for every method")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])

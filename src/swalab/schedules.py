@@ -17,6 +17,7 @@ epoch e".
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -115,7 +116,7 @@ def swalr_lr(step: int, swa_lr: float, lr_prev: float, anneal_epochs: int, strat
 
 
 @dataclass
-class Schedule:
+class Schedule(ABC):
     """A learning rate as a function of fractional epoch (``epoch + step / steps_per_epoch``).
 
     ``per_iteration = False`` schedules are evaluated at the integer epoch only, as in the
@@ -129,8 +130,9 @@ class Schedule:
         if not self.lr > 0:
             raise ValueError(f"schedule.lr must be > 0, got {self.lr}")
 
-    def __call__(self, epoch: float) -> float:  # pragma: no cover - abstract
-        raise NotImplementedError(type(self).__name__ + " must define __call__")
+    @abstractmethod
+    def __call__(self, epoch: float) -> float:
+        """The learning rate at fractional ``epoch``."""
 
     def at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
         """The lr for optimizer step ``step`` (0-based) of epoch ``epoch`` (0-based)."""

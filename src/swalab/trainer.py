@@ -238,7 +238,7 @@ class Trainer:
                     correct += out.detach().argmax(1).eq(y).sum()
                     seen += y.shape[0]
                     if bar is not None and step % 10 == 0:
-                        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.4g}")
+                        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{100 * float(correct) / seen:.1f}", lr=f"{lr:.4g}")
                     if bar is not None:
                         bar.update(1)
                     if self._signal is not None and step + 1 < steps:

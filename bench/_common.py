@@ -52,6 +52,7 @@ def machine_info(device: torch.device) -> dict:
     import torchvision
 
     info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "env_OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
             "device": str(device), "device_name": "cpu"}
     try:

@@ -162,16 +162,13 @@ def metrics_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, f
     return out
 
 
-def evaluate_predictors(predictors: dict[str, Predictor], loader: Iterable,
-                        labels: torch.Tensor | None = None) -> dict[str, dict[str, float]]:
-    """Score every predictor on one loader: ``{name: {"acc", "nll", "ece", ...}}``."""
-    labels = labels_of(loader) if labels is None else labels
-    return {name: metrics_from_probs(p.predict_proba(loader), labels) for name, p in predictors.items()}
-
-
 def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.device,
-                           loss_fn: Callable = F.cross_entropy, amp: bool = True) -> tuple[float, float]:
-    """Mean loss and accuracy (%) of one network, used for the per-epoch test columns."""
+                           loss_fn: Callable = F.cross_entropy, amp: bool = True,
+                           labels: torch.Tensor | None = None) -> tuple[float, float]:
+    """Mean loss and accuracy (%) of one network, used for the per-epoch test columns.
+
+    Pass ``labels`` when they are already known, to spare a second pass over the loader.
+    """
     logits = predict_logits(model, loader, device, amp)
-    labels = labels_of(loader)
+    labels = labels_of(loader) if labels is None else labels
     return float(loss_fn(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())

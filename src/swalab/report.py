@@ -271,6 +271,14 @@ def _groups(runs: Sequence[Run]) -> dict[tuple[str, str], list[Run]]:
     return dict(sorted(out.items()))
 
 
+def _by_column(group: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs of one (dataset, model) keyed by their table column (method and budget)."""
+    out: dict[str, list[Run]] = defaultdict(list)
+    for r in group:
+        out[column_of(r.method, r.budget)].append(r)
+    return out
+
+
 def plot_test_error(runs: Sequence[Run], path: Path) -> bool:
     """Test error (%) against epoch: mean over seeds per (method, budget); SWA's average dashed."""
     groups = _groups(runs)
@@ -280,9 +288,7 @@ def plot_test_error(runs: Sequence[Run], path: Path) -> bool:
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(series), figsize=(6 * len(series), 4), squeeze=False)
     for ax, ((dataset, model), group) in zip(axes[0], series.items()):
-        by_label: dict[str, list[Run]] = defaultdict(list)
-        for r in group:
-            by_label[column_of(r.method, r.budget)].append(r)
+        by_label = _by_column(group)
         for label in sorted(by_label, key=column_key):
             for key, suffix, style in (("test_acc", "", "-"), ("swa_test_acc", " (average)", "--")):
                 points: dict[int, list[float]] = defaultdict(list)
@@ -357,9 +363,7 @@ def plot_reliability(runs: Sequence[Run], path: Path) -> bool:
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 5), squeeze=False)
     for ax, ((dataset, model), group) in zip(axes[0], groups.items()):
-        by_label: dict[str, list[Run]] = defaultdict(list)
-        for r in group:
-            by_label[column_of(r.method, r.budget)].append(r)
+        by_label = _by_column(group)
         ax.plot([0, 1], [0, 1], color="grey", lw=1, ls=":", label="perfect calibration")
         for label in sorted(by_label, key=column_key):
             bins = [b for b in pooled_bins(by_label[label], by_label[label][0].method) if b["count"]]

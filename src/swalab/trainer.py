@@ -261,7 +261,7 @@ class Trainer:
                 last = epoch + 1 == self.opts.epochs
                 if last or (self.opts.eval_every and (epoch + 1) % self.opts.eval_every == 0):
                     row["test_loss"], row["test_acc"] = mean_loss_and_accuracy(
-                        self.model, self.test_loader, self.device, amp=self.amp)
+                        self.model, self.test_loader, self.device, amp=self.amp, labels=self.test_labels)
                 row.update(self._pending_log)
                 self._pending_log.clear()
                 row["seconds"] = time.perf_counter() - t0

@@ -171,7 +171,7 @@ class TrainerBench:
         if steps <= warmup:
             raise ValueError(f"{len(train)} images at batch {batch_size} give {steps} steps: need more than "
                              f"warmup={warmup}")
-        common = dict(device=device, mean=CIFAR_MEAN, std=CIFAR_STD, channels_last=channels_last and device.type == "cuda")
+        common = dict(device=device, mean=CIFAR_MEAN, std=CIFAR_STD, channels_last=channels_last)
         loader = ResidentLoader(train, batch_size, train=True, drop_last=True, **common)
         test = ResidentLoader(DataSplit(train.images[:batch_size], train.labels[:batch_size]), batch_size,
                               train=False, **common)

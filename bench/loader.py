@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = pick_device(args.device)
     split = random_split(args.images)
     kw = dict(batch_size=args.batch_size, device=device, mean=CIFAR_MEAN, std=CIFAR_STD, train=True,
-              channels_last=device.type == "cuda")
+              channels_last=True)
     loaders = {"per_batch": ResidentLoader(split, prenormalize=False, **kw),
                "prenormalized": ResidentLoader(split, prenormalize=True, **kw)}
     rows = []
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
         "command": "python bench/loader.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(device),
         "settings": {"images": args.images, "batch_size": args.batch_size, "rounds": args.rounds,
-                     "channels_last": device.type == "cuda"},
+                     "channels_last": True},
         "rounds": rows,
         "epoch_seconds": {"per_batch": per_batch, "prenormalized": pre},
         "epoch_seconds_50k": {"per_batch": per_batch * 50000 / args.images, "prenormalized": pre * 50000 / args.images},

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     test_split, _ = load_split(args.data, args.test_images, "test")
     bench = TrainerBench(build_model(args.model), split, args.batch_size, device, args.warmup, compile=args.compile)
     trainer, model = bench.trainer, bench.trainer.model
-    common = dict(device=device, mean=CIFAR_MEAN, std=CIFAR_STD, channels_last=device.type == "cuda")
+    common = dict(device=device, mean=CIFAR_MEAN, std=CIFAR_STD, channels_last=True)
     bn_n = min(len(split), args.bn_batches * args.batch_size)
     bn_loader = ResidentLoader(split if bn_n == len(split) else type(split)(split.images[:bn_n], split.labels[:bn_n]),
                                args.batch_size, train=True, drop_last=False, **common)

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         "command": "python bench/models.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(device),
         "settings": {"batch_size": args.batch_size, "timed_steps": args.steps, "warmup_steps": args.warmup,
-                     "compile": args.compile, "amp_bf16_channels_last": device.type == "cuda",
+                     "compile": args.compile, "amp_bf16": device.type == "cuda", "channels_last": True,
                      "epoch": f"{TRAIN_IMAGES} images, extrapolated from the timed steps"},
         "models": rows,
     }

@@ -5,6 +5,8 @@
   offset in [-4, 4] and both flips reachable, uniformly (chi-square bounds on both histograms).
 * A loader that normalises the split once (``prenormalize=True``) yields the very same bits as one that
   normalises every batch.
+* Training in ``channels_last`` (the trainer's layout on CPU and CUDA) takes the same SGD steps as training
+  in the default layout, up to float rounding.
 * A ``torch.compile`` d model and the eager one agree on a forward pass (slow; skipped with a reason when
   no compiler is available).
 """
@@ -136,6 +138,45 @@ def test_prenormalized_eval_batches_do_not_alias_the_resident_split():
     x.fill_(99.0)  # a model that writes into its input must not corrupt the next epoch
     again, _ = next(iter(loader))
     assert torch.allclose(again, torch.full_like(again, (128 / 255 - 0.5) / 0.5), atol=1e-6)
+
+
+def test_channels_last_training_takes_the_same_steps_as_the_default_layout():
+    from swalab.models import PreResNet
+
+    def three_sgd_steps(layout: torch.memory_format) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = PreResNet(depth=8, num_classes=10, in_channels=3).to(memory_format=layout)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        data = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            x = torch.randn(16, 3, 16, 16, generator=data).contiguous(memory_format=layout)
+            y = torch.randint(0, 10, (16,), generator=data)
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        return [p.detach().contiguous() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    initial = [p.detach().clone() for p in PreResNet(depth=8, num_classes=10, in_channels=3).parameters()]
+    default, channels_last = three_sgd_steps(torch.contiguous_format), three_sgd_steps(torch.channels_last)
+    assert all(not torch.equal(a, w0) for a, w0 in zip(default, initial))  # every weight moved
+    for a, b in zip(default, channels_last):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_trainer_uses_channels_last_on_cpu(tmp_path):
+    from swalab.methods import SGD
+    from swalab.schedules import Constant
+    from swalab.models import PreResNet
+    from swalab.trainer import Trainer, TrainerOptions
+
+    split = DataSplit(torch.randint(0, 256, (8, 3, 8, 8), dtype=torch.uint8), torch.arange(8) % 2)
+    loader = ResidentLoader(split, 4, "cpu", (0.5,) * 3, (0.25,) * 3, train=False, channels_last=True)
+    trainer = Trainer(PreResNet(depth=8, num_classes=2, in_channels=3), SGD(Constant(lr=0.1)), loader, loader, loader,
+                      torch.device("cpu"), tmp_path, TrainerOptions(epochs=1, handle_signals=False))
+    conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert next(iter(loader))[0].is_contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.slow

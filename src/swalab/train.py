@@ -169,7 +169,7 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     if batch_size > len(data.train):
         raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
                           "(lower it, or raise dataset.train_size)")
-    channels_last = bool(cfg.trainer.channels_last) and device.type == "cuda"
+    channels_last = bool(cfg.trainer.channels_last)
     common = dict(device=device, mean=mean, std=std, channels_last=channels_last)
     ranks = distributed.info()  # torchrun: batch_size is the global batch, each rank takes its slice
     if batch_size % ranks.world_size:

@@ -1,7 +1,7 @@
 """The one training loop every method runs through.
 
-The trainer owns the device, precision and memory layout (bf16 autocast and channels_last on
-CUDA, optional ``torch.compile``), the optimizer, the per-epoch history, checkpoints and
+The trainer owns the device, precision and memory layout (bf16 autocast on CUDA, channels_last
+on every device, optional ``torch.compile``), the optimizer, the per-epoch history, checkpoints and
 resuming. It knows no method by name: it asks the method for the learning rate of every step and
 calls its hooks (``swalab.methods.base``).
 
@@ -86,7 +86,7 @@ class TrainerOptions:
     weight_decay: float = 0.0
     nesterov: bool = False
     amp: bool = True                 # bf16 autocast, CUDA only
-    channels_last: bool = True       # CUDA only
+    channels_last: bool = True       # CUDA and CPU: oneDNN convolutions are 1.1-1.4x faster in it too
     compile: bool = False
     eval_every: int = 1              # score the live model on the test set every N epochs (0: end only)
     checkpoint_every: int = 1        # epochs between checkpoints
@@ -110,7 +110,7 @@ class Trainer:
         cuda = device.type == "cuda"
         self.amp = options.amp and cuda
         self.model = model.to(device)
-        if cuda and options.channels_last:
+        if options.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         # DDP when launched by torchrun (swalab.distributed); methods see the bare self.model
         self.forward_model = distributed.wrap(self.model, device)

@@ -122,7 +122,9 @@ def pick_device(name: str) -> torch.device:
 
 
 def add_common_arguments(parser) -> None:
-    """The options every analysis command shares (data subset, device, BN handling)."""
+    """The options every analysis command shares (output, data subset, device, BN handling)."""
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     parser.add_argument("--train-size", type=int, default=None,
                         help="score on a seeded, class-stratified subset of this many training images "
                              "(also used for the BN update); default: the run's whole training set")
@@ -132,6 +134,26 @@ def add_common_arguments(parser) -> None:
                         help="recompute BatchNorm statistics at every point (default: on for models with BN)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     parser.add_argument("--seed", type=int, default=0, help="seeds the data subsets (and random directions)")
+
+
+def add_solution_arguments(parser) -> None:
+    """``--run``, ``--swa``, ``--sgd``: the two solutions the rays and segment commands start from."""
+    parser.add_argument("--run", required=True, help="an SWA run directory (config, data, and final.pt)")
+    parser.add_argument("--swa", default=None, help="SWA weights (default: RUN:swa)")
+    parser.add_argument("--sgd", default=None,
+                        help="SGD weights (default: RUN:sgd, the run's last iterate; the paper compares with a "
+                             "conventionally trained SGD run: pass <sgd run dir>)")
+
+
+def load_solutions(args, space) -> tuple[dict[str, str], dict[str, tuple[torch.Tensor, dict]]]:
+    """The SWA and SGD weight specs named by :func:`add_solution_arguments` and, for each, the flat
+    parameter vector and the buffers in ``space``."""
+    specs = {"swa": args.swa or f"{args.run}:swa", "sgd": args.sgd or f"{args.run}:sgd"}
+    solutions = {}
+    for name, spec in specs.items():
+        state = load_weights(spec)
+        solutions[name] = (space.flatten(state), space.buffers(state))
+    return specs, solutions
 
 
 def prepare(run_dir: str | Path, args):

@@ -120,8 +120,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run", default=None, help="run directory for the config and data (default: the one w1 is in)")
     p.add_argument("--grid", type=int, default=21, help="grid points per axis")
     p.add_argument("--margin", type=float, default=0.2, help="margin on every side, as a fraction of the span")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     add_common_arguments(p)
     return p.parse_args(argv)
 

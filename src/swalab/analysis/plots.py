@@ -99,7 +99,7 @@ def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarr
                     xytext=(3, -12), fontsize=9)
     ax.grid(alpha=0.3)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
 

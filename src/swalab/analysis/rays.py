@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, load_weights, prepare
+from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, prepare
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog
 from swalab.analysis.weights import random_unit_directions
@@ -55,15 +55,11 @@ def evaluate_rays(starts: dict[str, tuple], directions, distances: np.ndarray, p
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m swalab.analysis.rays", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="an SWA run directory (config, data, and final.pt)")
-    p.add_argument("--swa", default=None, help="SWA weights (default: RUN:swa)")
-    p.add_argument("--sgd", default=None, help="SGD weights (default: RUN:sgd, the run's last iterate)")
+    add_solution_arguments(p)
     p.add_argument("--directions", type=int, default=10, help="number of random unit directions")
     p.add_argument("--max-distance", type=float, default=None,
                    help="largest t (default: 0.5 x ||w_SWA||)")
     p.add_argument("--points", type=int, default=11, help="distances from 0 to --max-distance")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     add_common_arguments(p)
     return p.parse_args(argv)
 
@@ -71,9 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     run, model, space, data, bn_update, device = prepare(args.run, args)
-    specs = {"swa": args.swa or f"{args.run}:swa", "sgd": args.sgd or f"{args.run}:sgd"}
-    states = {name: load_weights(spec) for name, spec in specs.items()}
-    starts = {name: (space.flatten(s), space.buffers(s)) for name, s in states.items()}
+    specs, starts = load_solutions(args, space)
     max_distance = args.max_distance if args.max_distance is not None else 0.5 * float(starts["swa"][0].norm())
     distances = np.linspace(0.0, max_distance, args.points)
     directions = random_unit_directions(space.dim, args.directions, args.seed)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, load_weights, prepare
+from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, prepare
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog
 
@@ -57,14 +57,10 @@ def evaluate_segment(swa: tuple, sgd: tuple, ts: np.ndarray, probe: Probe, log: 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m swalab.analysis.segment", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="an SWA run directory (config, data, and final.pt)")
-    p.add_argument("--swa", default=None, help="SWA weights (default: RUN:swa)")
-    p.add_argument("--sgd", default=None, help="SGD weights (default: RUN:sgd, the run's last iterate)")
+    add_solution_arguments(p)
     p.add_argument("--t-min", type=float, default=-1.0, help="smallest t (negative: beyond SWA)")
     p.add_argument("--t-max", type=float, default=2.0, help="largest t (above 1: beyond SGD)")
     p.add_argument("--points", type=int, default=31, help="evenly spaced values of t (0 and 1 are added)")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     add_common_arguments(p)
     return p.parse_args(argv)
 
@@ -72,10 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     run, model, space, data, bn_update, device = prepare(args.run, args)
-    specs = {"swa": args.swa or f"{args.run}:swa", "sgd": args.sgd or f"{args.run}:sgd"}
-    states = {name: load_weights(spec) for name, spec in specs.items()}
-    swa = (space.flatten(states["swa"]), space.buffers(states["swa"]))
-    sgd = (space.flatten(states["sgd"]), space.buffers(states["sgd"]))
+    specs, solutions = load_solutions(args, space)
+    swa, sgd = solutions["swa"], solutions["sgd"]
     length = float((sgd[0] - swa[0]).norm())
     ts = segment_ts(args.t_min, args.t_max, args.points)
 
@@ -87,7 +81,7 @@ def main(argv=None) -> dict:
     values = evaluate_segment(swa, sgd, ts, probe, log, progress=not args.quiet)
     distances = ts * length
     np.savez(out / "segment.npz", t=ts, distance=distances, sgd_distance=length, **values)
-    title = f"{run.cfg.model.name} on {run.cfg.dataset.name}: SWA to SGD ({data.train_size} train / " \
+    title = f"{run.cfg.model.name} on {run.cfg.dataset.name}: SWA to SGD\n({data.train_size} train / " \
             f"{data.test_size} test images{', BN updated' if bn_update else ''})"
     plots.segment_figure(out / "segment.png", distances, values["train_loss"], values["test_err"], length,
                          title=title)

@@ -249,6 +249,25 @@ def test_plane_resumes_and_evaluates_only_the_missing_points(tmp_path):
         plane.main(common + ["--grid", "5"])
 
 
+def test_span_trajectory_widens_the_grid_to_cover_every_projected_checkpoint(tmp_path):
+    states = bn_states()
+    mid = {k: v.clone() for k, v in states["swa"].items()}
+    mid["1.weight"] = mid["1.weight"] + 0.1
+    far = {k: v.clone() for k, v in states["sgd"].items()}
+    far["0.weight"] = far["0.weight"] * 4.0  # an iterate well outside the three points' span
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: states["sgd"], 2: mid, 3: far})
+    common = ["--w1", f"{run_dir}@1", "--w2", f"{run_dir}:swa", "--w3", f"{run_dir}@2", "--trajectory", str(run_dir),
+              "--grid", "2", "--margin", "0", "--quiet", "--no-bn-update"]
+    narrow = plane.main(common + ["--out", str(tmp_path / "narrow")])
+    wide = plane.main(common + ["--span-trajectory", "--out", str(tmp_path / "wide")])
+    x3, y3, _ = dict(wide["trajectory"])[3]
+    inside = lambda r: r["xs"][0] - 1e-9 <= x3 <= r["xs"][-1] + 1e-9 and r["ys"][0] - 1e-9 <= y3 <= r["ys"][-1] + 1e-9
+    assert not inside(narrow)
+    assert inside(wide)
+    for x, y, _ in wide["points"].values():  # the marked points stay covered
+        assert wide["xs"][0] - 1e-9 <= x <= wide["xs"][-1] + 1e-9 and wide["ys"][0] - 1e-9 <= y <= wide["ys"][-1] + 1e-9
+
+
 def test_weight_specs_pick_live_swa_and_epoch_weights(tmp_path):
     states = bn_states()
     run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={3: states["swa"]})
@@ -271,7 +290,7 @@ def test_curves_take_sgd_from_test_acc_and_swa_from_swa_test_acc(tmp_path):
     (run / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "fig.png"
     got = curves.main([str(run), "--labels", "lr0.05", "--out", str(out)])
-    assert [c[0] for c in got] == ["lr0.05 SGD", "lr0.05 SWA"]
+    assert [c[0] for c in got] == ["lr0.05: SGD iterate", "lr0.05: SWA average"]
     np.testing.assert_array_equal(got[0][2], [50.0, 40.0, 39.0])
     np.testing.assert_array_equal(got[1][1], [2, 3])
     np.testing.assert_array_equal(got[1][2], [35.0, 30.0])

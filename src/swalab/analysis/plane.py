@@ -3,7 +3,8 @@
 The basis is the paper's footnote 1: ``u = w2 - w1``, ``v = (w3 - w1) - <w3 - w1, u>/||u||^2 u``,
 both normalised; the point ``(x, y)`` is ``w1 + x u_hat + y v_hat``. So ``w1`` sits at the origin,
 ``w2`` at ``(||u||, 0)`` and ``w3`` at its projections. The grid spans the three points' coordinates
-plus ``margin`` times that span on every side. Other weights (a run's saved checkpoints, the SWA
+(and those of ``--point`` weights; with ``--span-trajectory`` also the projected trajectory, for when the
+iterates travel beyond the three points) plus ``margin`` times that span on every side. Other weights (a run's saved checkpoints, the SWA
 solution) are projected into the plane; they generally lie off it, so the surface value under a
 projected point is *not* that point's loss (the paper makes the same remark).
 
@@ -120,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run", default=None, help="run directory for the config and data (default: the one w1 is in)")
     p.add_argument("--grid", type=int, default=21, help="grid points per axis")
     p.add_argument("--margin", type=float, default=0.2, help="margin on every side, as a fraction of the span")
+    p.add_argument("--span-trajectory", action="store_true",
+                   help="widen the grid to cover the projected trajectory too (default: the marked points only)")
     add_common_arguments(p)
     return p.parse_args(argv)
 
@@ -146,7 +149,8 @@ def main(argv=None) -> dict:
     if args.trajectory:
         trajectory = [(epoch, plane.coordinates(space.flatten(load_weights(p))))
                       for epoch, p in trajectory_specs(args.trajectory)]
-    xs, ys = grid_axes([(x, y) for x, y, _ in points.values()], args.grid, args.margin)
+    spanned = list(points.values()) + ([c for _, c in trajectory] if args.span_trajectory else [])
+    xs, ys = grid_axes([(x, y) for x, y, _ in spanned], args.grid, args.margin)
 
     out = Path(args.out)
     settings = {"w1": args.w1, "w2": args.w2, "w3": args.w3, "grid": args.grid, "margin": args.margin,

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 matplotlib.rcParams["text.usetex"] = False
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from mpl_toolkits.axes_grid1 import make_axes_locatable  # noqa: E402
 
 
 def _levels(values: np.ndarray, count: int = 20) -> np.ndarray:
@@ -36,7 +37,9 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
     for ax, (label, z) in zip(axes[0], surfaces.items()):
         cf = ax.contourf(xs, ys, z, levels=_levels(z), cmap="viridis")
         ax.contour(xs, ys, z, levels=_levels(z), colors="k", linewidths=0.3, alpha=0.5)
-        fig.colorbar(cf, ax=ax, format="%.3g")
+        ax.set_aspect("equal")
+        # a colour bar as tall as the (equal-aspect, often wide) axes, not as the figure
+        fig.colorbar(cf, cax=make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08), format="%.3g")
         for name, xy in (trajectory or {}).items():
             xy = np.asarray(xy)
             if len(xy):
@@ -48,7 +51,6 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
         ax.set_title(label)
         ax.set_xlabel("x (along w2 - w1)")
         ax.set_ylabel("y")
-        ax.set_aspect("equal")
         if trajectory:
             ax.legend(loc="lower right", fontsize=7)
     if title:

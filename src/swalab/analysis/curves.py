@@ -1,8 +1,8 @@
 """Test error against epoch for several runs, from their ``history.jsonl`` (paper Figs. 6 and 7).
 
-For each run the live model's curve comes from ``test_acc`` (labelled ``<name> SGD``) and, where the
+For each run the live model's curve comes from ``test_acc`` (labelled ``<name>: SGD iterate``) and, where the
 run logged it (SWA with ``method.eval_every=1``), the average's curve from ``swa_test_acc``
-(``<name> SWA``). Errors are ``100 - accuracy``.
+(``<name>: SWA average``). Errors are ``100 - accuracy``.
 
 Usage::
 

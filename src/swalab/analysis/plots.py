@@ -33,7 +33,9 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
     ``trajectory`` maps a name to ``[k, 2]`` projected coordinates, drawn as a dotted path.
     """
     n = len(surfaces)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.4), squeeze=False)
+    aspect = float(np.ptp(ys) / np.ptp(xs)) if np.ptp(xs) > 0 else 1.0
+    height = float(np.clip(4.4 * aspect + 1.4, 2.8, 7.0))  # equal-aspect panels: size the figure to them
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, height), squeeze=False)
     for ax, (label, z) in zip(axes[0], surfaces.items()):
         cf = ax.contourf(xs, ys, z, levels=_levels(z), cmap="viridis")
         ax.contour(xs, ys, z, levels=_levels(z), colors="k", linewidths=0.3, alpha=0.5)
@@ -111,7 +113,7 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
     """Test error against epoch, one line per ``(label, epochs, values)`` (paper Figs. 6 and 7)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, epochs, values in curves:
-        ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith("SGD") else "-")
+        ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith("SGD iterate") else "-")
     ax.set_xlabel("epoch")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -125,6 +127,6 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, bbox_inches="tight")  # equal-aspect planes leave empty bands otherwise
     plt.close(fig)
     return path

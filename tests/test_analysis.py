@@ -260,12 +260,15 @@ def test_span_trajectory_widens_the_grid_to_cover_every_projected_checkpoint(tmp
               "--grid", "2", "--margin", "0", "--quiet", "--no-bn-update"]
     narrow = plane.main(common + ["--out", str(tmp_path / "narrow")])
     wide = plane.main(common + ["--span-trajectory", "--out", str(tmp_path / "wide")])
+
+    def covers(result, x, y, tol=1e-9):
+        xs, ys = result["xs"], result["ys"]
+        return xs[0] - tol <= x <= xs[-1] + tol and ys[0] - tol <= y <= ys[-1] + tol
+
     x3, y3, _ = dict(wide["trajectory"])[3]
-    inside = lambda r: r["xs"][0] - 1e-9 <= x3 <= r["xs"][-1] + 1e-9 and r["ys"][0] - 1e-9 <= y3 <= r["ys"][-1] + 1e-9
-    assert not inside(narrow)
-    assert inside(wide)
-    for x, y, _ in wide["points"].values():  # the marked points stay covered
-        assert wide["xs"][0] - 1e-9 <= x <= wide["xs"][-1] + 1e-9 and wide["ys"][0] - 1e-9 <= y <= wide["ys"][-1] + 1e-9
+    assert not covers(narrow, x3, y3)
+    assert covers(wide, x3, y3)
+    assert all(covers(wide, x, y) for x, y, _ in wide["points"].values())  # the marked points stay covered
 
 
 def test_weight_specs_pick_live_swa_and_epoch_weights(tmp_path):

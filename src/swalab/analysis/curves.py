@@ -30,7 +30,7 @@ def read_history(run_dir: str | Path) -> list[dict]:
 def error_curves(history: list[dict], label: str, only: str | None = None) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``[(label, epochs, test error %)]``: the SGD curve (``test_acc``) and the SWA one (``swa_test_acc``)."""
     curves = []
-    for key, kind, name in (("test_acc", "SGD", "SGD iterate"), ("swa_test_acc", "SWA", "SWA average")):
+    for key, kind, name in (("test_acc", "SGD", plots.SGD_ITERATE), ("swa_test_acc", "SWA", "SWA average")):
         if only and only.upper() != kind:
             continue
         rows = [r for r in history if r.get(key) is not None]

@@ -2,10 +2,10 @@
 
 The basis is the paper's footnote 1: ``u = w2 - w1``, ``v = (w3 - w1) - <w3 - w1, u>/||u||^2 u``,
 both normalised; the point ``(x, y)`` is ``w1 + x u_hat + y v_hat``. So ``w1`` sits at the origin,
-``w2`` at ``(||u||, 0)`` and ``w3`` at its projections. The grid spans the three points' coordinates
-(and those of ``--point`` weights; with ``--span-trajectory`` also the projected trajectory, for when the
-iterates travel beyond the three points) plus ``margin`` times that span on every side. Other weights (a run's saved checkpoints, the SWA
-solution) are projected into the plane; they generally lie off it, so the surface value under a
+``w2`` at ``(||u||, 0)`` and ``w3`` at its projections. The grid spans the coordinates of the three
+points and of any ``--point`` weights (with ``--span-trajectory`` also the projected trajectory, for
+when the iterates travel beyond the three points) plus ``margin`` times that span on every side. Other
+weights (a run's saved checkpoints, the SWA solution) are projected into the plane; they generally lie off it, so the surface value under a
 projected point is *not* that point's loss (the paper makes the same remark).
 
 Usage (w1, w2, w3 and --point take weight specs, see :mod:`swalab.analysis.loading`)::

@@ -17,6 +17,10 @@ import numpy as np  # noqa: E402
 from mpl_toolkits.axes_grid1 import make_axes_locatable  # noqa: E402
 
 
+#: label suffix of a live-model (SGD iterate) curve; ``curves_figure`` draws those dashed
+SGD_ITERATE = "SGD iterate"
+
+
 def _levels(values: np.ndarray, count: int = 20) -> np.ndarray:
     """Contour levels at quantiles of the finite values, so low basins and steep walls both show."""
     finite = values[np.isfinite(values)]
@@ -113,7 +117,7 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
     """Test error against epoch, one line per ``(label, epochs, values)`` (paper Figs. 6 and 7)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, epochs, values in curves:
-        ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith("SGD iterate") else "-")
+        ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith(SGD_ITERATE) else "-")
     ax.set_xlabel("epoch")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

@@ -1,10 +1,11 @@
 """A decode cache for image data sets: decoded uint8 tensors saved next to the data they came from.
 
 Decoding the 60,000 JPEGs of CIFAR-10 takes far longer than reading the same pixels back from one
-tensor file, so the first load saves its result to ``<root>/.swalab_cache/<name>-<layout>-v1.pt`` and
-later loads read that instead. The file is written to a temporary name in the same folder and then
-renamed with ``os.replace`` (atomic on POSIX), so several jobs starting together on a shared file system
-either see no cache or a complete one, never half a file; at worst each of them decodes once.
+tensor file, so the first load saves its result to ``<root>/.swalab_cache/<name>-<layout>-v1.pt`` (a
+subset or another decode setting to ``<name>-<layout>-<hash>-v1.pt``) and later loads read that
+instead. The file is written to a temporary name in the same folder and then renamed with
+``os.replace`` (atomic on POSIX), so several jobs starting together on a shared file system either see
+no cache or a complete one, never half a file; at worst each of them decodes once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,18 @@ CACHE_FORMAT_VERSION = 1
 CACHE_KEYS = ("format_version", "source", "train_images", "train_labels", "test_images", "test_labels", "classes")
 
 
-def cache_path(root: Path, name: str, layout: str) -> Path:
-    """Where the cache for data set ``name`` read from ``layout`` under ``root`` lives."""
-    return Path(root) / CACHE_DIR / f"{name}-{layout}-v{CACHE_FORMAT_VERSION}.pt"
+def cache_path(root: Path, name: str, layout: str, cache_dir: str | Path | None = None,
+               variant: str | None = None) -> Path:
+    """Where the cache for data set ``name`` read from ``layout`` under ``root`` lives.
+
+    ``cache_dir`` replaces ``root/.swalab_cache`` (for a read-only or shared ``root``). ``variant``, a
+    short hash of the chosen files and decode options, gives every subset (``train_size`` /
+    ``test_size``) and every decode setting its own file: ``<name>-<layout>-<variant>-v1.pt``. A subset
+    and the full set therefore never overwrite each other's cache when runs alternate between them.
+    """
+    folder = Path(cache_dir) if cache_dir is not None else Path(root) / CACHE_DIR
+    stem = f"{name}-{layout}" + (f"-{variant}" if variant else "")
+    return folder / f"{stem}-v{CACHE_FORMAT_VERSION}.pt"
 
 
 def load_cache(path: Path, source: dict[str, Any]) -> dict[str, Any] | None:
@@ -97,3 +108,19 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def cached(path: Path | None, source: dict[str, Any], build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The payload cached at ``path`` for ``source``, or ``build()``'s, saved there for next time.
+
+    ``path=None`` (caching off) always builds and saves nothing. The saved file holds ``source`` too,
+    so :func:`load_cache` can tell later whether it still describes the files on disk.
+    """
+    if path is not None:
+        hit = load_cache(path, source)
+        if hit is not None:
+            return hit
+    payload = build()
+    if path is not None:
+        save_cache(path, {"source": source, **payload})
+    return payload

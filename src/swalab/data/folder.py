@@ -2,9 +2,11 @@
 
 This is the layout of the JPEG copy of CIFAR-10 and of most data sets exported by hand. Class indices
 are the positions of the class folder names in sorted order, which for CIFAR-10 and CIFAR-100 is the
-standard label order. Every image is decoded once with PIL to RGB; decoding tens of thousands of small
-files is slow (see :func:`swalab.data.cifar.load_cifar` for the decode cache), so decoding runs in a
-small thread pool (PIL releases the GIL while it decodes).
+standard label order. Every image is decoded once with PIL to RGB or grayscale (optionally resized);
+decoding tens of thousands of small files is slow (the loaders cache the result, see
+:mod:`swalab.data.cache`), so decoding runs in a small thread pool (PIL releases the GIL while it
+decodes), and a loader that needs only a subset chooses its files first (:func:`select_files`, from
+the listing alone) and decodes only those.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageMode
 
-from .splits import DataSplit
+from .splits import TEST_SUBSET_SEED, DataSplit, subset_indices
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "test")
@@ -47,10 +49,15 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     Paths are plain strings (``root/split/class/name``): for 60,000 files, ``pathlib`` objects would
     make listing and fingerprinting a cached data set several times slower than reading its cache.
 
-    Raises ``FileNotFoundError`` when a split is missing and ``ValueError`` when a class folder is
-    empty or the two splits have different class folders; each message names the folder concerned.
+    Raises ``FileNotFoundError`` when ``root`` or a split is missing and ``ValueError`` when a class
+    folder is empty or the two splits have different class folders; each message names the folder.
     """
     root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"image folder {root} does not exist or is not a folder: point dataset.root at the folder holding "
+            f"train/<class>/* and test/<class>/*"
+        )
     missing = [s for s in SPLITS if not (root / s).is_dir()]
     if missing:
         present = [s for s in SPLITS if s not in missing]
@@ -104,32 +111,122 @@ def fingerprint(files: dict[str, list[tuple[str, int]]], root: Path) -> str:
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
-def _decode_image(path: str | Path) -> np.ndarray:
-    """Decode one file to an RGB ``uint8`` array ``[H, W, 3]``, naming the file if it cannot be read."""
+def select_files(
+    files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int
+) -> dict[str, list[tuple[str, int]]]:
+    """The files a load decodes: ``train_size`` of the training files and ``test_size`` of the test files.
+
+    The same class-stratified, nested subsets :func:`swalab.data.subset` takes from decoded splits,
+    chosen from the labels of the listing alone, so a loader decodes only the images it keeps
+    (``train_size=500`` decodes 500 images, not 50,000) and gets exactly the images, in the same order,
+    that decoding everything and then subsetting would give. The training subset is seeded by ``seed``;
+    the test subset always by :data:`~swalab.data.splits.TEST_SUBSET_SEED`, so every run seed is scored on
+    the same test images. ``None`` keeps a split whole (the same list is returned).
+    """
+    chosen = {}
+    for split, size, split_seed, key, what in (
+        ("train", train_size, seed, "dataset.train_size", "the training split"),
+        ("test", test_size, TEST_SUBSET_SEED, "dataset.test_size", "the test split"),
+    ):
+        pairs = files[split]
+        labels = torch.tensor([y for _, y in pairs], dtype=torch.int64)
+        keep = subset_indices(labels, size, split_seed, key, what)
+        chosen[split] = pairs if keep is None else [pairs[i] for i in keep.tolist()]
+    return chosen
+
+
+def selection_digest(files: dict[str, list[tuple[str, int]]], root: Path) -> str:
+    """A hash of which files (paths relative to ``root``) and labels each split holds, in order.
+
+    Part of a subset's cache key: two loads share a cache file only if they decode the same files.
+    """
+    skip = len(os.path.join(root, ""))
+    text = "".join(f"{split}\0{path[skip:]}\0{label}\n" for split in SPLITS for path, label in files[split])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def single_channel(mode: str) -> bool:
+    """Whether PIL image ``mode`` holds one grey band, alpha aside.
+
+    True for ``1``, ``L``, ``LA``, ``La``, ``I``, ``I;16``..., ``F``. Palette images (``P``, ``PA``) count
+    as colour, since a palette may hold colours; every other mode (``RGB``, ``RGBA``, ``CMYK``...) too.
+    """
+    bands = ImageMode.getmode(mode).bands
+    if len(bands) > 1 and bands[-1] in ("A", "a"):
+        bands = bands[:-1]
+    return len(bands) == 1 and bands[0] != "P"
+
+
+def _image_mode(path: str) -> str:
+    """The PIL mode of ``path``, read from its header only (no pixels are decoded)."""
     try:
         with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
+            return im.mode
     except Exception as err:  # PIL raises OSError, SyntaxError, ValueError or DecompressionBombError
         raise ValueError(f"cannot decode image {path}: {type(err).__name__}: {err}") from err
 
 
-def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = None, workers: int | None = None) -> torch.Tensor:
-    """Decode ``paths`` into one ``uint8`` tensor ``[N, 3, H, W]``.
+def infer_channels(paths: list[str], workers: int | None = None) -> int:
+    """1 if every image in ``paths`` is single-channel (:func:`single_channel`), else 3.
 
-    All images must have the same size (``size`` if given, else that of the first image); a file of
-    another size raises ``ValueError`` naming it, since a silently resized image would change the data.
+    Reads file headers only, and stops at the first colour image, so on a colour data set it costs one
+    header read; only an all-grey folder has every header read.
+    """
+    workers = workers or min(8, os.cpu_count() or 1)
+    chunk = 1024
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for start in range(0, len(paths), chunk):
+            if not all(single_channel(m) for m in pool.map(_image_mode, paths[start : start + chunk])):
+                return 3
+    return 1
+
+
+def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None) -> np.ndarray:
+    """Decode one file to a ``uint8`` array ``[H, W, C]``, naming the file if it cannot be read.
+
+    ``mode`` is the PIL mode converted to: ``"RGB"`` (C = 3; alpha dropped, grey replicated) or ``"L"``
+    (C = 1; colour becomes luma, ``L = 0.299 R + 0.587 G + 0.114 B``). ``resize``: scale to ``resize`` x
+    ``resize`` pixels with PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept).
+    """
+    try:
+        with Image.open(path) as im:
+            converted = im.convert(mode)
+            if resize is not None and converted.size != (resize, resize):
+                converted = converted.resize((resize, resize), Image.Resampling.BILINEAR)
+            arr = np.asarray(converted)
+    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError or DecompressionBombError
+        raise ValueError(f"cannot decode image {path}: {type(err).__name__}: {err}") from err
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def decode_images(
+    paths: list[str] | list[Path],
+    size: tuple[int, int] | None = None,
+    workers: int | None = None,
+    mode: str = "RGB",
+    resize: int | None = None,
+    hint: str = "",
+) -> torch.Tensor:
+    """Decode ``paths`` into one ``uint8`` tensor ``[N, C, H, W]`` (C = 3 for ``mode="RGB"``, 1 for ``"L"``).
+
+    With ``resize`` every image is scaled to ``resize`` x ``resize`` (see :func:`_decode_image`).
+    Otherwise all images must have the same size (``size`` if given, else that of the first image); a
+    file of another size raises ``ValueError`` naming it (and the first file, whose size it differs
+    from), followed by ``hint``: nothing is resized unless asked, since that would change the data.
     """
     if not paths:
         raise ValueError("no images to decode")
-    first = _decode_image(paths[0])
+    first = _decode_image(paths[0], mode, resize)
     expected = size if size is not None else first.shape[:2]
-    out = np.empty((len(paths), expected[0], expected[1], 3), dtype=np.uint8)
+    out = np.empty((len(paths), expected[0], expected[1], first.shape[2]), dtype=np.uint8)
 
     def put(i: int, arr: np.ndarray) -> None:
         if arr.shape[:2] != tuple(expected):
+            than = f"expected {expected[1]}x{expected[0]}" if size is not None else (
+                f"{paths[0]} is {expected[1]}x{expected[0]}")
             raise ValueError(
-                f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but expected "
-                f"{expected[1]}x{expected[0]}: all images of a data set must have the same size"
+                f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but {than}: all images of a data set "
+                f"must have the same size{hint}"
             )
         out[i] = arr
 
@@ -139,14 +236,16 @@ def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for start in range(1, len(paths), chunk):
             batch = paths[start : start + chunk]
-            for j, arr in enumerate(pool.map(_decode_image, batch)):
+            # looked up at each call (not bound once), so a test can count or forbid decodes by patching it
+            for j, arr in enumerate(pool.map(lambda p: _decode_image(p, mode, resize), batch)):
                 put(start + j, arr)
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
 
-def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = None) -> DataSplit:
+def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = None, mode: str = "RGB",
+                 resize: int | None = None) -> DataSplit:
     """Decode the ``(file, label)`` pairs listed by :func:`list_image_folder` into a :class:`DataSplit`."""
-    images = decode_images([p for p, _ in pairs], size=size)
+    images = decode_images([p for p, _ in pairs], size=size, mode=mode, resize=resize)
     labels = torch.tensor([y for _, y in pairs], dtype=torch.int64)
     return DataSplit(images=images, labels=labels)
 

@@ -1,17 +1,20 @@
 """In-memory image data sets: the containers every loader in swalab returns.
 
-All data sets used by swalab (CIFAR-10/100, the offline digits set) are small enough to hold decoded in
-memory as one ``uint8`` tensor per split. Keeping them as plain tensors (rather than ``Dataset`` objects
-that decode per item) is what lets :class:`~swalab.data.loader.ResidentLoader` move a whole split to the
-GPU once and augment it with batched tensor ops.
+The resident data sets of swalab (CIFAR-10/100, the offline digits set, small image folders) are small
+enough to hold decoded in memory as one ``uint8`` tensor per split. Keeping them as plain tensors (rather
+than ``Dataset`` objects that decode per item) is what lets :class:`~swalab.data.loader.ResidentLoader`
+move a whole split to the GPU once and augment it with batched tensor ops.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+TEST_SUBSET_SEED = 0  # test_size subsets are drawn with this seed, never the run seed
 
 
 @dataclass
@@ -51,9 +54,14 @@ class ImageData:
     Attributes:
         name: short name used in configs and logs (``"cifar10"``, ``"cifar100"``, ``"digits"``).
         train: the training split (possibly capped by ``train_size``, see :func:`subset`).
-        test: the test split; never subsampled, so test numbers stay comparable across runs.
+        test: the test split (possibly capped by ``test_size``, see :func:`cap_test_split`: a fixed subset,
+            the same for every run seed, so test numbers stay comparable across runs).
         num_classes: number of classes; labels lie in ``[0, num_classes)``.
         classes: human-readable class names, index ``i`` naming label ``i``.
+        channels: image channels (1 or 3); left ``None``, it is read from ``train.images``.
+        mean, std: per-channel normalisation measured on the training images (pixels scaled to [0, 1]),
+            for loaders that measure it (:func:`~swalab.data.folder_dataset.load_folder`); ``None`` when
+            the loader leaves normalisation to the config.
     """
 
     name: str
@@ -61,6 +69,53 @@ class ImageData:
     test: DataSplit
     num_classes: int
     classes: list[str]
+    channels: int | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        found = int(self.train.images.shape[1])
+        if self.channels is None:
+            self.channels = found
+        elif self.channels != found or self.test.images.shape[1] != found:
+            raise ValueError(f"ImageData {self.name!r} says channels={self.channels} but its images have "
+                             f"{found} (train) and {self.test.images.shape[1]} (test)")
+        for key, value in (("mean", self.mean), ("std", self.std)):
+            if value is not None and len(value) != self.channels:
+                raise ValueError(f"ImageData {self.name!r}: {key} has {len(value)} values for {self.channels} channels")
+
+
+def check_size(size, key: str, available: int, what: str) -> int | None:
+    """``size`` as an ``int`` in ``[1, available]``, or ``None`` (all items), for a ``*_size`` config key.
+
+    Integers and integral floats (``500.0``) pass; ``True``, ``2.5``, ``"abc"`` and values outside the
+    range raise ``ValueError`` naming ``key`` (e.g. ``dataset.test_size``) and ``what`` holds that many.
+    """
+    if size is None:
+        return None
+    integral = isinstance(size, numbers.Integral) or (isinstance(size, float) and size.is_integer())
+    if isinstance(size, bool) or not integral:
+        raise ValueError(f"{key} must be an integer or null, got {size!r}")
+    size = int(size)
+    if size < 1 or size > available:
+        raise ValueError(
+            f"{key}={size} is out of range: {what} has {available} items; "
+            f"use a value in [1, {available}] or null for all of them"
+        )
+    return size
+
+
+def subset_indices(labels: torch.Tensor, size: int | None, seed: int, key: str = "dataset.train_size",
+                   what: str = "the training split") -> torch.Tensor | None:
+    """The sorted indices :func:`subset` keeps, or ``None`` when it keeps everything.
+
+    Needs only the labels, so an image-folder loader can choose its files before decoding any of them
+    and decode only those (see :func:`swalab.data.folder.select_files`).
+    """
+    size = check_size(size, key, len(labels), what)
+    if size is None or size == len(labels):
+        return None
+    return stratified_permutation(labels, seed)[:size].sort().values
 
 
 def stratified_permutation(labels: torch.Tensor, seed: int) -> torch.Tensor:
@@ -81,7 +136,8 @@ def stratified_permutation(labels: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.from_numpy(np.argsort(keys, kind="stable"))
 
 
-def subset(split: DataSplit, size: int | None, seed: int) -> DataSplit:
+def subset(split: DataSplit, size: int | None, seed: int, key: str = "dataset.train_size",
+           what: str = "the training split") -> DataSplit:
     """The first ``size`` items of a fixed, seeded, class-stratified permutation of ``split``.
 
     Use it to cap the training set (``dataset.train_size``) for quick runs, learning curves or tests.
@@ -92,21 +148,23 @@ def subset(split: DataSplit, size: int | None, seed: int) -> DataSplit:
         split: the split to take from.
         size: how many items to keep; ``None`` keeps the whole split (returned as is).
         seed: seeds the permutation; the same ``(seed, size)`` always picks the same items.
+        key, what: the config key and the split named in error messages.
 
     Raises:
-        ValueError: if ``size`` is not positive or exceeds ``len(split)``.
+        ValueError: if ``size`` is not an integer, not positive or exceeds ``len(split)``.
     """
-    if size is None:
+    keep = subset_indices(split.labels, size, seed, key, what)
+    if keep is None:
         return split
-    if isinstance(size, bool) or int(size) != size:
-        raise ValueError(f"dataset.train_size must be an integer or null, got {size!r}")
-    size = int(size)
-    if size < 1 or size > len(split):
-        raise ValueError(
-            f"dataset.train_size={size} is out of range: the training split has {len(split)} items; "
-            f"use a value in [1, {len(split)}] or null for all of them"
-        )
-    if size == len(split):
-        return split
-    keep = stratified_permutation(split.labels, seed)[:size].sort().values
     return DataSplit(images=split.images[keep], labels=split.labels[keep])
+
+
+def cap_test_split(split: DataSplit, size: int | None) -> DataSplit:
+    """Cap a test split at ``size`` items (``dataset.test_size``): a class-stratified subset, seed 0.
+
+    The seed is fixed (:data:`TEST_SUBSET_SEED`), never the run seed, so every seed of an experiment is
+    scored on the same test images and their accuracies can be averaged and compared. ``None`` keeps the
+    whole split.
+    """
+    return subset(split, size, TEST_SUBSET_SEED, key="dataset.test_size", what="the test split")
+

@@ -18,15 +18,17 @@ Nothing is downloaded at import time.
 from __future__ import annotations
 
 import pickle
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .cache import cache_path, load_cache, save_cache
-from .folder import IMAGE_EXTENSIONS, decode_split, fingerprint, has_image_folder, list_image_folder
-from .splits import DataSplit, ImageData, subset
+from .cache import cache_path, cached
+from .folder import (IMAGE_EXTENSIONS, decode_split, fingerprint, has_image_folder, list_image_folder, select_files,
+                     selection_digest)
+from .splits import DataSplit, ImageData, cap_test_split, subset
 
 
 @dataclass(frozen=True)
@@ -154,14 +156,32 @@ def read_cifar_pickles(pickle_dir: str | Path, name: str) -> tuple[DataSplit, Da
     return train, test, classes
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (what ``mkdir(parents=True)`` creates)."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
 def _download(root: Path, spec: _CifarSpec, root_arg: str | Path) -> None:
+    """Let torchvision fetch the pickles into ``root``; on failure, remove the folders this created.
+
+    A failed download (no internet, a checksum error) must not leave an empty or half-filled
+    ``dataset.root`` behind: the next run would then find a folder that looks like data. Only folders
+    that did not exist before the attempt are removed; a ``root`` that already existed is left as is.
+    """
     import torchvision.datasets  # imported here: only a download needs it
 
     dataset_class = getattr(torchvision.datasets, spec.torchvision_class)
+    created = _first_missing(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         dataset_class(str(root), train=True, download=True)  # fetches and unpacks both splits
     except Exception as err:  # URLError, socket timeouts, checksum RuntimeError, PermissionError...
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise RuntimeError(
             f"No {spec.title} data under dataset.root, and downloading it failed "
             f"({type(err).__name__}: {err}). This machine may have no internet access.\n"
@@ -169,8 +189,15 @@ def _download(root: Path, spec: _CifarSpec, root_arg: str | Path) -> None:
         ) from err
 
 
-def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool,
-                       cache_dir: Path | None = None) -> tuple[DataSplit, DataSplit, list[str]]:
+def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Path | None = None,
+                       train_size: int | None = None, test_size: int | None = None,
+                       seed: int = 0) -> tuple[DataSplit, DataSplit, list[str]]:
+    """Decode the chosen files of a CIFAR image folder (through the decode cache).
+
+    Subsets are chosen from the file listing (:func:`~swalab.data.folder.select_files`) before anything
+    is decoded. The whole folder is cached as ``<name>-folder-v1.pt``; a subset in its own small file
+    named by a hash of the chosen files, so the two never replace each other.
+    """
     classes, files = list_image_folder(root)
     if len(classes) != spec.num_classes:
         shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
@@ -178,27 +205,26 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool,
             f"{root / 'train'} has {len(classes)} class folders ({shown}) but {spec.title} has "
             f"{spec.num_classes}: is dataset.root pointing at the right data set?"
         )
-    path = cache_path(root, spec.name, "folder") if cache_dir is None else Path(cache_dir) / cache_path(
-        Path("."), spec.name, "folder").name
+    chosen = select_files(files, train_size, test_size, seed)
     source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": fingerprint(files, root)}
-    if cache:
-        hit = load_cache(path, source)
-        if hit is not None:
-            return (
-                DataSplit(images=hit["train_images"], labels=hit["train_labels"]),
-                DataSplit(images=hit["test_images"], labels=hit["test_labels"]),
-                list(hit["classes"]),
-            )
-    train = decode_split(files["train"], size=IMAGE_SIZE)
-    test = decode_split(files["test"], size=IMAGE_SIZE)
-    if cache:
-        save_cache(path, {
-            "source": source,
-            "train_images": train.images, "train_labels": train.labels,
-            "test_images": test.images, "test_labels": test.labels,
-            "classes": classes,
-        })
-    return train, test, classes
+    variant = None
+    if any(chosen[split] is not files[split] for split in files):  # a subset: its own cache file
+        source["chosen"] = selection_digest(chosen, root)
+        variant = source["chosen"][:16]
+
+    def decode() -> dict:
+        train = decode_split(chosen["train"], size=IMAGE_SIZE)
+        test = decode_split(chosen["test"], size=IMAGE_SIZE)
+        return {"train_images": train.images, "train_labels": train.labels,
+                "test_images": test.images, "test_labels": test.labels, "classes": classes}
+
+    path = cache_path(root, spec.name, "folder", cache_dir, variant) if cache else None
+    got = cached(path, source, decode)
+    return (
+        DataSplit(images=got["train_images"], labels=got["train_labels"]),
+        DataSplit(images=got["test_images"], labels=got["test_labels"]),
+        list(got["classes"]),
+    )
 
 
 def load_cifar(
@@ -209,6 +235,7 @@ def load_cifar(
     seed: int = 0,
     cache: bool = True,
     cache_dir: str | Path | None = None,
+    test_size: int | None = None,
 ) -> ImageData:
     """Load CIFAR-10 (``name="cifar10"``) or CIFAR-100 (``"cifar100"``, fine labels) into memory.
 
@@ -222,22 +249,26 @@ def load_cifar(
             Leave it on for a first run on a machine with internet; turn it off on offline clusters so a
             wrong path fails at once instead of after a network timeout.
         train_size: keep only this many training images (a seeded, class-stratified subset, see
-            :func:`swalab.data.subset`); ``None`` keeps all. Applied after the cache, so changing it
-            never re-decodes. The test split is always complete.
+            :func:`swalab.data.subset`); ``None`` keeps all. From an image folder only the chosen
+            files are decoded (the same images a subset of the whole split would give).
         seed: seeds the ``train_size`` subset.
         cache: for the image-folder layout, keep decoded tensors in
-            ``root/.swalab_cache/<name>-folder-v1.pt`` (written atomically, rebuilt with a warning when
-            stale or unreadable, skipped with a warning when ``root`` is not writable). The pickle
-            layout is never cached: it already stores decoded pixels and reads as fast as the cache.
+            ``root/.swalab_cache/<name>-folder-v1.pt`` (a subset: ``<name>-folder-<hash>-v1.pt``; written
+            atomically, rebuilt with a warning when stale or unreadable, skipped with a warning when
+            ``root`` is not writable). The pickle layout is never cached: it already stores decoded
+            pixels and reads as fast as the cache.
         cache_dir: write the cache here instead of ``root/.swalab_cache`` (for a read-only or shared
             ``root``). The cache records the files it was built from, so one folder can serve several roots.
+        test_size: keep only this many test images: a class-stratified subset drawn with the fixed seed
+            0, never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
 
     Raises:
         FileNotFoundError: neither layout is present (and ``download`` is off), or a file or split is
             missing; the message names ``dataset.root``, both layouts and how to get the data.
-        RuntimeError: the download failed.
-        ValueError: damaged files, wrong shapes, out-of-range labels, empty class folders, or a class
-            count that does not match ``name``; the message names the file or folder.
+        RuntimeError: the download failed (folders the attempt created are removed again).
+        ValueError: damaged files, wrong shapes, out-of-range labels, empty class folders, a class
+            count that does not match ``name``, or a ``train_size``/``test_size`` that is not an integer
+            in range; the message names the file, folder or key.
     """
     spec = _spec(name)
     root_arg = root
@@ -258,12 +289,9 @@ def load_cifar(
             )
     if pickle_dir is not None:
         train, test, classes = read_cifar_pickles(pickle_dir, name)
+        train, test = subset(train, train_size, seed), cap_test_split(test, test_size)
     else:
-        train, test, classes = _load_image_folder(root, spec, cache, None if cache_dir is None else Path(cache_dir))
-    return ImageData(
-        name=spec.name,
-        train=subset(train, train_size, seed),
-        test=test,
-        num_classes=spec.num_classes,
-        classes=classes,
-    )
+        train, test, classes = _load_image_folder(root, spec, cache, None if cache_dir is None else Path(cache_dir),
+                                                  train_size, test_size, seed)
+    return ImageData(name=spec.name, train=train, test=test, num_classes=spec.num_classes, classes=classes,
+                     channels=3)

@@ -38,12 +38,13 @@ def cache_path(root: Path, name: str, layout: str, cache_dir: str | Path | None 
     return folder / f"{stem}-v{CACHE_FORMAT_VERSION}.pt"
 
 
-def load_cache(path: Path, source: dict[str, Any]) -> dict[str, Any] | None:
+def load_cache(path: Path, source: dict[str, Any], keys: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """Read a cache written by :func:`save_cache`, or return ``None`` if it must be (re)built.
 
     A missing file returns ``None`` quietly. A file that cannot be loaded, has another
-    ``format_version``, lacks a key, or was built from other source files (``source`` differs) also
-    returns ``None``, with a warning saying why, so the caller rebuilds and overwrites it.
+    ``format_version``, lacks a key (of :data:`CACHE_KEYS` or the loader's own ``keys``), or was built
+    from other source files (``source`` differs) also returns ``None``, with a warning saying why, so the
+    caller rebuilds and overwrites it.
     """
     if not path.is_file():
         return None
@@ -63,7 +64,7 @@ def load_cache(path: Path, source: dict[str, Any]) -> dict[str, Any] | None:
             stacklevel=3,
         )
         return None
-    missing = [k for k in CACHE_KEYS if k not in obj]
+    missing = [k for k in (*CACHE_KEYS, *keys) if k not in obj]
     if missing:
         warnings.warn(f"decode cache {path} lacks {missing}; rebuilding it", stacklevel=3)
         return None
@@ -110,14 +111,16 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
                 pass
 
 
-def cached(path: Path | None, source: dict[str, Any], build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def cached(path: Path | None, source: dict[str, Any], build: Callable[[], dict[str, Any]],
+           keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """The payload cached at ``path`` for ``source``, or ``build()``'s, saved there for next time.
 
     ``path=None`` (caching off) always builds and saves nothing. The saved file holds ``source`` too,
-    so :func:`load_cache` can tell later whether it still describes the files on disk.
+    so :func:`load_cache` can tell later whether it still describes the files on disk; ``keys`` are the
+    payload entries beyond :data:`CACHE_KEYS` that a usable file must hold.
     """
     if path is not None:
-        hit = load_cache(path, source)
+        hit = load_cache(path, source, keys)
         if hit is not None:
             return hit
     payload = build()

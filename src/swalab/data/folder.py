@@ -55,8 +55,8 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(
-            f"image folder {root} does not exist or is not a folder: point dataset.root at the folder holding "
-            f"train/<class>/* and test/<class>/*"
+            f"image folder {root} does not exist or is not a folder: set dataset.root=DIR to the folder "
+            f"holding train/<class>/* and test/<class>/*"
         )
     missing = [s for s in SPLITS if not (root / s).is_dir()]
     if missing:

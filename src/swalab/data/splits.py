@@ -118,6 +118,28 @@ def subset_indices(labels: torch.Tensor, size: int | None, seed: int, key: str =
     return stratified_permutation(labels, seed)[:size].sort().values
 
 
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[list[float], list[float]]:
+    """Per-channel mean and standard deviation of ``uint8`` images ``[N, C, H, W]``, pixels scaled to [0, 1].
+
+    Use it to measure normalisation constants on the training images. The standard deviation is the
+    population one (divided by the pixel count, numpy's default) over every pixel of every image. Sums
+    are exact integers accumulated ``chunk`` images at a time, so a large split needs no float copy.
+    """
+    if images.dtype != torch.uint8 or images.dim() != 4 or len(images) == 0:
+        raise ValueError(f"channel_stats needs a non-empty uint8 tensor [N, C, H, W], got {images.dtype} "
+                         f"{tuple(images.shape)}")
+    total = torch.zeros(images.shape[1], dtype=torch.int64)
+    squares = torch.zeros(images.shape[1], dtype=torch.int64)
+    for start in range(0, len(images), chunk):
+        x = images[start : start + chunk].to(torch.int64)
+        total += x.sum(dim=(0, 2, 3))
+        squares += (x * x).sum(dim=(0, 2, 3))
+    count = images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total.double() / count / 255.0
+    var = squares.double() / count / 255.0**2 - mean**2
+    return mean.tolist(), var.clamp_min(0).sqrt().tolist()
+
+
 def stratified_permutation(labels: torch.Tensor, seed: int) -> torch.Tensor:
     """A seeded permutation of ``range(len(labels))`` whose every prefix is class-balanced.
 

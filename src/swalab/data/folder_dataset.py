@@ -1,0 +1,168 @@
+"""Any image folder as a resident data set: ``root/train/<class>/*`` and ``root/test/<class>/*``.
+
+Use :func:`load_folder` (``dataset=folder``) for a data set that has no loader of its own: the class
+count and names come from the folder names, images may have any size (or be resized to one), grey or
+colour, and the normalisation constants are measured on the training images unless given. Like CIFAR's
+image folder it decodes once, caches the decoded tensors (:mod:`swalab.data.cache`) and decodes only
+the files a ``train_size`` / ``test_size`` subset keeps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from .cache import cache_path, cached
+from .folder import decode_images, fingerprint, infer_channels, list_image_folder, select_files, selection_digest
+from .splits import DataSplit, ImageData, channel_stats
+
+STATS_KEYS = ("channels", "mean", "std")  # cached beside the pixels: measured once per set of chosen files
+
+
+def _check_root(root) -> Path:
+    if root is None or str(root).strip() in ("", "???"):
+        raise ValueError("dataset.root is not set: set dataset.root=DIR, the folder holding train/<class>/* and "
+                         "test/<class>/*")
+    return Path(root).expanduser().resolve()
+
+
+def _check_image_size(image_size) -> int | None:
+    if image_size is None:
+        return None
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise ValueError(f"dataset.image_size={image_size!r} must be a positive integer (the side of the square "
+                         "every image is resized to) or null to keep the images' own size")
+    return image_size
+
+
+def _check_channels(channels) -> int | None:
+    if channels is None:
+        return None
+    if isinstance(channels, bool) or channels not in (1, 3):
+        raise ValueError(f"dataset.channels={channels!r} is not supported: use 1 (grayscale), 3 (RGB) or null "
+                         "(1 if every training image is grey, else 3)")
+    return int(channels)
+
+
+def _check_stat(value, key: str, channels: int) -> list[float] | None:
+    """A given ``dataset.mean`` / ``dataset.std`` as floats, one per channel, or ``None`` if not given."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError(value)
+        values = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={value!r} must be a list of {channels} numbers, one per channel "
+                         "(or null to measure it on the training images)") from None
+    if len(values) != channels:
+        raise ValueError(f"{key} has {len(values)} values but the images have {channels} channel(s): give one per "
+                         "channel, or null to measure it on the training images")
+    if key.endswith("std") and not all(v > 0 for v in values):
+        raise ValueError(f"{key}={values} must be positive (each channel is divided by it)")
+    return values
+
+
+def _decode(files: dict, chosen: dict, channels: int | None, image_size: int | None) -> dict:
+    """Decode the chosen files and measure the training images' mean and std: the cache payload."""
+    if channels is None:  # from the whole training split, so the choice never depends on the seed
+        channels = infer_channels([path for path, _ in files["train"]])
+    pairs = chosen["train"] + chosen["test"]
+    hint = "; set dataset.image_size=N to resize every image to N x N pixels" if image_size is None else ""
+    # both splits in one call: every test image must match the first training image's size too
+    images = decode_images([path for path, _ in pairs], mode="L" if channels == 1 else "RGB", resize=image_size,
+                           hint=hint)
+    n = len(chosen["train"])
+    train = DataSplit(images=images[:n].clone(), labels=_labels(chosen["train"]))  # clone: save no shared storage
+    test = DataSplit(images=images[n:].clone(), labels=_labels(chosen["test"]))
+    mean, std = channel_stats(train.images)
+    return {"train_images": train.images, "train_labels": train.labels, "test_images": test.images,
+            "test_labels": test.labels, "channels": channels, "mean": mean, "std": std}
+
+
+def _labels(pairs: list[tuple[str, int]]) -> torch.Tensor:
+    return torch.tensor([label for _, label in pairs], dtype=torch.int64)
+
+
+def load_folder(
+    root: str | Path,
+    image_size: int | None = None,
+    channels: int | None = None,
+    mean: list[float] | None = None,
+    std: list[float] | None = None,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+    cache: bool = True,
+    cache_dir: str | Path | None = None,
+    name: str = "folder",
+) -> ImageData:
+    """Load ``root/train/<class>/*`` and ``root/test/<class>/*`` as ``uint8`` tensors ``[N, C, H, W]``.
+
+    Class folders are sorted by name and numbered from 0 (any count); both splits must have the same
+    class folders, none of them empty. Files are read in sorted order; hidden files and files without
+    an image extension are ignored.
+
+    Args:
+        root: ``dataset.root``, the folder holding ``train/`` and ``test/``.
+        image_size: resize every image to ``image_size`` x ``image_size`` pixels with PIL's bilinear
+            filter (antialiased when shrinking; the aspect ratio is not kept). ``None`` keeps the images'
+            own size, which must then be the same for all of them.
+        channels: 1 converts every image to grayscale (PIL mode ``L``), 3 to RGB. ``None`` infers it
+            from the *whole* training split (not only the ``train_size`` subset, so the choice never
+            depends on the seed): 1 if every training image has a single grey band (PIL modes ``1``,
+            ``L``, ``LA``, ``I``, ``I;16``, ``F``; alpha is ignored, palette images count as colour),
+            else 3. Only file headers are read, stopping at the first colour image.
+        mean, std: per-channel normalisation (pixels scaled to [0, 1]), one value per channel. ``None``
+            measures it on the training images actually used (after ``train_size``, resizing and
+            conversion; population std); the measurement is cached with the pixels.
+        train_size: keep this many training images, a class-stratified subset seeded by ``seed`` (see
+            :func:`swalab.data.subset`); ``None`` keeps all. Only the kept files are decoded.
+        test_size: keep this many test images, a class-stratified subset drawn with the fixed seed 0,
+            never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
+        seed: the run seed; it picks the ``train_size`` subset only.
+        cache: keep the decoded tensors and measured statistics in
+            ``<cache_dir or root/.swalab_cache>/<name>-folder-<hash>-v1.pt``, the hash naming the chosen
+            files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
+        cache_dir: where the cache goes instead of ``root/.swalab_cache`` (a read-only or shared root).
+        name: the data set's name in :class:`ImageData` and in the cache file name.
+
+    Raises:
+        ValueError: ``root`` not set; a bad ``image_size``, ``channels``, ``mean``, ``std``, ``train_size``
+            or ``test_size``; an empty class folder; different class folders in ``train/`` and ``test/``;
+            images of different sizes without ``image_size``; an unreadable image. Each message names
+            the key, folder or file concerned.
+        FileNotFoundError: ``root`` or one of its splits does not exist.
+    """
+    root = _check_root(root)
+    image_size = _check_image_size(image_size)
+    channels = _check_channels(channels)
+    classes, files = list_image_folder(root)
+    chosen = select_files(files, train_size, test_size, seed)
+    options = {"chosen": selection_digest(chosen, root), "channels": channels, "image_size": image_size}
+    source = {"layout": "folder", "loader": "load_folder", **options,
+              "num_files": sum(len(v) for v in files.values()), "fingerprint": fingerprint(files, root)}
+    variant = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_path(root, name, "folder", cache_dir, variant) if cache else None
+    got = cached(path, source, lambda: {**_decode(files, chosen, channels, image_size), "classes": classes},
+                 keys=STATS_KEYS)
+    found = int(got["channels"])
+    mean = _check_stat(mean, "dataset.mean", found) or [float(v) for v in got["mean"]]
+    std = _check_stat(std, "dataset.std", found) or [float(v) for v in got["std"]]
+    flat = [c for c, v in enumerate(std) if v <= 0]
+    if flat:
+        raise ValueError(f"the training images under {root / 'train'} are constant in channel(s) {flat} (measured std "
+                         "0), so they cannot be normalised: set dataset.std explicitly")
+    return ImageData(
+        name=name,
+        train=DataSplit(images=got["train_images"], labels=got["train_labels"]),
+        test=DataSplit(images=got["test_images"], labels=got["test_labels"]),
+        num_classes=len(classes),
+        classes=list(got["classes"]),
+        channels=found,
+        mean=mean,
+        std=std,
+    )

@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .splits import DataSplit, ImageData, subset
+from .splits import DataSplit, ImageData, cap_test_split, subset
 
 SPLIT_SEED = 0
 
 
-def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: float = 0.2) -> ImageData:
+def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: float = 0.2,
+                test_size: int | None = None) -> ImageData:
     """Load the digits as ``uint8`` images ``[N, 1, 8, 8]`` with a fixed stratified train/test split.
 
     The pixel values 0..16 are scaled to 0..255 (``round(v * 255 / 16)``) so that the same
@@ -29,6 +30,8 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
             always drawn with seed 0, so the test set is the same for every run and seed and test
             numbers from different runs can be compared.
         test_fraction: share of the 1,797 images held out as the test set (stratified by class).
+        test_size: keep only this many of the held-out images: a class-stratified subset drawn with the
+            fixed seed 0, never ``seed``, so every run seed is scored on the same images; ``None`` keeps all.
     """
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
@@ -47,7 +50,8 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     return ImageData(
         name="digits",
         train=subset(train, train_size, seed),
-        test=test,
+        test=cap_test_split(test, test_size),
         num_classes=10,
         classes=[str(d) for d in range(10)],
+        channels=1,
     )

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .folder import IMAGE_EXTENSIONS
 from .loader import epoch_generator
+from .splits import TEST_SUBSET_SEED, check_size, subset_indices
 
 TRAIN_SPLIT, EVAL_SPLIT = "train", "val"
 NUM_CLASSES = 1000
@@ -142,21 +143,26 @@ class FolderData:
     classes: list[str]
 
 
-def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0) -> FolderData:
+def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0,
+                  test_size: int | None = None) -> FolderData:
     """List ``root/train`` and ``root/val`` (see the module docstring); decode nothing yet.
 
     ``train_size`` keeps a fixed random subset of that many training images (chosen by ``seed``, kept in
-    folder order), for quick fine-tuning runs; the validation split is never subsampled.
+    folder order), for quick fine-tuning runs. ``test_size`` keeps that many validation images, a
+    class-stratified subset drawn with the fixed seed 0, never ``seed``, so every run seed is scored on
+    the same images (kept in folder order); ``None`` keeps the whole split.
     """
     root = Path(root)
     train = list_imagenet_split(root / TRAIN_SPLIT)
     test = list_imagenet_split(root / EVAL_SPLIT)
-    if train_size is not None:
-        if isinstance(train_size, bool) or int(train_size) != train_size or not 1 <= train_size <= len(train):
-            raise ValueError(f"dataset.train_size={train_size!r} is out of range: {root / TRAIN_SPLIT} holds "
-                             f"{len(train)} images; use a value in [1, {len(train)}] or null for all of them")
-        keep = torch.randperm(len(train), generator=epoch_generator(seed, 0))[: int(train_size)].sort().values
+    size = check_size(train_size, "dataset.train_size", len(train), f"{root / TRAIN_SPLIT}")
+    if size is not None:
+        keep = torch.randperm(len(train), generator=epoch_generator(seed, 0))[:size].sort().values
         train = [train[i] for i in keep.tolist()]
+    keep = subset_indices(torch.tensor([y for _, y in test], dtype=torch.int64), test_size, TEST_SUBSET_SEED,
+                          "dataset.test_size", f"{root / EVAL_SPLIT}")
+    if keep is not None:
+        test = [test[i] for i in keep.tolist()]
     from timm.data import ImageNetInfo
 
     return FolderData(name="imagenet", train=ImageFolderSplit(train), test=ImageFolderSplit(test),

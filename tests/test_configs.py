@@ -32,7 +32,8 @@ def test_every_model_config_composes_and_builds(make_cfg, model):
 def test_every_dataset_config_composes(make_cfg, dataset):
     cfg = make_cfg(f"dataset={dataset}")
     assert cfg.dataset.name == dataset
-    assert len(cfg.dataset.mean) == len(cfg.dataset.std) == cfg.dataset.channels
+    if cfg.dataset.mean is not None:  # null (dataset=folder): channels, mean and std are measured on the data
+        assert len(cfg.dataset.mean) == len(cfg.dataset.std) == cfg.dataset.channels
     assert callable(get_method(cfg.dataset.source._target_))
 
 

@@ -1,0 +1,375 @@
+"""Tests for load_folder (any image folder) and for decoding only the subset a load keeps.
+
+Every folder here is written by the test itself with PIL, in real formats (PNG, JPEG; grey and RGB; odd
+sizes; class counts other than 10 or 100). One test reads the JPEG copy of CIFAR-10 when it is present.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+from PIL import Image
+
+import swalab.data.folder as folder_mod
+from swalab.data import ImageData, cap_test_split, load_cifar, load_folder, subset
+
+CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+# ----------------------------------------------------------------------------------------------- writers
+
+
+def write_images(folder: Path, n: int, size: tuple[int, int] = (13, 17), grey: bool = False, fmt: str = "png",
+                 seed: int = 0, first: int = 0) -> list[Path]:
+    """``n`` random images of ``size`` (W, H) named ``NNN.fmt`` in ``folder``."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(first, first + n):
+        shape = (size[1], size[0]) if grey else (size[1], size[0], 3)
+        path = folder / f"{i:03d}.{fmt}"
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def write_folder(root: Path, classes: list[str], n_train: int = 4, n_test: int = 2, **kw) -> Path:
+    """root/{train,test}/<class>/NNN.<fmt>, each class with its own pixels."""
+    for k, name in enumerate(classes):
+        write_images(root / "train" / name, n_train, seed=k, **kw)
+        write_images(root / "test" / name, n_test, seed=100 + k, **kw)
+    return root
+
+
+def pil_pixels(path: Path, mode: str, resize: int | None = None) -> torch.Tensor:
+    """What PIL itself makes of ``path``: a uint8 tensor [C, H, W]."""
+    with Image.open(path) as im:
+        im = im.convert(mode)
+        if resize is not None:
+            im = im.resize((resize, resize), Image.Resampling.BILINEAR)
+        arr = np.asarray(im)
+    arr = arr[:, :, None] if arr.ndim == 2 else arr
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+
+
+def files_of(root: Path, split: str) -> list[Path]:
+    """The image files of one split in the loader's order (sorted class folders, then sorted names)."""
+    return sorted((root / split).glob("*/*.*"))
+
+
+@pytest.fixture
+def decodes(monkeypatch) -> list[str]:
+    """Every path decoded from now on, in the order decoding started."""
+    seen: list[str] = []
+    real = folder_mod._decode_image
+
+    def counting(path, *args, **kwargs):
+        seen.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(folder_mod, "_decode_image", counting)
+    return seen
+
+
+def forbid_reading_images(monkeypatch) -> None:
+    """From now on any decode or header read fails the test: what follows must come from the cache."""
+
+    def forbidden(path, *args, **kwargs):
+        raise AssertionError(f"read {path} although the cache is valid")
+
+    monkeypatch.setattr(folder_mod, "_decode_image", forbidden)
+    monkeypatch.setattr(folder_mod, "_image_mode", forbidden)
+
+
+# ----------------------------------------------------------------------------------------------- classes, shapes, pixels
+
+
+def test_classes_count_and_names_come_from_the_folders(tmp_path):
+    root = write_folder(tmp_path, ["zebra", "ant", "moth"], n_train=4, n_test=2, size=(13, 17))
+    data = load_folder(root)
+    assert isinstance(data, ImageData) and data.name == "folder"
+    assert data.classes == ["ant", "moth", "zebra"] and data.num_classes == 3
+    assert data.train.labels.tolist() == [0] * 4 + [1] * 4 + [2] * 4 and data.test.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    assert data.channels == 3 and data.train.images.dtype == torch.uint8
+    assert data.train.images.shape == (12, 3, 17, 13) and data.test.images.shape == (6, 3, 17, 13)  # [N, C, H, W]
+    expected = torch.stack([pil_pixels(p, "RGB") for p in files_of(root, "train")])
+    assert torch.equal(data.train.images, expected)  # PNG is lossless: exactly the written pixels
+
+
+def test_seven_grey_classes_infer_one_channel_from_png_and_jpeg(tmp_path):
+    classes = [f"digit{i}" for i in range(7)]
+    root = write_folder(tmp_path, classes, n_train=2, n_test=1, size=(28, 28), grey=True)
+    for name in classes:  # JPEG beside PNG in each class folder
+        write_images(root / "train" / name, 1, size=(28, 28), grey=True, fmt="jpg", seed=7, first=2)
+    data = load_folder(root)
+    assert data.num_classes == 7 and data.channels == 1
+    assert data.train.images.shape == (21, 1, 28, 28) and data.test.images.shape == (7, 1, 28, 28)
+    expected = torch.stack([pil_pixels(p, "L") for p in files_of(root, "train")])
+    assert torch.equal(data.train.images, expected)
+
+
+def test_one_colour_training_image_makes_the_data_set_rgb(tmp_path):
+    root = write_folder(tmp_path, ["a", "b"], n_train=3, n_test=1, size=(8, 8), grey=True)
+    write_images(root / "train" / "b", 1, size=(8, 8), fmt="jpg", seed=3, first=3)  # RGB JPEG among grey PNGs
+    data = load_folder(root)
+    assert data.channels == 3 and data.train.images.shape == (7, 3, 8, 8)
+    grey = data.train.images[0]
+    assert torch.equal(grey[0], grey[1]) and torch.equal(grey[1], grey[2])  # grey replicated into R, G, B
+
+
+def test_channels_one_or_three_convert_every_image(tmp_path):
+    rgb = write_folder(tmp_path / "rgb", ["a", "b"], n_train=2, n_test=1, size=(9, 7))
+    as_grey = load_folder(rgb, channels=1, cache=False)
+    assert as_grey.channels == 1 and as_grey.train.images.shape == (4, 1, 7, 9)
+    assert torch.equal(as_grey.train.images, torch.stack([pil_pixels(p, "L") for p in files_of(rgb, "train")]))
+    grey = write_folder(tmp_path / "grey", ["a", "b"], n_train=2, n_test=1, size=(9, 7), grey=True)
+    as_rgb = load_folder(grey, channels=3, cache=False)
+    assert as_rgb.channels == 3 and as_rgb.test.images.shape == (2, 3, 7, 9)
+
+
+def test_image_size_resizes_every_image_with_bilinear_filtering(tmp_path):
+    root = tmp_path / "mixed"
+    write_images(root / "train" / "a", 2, size=(28, 28))
+    write_images(root / "train" / "b", 2, size=(13, 17), seed=1)
+    write_images(root / "test" / "a", 1, size=(40, 30), seed=2)
+    write_images(root / "test" / "b", 1, size=(16, 16), seed=3)
+    data = load_folder(root, image_size=16)
+    assert data.train.images.shape == (4, 3, 16, 16) and data.test.images.shape == (2, 3, 16, 16)
+    expected = torch.stack([pil_pixels(p, "RGB", resize=16) for p in files_of(root, "train")])
+    assert torch.equal(data.train.images, expected)
+    assert torch.equal(data.test.images[1], pil_pixels(root / "test" / "b" / "000.png", "RGB"))  # 16x16: untouched
+
+
+# ----------------------------------------------------------------------------------------------- mean / std and the cache
+
+
+def test_measured_mean_std_match_numpy_and_come_back_from_the_cache(tmp_path, monkeypatch):
+    root = write_folder(tmp_path, ["a", "b", "c"], n_train=5, n_test=2, size=(11, 6))
+    data = load_folder(root, train_size=9, seed=2)
+    pixels = data.train.images.numpy().astype(np.float64) / 255.0
+    np.testing.assert_allclose(data.mean, pixels.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(data.std, pixels.std(axis=(0, 2, 3)), rtol=1e-12)  # population std
+    full = load_folder(root)  # measured on the images actually used: another subset, other numbers
+    assert full.mean != data.mean
+
+    forbid_reading_images(monkeypatch)
+    again = load_folder(root, train_size=9, seed=2)
+    assert again.mean == data.mean and again.std == data.std and again.channels == 3
+    assert torch.equal(again.train.images, data.train.images) and torch.equal(again.test.images, data.test.images)
+
+
+def test_given_mean_and_std_are_used_as_is(tmp_path):
+    root = write_folder(tmp_path, ["a", "b"], n_train=2, n_test=1, size=(5, 5))
+    data = load_folder(root, mean=[0.1, 0.2, 0.3], std=[0.5, 0.25, 0.125])
+    assert data.mean == [0.1, 0.2, 0.3] and data.std == [0.5, 0.25, 0.125]
+    grey = load_folder(root, channels=1, mean=[0.5], cache=False)
+    assert grey.mean == [0.5] and len(grey.std) == 1  # std not given: measured
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mean=[0.5]), r"dataset.mean has 1 values but the images have 3 channel"),
+    (dict(std=[0.2, 0.2]), r"dataset.std has 2 values but the images have 3 channel"),
+    (dict(mean=0.5), r"dataset.mean=0.5 must be a list of 3 numbers"),
+    (dict(std="abc"), r"dataset.std='abc' must be a list of 3 numbers"),
+    (dict(std=[0.2, 0.0, 0.2]), r"dataset.std=.* must be positive"),
+])
+def test_wrong_mean_or_std_is_named(tmp_path, kwargs, message):
+    root = write_folder(tmp_path, ["a", "b"], n_train=2, n_test=1, size=(5, 5))
+    with pytest.raises(ValueError, match=message):
+        load_folder(root, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- subsets
+
+
+def test_train_size_decodes_only_the_chosen_images(tmp_path, decodes):
+    root = write_folder(tmp_path, [f"c{i}" for i in range(7)], n_train=6, n_test=3, size=(6, 6))
+    data = load_folder(root, train_size=14, test_size=7, cache=False)
+    assert len(data.train) == 14 and len(data.test) == 7
+    assert len(decodes) == 21  # not the 63 images of the folder
+    train_files = {str(p) for p in files_of(root, "train")}
+    assert len(set(decodes) & train_files) == 14
+    assert torch.bincount(data.train.labels).tolist() == [2] * 7 and torch.bincount(data.test.labels).tolist() == [1] * 7
+
+
+def test_subsets_equal_decoding_everything_then_subsetting(tmp_path):
+    root = write_folder(tmp_path, [f"c{i}" for i in range(7)], n_train=6, n_test=3, size=(6, 6))
+    everything = load_folder(root, cache=False)
+    for train_size, test_size, seed in ((14, 7, 0), (30, 10, 3), (1, 1, 5)):
+        part = load_folder(root, train_size=train_size, test_size=test_size, seed=seed, cache=False)
+        expected_train = subset(everything.train, train_size, seed)
+        expected_test = cap_test_split(everything.test, test_size)
+        assert torch.equal(part.train.images, expected_train.images) and torch.equal(part.train.labels, expected_train.labels)
+        assert torch.equal(part.test.images, expected_test.images) and torch.equal(part.test.labels, expected_test.labels)
+
+
+def test_cifar_image_folder_subset_decodes_only_its_images_and_equals_the_old_path(tmp_path, decodes):
+    root = write_folder(tmp_path, CIFAR10_NAMES, n_train=4, n_test=2, size=(32, 32))
+    part = load_cifar("cifar10", root, download=False, train_size=20, test_size=10, seed=1)
+    assert len(decodes) == 30  # of 60 files
+    everything = load_cifar("cifar10", root, download=False)  # the old path: decode all, then subset
+    expected_train, expected_test = subset(everything.train, 20, 1), cap_test_split(everything.test, 10)
+    assert torch.equal(part.train.images, expected_train.images) and torch.equal(part.train.labels, expected_train.labels)
+    assert torch.equal(part.test.images, expected_test.images) and torch.equal(part.test.labels, expected_test.labels)
+    assert part.channels == 3 and part.mean is None
+
+
+def test_subset_and_full_caches_are_separate_files(tmp_path, monkeypatch):
+    root = write_folder(tmp_path, CIFAR10_NAMES, n_train=2, n_test=1, size=(32, 32))
+    full = load_cifar("cifar10", root, download=False)
+    part = load_cifar("cifar10", root, download=False, train_size=10)
+    other_seed = load_cifar("cifar10", root, download=False, train_size=10, seed=1)
+    folder = load_folder(root, train_size=10)
+    names = sorted(p.name for p in (root / ".swalab_cache").glob("*.pt"))
+    assert len(names) == 4 and "cifar10-folder-v1.pt" in names  # the full set keeps its own name
+    assert not list((root / ".swalab_cache").glob("*.tmp"))
+
+    forbid_reading_images(monkeypatch)  # every load below is served by its own file, never another's
+    assert len(load_cifar("cifar10", root, download=False).train) == 20
+    assert torch.equal(load_cifar("cifar10", root, download=False, train_size=10).train.images, part.train.images)
+    assert torch.equal(load_cifar("cifar10", root, download=False, train_size=10, seed=1).train.images,
+                       other_seed.train.images)
+    assert torch.equal(load_folder(root, train_size=10).train.images, folder.train.images)
+    assert len(full.train) == 20 and not torch.equal(part.train.images, other_seed.train.images)
+
+
+def test_test_size_is_the_same_for_every_seed(tmp_path):
+    root = write_folder(tmp_path, ["a", "b", "c"], n_train=4, n_test=4, size=(5, 5))
+    runs = [load_folder(root, train_size=6, test_size=6, seed=seed, cache=False) for seed in (0, 1, 7)]
+    for other in runs[1:]:
+        assert torch.equal(other.test.images, runs[0].test.images) and torch.equal(other.test.labels, runs[0].test.labels)
+    assert not all(torch.equal(r.train.images, runs[0].train.images) for r in runs[1:])  # train follows the seed
+    assert torch.bincount(runs[0].test.labels).tolist() == [2, 2, 2]
+
+
+@pytest.mark.parametrize("key", ["train_size", "test_size"])
+@pytest.mark.parametrize("value, message", [
+    (0, r"=0 is out of range: the \w+ split has \d+ items"),
+    (99, r"=99 is out of range"),
+    (2.5, r" must be an integer or null, got 2.5"),
+    ("abc", r" must be an integer or null, got 'abc'"),
+    (True, r" must be an integer or null, got True"),
+])
+def test_bad_train_or_test_size_names_the_key(tmp_path, key, value, message):
+    root = write_folder(tmp_path, ["a", "b"], n_train=3, n_test=3, size=(4, 4))
+    with pytest.raises(ValueError, match=re.escape(f"dataset.{key}") + message):
+        load_folder(root, **{key: value})
+    with pytest.raises(ValueError, match=re.escape(f"dataset.{key}") + message):
+        load_cifar("cifar10", write_folder(tmp_path / "cifar", CIFAR10_NAMES, 3, 3, size=(32, 32)), download=False,
+                   **{key: value})
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def test_mixed_sizes_without_image_size_name_both_files(tmp_path):
+    root = tmp_path.resolve()
+    write_images(root / "train" / "a", 2, size=(13, 17))
+    write_images(root / "train" / "b", 1, size=(28, 28))
+    write_images(root / "test" / "a", 1, size=(13, 17))
+    write_images(root / "test" / "b", 1, size=(13, 17))
+    with pytest.raises(ValueError) as info:
+        load_folder(root)
+    msg = str(info.value)
+    assert f"{root / 'train' / 'b' / '000.png'} is 28x28" in msg and f"{root / 'train' / 'a' / '000.png'} is 13x17" in msg
+    assert "dataset.image_size" in msg
+
+
+def test_a_test_image_of_another_size_is_named(tmp_path):
+    root = write_folder(tmp_path.resolve(), ["a", "b"], n_train=2, n_test=1, size=(8, 8))
+    write_images(root / "test" / "b", 1, size=(9, 8), first=1)
+    with pytest.raises(ValueError, match=r"test/b/001\.png is 9x8 \(WxH\) but .*train/a/000\.png is 8x8"):
+        load_folder(root)
+
+
+def test_missing_split_empty_class_and_different_classes_are_named(tmp_path):
+    only_train = tmp_path / "only_train"
+    write_images(only_train / "train" / "a", 1)
+    with pytest.raises(FileNotFoundError, match=r"only_train has train/ but no test/"):
+        load_folder(only_train)
+    empty = write_folder(tmp_path / "empty", ["a", "b"], n_train=1, n_test=1)
+    for f in (empty / "test" / "b").iterdir():
+        f.unlink()
+    with pytest.raises(ValueError, match=r"class folder .*empty/test/b is empty"):
+        load_folder(empty)
+    differ = write_folder(tmp_path / "differ", ["a", "b"], n_train=1, n_test=1)
+    (differ / "test" / "b").rename(differ / "test" / "c")
+    with pytest.raises(ValueError, match=r"different class folders: only in train/: \['b'\]; only in test/: \['c'\]"):
+        load_folder(differ)
+
+
+@pytest.mark.parametrize("channels", [2, 4, 0, True, "3"])
+def test_channels_other_than_1_3_or_null_are_refused(tmp_path, channels):
+    root = write_folder(tmp_path, ["a", "b"], n_train=1, n_test=1)
+    with pytest.raises(ValueError, match=re.escape(f"dataset.channels={channels!r} is not supported: use 1")):
+        load_folder(root, channels=channels)
+
+
+@pytest.mark.parametrize("image_size", [0, -8, 2.5, "32", True])
+def test_bad_image_size_is_named(tmp_path, image_size):
+    root = write_folder(tmp_path, ["a", "b"], n_train=1, n_test=1)
+    with pytest.raises(ValueError, match="dataset.image_size=.* must be a positive integer"):
+        load_folder(root, image_size=image_size)
+
+
+@pytest.mark.parametrize("channels", [None, 3])  # None reads the headers first: the same message
+def test_unreadable_image_is_named(tmp_path, channels):
+    root = write_folder(tmp_path, ["a", "b"], n_train=2, n_test=1)
+    (root / "train" / "b" / "001.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    with pytest.raises(ValueError, match=r"cannot decode image .*train/b/001\.png"):
+        load_folder(root, channels=channels)
+
+
+def test_unset_or_missing_root_says_to_set_dataset_root(tmp_path):
+    for unset in (None, "", "???"):
+        with pytest.raises(ValueError, match=re.escape("dataset.root is not set: set dataset.root=DIR")):
+            load_folder(unset)
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist .*set dataset.root=DIR"):
+        load_folder(tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()  # nothing created
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+
+def test_folder_config_builds_the_data_set(make_cfg, tmp_path):
+    root = write_folder(tmp_path / "data", ["a", "b", "c"], n_train=4, n_test=2, size=(12, 12), grey=True)
+    cfg = make_cfg("dataset=folder", f"dataset.root={root}", "dataset.train_size=6", "dataset.test_size=3",
+                   f"dataset.cache_dir={tmp_path / 'cache'}", "dataset.image_size=8", "dataset.mean=[0.5]", "seed=3")
+    data = instantiate(cfg.dataset.source)
+    assert data.name == "folder" and data.num_classes == 3 and data.channels == 1 and data.mean == [0.5]
+    assert data.train.images.shape == (6, 1, 8, 8) and len(data.test) == 3
+    assert len(list((tmp_path / "cache").glob("folder-folder-*-v1.pt"))) == 1 and not (root / ".swalab_cache").exists()
+
+
+def test_folder_config_requires_a_root(make_cfg):
+    cfg = make_cfg("dataset=folder")
+    assert OmegaConf.is_missing(cfg.dataset, "root") and cfg.dataset.num_classes is None and cfg.dataset.pad is None
+    with pytest.raises(MissingMandatoryValue, match=r"Missing mandatory value: dataset\.(source\.)?root"):
+        instantiate(cfg.dataset.source)  # never reaches load_folder with a placeholder root
+
+
+def test_digits_config_refuses_a_root(make_cfg):
+    with pytest.raises(Exception, match=r"Could not override 'dataset.root'"):
+        make_cfg("dataset=digits", "dataset.root=/somewhere")
+
+
+# ----------------------------------------------------------------------------------------------- real data
+
+
+def test_real_cifar10_jpeg_subset_decodes_only_what_it_uses(cifar10_jpg, tmp_path, decodes):
+    data = load_folder(cifar10_jpg, train_size=200, test_size=100, cache_dir=tmp_path)
+    assert len(decodes) == 300  # of 60,000 files
+    assert data.classes == CIFAR10_NAMES and data.num_classes == 10 and data.channels == 3
+    assert data.train.images.shape == (200, 3, 32, 32) and data.test.images.shape == (100, 3, 32, 32)
+    assert torch.bincount(data.train.labels).tolist() == [20] * 10 and torch.bincount(data.test.labels).tolist() == [10] * 10
+    assert all(0.3 < m < 0.65 for m in data.mean) and all(0.15 < s < 0.35 for s in data.std)  # real photos
+    cifar = load_cifar("cifar10", cifar10_jpg, download=False, train_size=200, test_size=100, cache_dir=tmp_path)
+    assert torch.equal(cifar.train.images, data.train.images) and torch.equal(cifar.test.labels, data.test.labels)

@@ -22,7 +22,10 @@ import swalab.data.cache as cache_mod
 import swalab.data.folder as folder_mod
 from swalab.data import (
     DataSplit,
+    ImageData,
     ResidentLoader,
+    cap_test_split,
+    channel_stats,
     load_cifar,
     load_digits,
     random_crop_flip,
@@ -176,6 +179,26 @@ def test_failed_download_gives_a_clear_error(tmp_path, monkeypatch):
     msg = str(info.value)
     assert "downloading it failed" in msg and "name resolution" in msg
     assert "dataset.root" in msg and "cifar-100-python" in msg and "dataset.download=true" in msg
+
+
+def test_failed_download_removes_only_the_folders_it_created(tmp_path, monkeypatch):
+    import torchvision.datasets
+
+    def offline(root, train, download):
+        (Path(root) / "cifar-10-python.tar.gz").write_bytes(b"partial")  # what an interrupted download leaves
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", offline)
+    with pytest.raises(RuntimeError, match="downloading it failed"):
+        load_cifar("cifar10", tmp_path / "data" / "cifar10", download=True)
+    assert list(tmp_path.iterdir()) == []  # data/ and data/cifar10/ were created by the attempt: both gone
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(RuntimeError, match="downloading it failed"):
+        load_cifar("cifar10", mine, download=True)
+    assert (mine / "notes.txt").read_text() == "keep me"  # a root that existed before is left in place
 
 
 def test_download_fills_root_then_loads(tmp_path, monkeypatch):
@@ -359,6 +382,40 @@ def test_train_size_subset_is_stratified_nested_and_checked(tmp_path):
         subset(split, 1001, seed=0)
     write_cifar10_pickles(tmp_path, per_batch=20)
     assert len(load_cifar("cifar10", tmp_path, download=False, train_size=30).train) == 30
+
+
+def test_test_size_is_one_fixed_subset_for_every_seed(tmp_path):
+    a, b = load_digits(seed=0, test_size=100), load_digits(seed=9, train_size=300, test_size=100)
+    assert len(a.test) == 100 and torch.bincount(a.test.labels, minlength=10).min() >= 9  # stratified
+    assert torch.equal(a.test.images, b.test.images) and torch.equal(a.test.labels, b.test.labels)
+    assert torch.equal(a.test.images, cap_test_split(load_digits().test, 100).images)
+    write_cifar10_pickles(tmp_path, per_batch=20)
+    one, other = (load_cifar("cifar10", tmp_path, download=False, test_size=8, seed=s) for s in (0, 4))
+    assert len(one.test) == 8 and torch.equal(one.test.images, other.test.images)
+    for bad in (0, 361, 2.5, "abc", True):
+        with pytest.raises(ValueError, match="dataset.test_size"):
+            load_digits(test_size=bad)
+    with pytest.raises(ValueError, match="dataset.train_size must be an integer or null, got 'abc'"):
+        load_digits(train_size="abc")
+
+
+def test_image_data_knows_its_channels():
+    split = DataSplit(images=torch.zeros(2, 1, 4, 4, dtype=torch.uint8), labels=torch.zeros(2, dtype=torch.int64))
+    data = ImageData(name="x", train=split, test=split, num_classes=1, classes=["a"])
+    assert data.channels == 1 and data.mean is None and data.std is None
+    assert load_digits().channels == 1
+    with pytest.raises(ValueError, match="channels=3 but its images have 1"):
+        ImageData(name="x", train=split, test=split, num_classes=1, classes=["a"], channels=3)
+    with pytest.raises(ValueError, match="mean has 3 values for 1 channels"):
+        ImageData(name="x", train=split, test=split, num_classes=1, classes=["a"], mean=[0.5, 0.5, 0.5])
+
+
+def test_channel_stats_match_numpy():
+    images = torch.randint(0, 256, (50, 3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    mean, std = channel_stats(images, chunk=16)  # several chunks
+    x = images.numpy().astype(np.float64) / 255
+    np.testing.assert_allclose(mean, x.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(std, x.std(axis=(0, 2, 3)), rtol=1e-12)
 
 
 def test_digits_shapes_and_fixed_test_split():

@@ -83,6 +83,18 @@ def test_train_size_keeps_a_fixed_seeded_subset(tiny_imagenet):
         load_imagenet(tiny_imagenet, train_size=99)
 
 
+def test_test_size_keeps_a_fixed_stratified_subset_for_every_seed(tiny_imagenet):
+    a, b = load_imagenet(tiny_imagenet, test_size=4, seed=0), load_imagenet(tiny_imagenet, test_size=4, seed=5)
+    assert a.test.samples == b.test.samples and len(a.test) == 4
+    assert sorted(a.test.labels.tolist()) == [0, 0, 701, 701]  # two of each class
+    full = load_imagenet(tiny_imagenet).test.samples
+    assert a.test.samples == [s for s in full if s in a.test.samples]  # kept in folder order
+    with pytest.raises(ValueError, match="dataset.test_size=7 is out of range"):
+        load_imagenet(tiny_imagenet, test_size=7)
+    with pytest.raises(ValueError, match="dataset.test_size must be an integer or null, got 2.5"):
+        load_imagenet(tiny_imagenet, test_size=2.5)
+
+
 # -- transforms and loaders --------------------------------------------------------------------------------
 def test_transforms_follow_the_model_pretrained_config():
     _, _, lite0 = imagenet_transforms("tf_efficientnet_lite0")

@@ -52,7 +52,7 @@ class ImageData:
     """A whole data set: both splits plus the label names.
 
     Attributes:
-        name: short name used in configs and logs (``"cifar10"``, ``"cifar100"``, ``"digits"``).
+        name: short name used in configs and logs (``"cifar10"``, ``"cifar100"``, ``"digits"``, ``"folder"``).
         train: the training split (possibly capped by ``train_size``, see :func:`subset`).
         test: the test split (possibly capped by ``test_size``, see :func:`cap_test_split`: a fixed subset,
             the same for every run seed, so test numbers stay comparable across runs).
@@ -77,7 +77,7 @@ class ImageData:
         found = int(self.train.images.shape[1])
         if self.channels is None:
             self.channels = found
-        elif self.channels != found or self.test.images.shape[1] != found:
+        if self.channels != found or self.test.images.shape[1] != found:
             raise ValueError(f"ImageData {self.name!r} says channels={self.channels} but its images have "
                              f"{found} (train) and {self.test.images.shape[1]} (test)")
         for key, value in (("mean", self.mean), ("std", self.std)):
@@ -88,8 +88,9 @@ class ImageData:
 def check_size(size, key: str, available: int, what: str) -> int | None:
     """``size`` as an ``int`` in ``[1, available]``, or ``None`` (all items), for a ``*_size`` config key.
 
-    Integers and integral floats (``500.0``) pass; ``True``, ``2.5``, ``"abc"`` and values outside the
-    range raise ``ValueError`` naming ``key`` (e.g. ``dataset.test_size``) and ``what`` holds that many.
+    Integers and integral floats (``500.0``) pass. ``True``, ``2.5``, ``"abc"`` and values outside the
+    range raise ``ValueError`` naming ``key`` (e.g. ``dataset.test_size``) and, when out of range, how
+    many items ``what`` (the split, in words) holds.
     """
     if size is None:
         return None

@@ -132,6 +132,7 @@ def test_channels_one_or_three_convert_every_image(tmp_path):
     grey = write_folder(tmp_path / "grey", ["a", "b"], n_train=2, n_test=1, size=(9, 7), grey=True)
     as_rgb = load_folder(grey, channels=3, cache=False)
     assert as_rgb.channels == 3 and as_rgb.test.images.shape == (2, 3, 7, 9)
+    assert torch.equal(as_rgb.test.images[:, 0], as_rgb.test.images[:, 2])  # grey replicated into R, G, B
 
 
 def test_image_size_resizes_every_image_with_bilinear_filtering(tmp_path):

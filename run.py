@@ -1,11 +1,19 @@
 """Train one run (``python run.py method=swa model=wrn28_10 dataset=cifar100``) or a grid (``-m``).
 
 ``python run.py --help`` lists the config groups; ``--cfg job`` prints the composed config.
-A job that fails inside a grid (``-m``) is recorded as failed in its run directory (status.json)
-and the grid goes on; a single run that fails exits non-zero. A preempted run (SIGTERM/SIGUSR1)
-writes a checkpoint and exits with code 75, and re-launching the same command continues it.
+
+* A config that cannot work (a bad value, missing data, a run directory holding another config, the
+  same run already training in another process) is refused before training starts, in one line
+  naming the cause, exit 2, and nothing is written (``SWALAB_TRACEBACK=1`` shows the traceback too).
+* A run that fails while training records the error in its ``status.json``; a single run then exits 1,
+  with the traceback unless the error says all there is to say (a NaN loss, a full disk).
+* In a grid (``-m``) each job writes a record to the grid's directory (``swalab.grid``) and the grid
+  goes on; at its end a summary lists every job, and the command exits 1 if any did not finish.
+* A preempted run (SIGTERM/SIGUSR1) writes a checkpoint and exits 75; re-launching the same command
+  continues it.
 """
 
+import os
 import signal
 import sys
 
@@ -15,16 +23,38 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import swalab  # noqa: F401  (registers the config resolvers before Hydra composes)
-from swalab.train import train
-from swalab.trainer import PREEMPTED_EXIT_CODE, Preempted
+from swalab.checkpoint import CheckpointError
+from swalab.grid import record_job
+from swalab.runlock import RunLocked
+from swalab.train import execute, message, one_line, prepare
+from swalab.trainer import PREEMPTED_EXIT_CODE, NonFiniteLossError, Preempted
+
+# Errors during training whose message says all a user needs: shown as one line, without a traceback.
+SELF_EXPLAINED = (NonFiniteLossError, OSError, CheckpointError)
+REFUSED_EXIT_CODE = 2
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    overrides = list(hydra_cfg.overrides.task)
+    job = int(hydra_cfg.job.num) if multirun else None
+    run_dir = None
+
+    def record(state: str, error: str | None = None) -> None:
+        if multirun:
+            record_job(hydra_cfg.sweep.dir, job, overrides, run_dir, state, error)
+
+    record("running")
+    plan = None
     try:
-        metrics = train(cfg)
+        plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices))
+        run_dir = plan.run_dir
+        skipped = plan.finished is not None
+        metrics = execute(plan)
     except Preempted as exc:
+        record("preempted", str(exc))
         print(f"[swalab] {exc}", file=sys.stderr)
         # A launcher that installed its own handler (submitit: SIGUSR1 -> checkpoint() -> requeue) gets the
         # signal now that the checkpoint is safely written; a plain launch exits 75 for a requeue wrapper.
@@ -34,12 +64,20 @@ def main(cfg: DictConfig) -> float | None:
             handler(signum, None)
         sys.exit(PREEMPTED_EXIT_CODE)
     except Exception as exc:
-        if not multirun:
+        refused = plan is None or not plan.started
+        record("locked" if isinstance(exc, RunLocked) else "refused" if refused else "failed", one_line(exc))
+        if multirun:
+            print(f"[swalab] job {'did not run' if refused else 'failed'}, the grid goes on: {one_line(exc)}",
+                  file=sys.stderr)
+            return None
+        if os.environ.get("SWALAB_TRACEBACK") or not (refused or isinstance(exc, SELF_EXPLAINED)):
             raise
-        print(f"[swalab] job failed, the grid goes on: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return None
+        print(f"[swalab] {message(exc)}", file=sys.stderr)
+        sys.exit(REFUSED_EXIT_CODE if refused else 1)
+    record("skipped" if skipped else "complete")
     first = next((m for m in metrics.values() if "acc" in m), None)
     return None if first is None else first["acc"]
+
 
 
 if __name__ == "__main__":

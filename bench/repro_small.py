@@ -45,7 +45,7 @@ def method_overrides(method: str, epochs: int, swa_lr: float) -> list[str]:
     if method == "swa":
         return [f"method.swa_start={start}", f"method.swa_lr={swa_lr}"]
     if method == "fge":
-        return [f"method.pretrain_epochs={start}", "method.cycle=2", f"method.lr_max={swa_lr}",
+        return [f"method.pretrain_epochs={start}", "method.cycle_epochs=2", f"method.lr_max={swa_lr}",
                 f"method.lr_min={swa_lr / 10:g}", "method.save_members=true"]
     return []
 

@@ -43,7 +43,7 @@ def subset_folder(source: Path, target: Path, train_per_class: int, test_per_cla
 
 def run_mode(args, naive: bool) -> tuple[dict, float]:
     out = Path(args.out) / ("naive" if naive else "branched")
-    overrides = ["logger=none", "trainer.progress=false", f"dataset.root={args.root}", f"model.budget={args.budget}",
+    overrides = ["logger=none", "trainer.progress=false", f"dataset.root={args.root}", f"model.budget_epochs={args.budget}",
                  f"model.swa.start={round(0.75 * args.budget)}", "model.fge.pretrain=0.5", "trainer.eval_every=0",
                  f"paths.output_dir={out}"]
     argv = ["--dataset", "cifar10", "--model", "preresnet20", "--seeds", str(args.seed), *overrides]

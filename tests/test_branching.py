@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 import swalab  # noqa: F401  (registers resolvers)
 from swalab.branching import BranchError, check_branch, lineage_chain, load_branch_state, read_lineage
 from swalab.checkpoint import save_checkpoint
+from swalab.identity import identity_of
 from swalab.methods import FGE, SGD, SWA
 from swalab.row import plan_row
 from swalab.schedules import PaperSGD
@@ -25,9 +27,9 @@ from swalab.train import train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 B = 4  # the budget in epochs
-TINY = ["logger=none", "trainer.progress=false", "dataset=digits", "model=preresnet20", "model.arch.depth=8", "dataset.train_size=128",
-        "trainer.batch_size=64", "trainer.eval_every=0", "trainer.eval_batch_size=512", f"model.budget={B}",
-        "model.swa.start=3", "seed=0"]
+TINY = ["logger=none", "trainer.progress=false", "dataset=digits", "model=preresnet20", "model.arch.depth=8",
+        "dataset.train_size=128", "trainer.batch_size=64", "trainer.eval_every=0", "trainer.eval_batch_size=512",
+        f"model.budget_epochs={B}", "model.swa.start_epoch=3", "seed=0"]
 # SWA that branches off the SGD run "without modifying the learning rate schedule": the SGD run's schedule
 SWA_BASE = ["method=swa", "method.pre_schedule=base", f"schedule.horizon={B}"]
 
@@ -65,7 +67,7 @@ def without_timing(metrics: dict) -> dict:
 def trunk(tmp_path_factory) -> Path:
     """The SGD run of one budget, keeping its checkpoints after epochs 2 and 3 for branching."""
     run_dir = tmp_path_factory.mktemp("trunk") / "sgd"
-    run(run_dir, "method=sgd", "trainer.save_at=[2,3]")
+    run(run_dir, "method=sgd", "run.save_at=[2,3]")
     return run_dir
 
 
@@ -73,7 +75,7 @@ def trunk(tmp_path_factory) -> Path:
 def test_swa_scored_at_a_budget_mark_equals_a_run_stopped_there(tmp_path):
     long = tmp_path / "swa_1.5"
     short = tmp_path / "swa_1"
-    long_metrics = run(long, *SWA_BASE, "method.budget=1.5", "method.eval_at_budgets=[1.0]", f"trainer.save_at=[{B}]")
+    long_metrics = run(long, *SWA_BASE, "method.budget=1.5", "model.swa.score_at_budgets=[1.0]", f"run.save_at=[{B}]")
     short_metrics = run(short, *SWA_BASE, "method.budget=1")
     assert [r["lr"] for r in history(long)][:B] == [r["lr"] for r in history(short)]
     assert long_metrics["swa@1"] == {k: v for k, v in short_metrics["swa"].items() if k != "n_averaged"}
@@ -88,8 +90,8 @@ def test_swa_scored_at_a_budget_mark_equals_a_run_stopped_there(tmp_path):
 def test_a_swa_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
     branch = tmp_path / "branch"
     straight = tmp_path / "straight"
-    swa = [*SWA_BASE, "method.budget=1.5", "method.eval_at_budgets=[1.0,1.25]"]
-    branch_metrics = run(branch, *swa, f"trainer.branch_from={trunk}@2")
+    swa = [*SWA_BASE, "method.budget=1.5", "model.swa.score_at_budgets=[1.0,1.25]"]
+    branch_metrics = run(branch, *swa, f"run.branch_from={trunk}@2")
     straight_metrics = run(straight, *swa)
     assert set(branch_metrics) == {"swa@1", "swa@1.25", "swa", "sgd"}
     assert without_timing(branch_metrics) == without_timing(straight_metrics)
@@ -102,8 +104,8 @@ def test_a_swa_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
 
 @pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_a_fge_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
-    fge = ["method=fge", "method.pretrain_epochs=2", "method.cycle=2"]
-    branch_metrics = run(tmp_path / "branch", *fge, f"trainer.branch_from={trunk}@2")
+    fge = ["method=fge", "method.pretrain_epochs=2", "method.cycle_epochs=2"]
+    branch_metrics = run(tmp_path / "branch", *fge, f"run.branch_from={trunk}@2")
     straight_metrics = run(tmp_path / "straight", *fge)
     assert branch_metrics["fge"]["member_epochs"] == [3] and branch_metrics["fge"]["members"] == 1
     assert without_timing(branch_metrics) == without_timing(straight_metrics)
@@ -112,7 +114,7 @@ def test_a_fge_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
 @pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_the_lineage_is_written_and_read_back(trunk, tmp_path):
     child = tmp_path / "swa"
-    run(child, *SWA_BASE, "method.budget=1.25", f"trainer.branch_from={trunk}@2")
+    run(child, *SWA_BASE, "method.budget=1.25", f"run.branch_from={trunk}@2")
     lineage = read_lineage(child)
     assert lineage == {"kind": "branch", "parent": str(trunk), "epoch": 2,
                        "checkpoint": str(trunk / "checkpoints" / "saved" / "epoch0002.pt"),
@@ -124,19 +126,22 @@ def test_the_lineage_is_written_and_read_back(trunk, tmp_path):
     assert read_lineage(trunk) is None
 
 
+def identity(*overrides: str) -> dict:
+    return identity_of(OmegaConf.to_container(cfg_of(*overrides), resolve=True))
+
+
 def test_a_branch_from_another_seed_or_model_is_refused(trunk):
-    state_fp = {"dataset": "digits", "model": "preresnet20", "method": "swa", "seed": 1, "epochs": 6,
-                "batch_size": 64, "train_size": 128}
-    with pytest.raises(BranchError, match="seed: trunk has 0, this run has 1"):
-        load_branch_state(f"{trunk}@2", state_fp)
-    with pytest.raises(BranchError, match="model: trunk has 'preresnet20', this run has 'vgg16'"):
-        load_branch_state(f"{trunk}@2", {**state_fp, "seed": 0, "model": "vgg16"})
-    state, lineage = load_branch_state(f"{trunk}@2", {**state_fp, "seed": 0})  # method and epochs may differ
+    with pytest.raises(BranchError, match="seed: 0 there, 1 here"):
+        load_branch_state(f"{trunk}@2", identity(*SWA_BASE, "seed=1"))
+    with pytest.raises(BranchError, match="trainer.batch_size: 64 there, 32 here"):
+        load_branch_state(f"{trunk}@2", identity(*SWA_BASE, "trainer.batch_size=32"))
+    state, lineage = load_branch_state(f"{trunk}@2", identity(*SWA_BASE, "method.budget=1.5"))  # method, epochs differ
     assert state["method"] is None and state["epoch"] == 2 and len(state["history"]) == 2
-    with pytest.raises(FileNotFoundError, match=r"trainer.save_at=\[1\]"):
-        load_branch_state(f"{trunk}@1", {**state_fp, "seed": 0})
+    assert (lineage["parent_method"], lineage["parent_epochs"]) == ("sgd", B)
+    with pytest.raises(FileNotFoundError, match=r"run.save_at=\[1\]"):
+        load_branch_state(f"{trunk}@1", identity(*SWA_BASE))
     with pytest.raises(BranchError, match="<run dir>@<epoch>"):
-        load_branch_state(str(trunk), state_fp)
+        load_branch_state(str(trunk), identity(*SWA_BASE))
 
 
 def synthetic_state(lrs: list[float], momentum: float = 0.9, weight_decay: float = 5e-4) -> dict:
@@ -147,32 +152,32 @@ def synthetic_state(lrs: list[float], momentum: float = 0.9, weight_decay: float
 def test_a_branch_that_would_miss_a_capture_or_use_another_lr_is_refused():
     sgd_schedule = PaperSGD(lr=0.1, horizon=8)  # constant to epoch 4, then decaying
     trunk_lrs = [sgd_schedule.at(e, 0, 10) for e in range(7)]
-    swa = SWA(sgd_schedule, swa_start=7, swa_lr=0.01, pre_schedule="base")
-    check_branch(swa, synthetic_state(trunk_lrs[:6]), 12, 10, 0.9, 5e-4, False)  # swa_start - 1: fine
+    swa = SWA(sgd_schedule, 12, swa_start_epoch=7, swa_lr=0.01, pre_schedule="base")
+    check_branch(swa, synthetic_state(trunk_lrs[:6]), 10, 0.9, 5e-4, False)  # swa_start - 1: fine
     with pytest.raises(BranchError, match="branch at epoch 6 or earlier"):
-        check_branch(swa, synthetic_state(trunk_lrs), 12, 10, 0.9, 5e-4, False)
-    reference = SWA(sgd_schedule, swa_start=7, swa_lr=0.01, pre_schedule="reference")  # paper shape over swa_start
+        check_branch(swa, synthetic_state(trunk_lrs), 10, 0.9, 5e-4, False)
+    reference = SWA(sgd_schedule, 12, swa_start_epoch=7, swa_lr=0.01, pre_schedule="reference")  # paper shape
     with pytest.raises(BranchError, match="schedules differ before the branch point"):
-        check_branch(reference, synthetic_state(trunk_lrs[:6]), 12, 10, 0.9, 5e-4, False)
-    longer_horizon = SWA(PaperSGD(lr=0.1, horizon=12), swa_start=7, swa_lr=0.01, pre_schedule="base")
+        check_branch(reference, synthetic_state(trunk_lrs[:6]), 10, 0.9, 5e-4, False)
+    longer_horizon = SWA(PaperSGD(lr=0.1, horizon=12), 12, swa_start_epoch=7, swa_lr=0.01, pre_schedule="base")
     with pytest.raises(BranchError, match="schedule.horizon"):
-        check_branch(longer_horizon, synthetic_state(trunk_lrs[:6]), 12, 10, 0.9, 5e-4, False)
+        check_branch(longer_horizon, synthetic_state(trunk_lrs[:6]), 10, 0.9, 5e-4, False)
     with pytest.raises(BranchError, match="weight_decay"):
-        check_branch(swa, synthetic_state(trunk_lrs[:6], weight_decay=1e-4), 12, 10, 0.9, 5e-4, False)
-    fge = FGE(sgd_schedule, lr_max=0.05, lr_min=0.01, cycle=2, pretrain_epochs=5, pre_schedule="base")
-    assert fge.last_branch_epoch(8) == 5 and SGD(sgd_schedule).last_branch_epoch(8) == 8
-    check_branch(fge, synthetic_state(trunk_lrs[:5]), 8, 10, 0.9, 5e-4, False)
+        check_branch(swa, synthetic_state(trunk_lrs[:6], weight_decay=1e-4), 10, 0.9, 5e-4, False)
+    fge = FGE(sgd_schedule, 8, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=5, pre_schedule="base")
+    assert fge.last_branch_epoch() == 5 and SGD(sgd_schedule, 8).last_branch_epoch() == 8
+    check_branch(fge, synthetic_state(trunk_lrs[:5]), 10, 0.9, 5e-4, False)
 
 
 def test_a_row_plans_one_trunk_and_two_branches():
-    jobs = plan_row("digits", "preresnet20", 0, ["logger=none", "model.budget=8", "model.swa.start=6",
+    jobs = plan_row("digits", "preresnet20", 0, ["logger=none", "model.budget_epochs=8", "model.swa.start_epoch=6",
                                                  "paths.output_dir=/tmp/swalab-row-plan"])
     assert [j.name for j in jobs] == ["sgd", "swa", "fge"]
     sgd, swa, fge = jobs
-    assert "trainer.save_at=[5,6]" in sgd.overrides  # SWA branches at swa_start - 1, FGE at pretrain_epochs = 6
+    assert "run.save_at=[5,6]" in sgd.overrides  # SWA branches at swa_start - 1, FGE at pretrain_epochs = 6
     assert (swa.branch_epoch, fge.branch_epoch) == (5, 6)
-    assert f"trainer.branch_from='{sgd.run_dir}@5'" in swa.overrides
-    assert {"method.budget=1.5", "method.pre_schedule=base", "method.eval_at_budgets=[1,1.25]",
+    assert f"run.branch_from={sgd.run_dir}@5" in swa.overrides  # a run directory needs no quoting
+    assert {"method.budget=1.5", "method.pre_schedule=base", "model.swa.score_at_budgets=[1,1.25]",
             "schedule.horizon=8"} <= set(swa.overrides)
     assert swa.columns == {"SWA 1B": "swa@1", "SWA 1.25B": "swa@1.25", "SWA 1.5B": "swa"}
-    assert sgd.run_dir.parts[-3:] == ("sgd", "model.budget=8,model.swa.start=6", "seed0")  # save_at not in the name
+    assert sgd.run_dir.parts[-3:] == ("sgd", "model.budget_epochs-8+model.swa.start_epoch-6", "seed0")  # save_at not in the name

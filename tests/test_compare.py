@@ -22,7 +22,7 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "method.swa_start=4"])
+        swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=4"])
         fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "method.pretrain_epochs=2",
                                                         "method.save_members=true"])
     before = torch.get_num_threads()

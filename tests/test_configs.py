@@ -8,8 +8,9 @@ from hydra.utils import get_method, instantiate
 from omegaconf import OmegaConf
 
 from conftest import CONF_DIR
-from swalab.config import budget_epochs, run_path
+from swalab.config import budget_epochs
 from swalab.tracking import NullTracker
+from swalab.train import build_method, validate
 
 
 def options(group: str) -> list[str]:
@@ -20,9 +21,13 @@ def options(group: str) -> list[str]:
 def test_every_model_config_composes_and_builds(make_cfg, model):
     cfg = make_cfg(f"model={model}", "dataset=cifar100", "method=swa")
     assert cfg.model.name == model or model == "timm"  # model=timm: model.name is the timm model to build
-    assert cfg.trainer.epochs == round(1.5 * cfg.model.budget)  # SWA's default budget is 1.5 B
-    for key in ("lr", "weight_decay", "budget", "swa", "fge"):
+    assert cfg.trainer.epochs == round(1.5 * cfg.model.budget_epochs)  # SWA's default budget is 1.5 B
+    for key in ("lr", "weight_decay", "budget_epochs", "swa", "fge"):
         assert key in cfg.model, f"conf/model/{model}.yaml lacks the recipe key {key!r}"
+    recipe = {"swa": ("start", "start_epoch", "lr", "phase", "lr_min", "cycle_epochs", "score_every", "score_at_budgets"),
+              "fge": ("lr_max", "lr_min", "cycle_epochs", "pretrain", "pretrain_epochs")}
+    for block, keys in recipe.items():  # every key a grid may set through model.<block>.* exists in every model
+        assert sorted(cfg.model[block]) == sorted(keys), f"conf/model/{model}.yaml {block}: {sorted(cfg.model[block])}"
     net = instantiate(cfg.model.arch)
     head = [m for m in net.modules() if isinstance(m, torch.nn.Linear)][-1]
     assert head.out_features == 100
@@ -30,8 +35,8 @@ def test_every_model_config_composes_and_builds(make_cfg, model):
 
 @pytest.mark.parametrize("dataset", options("dataset"))
 def test_every_dataset_config_composes(make_cfg, dataset):
-    cfg = make_cfg(f"dataset={dataset}")
-    assert cfg.dataset.name == dataset
+    cfg = make_cfg(f"dataset={dataset}", *([f"dataset.root=/data/{dataset}"] if dataset == "folder" else []))
+    assert cfg.dataset.name == dataset  # a folder data set is named after its folder
     if cfg.dataset.mean is not None:  # null (dataset=folder): channels, mean and std are measured on the data
         assert len(cfg.dataset.mean) == len(cfg.dataset.std) == cfg.dataset.channels
     assert callable(get_method(cfg.dataset.source._target_))
@@ -40,13 +45,11 @@ def test_every_dataset_config_composes(make_cfg, dataset):
 @pytest.mark.parametrize("method", options("method"))
 @pytest.mark.parametrize("schedule", options("schedule"))
 def test_every_method_and_schedule_instantiates(make_cfg, method, schedule):
-    cfg = make_cfg(f"method={method}", f"schedule={schedule}")
-    sched = instantiate(cfg.schedule)
-    assert sched(0.0) > 0
-    m = instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=sched)
+    cfg = make_cfg(f"method={method}", f"schedule={schedule}", "run.init_from=some/run")
+    m = validate(cfg)
     assert m.name == method
-    m.validate(int(cfg.trainer.epochs), initialized=True)
-    assert m.lr_at(0, 0, 10) > 0
+    if method != "pretrained":
+        assert m.schedule(0.0) > 0 and m.lr_at(0, 0, 10) > 0
 
 
 def test_digits_data_instantiates_from_config(make_cfg):
@@ -66,7 +69,7 @@ def test_loggers_instantiate(make_cfg, tmp_path):
 def test_paper_recipes_reach_the_config(make_cfg):
     """Per-model values from reference.md section 2, and the per-(dataset, model) specialisation."""
     wrn = make_cfg("method=swa", "model=wrn28_10", "dataset=cifar100", "method.budget=1.5")
-    assert (wrn.trainer.epochs, wrn.method.swa_start, wrn.method.swa_lr, wrn.schedule.lr) == (300, 161, 0.05, 0.1)
+    assert (wrn.trainer.epochs, build_method(wrn, 300).swa_start, wrn.method.swa_lr, wrn.schedule.lr) == (300, 161, 0.05, 0.1)
     assert wrn.trainer.weight_decay == 5e-4 and wrn.trainer.batch_size == 128 and wrn.trainer.momentum == 0.9
     assert make_cfg("model=preresnet164", "dataset=cifar100", "method=swa").method.swa_lr == 0.05
     assert make_cfg("model=preresnet164", "dataset=cifar10", "method=swa").method.swa_lr == 0.01
@@ -74,22 +77,21 @@ def test_paper_recipes_reach_the_config(make_cfg):
     assert (vgg.trainer.epochs, vgg.schedule.lr, vgg.trainer.weight_decay) == (200, 0.05, 5e-4)
     assert list(vgg.model.mean) == [0.485, 0.456, 0.406]
     fge = make_cfg("model=preresnet164", "method=fge", "dataset=cifar100")
-    assert (fge.trainer.epochs, fge.method.pretrain_epochs, fge.method.cycle) == (150, 120, 2)
+    assert (fge.trainer.epochs, build_method(fge, 150).pretrain_epochs, fge.method.cycle_epochs) == (150, 120, 2)
+    swa = make_cfg("model=preresnet164", "method=swa", "dataset=cifar10")  # reference.md section 2: 126 of 225
+    assert (swa.trainer.epochs, build_method(swa, 225).swa_start) == (225, 126)
 
 
 def test_sgd_baseline_config_is_the_papers(make_cfg):
     cfg = make_cfg("method=sgd", "model=wrn28_10", "dataset=cifar100")
-    sched = instantiate(cfg.schedule)
-    assert cfg.trainer.epochs == 200
+    sched = build_method(cfg, 200).schedule
+    assert cfg.trainer.epochs == 200 and sched.horizon == 200  # horizon null: the schedule spans the run
     assert sched(0) == sched(100) == 0.1            # constant for the first half
     assert sched(180) == pytest.approx(0.001)       # 0.01 x lr after 90%
     assert sched(140) == pytest.approx(0.1 * (1 - 0.99 * 0.5))  # halfway down the linear decay
 
 
-def test_run_path_depends_only_on_what_was_asked():
-    assert run_path("cifar10", "vgg16", "swa", "", 0) == "cifar10/vgg16/swa/default/seed0"
-    assert run_path("c", "m", "swa", "method.budget=1.25", 2, "table1") == "table1/c/m/swa/method.budget=1.25/seed2"
-    assert "/" not in run_path("c", "m", "s", "x=/a/b", 0).split("/", 3)[3].rsplit("/", 1)[0]
+def test_budgets_round_to_whole_epochs():
     assert budget_epochs(1.25, 150) == 188 and budget_epochs(1.5, 200) == 300
 
 

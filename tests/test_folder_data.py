@@ -18,6 +18,8 @@ from omegaconf.errors import MissingMandatoryValue
 from PIL import Image
 
 import swalab.data.folder as folder_mod
+from swalab.config import ConfigError
+from swalab.train import validate
 from swalab.data import ImageData, cap_test_split, load_cifar, load_folder, subset
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -345,16 +347,18 @@ def test_folder_config_builds_the_data_set(make_cfg, tmp_path):
     cfg = make_cfg("dataset=folder", f"dataset.root={root}", "dataset.train_size=6", "dataset.test_size=3",
                    f"dataset.cache_dir={tmp_path / 'cache'}", "dataset.image_size=8", "dataset.mean=[0.5]", "seed=3")
     data = instantiate(cfg.dataset.source)
-    assert data.name == "folder" and data.num_classes == 3 and data.channels == 1 and data.mean == [0.5]
+    assert data.name == "data" and data.num_classes == 3  # named after its folder and data.channels == 1 and data.mean == [0.5]
     assert data.train.images.shape == (6, 1, 8, 8) and len(data.test) == 3
-    assert len(list((tmp_path / "cache").glob("folder-folder-*-v1.pt"))) == 1 and not (root / ".swalab_cache").exists()
+    assert len(list((tmp_path / "cache").glob("data-folder-*-v1.pt"))) == 1 and not (root / ".swalab_cache").exists()
 
 
 def test_folder_config_requires_a_root(make_cfg):
     cfg = make_cfg("dataset=folder")
     assert OmegaConf.is_missing(cfg.dataset, "root") and cfg.dataset.num_classes is None and cfg.dataset.pad is None
-    with pytest.raises(MissingMandatoryValue, match=r"Missing mandatory value: dataset\.(source\.)?root"):
+    with pytest.raises(Exception, match=r"Missing mandatory value: dataset\.(root|source\.name)"):
         instantiate(cfg.dataset.source)  # never reaches load_folder with a placeholder root
+    with pytest.raises(ConfigError, match=r"dataset\.root is required: set dataset\.root="):
+        validate(cfg)  # what a run says before anything else
 
 
 def test_digits_config_refuses_a_root(make_cfg):

@@ -200,7 +200,8 @@ def test_timm_model_config_is_pretrained_on_imagenet_and_fresh_on_cifar(make_cfg
     assert imagenet.model.pretrained is True and imagenet.model.arch.model_name == "resnet50.tv_in1k"
     table2 = make_cfg("experiment=table2_densenet161")
     assert table2.trainer.epochs == 10 and table2.method.phase == "cyclic" and table2.method.swa_lr == 1e-3
-    assert table2.method.swa_lr_min == 1e-5 and table2.method.cycle == 1 and table2.method.eval_at_budgets == [0.5]
+    assert table2.method.swa_lr_min == 1e-5 and table2.method.cycle_epochs == 1
+    assert table2.model.swa.score_at_budgets == [0.5]
 
 
 # -- the run paths -----------------------------------------------------------------------------------------
@@ -213,13 +214,16 @@ def tiny_run(make_cfg, root: Path, *overrides: str):
 def test_zero_epochs_scores_the_pretrained_weights_top1_and_top5(make_cfg, tiny_imagenet, tmp_path):
     path = tmp_path / "weights.pth"
     torch.save(create_timm_model("test_resnet").state_dict(), path)
-    metrics = train(tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={path}", "trainer.epochs=0"),
+    metrics = train(tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={path}", "method=pretrained"),
                     run_dir=tmp_path / "run")
     assert list(metrics) == ["pretrained"] and {"acc", "top5", "nll", "ece"} <= set(metrics["pretrained"])
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "complete"
     with pytest.raises(ValueError, match="random initialisation"):
-        train(tiny_run(make_cfg, tiny_imagenet, "model.pretrained=false", "trainer.epochs=0"),
+        train(tiny_run(make_cfg, tiny_imagenet, "model.pretrained=false", "method=pretrained"),
               run_dir=tmp_path / "random")
+    with pytest.raises(ValueError, match="trainer.epochs=0 trains nothing with method=swa: use method=pretrained"):
+        train(tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={path}", "trainer.epochs=0"),
+              run_dir=tmp_path / "swa0")
 
 
 def test_cyclic_swa_fine_tunes_from_the_start_with_a_bn_update_on_a_fraction(make_cfg, tiny_imagenet, tmp_path):

@@ -21,7 +21,8 @@ from swalab.evaluate import metrics_from_probs, predict_logits
 from swalab.methods import EMA, FGE, SWA, TrainContext
 from swalab.methods.fge import MEMBER_PROBS_FILE
 from swalab.schedules import Constant, PaperSGD
-from swalab.train import train
+from swalab.config import ConfigError
+from swalab.train import train, validate
 from swalab.trainer import Trainer, TrainerOptions
 
 CPU = torch.device("cpu")
@@ -101,7 +102,8 @@ def assert_average_is_mean(method: SWA, captured) -> None:
 def test_constant_swa_average_is_the_mean_of_the_weights_at_the_reference_capture_epochs(
         tmp_path, swa_start, c_epochs):
     epochs = 7
-    method = SWA(PaperSGD(lr=0.1, horizon=epochs), swa_start=swa_start, swa_lr=0.03, c_epochs=c_epochs)
+    method = SWA(PaperSGD(lr=0.1, horizon=epochs), epochs, swa_start_epoch=swa_start, swa_lr=0.03,
+                 capture_every=c_epochs)
     trainer = make_trainer(method, tmp_path, epochs)
     captured = record_captures(method, trainer)
     trainer.fit()
@@ -112,8 +114,8 @@ def test_constant_swa_average_is_the_mean_of_the_weights_at_the_reference_captur
 
 def test_cyclic_swa_captures_at_every_cycle_end_and_averages_them(tmp_path):
     # 48 images / batch 8 = 6 steps per epoch; cycle 1.5 epochs = 9 iterations; 4 epochs of SWA = 24 iterations
-    method = SWA(PaperSGD(lr=0.1, horizon=6), swa_start=2, swa_lr=0.05, phase="cyclic", swa_lr_min=0.005,
-                 cycle=1.5)
+    method = SWA(PaperSGD(lr=0.1, horizon=6), 6, swa_start_epoch=2, swa_lr=0.05, phase="cyclic", swa_lr_min=0.005,
+                 cycle_epochs=1.5)
     trainer = make_trainer(method, tmp_path, epochs=6)
     captured = record_captures(method, trainer)
     lrs = []
@@ -133,7 +135,7 @@ def test_cyclic_swa_captures_at_every_cycle_end_and_averages_them(tmp_path):
 def test_bn_update_gives_the_exact_statistics_of_the_training_data(tmp_path):
     """A model that is only a BatchNorm layer: one pass gives the data's mean and unbiased variance."""
     bn = nn.BatchNorm2d(2)
-    trainer = make_trainer(SWA(Constant(lr=0.1), swa_start=0, swa_lr=0.1), tmp_path, epochs=1,
+    trainer = make_trainer(SWA(Constant(lr=0.1), 1, swa_start_epoch=0, swa_lr=0.1), tmp_path, epochs=1,
                            model=toy_net(), n_train=48, bn_batch_size=48)
     bn.running_mean.fill_(5.0)
     trainer.ctx.update_bn(bn)
@@ -147,8 +149,8 @@ def test_bn_update_gives_the_exact_statistics_of_the_training_data(tmp_path):
 
 def test_bn_update_over_several_batches_is_the_cumulative_average_of_batch_moments(tmp_path):
     bn = nn.BatchNorm2d(2)
-    trainer = make_trainer(SWA(Constant(lr=0.1), swa_start=0, swa_lr=0.1), tmp_path, epochs=1, n_train=48,
-                           bn_batch_size=12)
+    trainer = make_trainer(SWA(Constant(lr=0.1), 1, swa_start_epoch=0, swa_lr=0.1), tmp_path, epochs=1,
+                           n_train=48, bn_batch_size=12)
     trainer.ctx.update_bn(bn)
     trainer.bn_loader.set_epoch(0)
     batches = [xb.transpose(0, 1).reshape(2, -1) for xb, _ in trainer.bn_loader]
@@ -159,8 +161,7 @@ def test_bn_update_over_several_batches_is_the_cumulative_average_of_batch_momen
 
 
 def test_scoring_swa_leaves_the_live_models_bn_buffers_bit_identical(tmp_path):
-    method = SWA(PaperSGD(lr=0.1, horizon=4), swa_start=2, swa_lr=0.05, eval_every=1, eval_at_budgets=[0.75],
-                 budget_epochs=4)
+    method = SWA(PaperSGD(lr=0.1, horizon=4), 4, swa_start=0.5, swa_lr=0.05, score_every=1, score_at_budgets=[0.75])
     trainer = make_trainer(method, tmp_path, epochs=4)
     live_buffers = []
     on_epoch = method.on_epoch_end
@@ -181,6 +182,8 @@ def test_scoring_swa_leaves_the_live_models_bn_buffers_bit_identical(tmp_path):
         assert torch.equal(before[name], buf), name
     assert not torch.equal(swa_model[1].running_mean, trainer.model[1].running_mean)
     assert {"swa", "sgd", "swa@0.75"} <= set(metrics)
+    assert (method.swa_start, metrics["swa@0.75"]["epoch"], metrics["swa@0.75"]["budget"]) == (2, 3, 0.75)
+    assert (metrics["swa"]["epoch"], metrics["sgd"]["budget"]) == (4, 1.0)  # predictors carry what stands behind them
     history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert "swa_test_acc" in history[-1] and "swa_test_acc" not in history[0]
 
@@ -190,8 +193,8 @@ def test_scoring_swa_leaves_the_live_models_bn_buffers_bit_identical(tmp_path):
 
 @pytest.mark.parametrize("cycle, epochs, expected_epochs", [(2, 8, [3, 5, 7]), (4, 10, [4, 8])])
 def test_fge_collects_members_at_mid_cycle(tmp_path, cycle, epochs, expected_epochs):
-    method = FGE(PaperSGD(lr=0.1, horizon=epochs), lr_max=0.05, lr_min=0.005, cycle=cycle, pretrain_epochs=2,
-                 pre_schedule="base", save_members=True)
+    method = FGE(PaperSGD(lr=0.1, horizon=epochs), epochs, lr_max=0.05, lr_min=0.005, cycle_epochs=cycle,
+                 pretrain_epochs=2, pre_schedule="base", save_members=True)
     trainer = make_trainer(method, tmp_path, epochs)
     metrics = trainer.fit()
     assert [e + 1 for e in method.member_epochs] == expected_epochs
@@ -201,7 +204,7 @@ def test_fge_collects_members_at_mid_cycle(tmp_path, cycle, epochs, expected_epo
 
 
 def test_fge_cached_ensemble_equals_the_mean_softmax_of_the_saved_members(tmp_path):
-    method = FGE(PaperSGD(lr=0.1, horizon=8), lr_max=0.05, lr_min=0.005, cycle=2, pretrain_epochs=2,
+    method = FGE(PaperSGD(lr=0.1, horizon=8), 8, lr_max=0.05, lr_min=0.005, cycle_epochs=2, pretrain_epochs=2,
                  pre_schedule="base", save_members=True)
     trainer = make_trainer(method, tmp_path, epochs=8)
     metrics = trainer.fit()
@@ -246,7 +249,7 @@ def run_ema(method: EMA, tmp_path, values: list[float], w0: float = 2.0) -> floa
 
 def test_ema_without_warmup_is_the_closed_form_geometric_sum(tmp_path):
     d, w0, values = 0.9, 2.0, [1.0, -3.0, 0.5, 4.0, 0.0, 7.0]
-    got = run_ema(EMA(Constant(lr=0.1), decay=d, warmup=False), tmp_path, values, w0)
+    got = run_ema(EMA(Constant(lr=0.1), 1, decay=d, warmup=False), tmp_path, values, w0)
     k = len(values)
     expected = d ** k * w0 + (1 - d) * sum(d ** (k - j) * w for j, w in enumerate(values, start=1))
     assert got == pytest.approx(expected, rel=1e-6)
@@ -254,12 +257,12 @@ def test_ema_without_warmup_is_the_closed_form_geometric_sum(tmp_path):
 
 def test_ema_first_update_without_warmup_lerps_from_the_initial_weights(tmp_path):
     # timm ModelEmaV3.update(model, step=None) uses the fixed decay from the very first update
-    assert run_ema(EMA(Constant(lr=0.1), decay=0.9, warmup=False), tmp_path, [1.0], w0=2.0) == pytest.approx(1.9)
+    assert run_ema(EMA(Constant(lr=0.1), 1, decay=0.9, warmup=False), tmp_path, [1.0], w0=2.0) == pytest.approx(1.9)
 
 
 def test_ema_with_warmup_copies_first_then_ramps_the_decay(tmp_path):
     values = [1.0, -3.0, 0.5, 4.0]
-    got = run_ema(EMA(Constant(lr=0.1), decay=0.99, warmup=True, warmup_gamma=1.0, warmup_power=2 / 3),
+    got = run_ema(EMA(Constant(lr=0.1), 1, decay=0.99, warmup=True, warmup_gamma=1.0, warmup_power=2 / 3),
                   tmp_path, values)
     ema = None
     for k, w in enumerate(values, start=1):  # timm: step k uses decay 1 - (1 + (k - 1))^-p, 0 at k = 1
@@ -270,7 +273,7 @@ def test_ema_with_warmup_copies_first_then_ramps_the_decay(tmp_path):
 
 def test_ema_updates_only_every_n_steps(tmp_path):
     d, w0, values = 0.5, 0.0, [1.0, 2.0, 3.0, 4.0, 5.0]
-    got = run_ema(EMA(Constant(lr=0.1), decay=d, warmup=False, update_every=2), tmp_path, values, w0)
+    got = run_ema(EMA(Constant(lr=0.1), 1, decay=d, warmup=False, update_every=2), tmp_path, values, w0)
     expected = d * (d * w0 + (1 - d) * 2.0) + (1 - d) * 4.0  # updates after steps 2 and 4
     assert got == pytest.approx(expected)
 
@@ -280,8 +283,8 @@ def test_ema_updates_only_every_n_steps(tmp_path):
 
 @pytest.mark.slow
 def test_resume_in_the_middle_of_averaging_gives_the_same_swa_weights(make_cfg, tmp_path):
-    overrides = ["method=swa", "dataset.train_size=64", "model.budget=4", "model.swa.start=3",
-                 "trainer.batch_size=32", "trainer.keep_checkpoints=20", "trainer.eval_every=0"]
+    overrides = ["method=swa", "dataset.train_size=64", "model.budget_epochs=4", "model.swa.start_epoch=3",
+                 "trainer.batch_size=32", "run.keep_checkpoints=20", "trainer.eval_every=0"]
     straight = tmp_path / "straight"
     train(make_cfg(*overrides), run_dir=straight)  # 6 epochs, captures after epochs 3, 4, 5, 6
     resumed_dir = tmp_path / "resumed"
@@ -305,21 +308,29 @@ def test_resume_in_the_middle_of_averaging_gives_the_same_swa_weights(make_cfg, 
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["method=swa", "method.swa_start=30", "trainer.epochs=24"], "method.swa_start"),
-    (["method=fge", "method.cycle=3", "trainer.init_from=x"], "method.cycle"),
-    (["method=swa", "model.swa.phase=cyclic", "model.swa.lr_min=0.001", "model.swa.cycle=20",
-      "model.swa.start=10", "trainer.epochs=24"], "method.cycle"),
-    (["method=fge", "method.pretrain_epochs=0"], "trainer.init_from"),
-    (["method=swa", "method.swa_start=0", "method.c_epochs=30", "trainer.epochs=24"], "method.c_epochs"),
+    (["method=swa", "model.swa.start_epoch=30", "trainer.epochs=24"], "model.swa.start"),
+    (["method=swa", "model.swa.start=1.6", "trainer.epochs=24"], "model.swa.start"),
+    (["method=fge", "model.fge.cycle_epochs=3", "run.init_from=x"], "model.fge.cycle_epochs"),
+    (["method=swa", "model.swa.phase=cyclic", "model.swa.lr_min=0.001", "model.swa.cycle_epochs=20",
+      "model.swa.start_epoch=10", "trainer.epochs=24"], "model.swa.cycle_epochs"),
+    (["method=fge", "model.fge.pretrain=0"], "run.init_from"),
+    (["method=swa", "model.swa.start_epoch=0", "method.capture_every=30", "trainer.epochs=24"],
+     "method.capture_every"),
+    (["method=swa", "method.capture_every=1.5"], "method.capture_every"),
+    (["method=ema", "method.decay=1.5"], "method.decay"),
 ])
-def test_bad_settings_fail_in_validate_before_training_naming_the_key(make_cfg, tmp_path, overrides, key):
-    from hydra.utils import instantiate
+def test_bad_settings_fail_before_training_naming_the_key(make_cfg, tmp_path, overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(make_cfg(*overrides))
+    run_dir = tmp_path / "run"  # train() checks the same before anything is written
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        train(make_cfg(*[o for o in overrides if not o.startswith("run.init_from")]), run_dir=run_dir)
+    assert not run_dir.exists()
 
-    cfg = make_cfg(*overrides)
-    method = instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=instantiate(cfg.schedule))
-    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        method.validate(int(cfg.trainer.epochs), initialized=bool(cfg.trainer.init_from))
-    run_dir = tmp_path / "run"  # train() checks the same before any epoch: no checkpoint is written
-    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        train(make_cfg(*[o for o in overrides if not o.startswith("trainer.init_from")]), run_dir=run_dir)
-    assert not (run_dir / "checkpoints").exists()
+
+@pytest.mark.parametrize("epochs, start, pretrain", [(6, 3, 5), (24, 13, 19), (60, 32, 48)])
+def test_swa_start_and_fge_pretraining_scale_with_the_run(make_cfg, epochs, start, pretrain):
+    """Fractions of the budget B = trainer.epochs / method.budget: a short grid works for every method."""
+    swa = validate(make_cfg("method=swa", f"trainer.epochs={epochs}"))  # digits: start 0.8125 of B, budget 1.5
+    fge = validate(make_cfg("method=fge", f"trainer.epochs={epochs}"))  # pretrain 0.8 of B, budget 1
+    assert (swa.swa_start, fge.pretrain_epochs) == (start, pretrain)

@@ -1,4 +1,4 @@
-"""``python -m swalab.report``: the paper-style table, CSVs and plots from run directories on disk."""
+"""``python -m swalab.report``: tables that never mix or double-count runs, CSVs and plots from run directories."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ from swalab.report import main, report
 
 BINS = [{"lo": i / 15, "hi": (i + 1) / 15, "count": 10 if i > 10 else 0, "acc": 0.8 if i > 10 else None,
          "conf": (i + 0.5) / 15 if i > 10 else None} for i in range(15)]
+B = 4  # the budget in epochs of every fake run below
 
 
 def make_run(root, method, seed, metrics, budget=1.0, dataset="cifar10", model="preresnet20", status="complete",
-             history=None, lineage=None):
-    run = root / dataset / model / method / "default" / f"seed{seed}"
+             history=None, lineage=None, name="default", extra=None):
+    """A run directory as swalab writes it; ``extra`` adds identity keys (``{"trainer": {"batch_size": 64}}``)."""
+    run = root / dataset / model / method / name / f"seed{seed}"
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(
-        {"seed": seed, "dataset": {"name": dataset}, "model": {"name": model},
-         "method": {"name": method, "budget": budget}}))
+    config = {"seed": seed, "dataset": {"name": dataset}, "model": {"name": model},
+              "method": {"name": method, "budget": budget}, "trainer": {"epochs": round(budget * B)}}
+    for group, values in (extra or {}).items():
+        config.setdefault(group, {}).update(values)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
     (run / "status.json").write_text(json.dumps(
         {"status": status, **({"error": "NonFiniteLossError: the training loss became NaN"} if status == "failed"
                               else {})}))
@@ -34,36 +38,93 @@ def make_run(root, method, seed, metrics, budget=1.0, dataset="cifar10", model="
     return run
 
 
+def m(acc, nll=0.5, ece=0.05, **more):
+    return {"acc": acc, "nll": nll, "ece": ece, **more}
+
+
 @pytest.fixture
 def grid(tmp_path):
     root = tmp_path / "grid"
     for seed, (sgd, swa, swa1, fge, ema) in enumerate([(90.0, 92.0, 91.0, 91.5, 90.5), (92.0, 94.0, 93.0, 92.5, 91.5)]):
-        make_run(root, "sgd", seed, {"sgd": {"acc": sgd}})
-        make_run(root, "swa", seed, {"swa": {"acc": swa}, "swa@1": {"acc": swa1}, "sgd": {"acc": 10.0}}, budget=1.5,
-                 history=[{"epoch": 1, "test_acc": 60.0}, {"epoch": 2, "test_acc": 70.0, "swa_test_acc": 72.0}])
-        make_run(root, "fge", seed, {"fge": {"acc": fge, "curve": [{"members": 1, "acc": 80.0},
-                                                                   {"members": 2, "acc": fge}]}})
-        make_run(root, "ema", seed, {"ema": {"acc": ema}})
+        make_run(root, "sgd", seed, {"sgd": m(sgd)})
+        make_run(root, "swa", seed, {"swa": m(swa), "swa@1": m(swa1, budget=1.0, epoch=4), "sgd": m(10.0)},
+                 budget=1.5, history=[{"epoch": 1, "test_acc": 60.0}, {"epoch": 2, "test_acc": 70.0,
+                                                                        "swa_test_acc": 72.0}])
+        make_run(root, "fge", seed, {"fge": m(fge, curve=[{"members": 1, "acc": 80.0}, {"members": 2, "acc": fge}])})
+        make_run(root, "ema", seed, {"ema": m(ema)})
     make_run(root, "swa", 7, {}, budget=1.5, status="failed")
     return root
 
 
-def test_cells_are_mean_and_std_over_seeds_in_the_papers_column_order(grid, tmp_path):
+def table_lines(path, title="Test accuracy (%)", paragraph=0):
+    text = (path / "table.md").read_text()
+    section = text.split(f"## {title}\n\n")[1].split("\n\n")[paragraph]
+    return section.splitlines()
+
+
+def cell_values(path, column, metric="acc", row=None):
+    with (path / "table.csv").open() as f:
+        return [r for r in csv.DictReader(f) if r["column"] == column and r["metric"] == metric
+                and (row is None or r["row"] == row)]
+
+
+def test_cells_are_mean_and_std_over_seeds_with_budget_and_epochs_in_each_column(grid, tmp_path):
     result = report([grid], tmp_path / "out")
-    table = (tmp_path / "out" / "table.md").read_text()
-    header = table.splitlines()[0]
-    assert header == "| dataset | model | SGD | FGE (1B) | SWA 1B | SWA 1.5B | EMA (1B) |"
-    row = table.splitlines()[2]
-    assert row == ("| cifar10 | preresnet20 | 91.00 ± 1.41 (n=2) | 92.00 ± 0.71 (n=2) | 92.00 ± 1.41 (n=2) "
+    header, _, row = table_lines(tmp_path / "out")
+    assert header == "| row | SGD 1B (4 ep) | FGE 1B (4 ep) | SWA 1B (4 ep) | SWA 1.5B (6 ep) | EMA 1B (4 ep) |"
+    assert row == ("| cifar10 / preresnet20 | 91.00 ± 1.41 (n=2) | 92.00 ± 0.71 (n=2) | 92.00 ± 1.41 (n=2) "
                    "| 93.00 ± 1.41 (n=2) | 91.00 ± 0.71 (n=2) |")
     assert len(result["finished"]) == 8
 
 
+def test_nll_and_ece_tables_stand_beside_accuracy(grid, tmp_path):
+    report([grid], tmp_path / "out")
+    assert table_lines(tmp_path / "out", "Test NLL (mean per image)")[2].startswith(
+        "| cifar10 / preresnet20 | 0.5000 ± 0.0000 (n=2) |")
+    assert len(table_lines(tmp_path / "out", "Test ECE (15 bins)")) == 3
+
+
+def test_paired_differences_against_sgd_are_per_seed(grid, tmp_path):
+    report([grid], tmp_path / "out")
+    header, _, row = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", 1)
+    assert header.startswith("| row | FGE 1B (4 ep) − SGD |")
+    assert "+2.00 ± 0.00 (+2.00, +2.00)" in row  # SWA 1.5B − SGD: 92 − 90 and 94 − 92
+    assert "+1.00 ± 0.71 (+1.50, +0.50)" in row  # FGE − SGD: 91.5 − 90 and 92.5 − 92
+
+
 def test_the_last_iterate_of_a_swa_run_is_not_counted_as_the_sgd_baseline(grid, tmp_path):
     report([grid], tmp_path / "out")
-    with (tmp_path / "out" / "table.csv").open() as f:
-        sgd = next(r for r in csv.DictReader(f) if r["column"] == "SGD")
-    assert sgd["values"] == "90.0000 92.0000"
+    [sgd] = cell_values(tmp_path / "out", "SGD 1B (4 ep)")
+    assert sgd["values"] == "90.000000 92.000000" and sgd["seeds"] == "0 1"
+
+
+def test_a_second_grid_never_double_counts_a_run_of_the_first(grid, tmp_path, capsys):
+    """The same SGD runs in a second grid's directories (an SWA-only override changes nothing for SGD) count once."""
+    second = tmp_path / "grid2"
+    for seed, acc in enumerate((90.0, 92.0)):
+        make_run(second, "sgd", seed, {"sgd": m(acc)}, name="model.swa.lr-0.05")
+        make_run(second, "swa", seed, {"swa": m(95.0 + seed)}, budget=1.5, name="model.swa.lr-0.05",
+                 extra={"method": {"swa_lr": 0.05}})
+    assert main([str(grid), str(second), "--out", str(tmp_path / "out")]) == 0
+    [sgd] = cell_values(tmp_path / "out", "SGD 1B (4 ep)")
+    assert sgd["n"] == "2" and sgd["seeds"] == "0 1"
+    assert "repeats" in capsys.readouterr().out  # the duplicates are listed, not silently merged
+    rows = [line.split(" | ")[0] for line in table_lines(tmp_path / "out")[2:]]
+    assert rows == ["| cifar10 / preresnet20", "| cifar10 / preresnet20 · method.swa_lr=0.05"]
+    [swa_05] = cell_values(tmp_path / "out", "SWA 1.5B (6 ep)", row="cifar10 / preresnet20 · method.swa_lr=0.05")
+    assert swa_05["values"] == "95.000000 96.000000"
+
+
+def test_runs_of_different_lengths_or_settings_are_never_pooled(tmp_path):
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(40.0)}, name="e2", extra={"trainer": {"epochs": 2}})
+    make_run(root, "sgd", 0, {"sgd": m(80.0)}, name="e4", extra={"trainer": {"epochs": 4}})
+    make_run(root, "sgd", 1, {"sgd": m(60.0)}, name="bs", extra={"trainer": {"batch_size": 64}})
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out")
+    assert lines[0] == "| row | SGD 1B (2 ep) | SGD 1B (4 ep) |"
+    assert lines[2:] == ["| cifar10 / preresnet20 · trainer.batch_size=– | 40.00 (n=1) | 80.00 (n=1) |",
+                         "| cifar10 / preresnet20 · trainer.batch_size=64 | – | 60.00 (n=1) |"]
 
 
 def test_failed_runs_are_listed_not_dropped(grid, tmp_path, capsys):
@@ -83,27 +144,37 @@ def test_plots_are_written_as_png(grid, tmp_path):
 
 
 def test_paper_numbers_are_shown_beside_ours_when_asked(tmp_path):
-    make_run(tmp_path / "g", "sgd", 0, {"sgd": {"acc": 70.0}}, dataset="cifar100", model="vgg16")
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(70.0)}, dataset="cifar100", model="vgg16")
     report([tmp_path / "g"], tmp_path / "out", paper=True)
-    table = (tmp_path / "out" / "table.md").read_text()
-    assert "| cifar100 | vgg16 (paper) | 72.55 ± 0.10 |" in table
-    assert "| cifar100 | vgg16 | 70.00 (n=1) |" in table
+    lines = table_lines(tmp_path / "out")
+    assert lines[2:] == ["| cifar100 / vgg16 | 70.00 (n=1) |", "| cifar100 / vgg16 (paper) | 72.55 ± 0.10 |"]
 
 
-def test_lineage_is_footnoted(tmp_path):
-    make_run(tmp_path / "g", "swa", 0, {"swa": {"acc": 80.0}}, lineage={"parent": "/runs/sgd/seed0", "epoch": 100})
+def test_branched_runs_are_named_under_the_table(tmp_path):
+    make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)}, lineage={"parent": "/runs/sgd/seed0", "epoch": 100})
     table = report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()
-    assert table.splitlines()[0].endswith("| lineage |") and "[1]" in table.splitlines()[2]
-    assert "[1] SWA 1B seed 0 from /runs/sgd/seed0 (epoch 100)" in table
+    assert "- cifar10 / preresnet20, SWA 1B (4 ep), seed 0: branched from /runs/sgd/seed0 at epoch 100" in table
 
 
 def test_mixing_datasets_is_said_and_each_keeps_its_own_row(tmp_path, capsys):
-    make_run(tmp_path / "g", "sgd", 0, {"sgd": {"acc": 70.0}}, dataset="cifar100")
-    make_run(tmp_path / "g", "sgd", 0, {"sgd": {"acc": 90.0}}, dataset="cifar10")
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(70.0)}, dataset="cifar100")
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(90.0)}, dataset="cifar10")
     assert main([str(tmp_path / "g"), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "the runs mix 2 datasets (cifar10, cifar100)" in out
-    assert "| cifar10 | preresnet20 | 90.00 (n=1) |" in out and "| cifar100 | preresnet20 | 70.00 (n=1) |" in out
+    assert "| cifar10 / preresnet20 | 90.00 (n=1) |" in out and "| cifar100 / preresnet20 | 70.00 (n=1) |" in out
+
+
+def test_a_grid_record_reports_exactly_its_own_runs(grid, tmp_path):
+    from swalab.grid import record_job
+
+    record = tmp_path / "outputs" / "grids" / "2026-11-23_10-00-00"
+    record_job(record, 0, ["method=sgd", "seed=0"], grid / "cifar10/preresnet20/sgd/default/seed0", "complete")
+    record_job(record, 1, ["method=sgd", "seed=1"], grid / "cifar10/preresnet20/sgd/default/seed1", "complete")
+    result = report([record], tmp_path / "out")
+    assert sorted(r.path.name for r in result["runs"]) == ["seed0", "seed1"]
+    [sgd] = cell_values(tmp_path / "out", "SGD 1B (4 ep)")
+    assert sgd["n"] == "2"
 
 
 def test_a_directory_without_finished_runs_says_so(tmp_path, capsys):

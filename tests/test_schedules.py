@@ -243,7 +243,7 @@ def test_swalr_rejects_unknown_strategy():
 
 def swa(**kw):
     base = PaperSGD(lr=0.1, horizon=kw.pop("horizon", 20))
-    return SWA(schedule=base, **{"swa_start": 12, "swa_lr": 0.02, **kw})
+    return SWA(schedule=base, epochs=20, **{"swa_start_epoch": 12, "swa_lr": 0.02, **kw})
 
 
 def test_swa_reference_pre_schedule_is_the_reference_schedule_then_constant():
@@ -263,7 +263,7 @@ def test_swa_base_pre_schedule_keeps_the_sgd_schedule_until_swa_start():
 
 
 def test_swa_cyclic_phase_is_the_per_iteration_sawtooth_from_swa_start():
-    method = swa(phase="cyclic", swa_lr_min=0.001, cycle=2)
+    method = swa(phase="cyclic", swa_lr_min=0.001, cycle_epochs=2)
     spe = 5
     for epoch in range(12, 20):
         for step in range(spe):
@@ -281,8 +281,8 @@ def test_swa_swalr_phase_anneals_from_the_lr_in_force():
 
 
 def test_swa_shake_shake_phase_counts_epochs_from_swa_start():
-    method = SWA(schedule=Cosine(lr=0.2, horizon=1800, per_iteration=True), swa_start=1800, swa_lr=0.2,
-                 phase="shake_shake", pre_schedule="base")
+    method = SWA(schedule=Cosine(lr=0.2, horizon=1800, per_iteration=True), epochs=2000, swa_start_epoch=1800,
+                 swa_lr=0.2, phase="shake_shake", pre_schedule="base")
     assert method.lr_at(1799, 0, 10) == pytest.approx(Cosine(lr=0.2, horizon=1800)(1799))
     assert method.lr_at(1800, 7, 10) == pytest.approx(shake_shake_swa_lr(0))
     assert method.lr_at(1937, 0, 10) == pytest.approx(shake_shake_swa_lr(37))
@@ -290,10 +290,10 @@ def test_swa_shake_shake_phase_counts_epochs_from_swa_start():
 
 def test_fge_lr_at_pretrains_then_cycles():
     base = PaperSGD(lr=0.1, horizon=10)
-    method = FGE(schedule=base, lr_max=0.05, lr_min=0.01, cycle=2, pretrain_epochs=8, pre_schedule="base")
+    method = FGE(schedule=base, epochs=10, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=8, pre_schedule="base")
     assert method.lr_at(7, 0, 4) == pytest.approx(base(7))
     assert method.lr_at(8, 0, 4) == pytest.approx(0.05)
     assert method.lr_at(9, 0, 4) == pytest.approx(0.01)
     assert method.lr_at(8, 2, 4) == pytest.approx(dmc_cyclic(0, 0.5, 0.05, 0.01, 2))
-    ref = FGE(schedule=base, lr_max=0.05, lr_min=0.01, cycle=2, pretrain_epochs=8, pre_schedule="reference")
+    ref = FGE(schedule=base, epochs=10, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=8, pre_schedule="reference")
     assert ref.lr_at(7, 0, 4) == pytest.approx(reference_schedule(7, 0.1, None, None, 8, swa=False))

@@ -172,7 +172,7 @@ def test_trainer_uses_channels_last_on_cpu(tmp_path):
 
     split = DataSplit(torch.randint(0, 256, (8, 3, 8, 8), dtype=torch.uint8), torch.arange(8) % 2)
     loader = ResidentLoader(split, 4, "cpu", (0.5,) * 3, (0.25,) * 3, train=False, channels_last=True)
-    trainer = Trainer(PreResNet(depth=8, num_classes=2, in_channels=3), SGD(Constant(lr=0.1)), loader, loader, loader,
+    trainer = Trainer(PreResNet(depth=8, num_classes=2, in_channels=3), SGD(Constant(lr=0.1), 1), loader, loader, loader,
                       torch.device("cpu"), tmp_path, TrainerOptions(epochs=1, handle_signals=False))
     conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)

@@ -49,7 +49,7 @@ def test_grid_jobs_get_their_own_directories_and_a_relaunch_skips_them(tmp_path)
 @pytest.mark.slow
 def test_a_job_that_fails_at_run_time_is_recorded_and_the_grid_goes_on(tmp_path):
     missing = tmp_path / "no_such_weights.pt"
-    result = multirun(tmp_path, "method=sgd", "seed=0", f"trainer.init_from=null,{missing}")
+    result = multirun(tmp_path, "method=sgd", "seed=0", f"run.init_from=null,{missing}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "job failed, the grid goes on: FileNotFoundError" in result.stderr
     statuses = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "grid").rglob("status.json")}

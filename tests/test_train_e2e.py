@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from swalab.checkpoint import CheckpointError, checkpoint_paths
+from swalab.config import ConfigError
 from swalab.train import train
 
-TINY = ["dataset.train_size=256", "model.budget=3", "trainer.batch_size=64"]
+TINY = ["dataset.train_size=256", "model.budget_epochs=3", "trainer.batch_size=64"]
 
 
 def read_history(run_dir):
@@ -34,19 +35,19 @@ def test_tiny_sgd_run_writes_a_self_describing_run_dir(make_cfg, tmp_path):
     assert torch.load(tmp_path / "final.pt", weights_only=False)["epoch"] == 3
 
 
-def test_a_finished_run_is_skipped_not_retrained(make_cfg, tmp_path, capsys):
+def test_a_finished_run_is_skipped_not_retrained(make_cfg, tmp_path, caplog):
     first = train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
     mtime = (tmp_path / "final.pt").stat().st_mtime_ns
     again = train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
     assert again == first
     assert (tmp_path / "final.pt").stat().st_mtime_ns == mtime
-    assert "already holds a finished run" in capsys.readouterr().out
+    assert "already holds a finished run of this config; skipping" in caplog.text
 
 
 def test_resume_after_interruption_gives_the_same_final_weights(make_cfg, tmp_path):
     """Run straight through; then 'interrupt' a copy after epoch 2 of 5 and resume: identical weights."""
-    overrides = ["method=swa", "dataset.train_size=256", "model.budget=4", "method.budget=1.25", "model.swa.start=3",
-                 "trainer.batch_size=64", "trainer.keep_checkpoints=10"]
+    overrides = ["method=swa", "dataset.train_size=256", "model.budget_epochs=4", "method.budget=1.25", "model.swa.start_epoch=3",
+                 "trainer.batch_size=64", "run.keep_checkpoints=10"]
     straight = tmp_path / "straight"
     train(make_cfg(*overrides), run_dir=straight)
     interrupted = tmp_path / "interrupted"
@@ -68,22 +69,30 @@ def test_resume_after_interruption_gives_the_same_final_weights(make_cfg, tmp_pa
 
 def test_a_checkpoint_of_another_run_is_refused(make_cfg, tmp_path):
     train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
-    (tmp_path / "metrics.json").unlink()
-    with pytest.raises(CheckpointError, match="different run.*seed"):
+    for name in ("metrics.json", "identity.json", "config.yaml"):  # only the checkpoints say whose run it was
+        (tmp_path / name).unlink()
+    with pytest.raises(CheckpointError, match=r"another config \(seed: 0 there, 1 here\)"):
         train(make_cfg("method=sgd", *TINY, "seed=1"), run_dir=tmp_path)
+
+
+def test_a_run_directory_refuses_another_config_naming_the_keys(make_cfg, tmp_path):
+    train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    with pytest.raises(ConfigError, match=r"holds a run of another config \(trainer\.epochs: 3 there, 2 here\)"):
+        train(make_cfg("method=sgd", *TINY, "trainer.epochs=2"), run_dir=tmp_path)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before  # nothing touched
 
 
 def test_bad_init_weights_name_the_missing_keys(make_cfg, tmp_path):
     bad = tmp_path / "bad.pt"
     torch.save({"conv.weight": torch.zeros(1)}, bad)
     with pytest.raises(CheckpointError, match="missing keys"):
-        train(make_cfg("method=sgd", *TINY, f"trainer.init_from={bad}"), run_dir=tmp_path / "run")
-    status = json.loads((tmp_path / "run" / "status.json").read_text())
-    assert status["status"] == "failed" and "missing keys" in status["error"]
+        train(make_cfg("method=sgd", *TINY, f"run.init_from={bad}"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before training: nothing left behind
 
 
 def test_fge_and_ema_runs_score_their_own_predictors(make_cfg, tmp_path):
-    fge = train(make_cfg("method=fge", *TINY, "model.budget=4", "method.pretrain_epochs=2"), run_dir=tmp_path / "f")
+    fge = train(make_cfg("method=fge", *TINY, "model.budget_epochs=4", "model.fge.pretrain_epochs=2"), run_dir=tmp_path / "f")
     assert fge["fge"]["members"] == 1 and len(fge["fge"]["curve"]) == 1
     ema = train(make_cfg("method=ema", *TINY), run_dir=tmp_path / "e")
     assert set(ema) == {"ema", "sgd"}

@@ -5,21 +5,22 @@ its first epochs. SWA starts from the SGD run "stopped early without modifying t
 schedule" (paper section 3.2) and FGE from a pretrained checkpoint of the same SGD run, so both
 can *branch* off one SGD trunk instead of re-training the shared epochs.
 
-``trainer.branch_from=<trunk run dir>@<epoch>`` restores what a resume restores (weights,
+``run.branch_from=<trunk run dir>@<epoch>`` restores what a resume restores (weights,
 optimizer momentum, every RNG state, the history up to that epoch, the epoch counter) into a new
 run directory with its own config. Only the method's own state starts fresh, which is what a
 straight-through run of the child's config holds at that epoch provided that
 
-* the epoch is at most ``method.last_branch_epoch(epochs)`` (the method has averaged or collected
-  nothing yet: ``swa_start - 1`` for constant-lr SWA, ``pretrain_epochs`` for FGE), and
+* the epoch is at most ``method.last_branch_epoch()`` (the method has averaged or collected
+  nothing yet: the epoch before averaging starts for constant-lr SWA, the end of pretraining for FGE), and
 * the child's learning rate agrees with the trunk's on every epoch before it (``check_branch``
   replays the child's ``lr_at`` against the ``lr`` column of the trunk's history), and momentum,
   weight decay and Nesterov agree with the trunk's optimizer.
 
 Both are checked before training, so a branch either equals the straight-through run or is
-refused with the reason. The checkpoint fingerprint must match on everything except ``method``
-and ``epochs`` (which differ by design): another data set, model, seed, batch size or training
-subset is refused. Plain ``trainer.init_from`` is different: it copies weights only (momentum and
+refused with the reason. The trunk checkpoint's identity (``swalab.identity``) must equal the
+child's on every key but ``identity.BRANCH_MAY_DIFFER`` (the method, the run's length and the
+schedule, whose effect before the branch point the lr replay checks): another data set, model,
+seed, batch size or training subset is refused, naming the keys. Plain ``run.init_from`` is different: it copies weights only (momentum and
 RNG are lost) and suits fine-tuning, not reproducing a straight-through run.
 
 ``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` and
@@ -33,8 +34,8 @@ import math
 from pathlib import Path
 
 from swalab.checkpoint import read_checkpoint
+from swalab.identity import BRANCH_MAY_DIFFER, differences
 
-BRANCH_MAY_DIFFER = ("method", "epochs")  # fingerprint keys a branch may change; the rest must match the trunk
 LINEAGE_FILE = "lineage.json"
 
 
@@ -46,7 +47,7 @@ def parse_spec(spec: str) -> tuple[Path, int]:
     """``<run dir>@<epoch>`` -> (run dir, epoch). The epoch is required: a branch point is explicit."""
     path, sep, epoch = str(spec).rpartition("@")
     if not sep or not epoch.isdigit():
-        raise BranchError(f"trainer.branch_from={spec!r} must be <run dir>@<epoch>, e.g. outputs/.../seed0@112")
+        raise BranchError(f"run.branch_from={spec!r} must be <run dir>@<epoch>, e.g. outputs/.../seed0@112")
     return Path(path), int(epoch)
 
 
@@ -56,44 +57,43 @@ def find_checkpoint(run_dir: Path, epoch: int) -> Path:
     for candidate in (run_dir / "checkpoints" / "saved" / name, run_dir / "checkpoints" / name):
         if candidate.exists():
             return candidate
-    raise FileNotFoundError(f"trainer.branch_from={run_dir}@{epoch}: no checkpoint of epoch {epoch} in "
-                            f"{run_dir / 'checkpoints'} (the trunk keeps it for good with trainer.save_at=[{epoch}])")
+    raise FileNotFoundError(f"run.branch_from={run_dir}@{epoch}: no checkpoint of epoch {epoch} in "
+                            f"{run_dir / 'checkpoints'} (the trunk keeps it for good with run.save_at=[{epoch}])")
 
 
-def load_branch_state(spec: str, fingerprint: dict) -> tuple[dict, dict]:
+def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:
     """The trunk's checkpoint as a resume state for the child, and the child's lineage record.
 
-    The method state is dropped (``None``), so the child's method starts fresh; the fingerprint
-    must match on everything but ``BRANCH_MAY_DIFFER``.
+    The method state is dropped (``None``), so the child's method starts fresh; the identities must
+    match on everything but ``BRANCH_MAY_DIFFER``.
     """
     parent, epoch = parse_spec(spec)
     path = find_checkpoint(parent, epoch)
     state = read_checkpoint(path)
     if int(state.get("step", 0)) != 0 or int(state["epoch"]) != epoch:
         raise BranchError(f"{path} was written mid-epoch; a branch starts at an epoch boundary")
-    parent_fp = dict(state.get("fingerprint") or {})
-    diffs = [f"{k}: trunk has {parent_fp.get(k)!r}, this run has {v!r}" for k, v in fingerprint.items()
-             if k not in BRANCH_MAY_DIFFER and parent_fp.get(k) != v]
+    trunk = dict(state.get("identity") or {})
+    diffs = differences(identity, trunk, ignore=BRANCH_MAY_DIFFER)
     if diffs:
-        raise BranchError(f"trainer.branch_from={spec}: {path} belongs to another experiment (" + "; ".join(diffs)
-                          + "). A branch may change only " + " and ".join(BRANCH_MAY_DIFFER))
+        raise BranchError(f"run.branch_from={spec}: {path} belongs to another experiment (" + "; ".join(diffs[:8])
+                          + "). A branch may change only " + ", ".join(BRANCH_MAY_DIFFER))
     state = {**state, "method": None, "path": str(path)}
     lineage = {"kind": "branch", "parent": str(parent), "checkpoint": str(path), "epoch": epoch,
-               "parent_method": parent_fp.get("method"), "parent_epochs": parent_fp.get("epochs")}
+               "parent_method": trunk.get("method.name"), "parent_epochs": trunk.get("trainer.epochs")}
     return state, lineage
 
 
-def check_branch(method, state: dict, epochs: int, steps_per_epoch: int, momentum: float, weight_decay: float,
+def check_branch(method, state: dict, steps_per_epoch: int, momentum: float, weight_decay: float,
                  nesterov: bool) -> None:
     """Refuse a branch that would not equal a straight-through run of the child's config (see module doc)."""
-    epoch = int(state["epoch"])
+    epoch, epochs = int(state["epoch"]), method.epochs
     if epoch >= epochs:
-        raise BranchError(f"trainer.branch_from at epoch {epoch} leaves nothing to train (trainer.epochs={epochs})")
-    limit = method.last_branch_epoch(epochs)
+        raise BranchError(f"run.branch_from at epoch {epoch} leaves nothing to train (trainer.epochs={epochs})")
+    limit = method.last_branch_epoch()
     if epoch > limit:
         raise BranchError(f"method {method.name} holds state of its own after epoch {limit} (e.g. SWA's first capture "
-                          f"is after epoch swa_start), so a branch at epoch {epoch} would miss it: branch at epoch "
-                          f"{limit} or earlier (keep it with trainer.save_at in the trunk)")
+                          f"is after the epoch averaging starts), so a branch at epoch {epoch} would miss it: branch at epoch "
+                          f"{limit} or earlier (keep it with run.save_at in the trunk)")
     for row in state["history"][:epoch]:
         e = int(row["epoch"]) - 1
         mine = method.lr_at(e, steps_per_epoch - 1, steps_per_epoch)

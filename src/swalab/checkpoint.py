@@ -5,9 +5,9 @@ over its final name (``os.replace`` is atomic on POSIX), so a run killed mid-wri
 previous checkpoint intact. The newest ``keep`` checkpoints are kept; when the newest cannot be
 read (truncated by a full disk, say) the one before it is used, with a warning saying so.
 
-Every checkpoint carries a ``fingerprint`` of what makes weights comparable (dataset, model,
-method, seed): resuming from a checkpoint of a different run is refused with the reason,
-never silently ignored.
+Every checkpoint carries the run's identity (``swalab.identity``: the resolved config minus what
+cannot change results): resuming from a checkpoint of another config is refused, naming the keys
+that differ, never silently ignored.
 """
 
 from __future__ import annotations
@@ -32,8 +32,24 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: corrupt, from another run, or of another format."""
 
 
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc`` (itself or a cause): torch's zip writer reports a full disk as a
+    ``RuntimeError`` ("enforce fail at inline_container.cc") whose context holds the real ``OSError``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def atomic_save(obj: Any, path: str | Path) -> Path:
-    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``."""
+    """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``.
+
+    Any failure to write (a full disk, a quota, a read-only file system) raises ``OSError`` with one
+    line naming the file and the cause; the file it would have replaced is untouched.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -45,14 +61,15 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
             os.fsync(f.fileno())
         faults.hit("checkpoint_write")  # test-only: a kill here leaves the temp file, not a torn checkpoint
         os.replace(tmp, path)
-    except OSError as exc:  # full disk, quota, I/O error: the file it would have replaced is untouched
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise OSError(exc.errno, f"cannot write {path} ({exc.strerror or exc}); nothing was replaced, so the "
-                                 f"previous checkpoints in {path.parent} are intact. Free space (or point "
-                                 "paths.output_dir elsewhere) and re-launch the same command to continue") from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        cause = _os_error_in(exc) if isinstance(exc, (OSError, RuntimeError)) else None
+        if cause is None:
+            raise
+        # full disk, quota, I/O error: the file it would have replaced is untouched
+        raise OSError(cause.errno, f"cannot write {path} ({cause.strerror or cause}); nothing was replaced, so the "
+                                   f"earlier files in {path.parent} are intact. Free space (or point "
+                                   "paths.output_dir elsewhere) and re-launch the same command to continue") from None
     return path
 
 
@@ -95,11 +112,11 @@ def read_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def load_latest(directory: str | Path, fingerprint: dict | None = None) -> dict | None:
+def load_latest(directory: str | Path, identity: dict | None = None) -> dict | None:
     """The newest readable checkpoint in ``directory`` (None if there is none).
 
-    Unreadable checkpoints are skipped with a warning naming them; a readable one whose
-    fingerprint differs from ``fingerprint`` is refused with ``CheckpointError``.
+    Unreadable checkpoints are skipped with a warning naming them; a readable one written by a run
+    of another ``identity`` is refused with ``CheckpointError``.
     """
     for path in checkpoint_paths(directory):
         try:
@@ -107,7 +124,7 @@ def load_latest(directory: str | Path, fingerprint: dict | None = None) -> dict 
         except CheckpointError as exc:
             warnings.warn(f"{exc}; falling back to the previous checkpoint", RuntimeWarning, stacklevel=2)
             continue
-        check_fingerprint(state, fingerprint, path)
+        check_identity(state, identity, path)
         state["path"] = str(path)
         return state
     if checkpoint_paths(directory):
@@ -116,14 +133,17 @@ def load_latest(directory: str | Path, fingerprint: dict | None = None) -> dict 
     return None
 
 
-def check_fingerprint(state: dict, fingerprint: dict | None, path: str | Path) -> None:
-    """Refuse a checkpoint written by a run with a different dataset/model/method/seed."""
-    if fingerprint is None:
+def check_identity(state: dict, identity: dict | None, path: str | Path) -> None:
+    """Refuse a checkpoint written by a run of another config, naming the keys that differ."""
+    from swalab.identity import differences
+
+    if identity is None:
         return
-    theirs = state.get("fingerprint", {})
-    diffs = [f"{k}: checkpoint has {theirs.get(k)!r}, this run has {v!r}"
-             for k, v in fingerprint.items() if theirs.get(k) != v]
+    theirs = state.get("identity")
+    if theirs is None:
+        raise CheckpointError(f"checkpoint {path} carries no run identity (written by an older swalab): move the "
+                              "run directory away to start the run afresh")
+    diffs = differences(identity, theirs)
     if diffs:
-        raise CheckpointError(f"checkpoint {path} belongs to a different run (" + "; ".join(diffs) +
-                              "). Use another output directory (hydra.run.dir=...) or trainer.resume=false "
-                              "after moving it away.")
+        raise CheckpointError(f"checkpoint {path} belongs to a run of another config (" + "; ".join(diffs[:8]) +
+                              "). Choose another directory with run.dir=<dir>, or move this one away.")

@@ -14,7 +14,7 @@ Each run's predictors are rebuilt from its directory (``swalab.runs.load_run``):
 It prints accuracy, mean NLL and ECE per predictor, then the section 3.5 numbers: the mean L2
 distance of class probabilities and the label agreement between consecutive FGE members, and
 between every single model (``swa``, ``fge_avg``) and each FGE ensemble scored on the same test
-labels. Everything goes to ``--out`` as JSON as well.
+labels. With ``--out`` everything is also written there as JSON (nothing is written without it).
 """
 
 from __future__ import annotations
@@ -122,13 +122,15 @@ def format_report(result: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m swalab.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories (each with config.yaml and final.pt)")
-    parser.add_argument("--out", default="compare.json", help="where to write the JSON (default: ./compare.json)")
+    parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     args = parser.parse_args(argv)
     result = compare(args.runs, device=args.device)
     print(format_report(result))
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n[swalab] wrote {args.out}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\n[swalab] wrote {args.out}")
     return result
 
 

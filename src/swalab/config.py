@@ -1,105 +1,228 @@
-"""OmegaConf resolvers used by ``conf/`` and the checks that run before any training.
+"""OmegaConf resolvers used by ``conf/`` and the checks that run before anything is written.
 
 Resolvers (registered on import of ``swalab``):
 
 * ``${swalab.epochs:BUDGET,B}``: ``round(BUDGET * B)`` epochs, e.g. 1.5 budgets of a 200-epoch
   model is 300 epochs;
-* ``${swalab.run_path:DATASET,MODEL,METHOD,OVERRIDES,SEED,EXPERIMENT}``: the run directory below
-  ``outputs/``. It depends only on what was asked for, so re-launching the same command lands in
-  the same directory, where the run resumes (or is skipped when it already finished).
+* ``${swalab.basename:PATH}``: a folder's own name (``dataset=folder`` names itself after its root).
 
-``check_config`` catches bad values before training starts and names the key and the allowed
-range in its message.
+Checks, all before any file or folder is created:
+
+* :func:`check_config`: types (an integer key given ``2.5`` or ``abc`` is a named error) and ranges
+  of the keys ``train.py`` reads itself; each message names the key and what is allowed. The keys of
+  a method, schedule, model or data set are checked by the object they configure.
+* :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
-import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
 
 def budget_epochs(budget: float, base: float) -> int:
+    """``budget`` budgets of ``base`` epochs, rounded to whole epochs (1.25 x 150 = 188)."""
     return int(round(float(budget) * float(base)))
 
 
-def run_path(dataset: str, model: str, method: str, overrides: str, seed, experiment=None) -> str:
-    """``[experiment/]dataset/model/method/<other overrides or 'default'>/seed<seed>``."""
-    rest = re.sub(r"[^A-Za-z0-9=.,_+\-@]", "_", overrides or "") or "default"
-    head = f"{experiment}/" if experiment not in (None, "", "None", "null") else ""
-    return f"{head}{dataset}/{model}/{method}/{rest}/seed{seed}"
+def folder_name(path: str) -> str:
+    """The last component of ``path`` (``/data/mnist28/`` -> ``mnist28``): a data folder's default name."""
+    return Path(str(path).rstrip("/")).name or "folder"
 
 
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("swalab.epochs", budget_epochs, replace=True)
-    OmegaConf.register_new_resolver("swalab.run_path", run_path, replace=True)
+    OmegaConf.register_new_resolver("swalab.basename", folder_name, replace=True)
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and what is allowed."""
 
 
-def _positive(cfg: DictConfig, key: str, errors: list[str], allow_zero: bool = False) -> None:
-    value = OmegaConf.select(cfg, key)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        errors.append(f"{key}={value!r} must be a number {'>= 0' if allow_zero else '> 0'}")
-        return
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok:
-        errors.append(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+# -- typed values ---------------------------------------------------------------------------------
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def kind_error(key: str, value: Any, kind: str) -> str | None:
+    """The message for ``key=value`` when ``value`` is not of ``kind`` (``int``, ``int?``, ``number``,
+    ``bool``, ``bool?``, ``str``); ``?`` allows null. None when it fits."""
+    nullable = kind.endswith("?")
+    if nullable:
+        if value is None:
+            return None
+        kind = kind[:-1]
+    ok = {"int": is_int, "number": is_number, "bool": lambda v: isinstance(v, bool),
+          "str": lambda v: isinstance(v, str)}[kind](value)
+    if ok:
+        return None
+    wanted = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string"}[kind]
+    return f"{key}={value!r} must be {wanted}" + (" or null" if nullable else "")
+
+
+def require(key: str, value: Any, kind: str, low: float | None = None, high: float | None = None,
+            low_open: bool = False, high_open: bool = False) -> Any:
+    """``value`` when it is of ``kind`` and in range, else ``ConfigError`` naming ``key``.
+
+    Used by methods, schedules and loaders to check their own arguments (their config keys).
+    """
+    error = kind_error(key, value, kind)
+    if error:
+        raise ConfigError(error)
+    if value is not None and (low is not None or high is not None):
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if too_low or too_high:
+            if high is None:
+                span = f"{'>' if low_open else '>='} {low:g}"
+            elif low is None:
+                span = f"{'<' if high_open else '<='} {high:g}"
+            else:
+                span = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise ConfigError(f"{key}={value!r} must be {span}")
+    return value
+
+
+# The keys train.py reads itself, with their kind (see kind_error) and range.
+KEYS: dict[str, tuple] = {
+    "seed": ("int", 0, None),
+    "trainer.epochs": ("int", 0, None),
+    "trainer.batch_size": ("int", 1, None),
+    "trainer.eval_batch_size": ("int", 1, None),
+    "trainer.eval_every": ("int", 0, None),
+    "trainer.momentum": ("number", 0, 1),
+    "trainer.weight_decay": ("number", 0, None),
+    "trainer.nesterov": ("bool", None, None),
+    "trainer.amp": ("bool", None, None),
+    "trainer.channels_last": ("bool", None, None),
+    "trainer.compile": ("bool", None, None),
+    "trainer.progress": ("bool?", None, None),
+    "trainer.max_skips": ("int", 0, None),
+    "trainer.bn_update_fraction": ("number", 0, 1),
+    "trainer.device": ("str", None, None),
+    "trainer.nonfinite": ("str", None, None),
+    "run.checkpoint_every": ("int", 1, None),
+    "run.keep_checkpoints": ("int", 1, None),
+    "dataset.train_size": ("int?", 1, None),
+    "dataset.test_size": ("int?", 1, None),
+    "dataset.image_size": ("int?", 1, None),
+    "dataset.channels": ("int?", 1, None),
+    "dataset.num_classes": ("int?", 1, None),
+    "dataset.pad": ("int?", 0, None),
+    "dataset.flip": ("bool", None, None),
+    "dataset.num_workers": ("int", 0, None),
+    "model.budget_epochs": ("int", 0, None),
+    "method.budget": ("number", 0, None),
+}
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise ``ConfigError`` listing every bad value the config holds (not just the first)."""
+    """Raise ``ConfigError`` listing every bad value among the keys ``train.py`` reads (not just the first)."""
     errors: list[str] = []
-    for key in ("trainer.batch_size", "schedule.lr", "method.swa_lr", "method.swa_lr_min",
-                "method.lr_max", "method.lr_min", "method.cycle", "method.budget", "model.budget"):
-        _positive(cfg, key, errors)
-    for key in ("trainer.epochs", "trainer.weight_decay", "trainer.momentum", "trainer.eval_every",
-                "trainer.checkpoint_every"):  # trainer.epochs=0 scores the starting weights only
-        _positive(cfg, key, errors, allow_zero=True)
-    if cfg.trainer.get("keep_checkpoints", 2) < 1:
-        errors.append(f"trainer.keep_checkpoints={cfg.trainer.keep_checkpoints} must be >= 1")
-    if cfg.trainer.get("nonfinite", "stop") not in ("stop", "skip"):
-        errors.append(f"trainer.nonfinite={cfg.trainer.nonfinite!r} must be 'stop' or 'skip'")
-    if str(cfg.trainer.resume) not in ("auto", "True", "False", "true", "false") and not isinstance(
-            cfg.trainer.resume, str):
-        errors.append(f"trainer.resume={cfg.trainer.resume!r} must be auto, true, false or a run directory")
-    fraction = cfg.trainer.get("bn_update_fraction", 1.0)
-    if not 0 < fraction <= 1:
-        errors.append(f"trainer.bn_update_fraction={fraction} must be in (0, 1]")
-    train_size = cfg.dataset.get("train_size")
-    if train_size is not None and train_size < 1:
-        errors.append(f"dataset.train_size={train_size} must be >= 1 (or null for the whole training set)")
-    batch_size = cfg.trainer.batch_size
-    if isinstance(train_size, int) and isinstance(batch_size, int) and batch_size > train_size >= 1:
+    missing = [k for k in ("dataset.root", "run.init_from")
+               if OmegaConf.is_missing(OmegaConf.select(cfg, k.rpartition(".")[0]), k.rpartition(".")[2])]
+    if missing:  # '???' in a config: a value the user must give
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(f"{k} is required: set {k}=..." for k in missing))
+    for key, (kind, low, high) in KEYS.items():
+        if OmegaConf.select(cfg, key, default="<absent>") == "<absent>":
+            continue
+        value = OmegaConf.select(cfg, key)
+        try:
+            require(key, value, kind, low, high, low_open=key == "trainer.bn_update_fraction",
+                    high_open=key == "trainer.momentum")
+        except ConfigError as exc:
+            errors.append(str(exc))
+    if cfg.trainer.get("nonfinite") not in ("stop", "skip"):
+        errors.append(f"trainer.nonfinite={cfg.trainer.get('nonfinite')!r} must be 'stop' or 'skip'")
+    resume = cfg.run.get("resume")
+    if resume not in ("auto", True, False):
+        errors.append(f"run.resume={resume!r} must be auto, true or false (run.dir=<dir> names the directory)")
+    save_at = cfg.run.get("save_at") or []
+    if not all(is_int(e) and e >= 1 for e in save_at):
+        errors.append(f"run.save_at={list(save_at)!r} must be a list of epochs >= 1")
+    if cfg.run.get("init_from") and cfg.run.get("branch_from"):
+        errors.append("set run.init_from (weights only) or run.branch_from (full state), not both")
+    train_size, batch_size = cfg.dataset.get("train_size"), cfg.trainer.batch_size
+    if is_int(train_size) and is_int(batch_size) and batch_size > train_size >= 1:
         errors.append(f"trainer.batch_size={batch_size} is larger than dataset.train_size={train_size}: "
                       "lower the batch size or raise the training set size")
-    swa_start = OmegaConf.select(cfg, "method.swa_start")
-    if swa_start is not None and isinstance(cfg.trainer.epochs, int) and cfg.trainer.epochs > 0 and not 0 <= swa_start < cfg.trainer.epochs:
-        errors.append(f"method.swa_start={swa_start} must be in [0, trainer.epochs={cfg.trainer.epochs}): "
-                      "SWA needs epochs after swa_start to average")
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
-def check_writable(run_dir: str | Path) -> None:
-    """Fail at start, naming the directory and the overrides that move it, when outputs cannot be written.
+# -- keys added on the command line ------------------------------------------------------------
 
-    Creates ``run_dir`` and writes (then removes) one small file there, so a read-only mount, a
-    missing permission or a full disk shows up before any data is loaded or any step trained.
+# Blocks handed whole to a constructor: a key added there with '+' is an argument, checked by it.
+OPEN_BLOCKS = ("model.arch", "dataset.source", "method", "schedule")
+
+
+def check_overrides(overrides: Sequence[str], groups: Sequence[str]) -> None:
+    """Refuse ``+key=value`` overrides that add a key nothing reads.
+
+    ``groups`` are the config groups (``+sweep=...`` selects one and is fine). A key added inside one
+    of ``OPEN_BLOCKS`` is passed to that block's constructor, which refuses it if it has no such
+    argument; anywhere else an added key would be silently ignored, so it is refused here.
     """
-    run_dir = Path(run_dir)
+    from swalab.identity import split_override
+
+    errors = []
+    for override in overrides:
+        parts = split_override(override)
+        if parts is None or not parts[0].startswith("+"):
+            continue
+        key = parts[1]
+        if key in groups or any(key.startswith(block + ".") for block in OPEN_BLOCKS):
+            continue
+        errors.append(f"{override}: swalab reads no key {key!r}, so the value would be ignored. The keys it reads "
+                      "are in conf/ (`python run.py --cfg job` prints them); set an existing one without '+'")
+    if errors:
+        raise ConfigError("invalid override:\n  - " + "\n  - ".join(errors))
+
+
+def build(node: DictConfig, key: str, **kwargs) -> Any:
+    """Instantiate ``node`` (with ``kwargs`` added), naming ``<key>.<arg>`` when it has no such argument.
+
+    Errors the target raises itself (``ValueError`` from a check, ``FileNotFoundError`` from a loader)
+    reach the caller unwrapped, so their messages stay as the target wrote them.
+    """
+    from hydra.utils import get_method, instantiate
+
+    factory = instantiate(node, _partial_=True, _convert_="all")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=run_dir) as f:
-            f.write(b"swalab write check")
-    except OSError as exc:
-        raise PermissionError(
-            f"cannot write the run directory {run_dir} ({type(exc).__name__}: {exc.strerror or exc}). Point the "
-            "outputs somewhere writable with paths.output_dir=<dir> (all runs) or hydra.run.dir=<dir> (this run)"
-        ) from exc
+        return factory(**kwargs)
+    except TypeError as exc:
+        match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if not match:
+            raise
+        target = get_method(node._target_)
+        takes = [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
+        raise ConfigError(f"{key}.{match.group(1)} is not a setting of {key} ({node._target_}); it takes: "
+                          f"{', '.join(takes)}") from None
+
+
+def default_choices(config_dir: Path = CONF_DIR, config_name: str = "config") -> dict[str, Any]:
+    """The option each config group takes by default (the primary config's defaults list)."""
+    import yaml
+
+    primary = yaml.safe_load((config_dir / f"{config_name}.yaml").read_text()) or {}
+    out: dict[str, Any] = {}
+    for entry in primary.get("defaults", []):
+        if not isinstance(entry, dict):
+            continue
+        for group, option in entry.items():
+            group = str(group).removeprefix("optional ").strip()
+            if not group.startswith("override "):
+                out[group] = option
+    return out

@@ -6,7 +6,7 @@
 
 When to use it: the five runs of a row share most of their epochs. Trained naively they cost
 5.75 budgets per seed; branched they cost about 2: one SGD trunk (``method=sgd``, 1 budget) keeps
-the checkpoints of the branch points (``trainer.save_at``), one SWA run branches off it at
+the checkpoints of the branch points (``run.save_at``), one SWA run branches off it at
 ``swa_start - 1`` and trains to the largest budget, scoring its average at the smaller budget
 marks on the way (predictors ``swa@1``, ``swa@1.25``, ``swa``), and FGE branches off it at its
 ``pretrain_epochs``. Each branch equals the run trained straight through (``swalab.branching``),
@@ -15,7 +15,7 @@ so both modes give the same table.
 Each job is ``python run.py <overrides>`` in a subprocess, run one after another, trunk first; a
 job whose run directory already holds ``metrics.json`` is skipped, so an interrupted row is
 re-launched with the same command. The run directories are the ones ``run.py`` would pick
-(``trainer.save_at`` and ``trainer.branch_from`` stay out of their names), and
+(``run.save_at`` and ``run.branch_from`` stay out of their names), and
 ``<paths.output_dir>/rows/<dataset>_<model>_seed<N>.json`` maps each Table 1 column to the run
 and predictor that hold it (the report reads the runs' ``metrics.json`` and ``lineage.json``).
 """
@@ -33,10 +33,11 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
+from swalab.identity import CONSUMED, identity_of
+from swalab.train import build_method, locate
 
 REPO = Path(__file__).resolve().parents[2]
 SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
@@ -59,19 +60,22 @@ class Job:
 
 
 def compose_run(overrides: list[str]) -> DictConfig:
-    """The config ``run.py`` would compose for ``overrides``, with ``hydra.run.dir`` resolvable."""
+    """The config ``run.py`` would compose for ``overrides`` (with Hydra's section, for the group choices)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
 
 
-def run_dir_of(cfg: DictConfig) -> Path:
-    return Path(str(cfg.hydra.run.dir)).resolve()
+def run_dir_of(cfg: DictConfig, overrides: list[str]) -> Path:
+    """Where ``python run.py <overrides>`` trains: the directory ``swalab.train`` names from the config."""
+    resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                for k in CONSUMED if k in cfg}
+    return locate(cfg, identity_of(resolved), overrides, dict(cfg.hydra.runtime.choices)).resolve()
 
 
 def method_of(cfg: DictConfig):
-    return instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=instantiate(cfg.schedule))
+    return build_method(cfg, int(cfg.trainer.epochs))
 
 
 def agree_until(child, trunk, epochs: int) -> int:
@@ -87,7 +91,7 @@ def branch_point(child_cfg: DictConfig, trunk_cfg: DictConfig) -> int:
     """The latest trunk epoch the child can branch from and still equal its straight-through run."""
     child, trunk = method_of(child_cfg), method_of(trunk_cfg)
     trunk_epochs = int(trunk_cfg.trainer.epochs)
-    limit = min(child.last_branch_epoch(int(child_cfg.trainer.epochs)), trunk_epochs)
+    limit = min(child.last_branch_epoch(), trunk_epochs)
     return min(limit, agree_until(child, trunk, trunk_epochs))
 
 
@@ -96,48 +100,58 @@ def fmt_budget(b: float) -> str:
 
 
 def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_budgets=SWA_BUDGETS,
-             fge: bool = True, naive: bool = False) -> list[Job]:
-    """The jobs of one row for one seed, in dependency order (the trunk first)."""
+             fge: bool = True, naive: bool = False, ema: bool = False) -> list[Job]:
+    """The jobs of one row for one seed, in dependency order (the trunk first).
+
+    ``ema`` adds an EMA run of one budget, trained straight through (EMA keeps state from its first
+    step, so it cannot branch off the trunk).
+    """
+    fixed = [o for o in extra if o.lstrip("+").split("=", 1)[0] in ("trainer.epochs", "method.budget", "method")]
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)}: a row's runs are 1, 1.25 and 1.5 budgets long, so their lengths come "
+                         "from the budget B: set model.budget_epochs=<B> instead")
     base = [f"dataset={dataset}", f"model={model}", f"seed={seed}", *extra]
-    trunk_cfg = compose_run([*base, "method=sgd"])
-    horizon = trunk_cfg.schedule.get("horizon")
+    trunk_ov = [*base, "method=sgd"]
+    trunk_cfg = compose_run(trunk_ov)
+    trunk_epochs = int(trunk_cfg.trainer.epochs)
     budgets = sorted(float(b) for b in swa_budgets)
 
     def swa_overrides(budget: float, marks: list[float]) -> list[str]:
         out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "method.pre_schedule=base"]
         if marks:
-            out.append("method.eval_at_budgets=[" + ",".join(fmt_budget(b) for b in marks) + "]")
-        probe = compose_run(out)
-        if horizon is not None and probe.schedule.get("horizon") != horizon:
-            out.append(f"schedule.horizon={horizon}")  # the SGD run's schedule, "not modified" (paper 3.2)
+            out.append("model.swa.score_at_budgets=[" + ",".join(fmt_budget(b) for b in marks) + "]")
+        if "horizon" in trunk_cfg.schedule and int(compose_run(out).trainer.epochs) != trunk_epochs:
+            out.append(f"schedule.horizon={trunk_epochs}")  # the SGD run's schedule, "not modified" (paper 3.2)
         return out
 
-    fge_overrides = [*base, "method=fge"]
+    fge_ov = [*base, "method=fge"]
+    ema_ov = [*base, "method=ema"]
+    extra_jobs = [Job("ema", ema_ov, run_dir_of(compose_run(ema_ov), ema_ov), columns={"EMA": "ema"})] if ema else []
     if naive:
-        jobs = [Job("sgd", [*base, "method=sgd"], run_dir_of(trunk_cfg), columns={"SGD": "sgd"})]
+        jobs = [Job("sgd", trunk_ov, run_dir_of(trunk_cfg, trunk_ov), columns={"SGD": "sgd"})]
         if fge:
-            jobs.append(Job("fge", fge_overrides, run_dir_of(compose_run(fge_overrides)), columns={"FGE 1B": "fge"}))
+            jobs.append(Job("fge", fge_ov, run_dir_of(compose_run(fge_ov), fge_ov), columns={"FGE 1B": "fge"}))
         for b in budgets:
             ov = swa_overrides(b, [])
-            jobs.append(Job(f"swa_b{fmt_budget(b)}", ov, run_dir_of(compose_run(ov)),
+            jobs.append(Job(f"swa_b{fmt_budget(b)}", ov, run_dir_of(compose_run(ov), ov),
                             columns={f"SWA {fmt_budget(b)}B": "swa"}))
-        return jobs
+        return jobs + extra_jobs
 
     swa_ov = swa_overrides(budgets[-1], budgets[:-1])
-    swa_cfg = compose_run(swa_ov)
-    children = [("swa", swa_ov, swa_cfg, {**{f"SWA {fmt_budget(b)}B": f"swa@{fmt_budget(b)}" for b in budgets[:-1]},
-                                         f"SWA {fmt_budget(budgets[-1])}B": "swa"})]
+    children = [("swa", swa_ov, compose_run(swa_ov),
+                 {**{f"SWA {fmt_budget(b)}B": f"swa@{fmt_budget(b)}" for b in budgets[:-1]},
+                  f"SWA {fmt_budget(budgets[-1])}B": "swa"})]
     if fge:
-        children.append(("fge", fge_overrides, compose_run(fge_overrides), {"FGE 1B": "fge"}))
+        children.append(("fge", fge_ov, compose_run(fge_ov), {"FGE 1B": "fge"}))
     points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
-    trunk_dir = run_dir_of(compose_run([*base, "method=sgd"]))
-    save_at = "trainer.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()))) + "]"
-    jobs = [Job("sgd", [*base, "method=sgd", save_at], trunk_dir, columns={"SGD": "sgd"})]
+    trunk_dir = run_dir_of(trunk_cfg, trunk_ov)
+    save_at = "run.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()))) + "]"
+    jobs = [Job("sgd", [*trunk_ov, save_at], trunk_dir, columns={"SGD": "sgd"})]
     for name, ov, cfg, columns in children:
         k = points[name]
-        jobs.append(Job(name, [*ov, f"trainer.branch_from='{trunk_dir}@{k}'"], run_dir_of(compose_run(ov)),
+        jobs.append(Job(name, [*ov, f"run.branch_from={trunk_dir}@{k}"], run_dir_of(cfg, ov),
                         parent="sgd", branch_epoch=k, columns=columns))
-    return jobs
+    return jobs + extra_jobs
 
 
 def epochs_in(run_dir: Path) -> int:
@@ -200,12 +214,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--swa-budgets", type=float, nargs="+", default=list(SWA_BUDGETS))
     parser.add_argument("--no-fge", action="store_true", help="leave out the FGE column")
     parser.add_argument("--naive", action="store_true", help="train each column straight through (no branching)")
+    parser.add_argument("--ema", action="store_true", help="add an EMA run of one budget (trained straight through)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order and run nothing")
     args = parser.parse_args(own)
     result = {}
     for seed in args.seeds:
         jobs = plan_row(args.dataset, args.model, seed, extra, args.swa_budgets, fge=not args.no_fge,
-                        naive=args.naive)
+                        naive=args.naive, ema=args.ema)
         costs = run_jobs(jobs, dry_run=args.dry_run)
         if args.dry_run:
             continue

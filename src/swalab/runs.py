@@ -27,7 +27,7 @@ from torch.optim.swa_utils import update_bn
 import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.evaluate import autocast_for, labels_of, predict_logits
 from swalab.methods.fge import MEMBER_PROBS_FILE
-from swalab.train import build_loaders, load_into
+from swalab.train import build_loaders, build_model, load_into
 from swalab.trainer import select_device
 
 
@@ -132,7 +132,7 @@ def load_run(run_dir: str | Path, device: str = "auto", data=None) -> LoadedRun:
     if data is None:
         data = instantiate(cfg.dataset.source)
     train_loader, test_loader, bn_loader = build_loaders(cfg, data, dev)
-    model = instantiate(cfg.model.arch)
+    model = build_model(cfg, data)
     state = _final_state(run_dir)
     load_into(model, state["model"], f"{run_dir}/final.pt")
     model.to(dev).eval()

@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
 
+from swalab.config import require
+
 
 # ----------------------------------------------------------------------------- formulas
 
@@ -127,8 +129,8 @@ class Schedule(ABC):
     per_iteration: bool = False
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"schedule.lr must be > 0, got {self.lr}")
+        require("schedule.lr", self.lr, "number", 0, low_open=True)
+        require("schedule.per_iteration", self.per_iteration, "bool")
 
     @abstractmethod
     def __call__(self, epoch: float) -> float:
@@ -160,8 +162,8 @@ class PaperSGD(Schedule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.horizon > 0:
-            raise ValueError(f"schedule.horizon must be > 0 epochs, got {self.horizon}")
+        require("schedule.horizon", self.horizon, "number", 0, low_open=True)
+        require("schedule.final_lr", self.final_lr, "number?", 0, low_open=True)
 
     def __call__(self, epoch: float) -> float:
         final = 0.01 * self.lr if self.final_lr is None else self.final_lr
@@ -175,6 +177,11 @@ class Cosine(Schedule):
     horizon: float = 1.0
     lr_min: float = 0.0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("schedule.horizon", self.horizon, "number", 0, low_open=True)
+        require("schedule.lr_min", self.lr_min, "number", 0)
+
     def __call__(self, epoch: float) -> float:
         return cosine_lr(epoch / self.horizon, self.lr, self.lr_min)
 
@@ -186,6 +193,11 @@ class Piecewise(Schedule):
     horizon: float = 1.0
     milestones: Sequence[float] = (0.5, 0.75)
     gamma: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("schedule.horizon", self.horizon, "number", 0, low_open=True)
+        require("schedule.gamma", self.gamma, "number", 0, low_open=True)
 
     def __call__(self, epoch: float) -> float:
         return piecewise_lr(epoch, self.lr, [m * self.horizon for m in self.milestones], self.gamma)

@@ -1,18 +1,31 @@
 """``train(cfg)``: the only place that reads the config.
 
-It checks the config, builds the data, model, schedule, method and tracker from it, hands plain
-objects to the ``Trainer``, and writes the run directory:
+A run goes through two steps, and nothing is written before the second:
 
-    config.yaml      the resolved config           git.json       commit and dirty flag
+1. :func:`prepare` checks the config (types, ranges, keys nothing reads, the device, the method's
+   own checks), computes the run's identity (``swalab.identity``) and its directory, and looks at
+   what that directory holds: a finished run of the same identity is skipped, a run of another
+   identity is refused with the keys that differ.
+2. :func:`execute` takes the directory's lock (``swalab.runlock``: one process per run), loads the
+   data, builds the model and the resume or branch state, and only then writes the run directory
+   and trains. A run refused at this point (missing data, weights that do not fit, a branch that
+   would not equal the straight-through run) removes what it created and leaves an existing run's
+   files untouched.
+
+The run directory::
+
+    config.yaml      the resolved config           identity.json  the run's identity and its hashes
+    overrides.yaml   the command line's overrides  git.json       commit and dirty flag
     history.jsonl    one line per epoch            metrics.json   final metrics per predictor
-    status.json      running / complete / failed / preempted, with the error if any
-    checkpoints/     epochNNNN.pt (last two kept; saved/ holds trainer.save_at epochs)
+    status.json      running / complete / failed / preempted, with the error line if any
+    run.log          the run's log lines (one per epoch) with time stamps
+    checkpoints/     epochNNNN.pt (last two kept; saved/ holds run.save_at epochs)
     final.pt         live weights plus each method's own (SWA average, EMA)
-    lineage.json     the checkpoint this run started from (trainer.init_from or trainer.branch_from), if any
+    lineage.json     the checkpoint this run started from (run.init_from or run.branch_from), if any
     reliability.json per predictor, 15 confidence bins (count, accuracy, confidence) for reliability diagrams
 
-Re-running the same command lands in the same directory (see ``conf/hydra/default.yaml``): a
-finished run is skipped, an interrupted one resumes from its newest good checkpoint.
+Re-running the same command lands in the same directory: a finished run is skipped, an
+interrupted one resumes from its newest good checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +35,9 @@ import random
 import subprocess
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -31,11 +46,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
 from swalab.branching import check_branch, load_branch_state, read_lineage
-from swalab.checkpoint import CheckpointError, load_latest, read_checkpoint
-from swalab.config import ConfigError, check_config, check_writable
+from swalab.checkpoint import CheckpointError, atomic_save, checkpoint_paths, load_latest, read_checkpoint
+from swalab.config import ConfigError, build, check_config, check_overrides, default_choices
 from swalab.data import ResidentLoader, subset
+from swalab.identity import (IDENTITY_FILE, differences, group_hash, identity_of, record, run_name,
+                             stored_identity)
+from swalab.logs import epoch_line, get_logger, run_log
+from swalab.runlock import RunLock
 from swalab.tracking import NullTracker
 from swalab.trainer import Preempted, Trainer, TrainerOptions, select_device
+
+log = get_logger()
 
 
 def seed_everything(seed: int) -> None:
@@ -64,31 +85,14 @@ def write_json(path: Path, obj) -> None:
     tmp.replace(path)
 
 
-def default_run_dir() -> Path:
-    from hydra.core.hydra_config import HydraConfig
-
-    try:
-        return Path(HydraConfig.get().runtime.output_dir)
-    except ValueError:
-        return Path("outputs") / "run"
-
-
-def resolve_run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
-    resume = cfg.trainer.resume
-    if isinstance(resume, str) and resume not in ("auto",):
-        path = Path(resume)
-        if not (path / "checkpoints").is_dir():
-            raise FileNotFoundError(f"trainer.resume={resume}: no checkpoints/ folder there to continue from")
-        return path
-    return Path(run_dir) if run_dir is not None else default_run_dir()
-
-
 def load_init_weights(spec: str) -> tuple[dict, dict]:
     """Weights to start from: ``<run dir>[@epoch]``, a swalab checkpoint, or a plain state dict file.
 
     Returns the state dict and a lineage record naming where it came from.
     """
-    path, _, epoch = str(spec).partition("@")
+    path, sep, epoch = str(spec).rpartition("@")
+    if not sep or not epoch.isdigit():  # no epoch given: the whole spec is the path
+        path, epoch = str(spec), ""
     path = Path(path)
     if path.is_dir():
         ckpt_dir = path / "checkpoints"
@@ -96,21 +100,21 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
             candidates = [ckpt_dir / "saved" / f"epoch{int(epoch):04d}.pt", ckpt_dir / f"epoch{int(epoch):04d}.pt"]
             found = next((c for c in candidates if c.exists()), None)
             if found is None:
-                raise FileNotFoundError(f"trainer.init_from={spec}: no checkpoint of epoch {epoch} in {ckpt_dir} "
-                                        "(keep it with trainer.save_at=[{epoch}] in the parent run)")
+                raise FileNotFoundError(f"run.init_from={spec}: no checkpoint of epoch {epoch} in {ckpt_dir} "
+                                        "(keep it with run.save_at=[{epoch}] in the parent run)")
             state = read_checkpoint(found)
         else:
             state = load_latest(ckpt_dir)
             if state is None:
-                raise FileNotFoundError(f"trainer.init_from={spec}: {ckpt_dir} holds no checkpoint")
+                raise FileNotFoundError(f"run.init_from={spec}: {ckpt_dir} holds no checkpoint")
             found = Path(state["path"])
         return state["model"], {"parent": str(path), "checkpoint": str(found), "epoch": state["epoch"]}
     if not path.exists():
-        raise FileNotFoundError(f"trainer.init_from={spec}: no such file or run directory")
+        raise FileNotFoundError(f"run.init_from={spec}: no such file or run directory")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise CheckpointError(f"trainer.init_from={spec}: cannot read it ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(f"run.init_from={spec}: cannot read it ({type(exc).__name__}: {exc})") from exc
     if isinstance(state, dict) and state.get("format") == "swalab-checkpoint":
         return state["model"], {"parent": str(path.parent.parent), "checkpoint": str(path), "epoch": state["epoch"]}
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
@@ -159,12 +163,21 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     return train, test, bn
 
 
+def build_model(cfg: DictConfig, data) -> torch.nn.Module:
+    """The network of ``model.arch``, with the class count and channels of the data (a folder's are measured)."""
+    channels = int(getattr(data, "channels", None) or cfg.dataset.channels)
+    return build(cfg.model.arch, "model.arch", num_classes=data.num_classes, in_channels=channels)
+
+
 def build_loaders(cfg: DictConfig, data, device: torch.device):
     """Training, test and BN-update loaders on ``device``; the split stays resident there."""
     if cfg.dataset.get("loader", "resident") == "stream":
         return build_stream_loaders(cfg, data, device)
-    mean = list(cfg.model.get("mean") or cfg.dataset.mean)
-    std = list(cfg.model.get("std") or cfg.dataset.std)
+    mean = list(cfg.model.get("mean") or cfg.dataset.get("mean") or getattr(data, "mean", None))
+    std = list(cfg.model.get("std") or cfg.dataset.get("std") or getattr(data, "std", None))
+    pad = cfg.dataset.get("pad")
+    if pad is None:  # crop padding scaled to the image size: 4 pixels for 32
+        pad = int(round(data.train.images.shape[-1] / 8))
     batch_size = int(cfg.trainer.batch_size)
     if batch_size > len(data.train):
         raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
@@ -174,131 +187,281 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     ranks = distributed.info()  # torchrun: batch_size is the global batch, each rank takes its slice
     if batch_size % ranks.world_size:
         raise ConfigError(f"trainer.batch_size={batch_size} must divide evenly over {ranks.world_size} ranks")
-    train = ResidentLoader(data.train, batch_size // ranks.world_size, pad=cfg.dataset.pad, flip=cfg.dataset.flip,
+    train = ResidentLoader(data.train, batch_size // ranks.world_size, pad=pad, flip=cfg.dataset.flip,
                            train=True, seed=int(cfg.seed), rank=ranks.rank, world_size=ranks.world_size, **common)
     test = ResidentLoader(data.test, int(cfg.trainer.eval_batch_size), train=False, **common)
     fraction = float(cfg.trainer.bn_update_fraction)
     bn_split = data.train if fraction >= 1 else subset(data.train, max(batch_size, int(fraction * len(data.train))),
                                                        seed=int(cfg.seed) + 1)
-    bn = ResidentLoader(bn_split, batch_size, pad=cfg.dataset.pad, flip=cfg.dataset.flip, train=True,
+    bn = ResidentLoader(bn_split, batch_size, pad=pad, flip=cfg.dataset.flip, train=True,
                         drop_last=False, seed=int(cfg.seed) + 1, **common)
     return train, test, bn
 
 
-def fingerprint_of(cfg: DictConfig) -> dict:
-    """What must match for a checkpoint to be resumed by this config."""
-    return {"dataset": cfg.dataset.name, "model": cfg.model.name, "method": cfg.method.name,
-            "seed": int(cfg.seed), "epochs": int(cfg.trainer.epochs), "batch_size": int(cfg.trainer.batch_size),
-            "train_size": cfg.dataset.get("train_size")}
+
+# -- step 1: everything that can be checked before a file is written --------------------------------
+
+@dataclass
+class RunPlan:
+    """An accepted config, ready to train: where, as what, and what it has already checked."""
+
+    cfg: DictConfig
+    run_dir: Path
+    identity: dict
+    resolved: dict
+    overrides: list[str] | None
+    device: torch.device
+    method: Any
+    finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
+    started: bool = False                 # set once training starts: an error before it is a refusal
 
 
-def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict:
-    """Train one run as ``cfg`` says and return its final metrics (``{predictor: {metric: value}}``)."""
+def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, choices: dict | None) -> Path:
+    """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes."""
+    if cfg.run.get("dir"):
+        return Path(str(cfg.run.dir))
+    names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
+    name = run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
+    return Path(str(cfg.paths.output_dir)) / name
+
+
+def build_method(cfg: DictConfig, epochs: int):
+    """The base schedule and the method, from their config groups (each checks its own arguments)."""
+    kwargs = {}
+    if "horizon" in cfg.schedule and cfg.schedule.horizon is None:  # null: the schedule spans the run
+        kwargs["horizon"] = max(epochs, 1)
+    schedule = build(cfg.schedule, "schedule", **kwargs)
+    return build(cfg.method, "method", schedule=schedule, epochs=epochs)
+
+
+def validate(cfg: DictConfig):
+    """Every check of ``cfg`` that needs no data and writes nothing; returns the (checked) method.
+
+    The config's own keys (``check_config``), the device, and the schedule and method, which check
+    their own arguments when built and their combination in ``validate``.
+    """
     check_config(cfg)
-    distributed.init_distributed(str(cfg.trainer.device))  # no-op unless launched by torchrun
-    run_dir = resolve_run_dir(cfg, run_dir)
-    metrics_path = run_dir / "metrics.json"
-    resume_mode = cfg.trainer.resume
-    if metrics_path.exists() and resume_mode is not False:
-        print(f"[swalab] {run_dir} already holds a finished run; skipping (metrics.json kept)")
-        return json.loads(metrics_path.read_text())
-    check_writable(run_dir)  # an unwritable output directory fails here, before any data is loaded
-    fingerprint = fingerprint_of(cfg)
-    resume_state = load_latest(run_dir / "checkpoints", fingerprint) if resume_mode is not False else None
-    if resume_mode is True and resume_state is None:
-        raise FileNotFoundError(f"trainer.resume=true but {run_dir / 'checkpoints'} holds no checkpoint")
-    if resume_mode is False and ((run_dir / "checkpoints").is_dir() or metrics_path.exists()):
-        raise FileExistsError(f"{run_dir} already holds a run and trainer.resume=false: nothing is overwritten. "
-                              "Continue it with trainer.resume=auto, or choose another hydra.run.dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    select_device(str(cfg.trainer.device))
+    method = build_method(cfg, int(cfg.trainer.epochs))
+    method.validate(initialized=bool(cfg.run.get("init_from") or cfg.run.get("branch_from")
+                                     or cfg.model.get("pretrained")))
+    return method
+
+
+def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
+    """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
+    identity (to skip it), None for a new or interrupted one; refused when it holds another config."""
+    theirs = stored_identity(run_dir)
+    if theirs is not None and theirs != identity:
+        raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(differences(identity, theirs)[:8])
+                          + "): nothing there is touched. Re-run with that config to continue it, or give this "
+                          "one its own directory with run.dir=<dir>")
+    metrics = run_dir / "metrics.json"
+    if metrics.exists():
+        if resume is False:
+            raise FileExistsError(f"{run_dir} already holds a finished run and run.resume=false: nothing is "
+                                  "overwritten. Choose another directory with run.dir=<dir>")
+        return json.loads(metrics.read_text())
+    has_checkpoints = bool(checkpoint_paths(run_dir / "checkpoints"))
+    if resume is False and has_checkpoints:
+        raise FileExistsError(f"{run_dir} already holds a run and run.resume=false: nothing is overwritten. "
+                              "Continue it with run.resume=auto, or choose another directory with run.dir=<dir>")
+    if resume is True and not has_checkpoints:
+        raise FileNotFoundError(f"run.resume=true but {run_dir / 'checkpoints'} holds no checkpoint to resume")
+    return None
+
+
+def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequence[str] | None = None,
+            choices: dict | None = None) -> RunPlan:
+    """Check ``cfg`` and find its run directory, writing nothing (step 1 of the module doc).
+
+    ``overrides`` are the command line's overrides as typed and ``choices`` each config group's
+    chosen option (``run.py`` passes Hydra's); they name the run directory and let keys added with
+    ``+`` be checked. Without them the directory name carries the identity's hash instead.
+    """
+    if overrides is not None:
+        check_overrides(overrides, list(choices or {}))
+    method = validate(cfg)
+    device = select_device(str(cfg.trainer.device))
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    if distributed.is_main():
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    identity = identity_of(resolved)
+    run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
+    finished = inspect_run_dir(run_dir, identity, cfg.run.resume)
+    return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
+                   overrides=None if overrides is None else list(overrides), device=device, method=method,
+                   finished=finished)
+
+
+# -- step 2: lock, load, write, train --------------------------------------------------------------
+
+@dataclass
+class Built:
+    """Everything a run trains with, built after its lock is held."""
+
+    trainer: Trainer
+    lineage: dict | None
+    resume_state: dict | None
+    branched: bool
+
+
+def build_run(plan: RunPlan) -> Built:
+    """Load the data, build the model, loaders, resume or branch state and the trainer (no file written)."""
+    cfg, run_dir, method = plan.cfg, plan.run_dir, plan.method
+    seed_everything(int(cfg.seed))
+    device = distributed.local_device(plan.device)
+    data = build(cfg.dataset.source, "dataset.source")
+    expected = cfg.dataset.get("num_classes")
+    if expected is not None and data.num_classes != expected:
+        raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
+    train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
+    model = build_model(cfg, data)
+    lineage = None
+    if cfg.run.get("init_from"):
+        weights, lineage = load_init_weights(cfg.run.init_from)
+        load_into(model, weights, str(cfg.run.init_from))
+    resume_state = load_latest(run_dir / "checkpoints", plan.identity) if cfg.run.resume is not False else None
+    branched = False
+    if cfg.run.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
+        if resume_state is None:
+            resume_state, lineage = load_branch_state(str(cfg.run.branch_from), plan.identity)
+            branched = True
+            check_branch(method, resume_state, len(train_loader), cfg.trainer.momentum, cfg.trainer.weight_decay,
+                         cfg.trainer.nesterov)
+        else:  # this branch wrote checkpoints of its own and resumes from them
+            lineage = read_lineage(run_dir)
+    options = TrainerOptions(
+        epochs=method.epochs, momentum=cfg.trainer.momentum, weight_decay=cfg.trainer.weight_decay,
+        nesterov=cfg.trainer.nesterov, amp=cfg.trainer.amp, channels_last=cfg.trainer.channels_last,
+        compile=cfg.trainer.compile, eval_every=cfg.trainer.eval_every, checkpoint_every=cfg.run.checkpoint_every,
+        keep_checkpoints=cfg.run.keep_checkpoints, nonfinite=cfg.trainer.nonfinite,
+        max_skips=cfg.trainer.max_skips, progress=cfg.trainer.progress, save_at=tuple(cfg.run.save_at or ()))
+    trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
+                      identity=plan.identity)
+    return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched)
+
+
+def message(exc: BaseException) -> str:
+    """What an error says, without Python's ``[Errno N]`` prefix on the OS errors swalab words itself."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is None:
+        return str(exc.strerror).strip()
+    return str(exc).strip()
+
+
+def one_line(exc: BaseException) -> str:
+    """``<type>: <first line of its message>``: what status.json and a grid's summary record."""
+    text = message(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def write_status(run_dir: Path, status: dict) -> None:
+    """``status.json``, best effort: when the disk is full even this small file may not fit, and the
+    error being reported matters more than the record of it."""
+    try:
+        write_json(run_dir / "status.json", status)
+    except OSError as exc:
+        log.warning(f"[swalab] could not record status {status.get('status')!r} in {run_dir} ({exc})")
+
+
+def execute(plan: RunPlan) -> dict:
+    """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics."""
+    if plan.finished is not None:
+        log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
+        return plan.finished
+    distributed.init_distributed(str(plan.cfg.trainer.device))  # no-op unless launched by torchrun
+    lock = RunLock(plan.run_dir) if distributed.is_main() else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        try:
+            if lock is not None:  # another process may have finished this run while we waited for nothing
+                plan.finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
+                if plan.finished is not None:
+                    log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
+                    return plan.finished
+            built = build_run(plan)
+        except BaseException:
+            if lock is not None:
+                lock.discard()
+                lock = None
+            raise
+        return _train(plan, built, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
+    if not distributed.is_main():
+        return
+    run_dir = plan.run_dir
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
+    write_json(run_dir / IDENTITY_FILE, record(plan.identity))
+    if plan.overrides is not None:
+        (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     write_json(run_dir / "git.json", git_info())
+    if lineage is not None:
+        write_json(run_dir / "lineage.json", lineage)
     write_json(run_dir / "status.json", {"status": "running"})
 
-    try:
-        metrics, trainer, method, epochs, tracker = _run(cfg, run_dir, resolved, fingerprint, resume_state)
-    except Preempted as exc:
-        write_json(run_dir / "status.json", {"status": "preempted", "message": str(exc)})
-        raise
-    except BaseException as exc:
-        write_json(run_dir / "status.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                                             "traceback": traceback.format_exc()})
-        raise
-    final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": epochs,
-             "fingerprint": fingerprint}
-    if distributed.is_main():
-        torch.save(final, run_dir / "final.pt")
-    tracker.final_checkpoint(run_dir / "final.pt")
-    write_json(run_dir / "reliability.json", getattr(trainer, "reliability", {}))
-    write_json(metrics_path, metrics)
-    write_json(run_dir / "status.json", {"status": "complete"})
-    tracker.summary(metrics)
-    tracker.finish()
-    print(format_metrics(metrics), file=sys.stdout)
+
+def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
+    cfg, run_dir, trainer, method = plan.cfg, plan.run_dir, built.trainer, plan.method
+    plan.started = True
+    write_run_files(plan, built.lineage)
+    with run_log(run_dir):
+        if lock is not None and lock.took_over():
+            log.info(f"[swalab] {lock.took_over()}")
+        if built.resume_state is not None and not built.branched:
+            log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']}")
+        else:
+            log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
+                     f"{record(plan.identity)['hash']})")
+        tracker = NullTracker() if not distributed.is_main() else instantiate(cfg.logger, _partial_=True)(
+            run_dir=str(run_dir),
+            run_config=plan.resolved if built.lineage is None else {**plan.resolved, "lineage": built.lineage})
+
+        def on_epoch(row: dict) -> None:
+            tracker.log(row, step=row["epoch"])
+            log.info(epoch_line(row, method.epochs, trainer.run_eta(row["epoch"])))
+
+        trainer.on_epoch = on_epoch
+        if built.branched:  # the trunk's epochs are this run's history too
+            for row in built.resume_state["history"]:
+                tracker.log(row, step=row["epoch"])
+        try:
+            metrics = trainer.fit(built.resume_state)
+            final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": method.epochs,
+                     "identity": plan.identity}
+            if distributed.is_main():
+                atomic_save(final, run_dir / "final.pt")
+            tracker.final_checkpoint(run_dir / "final.pt")
+            write_json(run_dir / "reliability.json", getattr(trainer, "reliability", {}))
+            write_json(run_dir / "metrics.json", metrics)
+        except Preempted as exc:
+            write_status(run_dir, {"status": "preempted", "message": str(exc)})
+            tracker.finish(exit_code=1)
+            raise
+        except BaseException as exc:
+            write_status(run_dir, {"status": "failed", "error": one_line(exc), "traceback": traceback.format_exc()})
+            log.info(f"[swalab] {run_dir} failed: {one_line(exc)}")
+            tracker.finish(exit_code=1)
+            raise
+        write_status(run_dir, {"status": "complete"})
+        tracker.summary(metrics)
+        tracker.finish()
+        log.info(format_metrics(metrics))
     return metrics
 
 
-def _run(cfg: DictConfig, run_dir: Path, resolved: dict, fingerprint: dict, resume_state: dict | None):
-    """Build everything from the config and train; the tracker is finished on any failure."""
-    seed_everything(int(cfg.seed))
-    device = distributed.local_device(select_device(str(cfg.trainer.device)))
-    data = instantiate(cfg.dataset.source)
-    if data.num_classes != cfg.dataset.num_classes:
-        raise ConfigError(f"dataset.num_classes={cfg.dataset.num_classes} but the data at dataset.root has "
-                          f"{data.num_classes} classes")
-    train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
-    model = instantiate(cfg.model.arch)
-    lineage = None
-    if cfg.trainer.get("init_from"):
-        weights, lineage = load_init_weights(cfg.trainer.init_from)
-        load_into(model, weights, str(cfg.trainer.init_from))
-        write_json(run_dir / "lineage.json", lineage)
-    branched = False
-    if cfg.trainer.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
-        if lineage is not None:
-            raise ConfigError("set trainer.init_from (weights only) or trainer.branch_from (full state), not both")
-        if resume_state is None:
-            resume_state, lineage = load_branch_state(str(cfg.trainer.branch_from), fingerprint)
-            branched = True
-        else:  # this branch wrote checkpoints of its own and resumes from them
-            lineage = read_lineage(run_dir)
-    epochs = int(cfg.trainer.epochs)
-    if epochs == 0:  # evaluation only: score the starting weights (the "SGD" column of the ImageNet table)
-        from swalab.methods.pretrained import Pretrained
-        method = Pretrained()
-    else:
-        schedule = instantiate(cfg.schedule)
-        method = instantiate(cfg.method, _partial_=True, _convert_="all")(schedule=schedule)
-    method.validate(epochs, initialized=lineage is not None or bool(cfg.model.get("pretrained")))
-    if branched:  # refuse before anything trains if the branch would not equal a straight-through run
-        check_branch(method, resume_state, epochs, len(train_loader), cfg.trainer.momentum,
-                     cfg.trainer.weight_decay, cfg.trainer.nesterov)
-        write_json(run_dir / "lineage.json", lineage)
+def train(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequence[str] | None = None,
+          choices: dict | None = None) -> dict:
+    """Train one run as ``cfg`` says and return its final metrics (``{predictor: {metric: value}}``).
 
-    tracker = NullTracker() if not distributed.is_main() else instantiate(cfg.logger, _partial_=True)(
-        run_dir=str(run_dir), run_config=resolved if lineage is None else {**resolved, "lineage": lineage})
-    options = TrainerOptions(
-        epochs=epochs, momentum=cfg.trainer.momentum, weight_decay=cfg.trainer.weight_decay,
-        nesterov=cfg.trainer.nesterov, amp=cfg.trainer.amp, channels_last=cfg.trainer.channels_last,
-        compile=cfg.trainer.compile, eval_every=cfg.trainer.eval_every, checkpoint_every=cfg.trainer.checkpoint_every,
-        keep_checkpoints=cfg.trainer.keep_checkpoints, nonfinite=cfg.trainer.nonfinite,
-        max_skips=cfg.trainer.max_skips, progress=cfg.trainer.progress, save_at=tuple(cfg.trainer.save_at or ()))
-    trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
-                      fingerprint=fingerprint, logger=tracker,
-                      on_epoch=lambda row: tracker.log(row, step=row["epoch"]))
-    if resume_state is not None:
-        print(f"[swalab] resuming {run_dir} from {resume_state['path']}")
-    if branched:  # the trunk's epochs are this run's history too
-        for row in resume_state["history"]:
-            tracker.log(row, step=row["epoch"])
-    try:
-        metrics = trainer.fit(resume_state)
-    except BaseException:
-        tracker.finish(exit_code=1)
-        raise
-    return metrics, trainer, method, epochs, tracker
+    ``run_dir`` places the run (default: ``run.dir``, else the name made from the config); see
+    :func:`prepare` for ``overrides`` and ``choices``.
+    """
+    return execute(prepare(cfg, run_dir, overrides, choices))
+
 
 def format_metrics(metrics: dict) -> str:
     lines = [f"{'predictor':<12} {'acc %':>8} {'nll':>8} {'ece':>8}"]

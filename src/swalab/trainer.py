@@ -18,6 +18,7 @@ import contextlib
 import json
 import random
 import signal
+import statistics
 import time
 import warnings
 from dataclasses import dataclass
@@ -32,11 +33,22 @@ from torch.optim.swa_utils import update_bn
 
 from swalab import distributed, faults
 from swalab.checkpoint import save_checkpoint
+from swalab.config import ConfigError
 from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_probs, predict_logits,
                              reliability_bins)
 from swalab.methods.base import Method, TrainContext
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
+
+
+def format_seconds(seconds: float) -> str:
+    """``75`` -> ``1m15s``, ``3725`` -> ``1h02m``: an ETA that reads at a glance."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -55,10 +67,10 @@ def select_device(name: str) -> torch.device:
     """``auto`` picks CUDA when present, else CPU; ``cuda`` without a GPU is a clear error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu")
     if name != "cpu" and not name.startswith("cuda"):
-        raise ValueError(f"trainer.device must be auto, cpu or cuda[:N], got {name!r}")
+        raise ConfigError(f"trainer.device={name!r} must be auto, cpu or cuda[:N]")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name} but no CUDA device is visible; use trainer.device=auto or cpu")
     return torch.device(name)
 
 
@@ -101,12 +113,12 @@ class TrainerOptions:
 class Trainer:
     def __init__(self, model: nn.Module, method: Method, train_loader, test_loader, bn_loader: Iterable,
                  device: torch.device, run_dir: str | Path, options: TrainerOptions,
-                 fingerprint: dict | None = None, logger=None, on_epoch: Callable[[dict], None] | None = None):
+                 identity: dict | None = None, on_epoch: Callable[[dict], None] | None = None):
         self.device, self.opts, self.method = device, options, method
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.train_loader, self.test_loader, self.bn_loader = train_loader, test_loader, bn_loader
-        self.fingerprint, self.logger, self.on_epoch = fingerprint or {}, logger, on_epoch
+        self.identity, self.on_epoch = identity or {}, on_epoch
         cuda = device.type == "cuda"
         self.amp = options.amp and cuda
         self.model = model.to(device)
@@ -165,7 +177,7 @@ class Trainer:
         return {"epoch": epoch, "step": step, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
                 "rng": rng_state(), "history": self.history, "partial": partial or {},
-                "fingerprint": self.fingerprint}
+                "identity": self.identity}
 
     def save(self, epoch: int, step: int = 0, partial: dict | None = None) -> Path:
         """Checkpoint after ``epoch`` whole epochs and ``step`` steps of the next one."""
@@ -213,7 +225,7 @@ class Trainer:
                 self.model.train()
                 if hasattr(self.train_loader, "set_epoch"):
                     self.train_loader.set_epoch(epoch)
-                bar = self._progress(epoch, steps, first_step)
+                bar = self._progress(epoch, steps, first_step, self.run_eta(epoch))
                 lr = self.method.lr_at(epoch, first_step, steps)
                 for step, (x, y) in enumerate(self.train_loader):
                     if step < first_step:
@@ -304,21 +316,28 @@ class Trainer:
         warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
         return False
 
-    def _progress(self, epoch: int, steps: int, initial: int):
+    def run_eta(self, epoch: int) -> float | None:
+        """Seconds left in the run at the start of ``epoch``: the mean epoch time so far x epochs left."""
+        seconds = [float(row["seconds"]) for row in self.history if "seconds" in row]
+        return statistics.fmean(seconds) * (self.opts.epochs - epoch) if seconds else None
+
+    def _progress(self, epoch: int, steps: int, initial: int, eta: float | None):
         if self.opts.progress is False:
             return None
         try:
             from tqdm.auto import tqdm
         except ImportError:
             return None
-        return tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{self.opts.epochs}", leave=False,
+        left = f" (run ETA {format_seconds(eta)})" if eta is not None else ""
+        return tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{self.opts.epochs}{left}", leave=False,
                     disable=None if self.opts.progress is None else not self.opts.progress)
 
     def evaluate(self) -> dict[str, dict]:
         """Score every predictor the method hands back, the same way, on the test set."""
         predictors = self.method.predictors(self.ctx)
         probs = {name: p.predict_proba(self.test_loader).float() for name, p in predictors.items()}
-        metrics = {name: metrics_from_probs(p, self.test_labels) for name, p in probs.items()}
+        metrics = {name: {**metrics_from_probs(p, self.test_labels), **self.method.describe(name)}
+                   for name, p in probs.items()}
         # per-bin accuracy/confidence for reliability diagrams (train.py writes reliability.json)
         self.reliability = {name: reliability_bins(p.cpu(), self.test_labels.cpu()) for name, p in probs.items()}
         for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():

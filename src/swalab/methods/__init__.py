@@ -4,6 +4,7 @@ from swalab.methods.base import Method, TrainContext
 from swalab.methods.ema import EMA
 from swalab.methods.fge import FGE
 from swalab.methods.sgd import SGD
+from swalab.methods.pretrained import Pretrained
 from swalab.methods.swa import SWA
 
-__all__ = ["Method", "TrainContext", "SGD", "SWA", "FGE", "EMA"]
+__all__ = ["Method", "TrainContext", "SGD", "SWA", "FGE", "EMA", "Pretrained"]

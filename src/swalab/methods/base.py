@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from swalab.config import ConfigError, budget_epochs, require
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.schedules import Schedule
 
@@ -56,27 +57,47 @@ class Method:
     """Base class: plain SGD behaviour, every hook a no-op. Subclasses override what they need.
 
     ``schedule`` is the base learning-rate schedule from ``conf/schedule``; methods that add a
-    phase of their own (SWA, FGE) switch away from it at their start epoch.
+    phase of their own (SWA, FGE) switch away from it at their start epoch. ``epochs`` is the run's
+    length and ``budget`` its length in budgets, so the budget ``B = epochs / budget`` follows the
+    run: settings given as fractions of B (SWA's start, FGE's pretraining) scale with a short run.
     """
 
     name = "method"
 
-    def __init__(self, schedule: Schedule, budget: float = 1.0, name: str | None = None):
+    def __init__(self, schedule: Schedule, epochs: int, budget: float = 1.0, name: str | None = None):
         self.schedule = schedule
-        self.budget = budget
+        self.epochs = require("trainer.epochs", epochs, "int", 0)
+        self.budget = require("method.budget", budget, "number", 0)
         if name is not None:
             self.name = name
 
+    @property
+    def budget_epochs(self) -> float:
+        """B, the budget in epochs: the run's epochs over its number of budgets."""
+        return self.epochs / self.budget if self.budget > 0 else float(self.epochs)
+
+    def epoch_of(self, fraction: float) -> int:
+        """``fraction`` of the budget B in whole epochs (0.805 of 200 is epoch 161)."""
+        return budget_epochs(fraction, self.budget_epochs)
+
     # -- checks before anything trains ---------------------------------------------------
-    def validate(self, epochs: int, initialized: bool) -> None:
-        """Raise ``ValueError`` naming the config key when the settings cannot work.
+    def validate(self, initialized: bool) -> None:
+        """Raise ``ValueError`` (``ConfigError``) naming the config key when the settings cannot work.
 
-        ``epochs`` is the run's length, ``initialized`` whether it starts from trained weights
-        (``trainer.init_from``). Called before any training, so a bad value costs nothing.
+        ``initialized`` says whether the run starts from trained weights (``run.init_from``,
+        ``run.branch_from`` or a pretrained model). Called before anything is written, so a bad
+        value costs nothing. Subclasses call ``super().validate(initialized)`` first.
         """
+        if self.epochs == 0:
+            raise ConfigError(f"trainer.epochs=0 trains nothing with method={self.name}: use method=pretrained to "
+                              "score the starting weights")
 
-    def last_branch_epoch(self, epochs: int) -> int:
-        """The latest trunk epoch a branch of this method may start from (``trainer.branch_from``).
+    def describe(self, predictor: str) -> dict[str, float]:
+        """What stands behind ``predictor``: its budget (in B) and the epochs trained, for reports."""
+        return {"budget": float(self.budget), "epoch": int(self.epochs)}
+
+    def last_branch_epoch(self) -> int:
+        """The latest trunk epoch a branch of this method may start from (``run.branch_from``).
 
         A branch restores the trunk's weights, optimizer and RNG but starts this method's own state
         fresh, so it equals a straight-through run only up to the last epoch after which the method

@@ -19,6 +19,7 @@ import copy
 import torch
 from timm.utils import ModelEmaV3
 
+from swalab.config import ConfigError, require
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.methods.base import Method, TrainContext
 from swalab.schedules import Schedule
@@ -27,23 +28,23 @@ from swalab.schedules import Schedule
 class EMA(Method):
     name = "ema"
 
-    def __init__(self, schedule: Schedule, decay: float = 0.999, warmup: bool = False,
+    def __init__(self, schedule: Schedule, epochs: int, decay: float = 0.999, warmup: bool = False,
                  warmup_gamma: float = 1.0, warmup_power: float = 2 / 3, update_every: int = 1,
                  bn: str = "average", budget: float = 1.0, name: str | None = None):
-        super().__init__(schedule, budget, name)
-        self.decay, self.warmup = float(decay), warmup
-        self.warmup_gamma, self.warmup_power = warmup_gamma, warmup_power
-        self.update_every, self.bn = int(update_every), bn
+        super().__init__(schedule, epochs, budget, name)
+        self.decay = float(require("method.decay", decay, "number", 0, 1, low_open=True, high_open=True))
+        self.warmup = require("method.warmup", warmup, "bool")
+        self.warmup_gamma = require("method.warmup_gamma", warmup_gamma, "number", 0, low_open=True)
+        self.warmup_power = require("method.warmup_power", warmup_power, "number", 0, low_open=True)
+        self.update_every = require("method.update_every", update_every, "int", 1)
+        self.bn = bn
         self.ema: ModelEmaV3 | None = None
         self.updates = 0
 
-    def validate(self, epochs: int, initialized: bool) -> None:
-        if not 0.0 < self.decay < 1.0:
-            raise ValueError(f"method.decay must be in (0, 1), got {self.decay}")
-        if self.update_every < 1:
-            raise ValueError(f"method.update_every must be >= 1, got {self.update_every}")
+    def validate(self, initialized: bool) -> None:
+        super().validate(initialized)
         if self.bn not in ("average", "recompute"):
-            raise ValueError(f"method.bn must be 'average' or 'recompute', got {self.bn!r}")
+            raise ConfigError(f"method.bn must be 'average' or 'recompute', got {self.bn!r}")
 
     def on_train_start(self, ctx: TrainContext) -> None:
         self.ema = ModelEmaV3(ctx.model, decay=self.decay, use_warmup=self.warmup,

@@ -1,6 +1,7 @@
 """Fast Geometric Ensembling (Garipov et al., NeurIPS 2018), the paper's ensemble baseline.
 
-From a trained start (``trainer.init_from`` or ``pretrain_epochs`` of SGD), run a triangular
+From a trained start (``run.init_from``, or SGD for ``pretrain`` of the budget B, or exactly
+``pretrain_epochs``), run a triangular
 cyclic learning rate ``lr_max -> lr_min -> lr_max`` with a period of ``cycle`` epochs and
 collect the weights at the middle of every cycle, where the lr is lowest. The ensemble's
 prediction is the mean of the members' softmax probabilities.
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from swalab.checkpoint import atomic_save
+from swalab.config import ConfigError, require
 from swalab.evaluate import CachedEnsemble, Predictor
 from swalab.methods.base import Method, TrainContext
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
@@ -31,37 +33,42 @@ MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_prob
 class FGE(Method):
     name = "fge"
 
-    def __init__(self, schedule: Schedule, lr_max: float, lr_min: float, cycle: int = 2,
-                 pretrain_epochs: int = 0, pre_schedule: str = "reference", bn_update: bool = False,
-                 save_members: bool = False, budget: float = 1.0, name: str | None = None):
-        super().__init__(schedule, budget, name)
-        self.lr_max, self.lr_min, self.cycle = float(lr_max), float(lr_min), int(cycle)
-        self.pretrain_epochs, self.pre_schedule_name = int(pretrain_epochs), pre_schedule
+    def __init__(self, schedule: Schedule, epochs: int, lr_max: float, lr_min: float, cycle_epochs: int = 2,
+                 pretrain: float | None = None, pretrain_epochs: int | None = None, pre_schedule: str = "reference",
+                 bn_update: bool = False, save_members: bool = False, budget: float = 1.0, name: str | None = None):
+        super().__init__(schedule, epochs, budget, name)
+        self.lr_max = float(require("method.lr_max", lr_max, "number", 0, low_open=True))
+        self.lr_min = float(require("method.lr_min", lr_min, "number", 0, low_open=True))
+        self.cycle = require("method.cycle_epochs", cycle_epochs, "int", 2)
+        require("method.pretrain", pretrain, "number?", 0)
+        require("method.pretrain_epochs", pretrain_epochs, "int?", 0)
+        self.pretrain_epochs = (pretrain_epochs if pretrain_epochs is not None else
+                                self.epoch_of(pretrain) if pretrain is not None else 0)
+        self.pre_schedule_name = pre_schedule
         self.bn_update, self.save_members = bn_update, save_members
         self.pre_schedule = (PaperSGD(lr=schedule.lr, horizon=max(self.pretrain_epochs, 1))
                              if pre_schedule == "reference" else schedule)
         self.ensemble = CachedEnsemble()
         self.member_epochs: list[int] = []
 
-    def validate(self, epochs: int, initialized: bool) -> None:
-        if self.cycle < 2 or self.cycle % 2:
-            raise ValueError(f"method.cycle must be an even number of epochs >= 2 (members are collected at "
-                             f"the middle of each cycle), got {self.cycle}")
-        if not (self.lr_max > 0 and self.lr_min > 0):
-            raise ValueError(f"method.lr_max and method.lr_min must be > 0, got {self.lr_max}, {self.lr_min}")
+    def validate(self, initialized: bool) -> None:
+        super().validate(initialized)
+        epochs = self.epochs
+        if self.cycle % 2:
+            raise ConfigError(f"model.fge.cycle_epochs must be an even number of epochs >= 2 (members are collected "
+                              f"at the middle of each cycle), got {self.cycle}")
         if self.pre_schedule_name not in ("reference", "base"):
-            raise ValueError(f"method.pre_schedule={self.pre_schedule_name!r} must be 'reference' or 'base'")
-        if self.pretrain_epochs < 0:
-            raise ValueError(f"method.pretrain_epochs must be >= 0, got {self.pretrain_epochs}")
+            raise ConfigError(f"method.pre_schedule={self.pre_schedule_name!r} must be 'reference' or 'base'")
         if self.pretrain_epochs == 0 and not initialized:
-            raise ValueError("FGE needs a trained starting point: set trainer.init_from=<checkpoint or run dir> "
-                             "or method.pretrain_epochs>0 (epochs of SGD before the cycles start)")
+            raise ConfigError("FGE needs a trained starting point: set run.init_from=<checkpoint or run dir> or "
+                              "model.fge.pretrain > 0 (a fraction of the budget trained with SGD before the cycles)")
         if epochs - self.pretrain_epochs < self.cycle // 2:
-            raise ValueError(f"trainer.epochs={epochs} leaves {epochs - self.pretrain_epochs} epochs after "
-                             f"method.pretrain_epochs={self.pretrain_epochs}: fewer than half a cycle "
-                             f"({self.cycle // 2}), so no member would be collected")
+            raise ConfigError(f"trainer.epochs={epochs} leaves {epochs - self.pretrain_epochs} epochs after "
+                              f"{self.pretrain_epochs} epochs of pretraining: fewer than half a cycle "
+                              f"({self.cycle // 2}), so no member would be collected. Lower model.fge.pretrain (a "
+                              "fraction of the budget) or model.fge.cycle_epochs")
 
-    def last_branch_epoch(self, epochs: int) -> int:
+    def last_branch_epoch(self) -> int:
         return self.pretrain_epochs + self.cycle // 2 - 1  # the first member is collected after the next epoch
 
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:

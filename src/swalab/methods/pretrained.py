@@ -1,14 +1,16 @@
 """Score the starting weights without training: the "SGD" column of the paper's ImageNet table.
 
-``train.py`` uses it whenever ``trainer.epochs=0`` (whatever ``method`` says), so that
-``python run.py experiment=table2_resnet50 trainer.epochs=0`` evaluates the pretrained network with
-the same loaders and metrics (top-1, top-5, NLL, ECE) as the fine-tuned ones. The starting weights
-must be trained ones (``model.pretrained`` or ``trainer.init_from``): scoring a random
-initialisation is refused, since it is never what was meant.
+``method=pretrained`` (``conf/method/pretrained.yaml``) trains nothing, whatever ``trainer.epochs``
+and ``method.budget`` say (an experiment may set them for its other methods), and scores the starting
+weights through the same loaders and metrics (top-1, top-5, NLL, ECE) as the fine-tuned runs:
+``python run.py experiment=table2_resnet50 method=pretrained``. The starting weights must be trained ones
+(``model.pretrained`` or ``run.init_from``): scoring a random initialisation is refused, since it is
+never what was meant.
 """
 
 from __future__ import annotations
 
+from swalab.config import ConfigError
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.methods.base import Method, TrainContext
 
@@ -18,15 +20,13 @@ class Pretrained(Method):
 
     name = "pretrained"
 
-    def __init__(self):
-        super().__init__(schedule=None, budget=0.0)  # no schedule: nothing is trained
+    def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None):
+        super().__init__(schedule, 0, budget, name)  # nothing trains: zero epochs whatever the config says
 
-    def validate(self, epochs: int, initialized: bool) -> None:
-        if epochs != 0:
-            raise ValueError(f"scoring the starting weights trains nothing: trainer.epochs must be 0, got {epochs}")
+    def validate(self, initialized: bool) -> None:
         if not initialized:
-            raise ValueError("trainer.epochs=0 scores the starting weights, but they are a random initialisation: "
-                             "set model.pretrained=true (timm models) or trainer.init_from=<run or weights file>")
+            raise ConfigError("method=pretrained scores the starting weights, but they are a random initialisation: "
+                              "set model.pretrained=true (timm models) or run.init_from=<run or weights file>")
 
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
         return 0.0

@@ -8,5 +8,5 @@ class SGD(Method):
 
     name = "sgd"
 
-    def last_branch_epoch(self, epochs: int) -> int:
-        return epochs  # no state of its own: any epoch of an SGD trunk can be continued as SGD
+    def last_branch_epoch(self) -> int:
+        return self.epochs  # no state of its own: any epoch of an SGD trunk can be continued as SGD

@@ -8,10 +8,10 @@ capture rule and the schedules are written here.
 When to use which phase schedule (``phase``):
 
 * ``constant`` (the paper's default for VGG / PreResNet / WRN): lr ``swa_lr``, a capture at the
-  end of every ``c_epochs``-th epoch from ``swa_start``, exactly the reference code's rule
-  ``(e + 1) >= swa_start and (e + 1 - swa_start) % c_epochs == 0``.
+  end of every ``capture_every``-th epoch from ``swa_start``, exactly the reference code's rule
+  ``(e + 1) >= swa_start and (e + 1 - swa_start) % capture_every == 0``.
 * ``cyclic`` (PyramidNet, ImageNet): per-iteration sawtooth from ``swa_lr`` down to
-  ``swa_lr_min`` over ``cycle`` epochs; a capture at the end of each cycle (lr minimum).
+  ``swa_lr_min`` over ``cycle_epochs`` epochs; a capture at the end of each cycle (lr minimum).
 * ``swalr``: torch's ``SWALR`` anneal from the lr in force to ``swa_lr`` over ``anneal_epochs``,
   then constant; captures as for ``constant``. A different recipe from the paper's.
 * ``shake_shake``: the paper's 100-epoch cosine cycle for Shake-Shake; a capture at the end of
@@ -21,6 +21,10 @@ What goes wrong without care: the average's BatchNorm statistics are stale (they
 single iterate). They are recomputed with one pass over the training data (``update_bn``
 semantics) on the *average's own copy*, before it is scored or saved, so the live model's
 statistics are never touched.
+
+``swa_start`` is the epoch averaging starts: the config gives it as a fraction of the budget B
+(``model.swa.start``, 0.805 of B = 200 is the reference's epoch 161), so a short run scales it, or
+as an exact epoch (``model.swa.start_epoch``).
 
 Before ``swa_start`` the lr follows ``pre_schedule``: ``reference`` is the reference code's
 schedule (the paper's SGD shape over ``swa_start`` epochs ending at ``swa_lr``); ``base`` keeps
@@ -37,6 +41,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from swalab import faults
+from swalab.config import ConfigError, require
 from swalab.evaluate import CachedProbs, ModelPredictor, Predictor, metrics_from_probs
 from swalab.methods.base import Method, TrainContext
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
@@ -44,71 +49,92 @@ from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_
 PHASES = ("constant", "cyclic", "swalr", "shake_shake")
 
 
+def budget_predictor(budget: float) -> str:
+    """The name of the average scored at ``budget`` budgets (``swa@1.25``); its budget and epoch are in its metrics."""
+    return f"swa@{budget:g}"
+
+
 class SWA(Method):
     name = "swa"
 
-    def __init__(self, schedule: Schedule, swa_start: int, swa_lr: float, phase: str = "constant",
-                 swa_lr_min: float | None = None, cycle: float = 1, c_epochs: int = 1,
-                 anneal_epochs: int = 5, anneal_strategy: str = "cos", pre_schedule: str = "reference",
-                 bn_update: bool = True, eval_every: int = 0, budget: float = 1.0, name: str | None = None,
-                 budget_epochs: int | None = None, eval_at_budgets: Sequence[float] = ()):
-        super().__init__(schedule, budget, name)
-        self.swa_start, self.swa_lr, self.phase = int(swa_start), float(swa_lr), phase
-        self.swa_lr_min, self.cycle, self.c_epochs = swa_lr_min, cycle, int(c_epochs)
-        self.anneal_epochs, self.anneal_strategy = anneal_epochs, anneal_strategy
-        self.pre_schedule_name, self.bn_update, self.eval_every = pre_schedule, bn_update, int(eval_every)
-        self.budget_epochs, self.eval_at_budgets = budget_epochs, list(eval_at_budgets or [])
+    def __init__(self, schedule: Schedule, epochs: int, swa_lr: float, swa_start: float | None = None,
+                 swa_start_epoch: int | None = None, phase: str = "constant", swa_lr_min: float | None = None,
+                 cycle_epochs: float = 1, capture_every: int = 1, anneal_epochs: int = 5,
+                 anneal_strategy: str = "cos", pre_schedule: str = "reference", bn_update: bool = True,
+                 score_every: int = 0, score_at_budgets: Sequence[float] = (), budget: float = 1.0,
+                 name: str | None = None):
+        super().__init__(schedule, epochs, budget, name)
+        require("method.swa_start", swa_start, "number?", 0)
+        require("method.swa_start_epoch", swa_start_epoch, "int?", 0)
+        if swa_start is None and swa_start_epoch is None:
+            raise ConfigError("SWA needs a start: set model.swa.start (a fraction of the budget B) or "
+                              "model.swa.start_epoch (an exact epoch)")
+        self.start_fraction = None if swa_start_epoch is not None else swa_start
+        self.swa_start = swa_start_epoch if swa_start_epoch is not None else self.epoch_of(swa_start)
+        self.swa_lr = float(require("method.swa_lr", swa_lr, "number", 0, low_open=True))
+        self.phase = phase
+        self.swa_lr_min = require("method.swa_lr_min", swa_lr_min, "number?", 0, low_open=True)
+        self.cycle = require("method.cycle_epochs", cycle_epochs, "number", 0, low_open=True)
+        self.c_epochs = require("method.capture_every", capture_every, "int", 1)
+        self.anneal_epochs = require("method.anneal_epochs", anneal_epochs, "int", 0)
+        self.anneal_strategy = anneal_strategy
+        self.pre_schedule_name, self.bn_update = pre_schedule, bn_update
+        self.eval_every = require("method.score_every", score_every, "int", 0)
+        for b in score_at_budgets or ():
+            require("method.score_at_budgets[]", b, "number", 0, low_open=True)
+        self.eval_at_budgets = [float(b) for b in score_at_budgets or ()]
         self.pre_schedule = (PaperSGD(lr=schedule.lr, horizon=max(self.swa_start, 1), final_lr=self.swa_lr)
                              if pre_schedule == "reference" else schedule)
         self.averaged: AveragedModel | None = None
         self.budget_probs: dict[str, torch.Tensor] = {}
-        self._steps_per_epoch = 1
 
     # -- checks ------------------------------------------------------------------------
-    def validate(self, epochs: int, initialized: bool) -> None:
+    def validate(self, initialized: bool) -> None:
+        super().validate(initialized)
+        epochs = self.epochs
         if self.phase not in PHASES:
-            raise ValueError(f"method.phase={self.phase!r} is not one of {PHASES}")
+            raise ConfigError(f"method.phase={self.phase!r} is not one of {PHASES}")
         if self.pre_schedule_name not in ("reference", "base"):
-            raise ValueError(f"method.pre_schedule={self.pre_schedule_name!r} must be 'reference' or 'base'")
+            raise ConfigError(f"method.pre_schedule={self.pre_schedule_name!r} must be 'reference' or 'base'")
+        if self.anneal_strategy not in ("cos", "linear"):
+            raise ConfigError(f"method.anneal_strategy={self.anneal_strategy!r} must be 'cos' or 'linear'")
         if not 0 <= self.swa_start < epochs:
-            raise ValueError(f"method.swa_start={self.swa_start} must be in [0, trainer.epochs={epochs}): "
-                             "SWA needs epochs after swa_start to average")
-        if not self.swa_lr > 0:
-            raise ValueError(f"method.swa_lr must be > 0, got {self.swa_lr}")
-        if self.c_epochs < 1:
-            raise ValueError(f"method.c_epochs must be >= 1, got {self.c_epochs}")
+            how = ("method.swa_start_epoch" if self.start_fraction is None else
+                   f"method.swa_start={self.start_fraction:g} of B={self.budget_epochs:g}")
+            raise ConfigError(f"SWA would start averaging at epoch {self.swa_start} ({how}) but the run has "
+                              f"trainer.epochs={epochs}: set model.swa.start, a fraction of the budget below "
+                              f"method.budget={self.budget:g}, or model.swa.start_epoch below {epochs}")
         if self.phase in ("constant", "swalr") and self.swa_start == 0 and self.c_epochs > epochs:
-            raise ValueError(f"method.c_epochs={self.c_epochs} with method.swa_start=0 captures first after epoch "
-                             f"{self.c_epochs}, beyond trainer.epochs={epochs}: no model to average")
+            raise ConfigError(f"method.capture_every={self.c_epochs} with averaging from epoch 0 captures first after "
+                              f"epoch {self.c_epochs}, beyond trainer.epochs={epochs}: no model to average")
         if self.phase == "cyclic":
-            if self.swa_lr_min is None or not 0 < self.swa_lr_min <= self.swa_lr:
-                raise ValueError(f"method.swa_lr_min must be in (0, method.swa_lr={self.swa_lr}] for a cyclic "
-                                 f"schedule, got {self.swa_lr_min}")
-            if not self.cycle > 0:
-                raise ValueError(f"method.cycle must be > 0 epochs, got {self.cycle}")
+            if self.swa_lr_min is None or not self.swa_lr_min <= self.swa_lr:
+                raise ConfigError(f"model.swa.lr_min must be in (0, model.swa.lr={self.swa_lr}] for a cyclic "
+                                  f"schedule, got {self.swa_lr_min}")
             if self.cycle > epochs - self.swa_start:
-                raise ValueError(f"method.cycle={self.cycle} epochs is longer than the {epochs - self.swa_start} "
-                                 "epochs after method.swa_start: the schedule leaves no model to average")
+                raise ConfigError(f"model.swa.cycle_epochs={self.cycle} is longer than the {epochs - self.swa_start} "
+                                  "epochs after the averaging starts: the schedule leaves no model to average")
         if self.phase == "shake_shake" and epochs - self.swa_start < 100:
-            raise ValueError("phase=shake_shake captures once per 100-epoch cycle: trainer.epochs - "
-                             f"method.swa_start = {epochs - self.swa_start} leaves no model to average")
+            raise ConfigError("phase=shake_shake captures once per 100-epoch cycle: the run leaves "
+                              f"{epochs - self.swa_start} epochs after the averaging starts, no model to average")
         for b in self.eval_at_budgets:
-            mark = self._budget_epoch(b)
+            mark = self.epoch_of(b)
             if not self.swa_start < mark <= epochs:
-                raise ValueError(f"method.eval_at_budgets: budget {b} is epoch {mark}, outside (swa_start="
-                                 f"{self.swa_start}, trainer.epochs={epochs}]")
+                raise ConfigError(f"model.swa.score_at_budgets: budget {b:g} is epoch {mark}, outside (start="
+                                  f"{self.swa_start}, trainer.epochs={epochs}]")
 
-    def last_branch_epoch(self, epochs: int) -> int:
-        """A constant/swalr phase captures first after epoch ``swa_start`` (after ``c_epochs`` when it is 0),
+    def last_branch_epoch(self) -> int:
+        """A constant/swalr phase captures first after epoch ``swa_start`` (after ``capture_every`` when it is 0),
         so a branch must start one epoch earlier; cyclic and Shake-Shake phases capture within later epochs."""
         if self.phase in ("cyclic", "shake_shake"):
             return self.swa_start
         return (self.swa_start if self.swa_start > 0 else self.c_epochs) - 1
 
-    def _budget_epoch(self, budget: float) -> int:
-        if self.budget_epochs is None:
-            raise ValueError("method.eval_at_budgets needs method.budget_epochs (the model's budget B in epochs)")
-        return int(round(budget * self.budget_epochs))
+    def describe(self, predictor: str) -> dict[str, float]:
+        for b in self.eval_at_budgets:
+            if predictor == budget_predictor(b):
+                return {"budget": b, "epoch": self.epoch_of(b)}
+        return super().describe(predictor)
 
     # -- learning rate -----------------------------------------------------------------
     def cycle_iterations(self, steps_per_epoch: int) -> int:
@@ -129,7 +155,6 @@ class SWA(Method):
 
     # -- hooks -------------------------------------------------------------------------
     def on_train_start(self, ctx: TrainContext) -> None:
-        self._steps_per_epoch = ctx.steps_per_epoch
         self.averaged = AveragedModel(ctx.model, multi_avg_fn=get_swa_multi_avg_fn())
 
     def capture(self, ctx: TrainContext) -> None:
@@ -156,8 +181,8 @@ class SWA(Method):
                 self.capture(ctx)
         scored = False
         for b in self.eval_at_budgets:
-            if done == self._budget_epoch(b) and self.n_averaged:
-                self.budget_probs[f"swa@{b:g}"] = ctx.test_probs(self.averaged_for_eval(ctx))
+            if done == self.epoch_of(b) and self.n_averaged:
+                self.budget_probs[budget_predictor(b)] = ctx.test_probs(self.averaged_for_eval(ctx))
                 scored = True
         if self.eval_every and done % self.eval_every == 0 and self.n_averaged and not scored:
             metrics = metrics_from_probs(ctx.test_probs(self.averaged_for_eval(ctx)), ctx.test_labels)
@@ -166,7 +191,7 @@ class SWA(Method):
     def averaged_for_eval(self, ctx: TrainContext) -> torch.nn.Module:
         """The average, with BatchNorm statistics recomputed on the training data (its own copy)."""
         if self.n_averaged == 0:
-            raise RuntimeError("SWA has averaged no model yet: check method.swa_start and trainer.epochs")
+            raise RuntimeError("SWA has averaged no model yet: check model.swa.start and trainer.epochs")
         if self.bn_update:
             ctx.update_bn(self.averaged.module)
         return self.averaged.module

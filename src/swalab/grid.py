@@ -1,0 +1,98 @@
+"""A grid (``python run.py -m ...``): one record per job, and a summary when the grid ends.
+
+Each job trains in its own run directory (``swalab.identity``); the grid itself keeps a record in
+``<paths.output_dir>/grids/<date_time>/`` (Hydra's sweep directory): ``multirun.yaml`` (Hydra's),
+``jobs/<n>.json`` (the job's overrides, run directory, state and error line, written by the job
+itself, so this works with any launcher that shares the file system) and ``summary.txt``.
+
+When the grid ends, :class:`GridSummary` (a Hydra callback, ``conf/hydra/default.yaml``) prints one
+line per job and makes the command exit non-zero if any job did not finish, so a grid started from a
+script or a scheduler fails visibly instead of exiting 0 over failed jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+JOBS_DIR = "jobs"
+SUMMARY_FILE = "summary.txt"
+OK_STATES = ("complete", "skipped")
+
+
+def record_job(grid_dir: str | Path, number: int, overrides: list[str], run_dir: str | Path | None, state: str,
+               error: str | None = None) -> Path:
+    """Write ``<grid_dir>/jobs/<number>.json`` (atomically) for one job of the grid."""
+    folder = Path(grid_dir) / JOBS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{number:04d}.json"
+    line = (error or "").strip().splitlines()[0] if error else None
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"job": number, "overrides": list(overrides), "run_dir": None if run_dir is None else str(run_dir),
+                   "state": state, "error": line}, f)
+    os.replace(tmp, path)
+    return path
+
+
+def read_jobs(grid_dir: str | Path) -> list[dict[str, Any]]:
+    """The job records of a grid, in job order (a job that died before writing one is absent)."""
+    folder = Path(grid_dir) / JOBS_DIR
+    jobs = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            jobs.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return jobs
+
+
+def summary_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """A count line, then ``#<n>  <state>  <run dir>  <error>`` per job. A job still marked ``running`` at
+    the end was killed before it could record how it ended."""
+    lines = []
+    for job in jobs:
+        where = job.get("run_dir") or " ".join(job.get("overrides", []))
+        tail = f"  {job['error']}" if job.get("error") else ""
+        lines.append(f"  #{job['job']:<3} {job['state']:<9} {where}{tail}")
+    bad = [j for j in jobs if j["state"] not in OK_STATES]
+    count = f"{len(jobs) - len(bad)} of {len(jobs)} jobs finished"
+    if bad:
+        count += f"; {len(bad)} did not: " + ", ".join(sorted({j['state'] for j in bad}))
+    return [f"[swalab] grid summary: {count}", *lines]
+
+
+class GridSummary(Callback):
+    """Hydra callback: check the output directory before a grid starts; summarise the grid at its end."""
+
+    def __init__(self) -> None:
+        self.grid_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.grid_dir = Path(str(config.hydra.sweep.dir))
+        parent = next((p for p in [self.grid_dir, *self.grid_dir.parents] if p.exists()), None)
+        if parent is not None and not os.access(parent, os.W_OK):
+            print(f"[swalab] cannot write the grid's record {self.grid_dir}: {parent} is not writable. Point the "
+                  "outputs somewhere writable with paths.output_dir=<dir>", file=sys.stderr)
+            sys.exit(2)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.grid_dir is None:
+            return
+        jobs = read_jobs(self.grid_dir)
+        lines = summary_lines(jobs)
+        text = "\n".join(lines)
+        print(text, flush=True)
+        try:
+            (self.grid_dir / SUMMARY_FILE).write_text(text + "\n")
+        except OSError:
+            pass
+        if any(j["state"] not in OK_STATES for j in jobs):
+            sys.exit(1)

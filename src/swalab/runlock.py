@@ -1,0 +1,131 @@
+"""One process per run directory: a lock held for the life of the training process.
+
+When it matters: the same command started twice (two terminals, a grid re-launched while the first
+is still running, a requeued SLURM job whose first attempt still runs). Without a lock both would
+train into one directory and overwrite each other's checkpoints.
+
+The lock is an OS file lock (``flock``) on ``<run dir>/.lock``. The kernel releases it when the
+holding process exits, however it exits (a crash, ``kill -9``, an out-of-memory kill), so a lock of a
+dead process is never in the way: the next process takes it over and says so. A second process that
+finds the lock held exits at once with :class:`RunLocked`, naming the holder (PID, host, start time),
+which the holder writes into the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+
+
+class RunLocked(RuntimeError):
+    """Another live process holds the run directory; the message names it."""
+
+
+def _describe(info: dict) -> str:
+    started = info.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    return f"PID {info.get('pid', '?')} on host {info.get('host', '?')}, started {when}"
+
+
+def _unwritable(path: Path, exc: OSError) -> PermissionError:
+    cause = exc.strerror or str(exc)
+    return PermissionError(exc.errno, f"cannot write the run directory {path} ({cause}): point the outputs somewhere "
+                                      "writable with paths.output_dir=<dir> (all runs) or run.dir=<dir> (this run)")
+
+
+class RunLock:
+    """``with RunLock(run_dir):`` holds ``run_dir`` for this process (creating the directory if needed).
+
+    ``created`` lists the directories this lock created, so a run refused after taking the lock can
+    remove them again (:meth:`discard`) and leave nothing behind.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.created: list[Path] = []
+        self.previous: dict | None = None  # the holder before us, when we took a dead process's lock over
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        missing = []
+        for parent in [self.run_dir, *self.run_dir.parents]:
+            if parent.exists():
+                break
+            missing.append(parent)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.created = list(reversed(missing))
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._remove_created()
+            raise _unwritable(self.run_dir, exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = self._read(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLocked(f"{self.run_dir} is being trained by another process ({_describe(holder)}): this "
+                                "command exits so that the two do not overwrite each other. Wait for it to finish "
+                                "(then the same command skips or resumes the run), or stop it first") from None
+            raise
+        self.previous = self._read(fd) or None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            self._remove_created()
+            raise _unwritable(self.run_dir, exc) from exc
+        self._fd = fd
+        return self
+
+    @staticmethod
+    def _read(fd: int) -> dict:
+        try:
+            return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def took_over(self) -> str | None:
+        """A line naming the dead holder whose lock this process took over, if any."""
+        if self.previous and self.previous.get("pid") not in (None, os.getpid()):
+            return f"took over the lock of {_describe(self.previous)}, which no longer holds it"
+        return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def _remove_created(self) -> None:
+        for path in reversed(self.created):
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        self.created = []
+
+    def discard(self) -> None:
+        """Release, and remove the run directory again if this lock created it and it holds nothing else."""
+        self.release()
+        if self.created:
+            if [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+                self.path.unlink(missing_ok=True)
+            self._remove_created()
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

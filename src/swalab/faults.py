@@ -12,7 +12,8 @@ environment variable, whether to act:
 
 At the ``n``-th hit of ``<point>`` in this process, the process sends itself ``<signal>`` (default
 ``KILL``: no handler, no cleanup, exactly like ``kill -9`` or an out-of-memory kill). ``TERM`` and
-``USR1`` exercise the preemption path instead. Points: ``train_step`` (after an optimizer step),
+``USR1`` exercise the preemption path instead; ``STOP`` freezes the process where it is (holding its
+run's lock) until it gets ``SIGCONT``. Points: ``train_step`` (after an optimizer step),
 ``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
 re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place).
 

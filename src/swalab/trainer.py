@@ -189,7 +189,7 @@ class Trainer:
     def restore(self, state: dict) -> tuple[int, int, dict]:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("method") is not None:  # None: a branch (trainer.branch_from) starts its method fresh
+        if state.get("method") is not None:  # None: a branch (run.branch_from) starts its method fresh
             self.method.load_state_dict(state["method"], self.ctx)
         self.history = list(state["history"])
         set_rng_state(state["rng"])

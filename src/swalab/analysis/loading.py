@@ -9,7 +9,7 @@ Weights are named by a *spec*:
 * ``<run dir>`` or ``<run dir>:sgd``: the live weights at the end of the run (``final.pt["model"]``);
   for an SWA run that is the last SGD iterate of the SWA phase;
 * ``<run dir>:swa`` (or ``:ema``, any key of ``final.pt["methods"]``): a method's own weights;
-* ``<run dir>@<epoch>``: a checkpoint kept with ``trainer.save_at`` (or one of the newest two);
+* ``<run dir>@<epoch>``: a checkpoint kept with ``run.save_at`` (or one of the newest two);
 * a ``.pt`` file: a swalab checkpoint, a ``final.pt`` (live weights) or a plain state dict.
 """
 

@@ -1,0 +1,228 @@
+"""One config, one run: run identity, directory names, the per-run lock, refusals that leave nothing behind,
+and grids that say how each job ended (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from conftest import CONF_DIR, REPO
+from swalab.config import ConfigError, default_choices
+from swalab.identity import group_hash, identity_of, run_name
+from swalab.runlock import RunLock, RunLocked
+from swalab.train import prepare, train
+
+QUIET = ["logger=none", "trainer.progress=false"]
+TINY = [*QUIET, "dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=2", "model.arch.depth=8",
+        "trainer.eval_every=0"]
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+\-/]+$")
+
+
+def compose_hydra(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+def plan_of(output_dir: Path, *overrides: str):
+    """What ``python run.py <overrides>`` would do, decided without writing anything."""
+    overrides = [*overrides, f"paths.output_dir={output_dir}"]
+    cfg = compose_hydra(*overrides)
+    choices = dict(cfg.hydra.runtime.choices)
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    return prepare(task, overrides=overrides, choices=choices)
+
+
+def cli(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# -- names --------------------------------------------------------------------------------------------
+
+def test_a_run_is_named_by_its_group_choices_and_overrides_that_can_change_results(tmp_path):
+    default = plan_of(tmp_path, *QUIET).run_dir
+    cosine = plan_of(tmp_path, *QUIET, "schedule=cosine").run_dir
+    short = plan_of(tmp_path, *QUIET, "trainer.epochs=6", "trainer.device=cpu", "trainer.progress=true").run_dir
+    assert default.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/default/seed0"
+    assert cosine.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/schedule-cosine/seed0"
+    assert short.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/trainer.epochs-6/seed0"  # device: not a result
+
+
+def test_a_schedule_switched_on_the_command_line_is_another_run_not_a_skip(tmp_path):
+    """The issue's first case: `python run.py` then `python run.py schedule=cosine` must not share a run."""
+    first = plan_of(tmp_path, *QUIET, "method=sgd")
+    second = plan_of(tmp_path, *QUIET, "method=sgd", "schedule=cosine")
+    assert first.run_dir != second.run_dir and first.identity != second.identity
+    assert second.finished is None
+
+
+def test_names_use_only_characters_a_shell_and_an_override_take_unquoted():
+    choices = {"dataset": "digits", "model": "preresnet20", "method": "swa", "schedule": "paper_sgd"}
+    names = {"dataset": "digits", "model": "preresnet20", "method": "swa"}
+    odd = run_name(names, 0, ["model.swa.score_at_budgets=[1.0,1.25]", "run.init_from=/a b/c@3",
+                              "model.arch.widths={a:1}"], choices, choices, "0123456789ab")
+    assert SAFE_NAME.match(odd) and "=" not in odd and "," not in odd
+    assert odd.endswith("+id-01234567/seed0")  # a name that had to drop characters carries the group hash
+    clean = run_name(names, 1, ["model.swa.score_at_budgets=[1.0,1.25]"], choices, choices, "0123456789ab")
+    assert clean == "digits/preresnet20/swa/model.swa.score_at_budgets-1.0_1.25/seed1"
+    unknown = run_name(names, 1, None, choices, choices, "0123456789ab")  # composed in Python: overrides unknown
+    assert unknown == "digits/preresnet20/swa/default+id-01234567/seed1"
+
+
+def test_a_run_directory_passes_unquoted_as_run_init_from(tmp_path):
+    run_dir = plan_of(tmp_path, *QUIET, "method=sgd", "model.swa.score_at_budgets=[1.0,1.25]",
+                      "trainer.epochs=3").run_dir
+    cfg = compose_hydra(*QUIET, f"run.init_from={run_dir}@2")  # Hydra parses it as written
+    assert cfg.run.init_from == f"{run_dir}@2"
+
+
+def test_the_identity_leaves_out_only_what_cannot_change_results():
+    base = identity_of(OmegaConf.to_container(compose_hydra(*QUIET), resolve=True))
+    for harmless in ("trainer.device=cpu", "trainer.eval_batch_size=10", "run.keep_checkpoints=5",
+                     "paths.output_dir=/elsewhere", "logger=wandb", "trainer.progress=true"):
+        assert identity_of(OmegaConf.to_container(compose_hydra(*QUIET, harmless), resolve=True)) == base, harmless
+    for result in ("trainer.epochs=3", "schedule=cosine", "model.swa.lr=0.05", "dataset.train_size=100", "seed=1",
+                   "trainer.batch_size=64", "model.arch.depth=8"):
+        assert identity_of(OmegaConf.to_container(compose_hydra(*QUIET, result), resolve=True)) != base, result
+    seeds = [identity_of(OmegaConf.to_container(compose_hydra(*QUIET, f"seed={s}"), resolve=True)) for s in (0, 1)]
+    assert group_hash(seeds[0]) == group_hash(seeds[1])  # the seeds of one config share a group
+
+
+def test_the_default_choices_are_read_from_the_primary_config():
+    assert {k: default_choices()[k] for k in ("dataset", "model", "method", "schedule", "run")} == {
+        "dataset": "digits", "model": "preresnet20", "method": "swa", "schedule": "paper_sgd", "run": "default"}
+
+
+# -- refusals before anything is written ------------------------------------------------------------
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.epochs=2.5", "trainer.epochs=2.5 must be an integer"),
+    ("seed=abc", "seed='abc' must be an integer"),
+    ("+optimizer.lr=nan", "swalab reads no key 'optimizer.lr'"),
+    ("+trainer.foo=1", "swalab reads no key 'trainer.foo'"),
+])
+def test_bad_keys_and_values_are_refused_naming_them(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_of(tmp_path, *QUIET, override)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_setting_the_chosen_method_does_not_have_is_refused_even_with_plus(tmp_path):
+    with pytest.raises(ConfigError, match=r"method\.swa_start is not a setting of method .*it takes: .*budget"):
+        plan_of(tmp_path, *QUIET, "method=sgd", "+method.swa_start=3")
+
+
+def test_a_refused_config_never_touches_an_interrupted_run_in_its_directory(tmp_path, make_cfg):
+    run_dir = tmp_path / "run"
+    train(make_cfg(*TINY), run_dir=run_dir)
+    (run_dir / "metrics.json").unlink()  # now it looks interrupted
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="trainer.device='tpu'"):
+        train(make_cfg(*TINY, "trainer.device=tpu"), run_dir=run_dir)
+    assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_the_cli_refuses_in_one_line_with_exit_2_and_creates_nothing(tmp_path):
+    done = cli(*QUIET, "trainer.epochs=2.5", f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["[swalab] invalid config:", "  - trainer.epochs=2.5 must be an integer"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no outputs/, no .hydra/, no run.log
+
+
+def test_an_unwritable_output_directory_is_one_line(tmp_path):
+    blocker = tmp_path / "outputs"
+    blocker.write_text("a file where the output directory should be")
+    done = cli(*QUIET, f"paths.output_dir={blocker}", cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"[swalab] cannot write the run directory {blocker}/digits") and "paths.output_dir=" in line
+
+
+# -- one process per run -------------------------------------------------------------------------------
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from swalab.runlock import RunLock
+    RunLock(sys.argv[1]).acquire()
+    print("held", flush=True)
+    time.sleep(60)
+""")
+
+
+def hold_lock(run_dir: Path) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_process_on_the_same_run_exits_at_once_naming_the_holder(tmp_path, make_cfg):
+    run_dir = tmp_path / "run"
+    holder = hold_lock(run_dir)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RunLocked, match=rf"being trained by another process \(PID {holder.pid} on host "):
+            train(make_cfg(*TINY), run_dir=run_dir)
+        assert time.monotonic() - start < 10  # at once: no data loaded, nothing trained
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # nothing of ours written
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = hold_lock(run_dir)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    lock = RunLock(run_dir).acquire()
+    try:
+        assert f"PID {holder.pid}" in lock.took_over()
+        assert json.loads((run_dir / ".lock").read_text())["pid"] == os.getpid()
+    finally:
+        lock.release()
+
+
+def test_the_same_command_started_twice_trains_once(tmp_path):
+    """The first process stops itself mid-training (SIGSTOP, swalab.faults) while holding the lock."""
+    args = [*TINY, f"paths.output_dir={tmp_path / 'out'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SWALAB_FAULT": "train_step:2:STOP"}
+    first = subprocess.Popen([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not open(f"/proc/{first.pid}/stat").read().split()[2] == "T":
+            time.sleep(0.1)
+        second = cli(*args, cwd=tmp_path)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    first.communicate(timeout=300)
+    assert first.returncode == 0 and second.returncode == 2
+    assert f"being trained by another process (PID {first.pid} on host " in second.stderr
+    assert len(list((tmp_path / "out").rglob("metrics.json"))) == 1
+
+
+# -- grids -----------------------------------------------------------------------------------------------
+
+def test_a_grid_with_a_failed_job_prints_a_summary_and_exits_non_zero(tmp_path):
+    done = cli("-m", *TINY, "method=sgd", "run.init_from=null,/nonexistent/weights.pt",
+               f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    summary = done.stdout[done.stdout.index("[swalab] grid summary"):].splitlines()
+    assert summary[0] == "[swalab] grid summary: 1 of 2 jobs finished; 1 did not: refused"
+    assert summary[1].split()[:2] == ["#0", "complete"]
+    assert summary[2].split()[:2] == ["#1", "refused"] and "no such file or run directory" in summary[2]
+    [grid] = (tmp_path / "out" / "grids").iterdir()
+    assert (grid / "summary.txt").read_text().splitlines() == summary
+    assert sorted(p.name for p in (grid / "jobs").iterdir()) == ["0000.json", "0001.json"]

@@ -172,7 +172,7 @@ def test_scoring_swa_leaves_the_live_models_bn_buffers_bit_identical(tmp_path):
         live_buffers.append((before, {k: v.clone() for k, v in trainer.model.named_buffers()}))
 
     method.on_epoch_end = hook
-    metrics = trainer.fit()
+    metrics = trainer.fit().metrics
     for before, after in live_buffers:
         for name in before:
             assert torch.equal(before[name], after[name]), name
@@ -196,7 +196,7 @@ def test_fge_collects_members_at_mid_cycle(tmp_path, cycle, epochs, expected_epo
     method = FGE(PaperSGD(lr=0.1, horizon=epochs), epochs, lr_max=0.05, lr_min=0.005, cycle_epochs=cycle,
                  pretrain_epochs=2, pre_schedule="base", save_members=True)
     trainer = make_trainer(method, tmp_path, epochs)
-    metrics = trainer.fit()
+    metrics = trainer.fit().metrics
     assert [e + 1 for e in method.member_epochs] == expected_epochs
     assert metrics["fge"]["members"] == len(expected_epochs)
     assert metrics["fge"]["member_epochs"] == expected_epochs
@@ -207,7 +207,7 @@ def test_fge_cached_ensemble_equals_the_mean_softmax_of_the_saved_members(tmp_pa
     method = FGE(PaperSGD(lr=0.1, horizon=8), 8, lr_max=0.05, lr_min=0.005, cycle_epochs=2, pretrain_epochs=2,
                  pre_schedule="base", save_members=True)
     trainer = make_trainer(method, tmp_path, epochs=8)
-    metrics = trainer.fit()
+    metrics = trainer.fit().metrics
     member_probs = []
     for path in sorted((tmp_path / "members").glob("member_*.pt")):
         net = toy_net()

@@ -188,3 +188,33 @@ def test_a_directory_without_finished_runs_says_so(tmp_path, capsys):
 def test_a_missing_directory_is_an_error_not_an_empty_table(tmp_path, capsys):
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_section_35_compares_swa_with_the_fge_ensemble_per_seed_from_saved_probabilities(tmp_path):
+    import torch
+
+    from swalab.diagnostics import label_agreement, mean_prob_l2
+
+    root = tmp_path / "g"
+    labels = torch.tensor([0, 1, 2, 1])
+    expected = {"consecutive": [], "swa": []}
+    for seed in (0, 1):
+        g = torch.Generator().manual_seed(seed)
+        members = [torch.rand(4, 3, generator=g).softmax(1) for _ in range(3)]
+        swa = torch.rand(4, 3, generator=g).softmax(1)
+        fge_run = make_run(root, "fge", seed, {"fge": m(90.0)})
+        torch.save({"member_probs": members, "member_epochs": [1, 2, 3], "labels": labels},
+                   fge_run / "fge_member_probs.pt")
+        swa_run = make_run(root, "swa", seed, {"swa": m(91.0)}, budget=1.5)
+        torch.save({"probs": {"swa": swa.half()}, "labels": labels}, swa_run / "predictions.pt")
+        expected["consecutive"].append(sum(mean_prob_l2(a, b) for a, b in zip(members, members[1:])) / 2)
+        expected["swa"].append((mean_prob_l2(swa.half().float(), torch.stack(members).mean(0)),
+                                label_agreement(swa.half().float(), torch.stack(members).mean(0))))
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Section 3.5: SWA against the FGE ensemble", 1)
+    consecutive, versus = lines[2].split(" | "), lines[3].split(" | ")
+    assert consecutive[1] == "FGE 1B (4 ep): consecutive members"
+    assert consecutive[2].startswith(f"{sum(expected['consecutive']) / 2:.4f} ± ")
+    assert versus[1] == "SWA 1.5B (6 ep) vs the FGE 1B (4 ep) ensemble"
+    assert versus[2].startswith(f"{sum(l2 for l2, _ in expected['swa']) / 2:.4f} ± ")
+    assert versus[3].startswith(f"{sum(a for _, a in expected['swa']) / 2:.2f}")

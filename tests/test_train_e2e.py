@@ -33,6 +33,9 @@ def test_tiny_sgd_run_writes_a_self_describing_run_dir(make_cfg, tmp_path):
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "complete"
     assert checkpoint_paths(tmp_path / "checkpoints")  # the last checkpoint is kept
     assert torch.load(tmp_path / "final.pt", weights_only=False)["epoch"] == 3
+    saved = torch.load(tmp_path / "predictions.pt", weights_only=False)  # what analyses read without weights
+    accuracy = 100 * saved["probs"]["sgd"].float().argmax(1).eq(saved["labels"]).float().mean().item()
+    assert accuracy == pytest.approx(metrics["sgd"]["acc"], abs=0.3)  # float16 probabilities: ties may flip
 
 
 def test_a_finished_run_is_skipped_not_retrained(make_cfg, tmp_path, caplog):

@@ -23,6 +23,7 @@ The run directory::
     final.pt         live weights plus each method's own (SWA average, EMA)
     lineage.json     the checkpoint this run started from (run.init_from or run.branch_from), if any
     reliability.json per predictor, 15 confidence bins (count, accuracy, confidence) for reliability diagrams
+    predictions.pt   per predictor, its test probabilities (float16, when at most 5M numbers) and the labels
 
 Re-running the same command lands in the same directory: a finished run is skipped, an
 interrupted one resumes from its newest good checkpoint.
@@ -57,6 +58,8 @@ from swalab.tracking import NullTracker
 from swalab.trainer import Preempted, Trainer, TrainerOptions, select_device
 
 log = get_logger()
+PREDICTIONS_FILE = "predictions.pt"
+PREDICTIONS_MAX = 5_000_000  # numbers per predictor (test images x classes) kept in predictions.pt
 
 
 def seed_everything(seed: int) -> None:
@@ -347,6 +350,15 @@ def message(exc: BaseException) -> str:
     return str(exc).strip()
 
 
+def save_predictions(evaluation, path: Path) -> None:
+    """Each predictor's test probabilities (float16) and the labels, for analyses that need no weights
+    (the report's section 3.5 diagnostics). Left out above ``PREDICTIONS_MAX`` numbers per predictor
+    (ImageNet's 50,000 x 1,000 would be 100 MB a predictor)."""
+    kept = {name: p.half() for name, p in evaluation.probs.items() if p.numel() <= PREDICTIONS_MAX}
+    if kept:
+        atomic_save({"probs": kept, "labels": evaluation.labels}, path)
+
+
 def one_line(exc: BaseException) -> str:
     """``<type>: <first line of its message>``: what status.json and a grid's summary record."""
     text = message(exc).splitlines()
@@ -429,13 +441,16 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
             for row in built.resume_state["history"]:
                 tracker.log(row, step=row["epoch"])
         try:
-            metrics = trainer.fit(built.resume_state)
+            evaluation = trainer.fit(built.resume_state)
+            metrics = evaluation.metrics
             final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": method.epochs,
                      "identity": plan.identity}
             if distributed.is_main():
                 atomic_save(final, run_dir / "final.pt")
             tracker.final_checkpoint(run_dir / "final.pt")
-            write_json(run_dir / "reliability.json", getattr(trainer, "reliability", {}))
+            write_json(run_dir / "reliability.json", evaluation.reliability)
+            if distributed.is_main():
+                save_predictions(evaluation, run_dir / PREDICTIONS_FILE)
             write_json(run_dir / "metrics.json", metrics)
         except Preempted as exc:
             write_status(run_dir, {"status": "preempted", "message": str(exc)})

@@ -90,6 +90,17 @@ def set_rng_state(state: dict) -> None:
 
 
 @dataclass
+class Evaluation:
+    """What the end of a run scored: per predictor its metrics (``metrics.json``), reliability bins
+    (``reliability.json``) and test probabilities (``predictions.pt``), and the test labels."""
+
+    metrics: dict[str, dict]
+    reliability: dict[str, list[dict]]
+    probs: dict[str, torch.Tensor]
+    labels: torch.Tensor
+
+
+@dataclass
 class TrainerOptions:
     """Loop settings, all explicit (``train.py`` fills them from ``conf/trainer``)."""
 
@@ -205,7 +216,7 @@ class Trainer:
         tmp.replace(path)
 
     # -- the loop ------------------------------------------------------------------------
-    def fit(self, resume: dict | None = None) -> dict[str, dict]:
+    def fit(self, resume: dict | None = None) -> Evaluation:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.method.on_train_start(self.ctx)
         start_epoch, start_step, partial = 0, 0, {}
@@ -332,14 +343,13 @@ class Trainer:
         return tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{self.opts.epochs}{left}", leave=False,
                     disable=None if self.opts.progress is None else not self.opts.progress)
 
-    def evaluate(self) -> dict[str, dict]:
+    def evaluate(self) -> Evaluation:
         """Score every predictor the method hands back, the same way, on the test set."""
         predictors = self.method.predictors(self.ctx)
         probs = {name: p.predict_proba(self.test_loader).float() for name, p in predictors.items()}
         metrics = {name: {**metrics_from_probs(p, self.test_labels), **self.method.describe(name)}
                    for name, p in probs.items()}
-        # per-bin accuracy/confidence for reliability diagrams (train.py writes reliability.json)
-        self.reliability = {name: reliability_bins(p.cpu(), self.test_labels.cpu()) for name, p in probs.items()}
         for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():
             metrics.setdefault(name, {}).update(extra)
-        return metrics
+        reliability = {name: reliability_bins(p.cpu(), self.test_labels.cpu()) for name, p in probs.items()}
+        return Evaluation(metrics=metrics, reliability=reliability, probs=probs, labels=self.test_labels.cpu())

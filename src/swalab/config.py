@@ -100,7 +100,7 @@ KEYS: dict[str, tuple] = {
     "seed": ("int", 0, None),
     "trainer.epochs": ("int", 0, None),
     "trainer.batch_size": ("int", 1, None),
-    "trainer.eval_batch_size": ("int", 1, None),
+    "trainer.eval_batch_size": ("int?", 1, None),
     "trainer.eval_every": ("int", 0, None),
     "trainer.momentum": ("number", 0, 1),
     "trainer.weight_decay": ("number", 0, None),

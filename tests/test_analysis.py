@@ -318,3 +318,16 @@ def test_figure_experiments_compose(experiment):
     else:
         assert sweep.method == "swa,sgd" and cfg.schedule._target_.endswith("PaperSGD")
         assert cfg.method.swa_lr == cfg.model.lr == 0.05  # reference pre-schedule from 0.05 to 0.05: constant
+
+
+def test_the_analysis_command_lists_its_commands_with_a_line_each(capsys):
+    from swalab.analysis.__main__ import COMMANDS, main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert listed == list(COMMANDS) == ["plane", "rays", "segment", "curves"]
+    with pytest.raises(SystemExit) as done:
+        main(["planes"])
+    assert done.value.code == 2 and "unknown command 'planes'" in capsys.readouterr().err

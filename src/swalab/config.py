@@ -4,7 +4,8 @@ Resolvers (registered on import of ``swalab``):
 
 * ``${swalab.epochs:BUDGET,B}``: ``round(BUDGET * B)`` epochs, e.g. 1.5 budgets of a 200-epoch
   model is 300 epochs;
-* ``${swalab.basename:PATH}``: a folder's own name (``dataset=folder`` names itself after its root).
+* ``${swalab.basename:PATH}``: a folder's own name (``dataset=folder`` names itself after its root);
+* ``${swalab.classname:TARGET}``: a class's own name (``model=custom`` names itself after its class).
 
 Checks, all before any file or folder is created:
 
@@ -37,9 +38,15 @@ def folder_name(path: str) -> str:
     return Path(str(path).rstrip("/")).name or "folder"
 
 
+def class_name(target: str) -> str:
+    """The last component of an import path (``my_module.TinyNet`` -> ``TinyNet``): a custom model's default name."""
+    return str(target).rsplit(".", 1)[-1]
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("swalab.epochs", budget_epochs, replace=True)
     OmegaConf.register_new_resolver("swalab.basename", folder_name, replace=True)
+    OmegaConf.register_new_resolver("swalab.classname", class_name, replace=True)
 
 
 class ConfigError(ValueError):
@@ -131,7 +138,7 @@ KEYS: dict[str, tuple] = {
 def check_config(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` listing every bad value among the keys ``train.py`` reads (not just the first)."""
     errors: list[str] = []
-    missing = [k for k in ("dataset.root", "run.init_from")
+    missing = [k for k in ("dataset.root", "model.arch._target_", "run.init_from")
                if OmegaConf.is_missing(OmegaConf.select(cfg, k.rpartition(".")[0]), k.rpartition(".")[2])]
     if missing:  # '???' in a config: a value the user must give
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(f"{k} is required: set {k}=..." for k in missing))

@@ -44,6 +44,14 @@ SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
 NOMINAL_STEPS = 100  # steps per epoch used to compare per-iteration schedules when placing branch points
 
 
+class RowError(RuntimeError):
+    """A job of the row failed; the row stops there (finished jobs are kept and skipped next time)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass
 class Job:
     """One run of the row: its ``run.py`` overrides, where it lands, and what it branches from."""
@@ -108,7 +116,7 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     """
     fixed = [o for o in extra if o.lstrip("+").split("=", 1)[0] in ("trainer.epochs", "method.budget", "method")]
     if fixed:
-        raise ValueError(f"{', '.join(fixed)}: a row's runs are 1, 1.25 and 1.5 budgets long, so their lengths come "
+        raise RowError(f"{', '.join(fixed)}: a row's runs are 1, 1.25 and 1.5 budgets long, so their lengths come "
                          "from the budget B: set model.budget_epochs=<B> instead")
     base = [f"dataset={dataset}", f"model={model}", f"seed={seed}", *extra]
     trunk_ov = [*base, "method=sgd"]
@@ -173,17 +181,27 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
             continue
         print(f"[row] {job.name}: {' '.join(job.overrides)}", flush=True)
         t0 = time.perf_counter()
-        subprocess.run(job.command(), check=True)
+        done_job = subprocess.run(job.command())
+        if done_job.returncode:
+            raise RowError(f"job {job.name} ended with exit {done_job.returncode} (see above); the jobs before it "
+                           "are kept: run the same command again to continue the row", done_job.returncode)
         seconds = time.perf_counter() - t0
         done.append({**record, "skipped": False, "seconds": seconds,
                      "epochs_trained": epochs_in(job.run_dir) - (job.branch_epoch or 0)})
     return done
 
 
+def column_order(column: str) -> tuple:
+    """The paper's order: SGD, FGE, SWA by growing budget, then EMA."""
+    method, _, budget = column.partition(" ")
+    return {"SGD": 0, "FGE": 1, "SWA": 2, "EMA": 3}.get(method, 9), float(budget.rstrip("B") or 1)
+
+
 def manifest_of(jobs: list[Job]) -> dict[str, dict]:
-    """Table 1 column -> the run directory and predictor holding it."""
-    return {column: {"run": str(job.run_dir), "predictor": predictor}
-            for job in jobs for column, predictor in job.columns.items()}
+    """Table 1 column -> the run directory and predictor holding it, in the paper's column order."""
+    pairs = [(column, {"run": str(job.run_dir), "predictor": predictor})
+             for job in jobs for column, predictor in job.columns.items()]
+    return dict(sorted(pairs, key=lambda pair: column_order(pair[0])))
 
 
 def row_metrics(manifest: dict[str, dict]) -> dict[str, dict]:
@@ -196,7 +214,11 @@ def row_metrics(manifest: dict[str, dict]) -> dict[str, dict]:
 
 
 def format_row(metrics: dict[str, dict]) -> str:
-    return "\n".join(f"{column:<10} acc {m['acc']:6.2f}  nll {m['nll']:.4f}" for column, m in metrics.items())
+    """The row as a small table: one line per column, in the paper's order, with accuracy, NLL and ECE."""
+    lines = [f"{'column':<10} {'epochs':>6} {'acc %':>7} {'nll':>7} {'ece':>7}"]
+    for column, m in metrics.items():
+        lines.append(f"{column:<10} {m.get('epoch', ''):>6} {m['acc']:7.2f} {m['nll']:7.4f} {m['ece']:7.4f}")
+    return "\n".join(lines)
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -217,6 +239,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ema", action="store_true", help="add an EMA run of one budget (trained straight through)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order and run nothing")
     args = parser.parse_args(own)
+    try:
+        return run_rows(args, extra)
+    except RowError as exc:
+        print(f"[row] {exc}", file=sys.stderr)
+        raise SystemExit(exc.code) from None
+
+
+def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
     result = {}
     for seed in args.seeds:
         jobs = plan_row(args.dataset, args.model, seed, extra, args.swa_budgets, fge=not args.no_fge,

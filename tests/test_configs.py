@@ -21,7 +21,8 @@ def options(group: str) -> list[str]:
 def test_every_model_config_composes_and_builds(make_cfg, model):
     own = ["model.arch._target_=swalab.models.VGG16"] if model == "custom" else []  # custom: your class
     cfg = make_cfg(f"model={model}", "dataset=cifar100", "method=swa", *own)
-    assert cfg.model.name == {"timm": cfg.model.arch.model_name, "custom": "VGG16"}.get(model, model)
+    expected = {"timm": "resnet18.tv_in1k", "custom": "VGG16"}.get(model, model)  # timm: the timm name; custom: the class
+    assert cfg.model.name == expected
     assert cfg.trainer.epochs == round(1.5 * cfg.model.budget_epochs)  # SWA's default budget is 1.5 B
     for key in ("lr", "weight_decay", "budget_epochs", "swa", "fge"):
         assert key in cfg.model, f"conf/model/{model}.yaml lacks the recipe key {key!r}"

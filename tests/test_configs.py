@@ -30,7 +30,7 @@ def test_every_model_config_composes_and_builds(make_cfg, model):
               "fge": ("lr_max", "lr_min", "cycle_epochs", "pretrain", "pretrain_epochs")}
     for block, keys in recipe.items():  # every key a grid may set through model.<block>.* exists in every model
         assert sorted(cfg.model[block]) == sorted(keys), f"conf/model/{model}.yaml {block}: {sorted(cfg.model[block])}"
-    net = instantiate(cfg.model.arch)
+    net = instantiate(cfg.model.arch, num_classes=100, in_channels=3)  # as train.build_model passes the data's
     head = [m for m in net.modules() if isinstance(m, torch.nn.Linear)][-1]
     assert head.out_features == 100
 

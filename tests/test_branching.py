@@ -18,7 +18,6 @@ from omegaconf import OmegaConf
 
 import swalab  # noqa: F401  (registers resolvers)
 from swalab.branching import BranchError, check_branch, lineage_chain, load_branch_state, read_lineage
-from swalab.checkpoint import save_checkpoint
 from swalab.identity import identity_of
 from swalab.methods import FGE, SGD, SWA
 from swalab.row import plan_row

@@ -14,7 +14,6 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from omegaconf.errors import MissingMandatoryValue
 from PIL import Image
 
 import swalab.data.folder as folder_mod

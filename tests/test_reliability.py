@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import pickle
-import re
 import signal
 import subprocess
 import sys

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path

@@ -27,10 +27,11 @@ Global pooling is adaptive, so inputs smaller than 32x32 (e.g. 8x8) work.
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
+
+from .init import init_weights
 
 __all__ = ["PreResNet", "PreActBasicBlock", "PreActBottleneck", "valid_preresnet_depth"]
 
@@ -149,16 +150,7 @@ class PreResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                n = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
-                nn.init.normal_(m.weight, mean=0.0, std=math.sqrt(2.0 / n))
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_weights(self, conv="he")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv1(x)

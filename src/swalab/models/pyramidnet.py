@@ -26,11 +26,12 @@ Parameter count (this implementation), PyramidNet-272 alpha 200 bottleneck:
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .init import init_weights
 
 __all__ = ["PyramidNet", "PyramidBasicBlock", "PyramidBottleneck"]
 
@@ -150,18 +151,7 @@ class PyramidNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
         self.num_features = in_planes
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                n = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
-                nn.init.normal_(m.weight, mean=0.0, std=math.sqrt(2.0 / n))
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        init_weights(self, conv="he", zero_linear_bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.bn1(self.conv1(x))

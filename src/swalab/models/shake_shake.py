@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .init import init_weights
+
 __all__ = ["ShakeShake", "ShakeShakeBlock", "shake_shake"]
 
 
@@ -156,17 +158,7 @@ class ShakeShake(nn.Module):
         self.layer1, self.layer2, self.layer3 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        init_weights(self, conv="he", zero_linear_bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.bn1(self.conv1(x))

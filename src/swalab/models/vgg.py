@@ -18,10 +18,11 @@ Parameter count: 15,245,130 (10 classes) / 15,291,300 (100 classes), i.e. the
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
+
+from .init import init_weights
 
 __all__ = ["VGG16", "VGG16_CONFIG"]
 
@@ -64,15 +65,7 @@ class VGG16(nn.Module):
             nn.ReLU(inplace=True),
             nn.Linear(512, num_classes),
         )
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                n = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
-                nn.init.normal_(m.weight, mean=0.0, std=math.sqrt(2.0 / n))
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        init_weights(self, conv="he")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)

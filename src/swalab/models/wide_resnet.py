@@ -23,10 +23,11 @@ Parameter count (this implementation), WRN-28-10: 36,489,290 (10 classes) /
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
+
+from .init import init_weights
 
 __all__ = ["WideResNet", "WideBasicBlock"]
 
@@ -99,19 +100,7 @@ class WideResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.xavier_uniform_(m.weight, gain=math.sqrt(2.0))
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        init_weights(self, conv="xavier", zero_linear_bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv1(x)

@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from torch.optim.swa_utils import update_bn
 
 from swalab.analysis import curves, plane, rays, segment
-from swalab.analysis.loading import load_run, load_weights
+from swalab.analysis.loading import analysis_data
+from swalab.runs import Run, load_weights, open_run
 from swalab.analysis.plane import Plane
 from swalab.analysis.weights import ParamSpace, random_unit_directions
 from swalab.checkpoint import save_checkpoint
@@ -58,8 +59,8 @@ def bn_states(seed: int = 0) -> dict:
     """Two nearby BN networks with non-trivial running statistics: ``swa`` and ``sgd``."""
     torch.manual_seed(seed)
     run = load_run_like(SMALL_BN)
-    a = run.build_model()
-    b = run.build_model()
+    a = run.model()
+    b = run.model()
     with torch.no_grad():
         for pa, pb in zip(a.parameters(), b.parameters()):
             pb.copy_(pa + 0.05 * torch.randn_like(pa))
@@ -70,17 +71,15 @@ def bn_states(seed: int = 0) -> dict:
 
 
 def load_run_like(arch: dict):
-    from swalab.analysis.loading import LoadedRun
-
-    return LoadedRun(run_dir=Path("."), cfg=OmegaConf.create({"model": {"arch": arch}}))
+    return Run(path=Path("."), cfg=OmegaConf.create({"model": {"arch": arch}, "dataset": {}}))
 
 
 def direct_metrics(run_dir: Path, state: dict, bn_update: bool) -> dict:
     """Train CE / test error of ``state`` computed without the analysis code, for comparison."""
-    run = load_run(run_dir)
-    model = run.build_model()
+    run = open_run(run_dir)
+    model = run.model()
     model.load_state_dict(state)
-    data = run.build_data(torch.device("cpu"))
+    data = analysis_data(run, torch.device("cpu"))
     if bn_update:
         data.bn.set_epoch(0)
         update_bn(data.bn, model)
@@ -120,7 +119,7 @@ def test_plane_refuses_collinear_points():
 
 def test_param_space_keeps_bn_buffers_out_of_the_vector():
     state = bn_states()["swa"]
-    space = ParamSpace.of(load_run_like(SMALL_BN).build_model())
+    space = ParamSpace.of(load_run_like(SMALL_BN).model())
     vector = space.flatten(state)
     assert vector.numel() == space.dim == sum(v.numel() for k, v in state.items() if "running" not in k
                                               and "num_batches" not in k)
@@ -146,11 +145,11 @@ def test_plane_minimum_of_l2_logistic_regression_is_at_the_optimum(tmp_path):
     wd = 0.02
     torch.manual_seed(0)
     run_dir = fake_run(tmp_path / "lin", LINEAR, wd, {"swa": {}, "sgd": {}})
-    run = load_run(run_dir)
-    data = run.build_data(torch.device("cpu"))
+    run = open_run(run_dir)
+    data = analysis_data(run, torch.device("cpu"))
     x = torch.cat([b for b, _ in data.train_eval])
     y = torch.cat([lab for _, lab in data.train_eval])
-    model = run.build_model()
+    model = run.model()
     opt = torch.optim.LBFGS(model.parameters(), lr=1, max_iter=200, tolerance_grad=1e-9, tolerance_change=1e-12,
                             line_search_fn="strong_wolfe")
 
@@ -212,7 +211,7 @@ def test_segment_ends_give_the_swa_and_sgd_metrics(tmp_path):
         expected = direct_metrics(run_dir, states[name], bn_update=False)
         assert result["values"]["train_ce"][ts.index(t)] == pytest.approx(expected["train_ce"], abs=1e-5)
         assert result["values"]["test_err"][ts.index(t)] == pytest.approx(expected["test_err"], abs=1e-9)
-    space = ParamSpace.of(load_run(run_dir).build_model())
+    space = ParamSpace.of(open_run(run_dir).model())
     length = float((space.flatten(states["sgd"]) - space.flatten(states["swa"])).norm())
     assert result["distance"][ts.index(1.0)] == pytest.approx(length)
     assert (tmp_path / "seg" / "segment.png").exists()

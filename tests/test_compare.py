@@ -1,4 +1,5 @@
-"""``swalab.runs.load_run`` and ``python -m swalab.compare`` on two tiny finished runs (SWA and FGE)."""
+"""``swalab.compare.score_run`` (over ``swalab.runs.open_run``) and ``python -m swalab.compare`` on two tiny
+finished runs (SWA and FGE)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 import pytest
 import torch
 
-from swalab.compare import compare, main
+from swalab.compare import compare, main, score_run
 from swalab.evaluate import metrics_from_probs
-from swalab.runs import load_run
+from swalab.runs import load_weights, open_run
 from swalab.train import train
 
 TINY = ["dataset.train_size=64", "trainer.batch_size=32", "trainer.eval_every=0", "trainer.epochs=6"]
@@ -23,7 +24,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=4"])
-        fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "method.pretrain_epochs=2",
+        fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "model.fge.pretrain_epochs=2",
                                                         "method.save_members=true"])
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -35,19 +36,21 @@ def runs(tmp_path_factory):
     return root / "swa", root / "fge"
 
 
-def test_load_run_rebuilds_model_weights_and_loaders(runs):
-    run = load_run(runs[0], device="cpu")
+def test_a_run_reopens_with_its_model_weights_and_loaders(runs):
+    scored = score_run(runs[0], device="cpu")
     final = torch.load(runs[0] / "final.pt", weights_only=False)
-    for key, value in run.model.state_dict().items():
+    for key, value in scored.model.state_dict().items():
         assert torch.equal(value, final["model"][key]), key
-    swa = run.model_for("swa")
+    run = open_run(runs[0])
+    swa = scored.model_for(run.weights("swa"), "swa")
     for key, value in swa.state_dict().items():
         assert torch.equal(value, final["methods"]["swa"][key]), key
-    assert run.method == "swa" and len(run.test_labels()) == 360
-    scored = metrics_from_probs(run.probs(swa), run.test_labels())
-    assert scored["acc"] == pytest.approx(run.metrics["swa"]["acc"], abs=1e-6)
+    assert run.method == "swa" and len(scored.test_labels()) == 360 and run.method_weights() == ["swa"]
+    metrics = metrics_from_probs(scored.probs(swa), scored.test_labels())
+    assert metrics["acc"] == pytest.approx(run.metrics["swa"]["acc"], abs=1e-6)
     with pytest.raises(KeyError, match="ema"):
-        run.model_for("ema")
+        run.weights("ema")
+    assert all(torch.equal(load_weights(f"{runs[0]}:swa")[k], v) for k, v in final["methods"]["swa"].items())
 
 
 @pytest.mark.slow
@@ -80,3 +83,10 @@ def test_compare_falls_back_to_cached_member_probs_and_writes_json(runs, tmp_pat
     assert json.loads(out.read_text())["predictors"] == result["predictors"]
     printed = capsys.readouterr().out
     assert "consecutive members" in printed and "fge/seed0/fge" in printed
+
+
+def test_compare_without_out_writes_no_file(runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main([str(runs[1]), "--device", "cpu"])
+    assert "fge/seed0/fge" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # printed only: no ./compare.json in whatever directory it ran from

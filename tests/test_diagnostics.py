@@ -9,7 +9,7 @@ import torch
 
 from swalab.diagnostics import (
     consecutive_members,
-    ensemble_probs,
+    ensemble_mean,
     label_agreement,
     mean_prob_l2,
     pair_diagnostics,
@@ -50,7 +50,7 @@ def test_consecutive_members_pairs_each_member_with_the_next():
 
 
 def test_ensemble_is_the_mean_and_section35_compares_singles_with_it():
-    torch.testing.assert_close(ensemble_probs([P, Q]), (P + Q) / 2)
+    torch.testing.assert_close(ensemble_mean([P, Q]), (P + Q) / 2)
     out = section35([P, Q], {"swa": (P + Q) / 2, "first": P})
     assert out["members"] == 2
     assert out["vs_ensemble"]["swa"] == {"l2": pytest.approx(0.0), "agreement": pytest.approx(100.0)}

@@ -22,7 +22,6 @@ from swalab.schedules import (
     fge_cyclic_lr,
     paper_sgd_factor,
     piecewise_lr,
-    reference_swa_lr,
     shake_shake_swa_lr,
     swalr_lr,
 )
@@ -53,34 +52,6 @@ def test_paper_sgd_factor_is_flat_then_linear_then_flat(t, expected):
 def test_paper_sgd_factor_is_continuous_at_both_knees():
     for knee in (0.5, 0.9):
         assert paper_sgd_factor(knee - 1e-9, 0.2) == pytest.approx(paper_sgd_factor(knee + 1e-9, 0.2), abs=1e-7)
-
-
-@pytest.mark.parametrize("lr_init, swa_lr, swa_start, epochs", [(0.05, 0.01, 161, 300), (0.1, 0.05, 126, 225),
-                                                               (0.1, 0.01, 126, 225)])
-def test_reference_swa_lr_matches_reference_schedule_every_epoch(lr_init, swa_lr, swa_start, epochs):
-    for epoch in range(epochs):
-        assert reference_swa_lr(epoch, lr_init, swa_lr, swa_start, epochs) == pytest.approx(
-            reference_schedule(epoch, lr_init, swa_lr, swa_start, epochs))
-
-
-def test_reference_swa_lr_named_values_vgg16():
-    # VGG-16, 300 epochs, swa_start 161: t = 80/161 <= 0.5 -> lr_init; t >= 0.9 -> swa_lr.
-    assert reference_swa_lr(80, 0.05, 0.01, 161, 300) == pytest.approx(0.05)
-    assert reference_swa_lr(81, 0.05, 0.01, 161, 300) < 0.05
-    mid = 0.7 * 161  # not an integer epoch: check the linear part through the formula's value
-    assert reference_swa_lr(113, 0.05, 0.01, 161, 300) == pytest.approx(
-        0.05 * (1 - (1 - 0.2) * (113 / 161 - 0.5) / 0.4))
-    assert mid == pytest.approx(112.7)
-    assert reference_swa_lr(145, 0.05, 0.01, 161, 300) == pytest.approx(0.01)  # 145/161 = 0.9006
-    assert reference_swa_lr(299, 0.05, 0.01, 161, 300) == pytest.approx(0.01)
-
-
-def test_reference_lr_without_swa_decays_to_one_percent_over_all_epochs():
-    for epoch in range(200):
-        assert reference_swa_lr(epoch, 0.1, None, None, 200) == pytest.approx(
-            reference_schedule(epoch, 0.1, None, None, 200, swa=False))
-    assert reference_swa_lr(199, 0.1, None, None, 200) == pytest.approx(0.001)
-    assert reference_swa_lr(100, 0.1, None, None, 200) == pytest.approx(0.1)
 
 
 def test_paper_sgd_object_is_per_epoch_and_defaults_final_to_one_percent():

@@ -23,8 +23,7 @@ schedule, whose effect before the branch point the lr replay checks): another da
 seed, batch size or training subset is refused, naming the keys. Plain ``run.init_from`` is different: it copies weights only (momentum and
 RNG are lost) and suits fine-tuning, not reproducing a straight-through run.
 
-``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` and
-``lineage_chain`` read it back.
+``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` reads it back.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ import json
 import math
 from pathlib import Path
 
-from swalab.checkpoint import read_checkpoint
+from swalab.checkpoint import CheckpointStore, read_checkpoint
 from swalab.identity import BRANCH_MAY_DIFFER, differences
 
 LINEAGE_FILE = "lineage.json"
@@ -53,10 +52,9 @@ def parse_spec(spec: str) -> tuple[Path, int]:
 
 def find_checkpoint(run_dir: Path, epoch: int) -> Path:
     """The trunk's checkpoint after ``epoch`` whole epochs: ``checkpoints/saved/`` first, then the last two."""
-    name = f"epoch{epoch:04d}.pt"
-    for candidate in (run_dir / "checkpoints" / "saved" / name, run_dir / "checkpoints" / name):
-        if candidate.exists():
-            return candidate
+    found = CheckpointStore(run_dir).find(epoch)
+    if found is not None:
+        return found
     raise FileNotFoundError(f"run.branch_from={run_dir}@{epoch}: no checkpoint of epoch {epoch} in "
                             f"{run_dir / 'checkpoints'} (the trunk keeps it for good with run.save_at=[{epoch}])")
 
@@ -111,15 +109,3 @@ def read_lineage(run_dir: str | Path) -> dict | None:
     """The run's ``lineage.json`` (``kind`` ``branch``, or absent for a weights-only ``init_from``), if any."""
     path = Path(run_dir) / LINEAGE_FILE
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def lineage_chain(run_dir: str | Path) -> list[dict]:
-    """The lineage records from this run up to its root (nearest parent first)."""
-    chain: list[dict] = []
-    seen: set[str] = set()
-    current = read_lineage(run_dir)
-    while current is not None and current.get("parent") and current["parent"] not in seen:
-        chain.append(current)
-        seen.add(current["parent"])
-        current = read_lineage(current["parent"])
-    return chain

@@ -1,5 +1,10 @@
 """Checkpoints that survive kills: atomic writes, the last two kept, corrupt files detected.
 
+:class:`CheckpointStore` owns a run's ``checkpoints/`` folder: the names (``epochNNNN.pt``,
+``epochNNNN_stepSSSSSS.pt`` mid-epoch), the newest ``keep`` kept, epochs kept for good in ``saved/``
+(``run.save_at``, for branching), and finding the checkpoint of an epoch. Nothing else spells a
+checkpoint's path.
+
 A checkpoint is written to a temporary file in the same directory, flushed to disk and renamed
 over its final name (``os.replace`` is atomic on POSIX), so a run killed mid-write leaves the
 previous checkpoint intact. The newest ``keep`` checkpoints are kept; when the newest cannot be
@@ -82,6 +87,11 @@ def checkpoint_paths(directory: str | Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def checkpoint_name(epoch: int, step: int = 0) -> str:
+    """``epochNNNN.pt`` after ``epoch`` whole epochs; ``epochNNNN_stepSSSSSS.pt`` ``step`` steps into the next."""
+    return f"epoch{epoch:04d}.pt" if step == 0 else f"epoch{epoch:04d}_step{step:06d}.pt"
+
+
 def save_checkpoint(state: dict, directory: str | Path, epoch: int, step: int = 0, keep: int = 2) -> Path:
     """Write ``state`` atomically and delete all but the newest ``keep`` checkpoints.
 
@@ -89,8 +99,7 @@ def save_checkpoint(state: dict, directory: str | Path, epoch: int, step: int = 
     checkpoint written ``step`` steps into the next epoch (preemption).
     """
     state = {"format": FORMAT, "version": VERSION, **state}
-    name = f"epoch{epoch:04d}.pt" if step == 0 else f"epoch{epoch:04d}_step{step:06d}.pt"
-    path = atomic_save(state, Path(directory) / name)
+    path = atomic_save(state, Path(directory) / checkpoint_name(epoch, step))
     for old in checkpoint_paths(directory)[keep:]:
         old.unlink(missing_ok=True)
     for stale in Path(directory).glob("epoch*.pt.*.tmp"):  # left by a run killed mid-write; one writer per run
@@ -147,3 +156,52 @@ def check_identity(state: dict, identity: dict | None, path: str | Path) -> None
     if diffs:
         raise CheckpointError(f"checkpoint {path} belongs to a run of another config (" + "; ".join(diffs[:8]) +
                               "). Choose another directory with run.dir=<dir>, or move this one away.")
+
+
+class CheckpointStore:
+    """A run's ``checkpoints/`` folder (see the module doc): where to write, what is kept, what to find."""
+
+    SAVED = "saved"
+
+    def __init__(self, run_dir: str | Path, keep: int = 2):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.keep = keep
+
+    def paths(self) -> list[Path]:
+        """The rolling checkpoints, newest first."""
+        return checkpoint_paths(self.dir)
+
+    def save(self, state: dict, epoch: int, step: int = 0) -> Path:
+        return save_checkpoint(state, self.dir, epoch, step, keep=self.keep)
+
+    def keep_for_good(self, epoch: int) -> Path:
+        """Hard-link (or copy) the checkpoint of ``epoch`` into ``saved/``, where the rolling deletion never reaches."""
+        import shutil
+
+        src = self.dir / checkpoint_name(epoch)
+        dst = self.dir / self.SAVED / src.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dst.unlink(missing_ok=True)
+            dst.hardlink_to(src)
+        except OSError:
+            shutil.copy2(src, dst)
+        return dst
+
+    def find(self, epoch: int) -> Path | None:
+        """The checkpoint after ``epoch`` whole epochs: ``saved/`` first, then the rolling ones."""
+        name = checkpoint_name(epoch)
+        return next((p for p in (self.dir / self.SAVED / name, self.dir / name) if p.exists()), None)
+
+    def kept(self) -> list[tuple[int, Path]]:
+        """``(epoch, path)`` of every epoch-boundary checkpoint the run kept, rolling and saved, by epoch."""
+        found = {}
+        for path in [*self.dir.glob("epoch*.pt"), *(self.dir / self.SAVED).glob("epoch*.pt")]:
+            match = _NAME.match(path.name)
+            if match and not match.group(2):
+                found.setdefault(int(match.group(1)), path)
+        return sorted(found.items())
+
+    def latest(self, identity: dict | None = None) -> dict | None:
+        """The newest readable checkpoint (see :func:`load_latest`)."""
+        return load_latest(self.dir, identity)

@@ -2,7 +2,7 @@
 
     python -m swalab.compare <run dir> <run dir> ... [--out compare.json] [--device auto]
 
-Each run's predictors are rebuilt from its directory (``swalab.runs.load_run``):
+Each run's predictors are rebuilt from its directory (``swalab.runs.open_run``):
 
 * ``sgd``: the live weights of ``final.pt`` (not for FGE runs, whose last iterate is mid-cycle);
 * ``swa`` / ``ema``: the method's weights in ``final.pt`` (BN statistics as they were scored);
@@ -20,55 +20,106 @@ labels. With ``--out`` everything is also written there as JSON (nothing is writ
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from torch.optim.swa_utils import AveragedModel
 
 from swalab.diagnostics import section35
-from swalab.evaluate import metrics_from_probs
-from swalab.runs import LoadedRun, load_run
+from swalab.evaluate import ensemble_mean, labels_of, metrics_from_probs, metrics_table, predict_logits, recompute_bn
+from swalab.runs import Run, open_run
+from swalab.train import load_into
+from swalab.trainer import select_device
 
 SINGLE_MODELS = ("swa", "fge_avg")  # predictors held against an FGE ensemble
 
 
-def average_members(run: LoadedRun) -> torch.nn.Module:
-    """The mean of the saved members' weights, with BN statistics recomputed on the training data."""
-    paths = run.member_paths()
-    model = run.member_model(paths[0])
-    params = [p.detach().clone().double() for p in model.parameters()]
-    for path in paths[1:]:
-        for acc, p in zip(params, run.member_model(path).parameters()):
-            acc += p.detach().double()
-    with torch.no_grad():
-        for p, acc in zip(model.parameters(), params):
-            p.copy_((acc / len(paths)).to(p.dtype))
-    run.update_bn(model)
+@dataclass
+class Scored:
+    """A run opened for scoring: its network on ``device``, its test and BN-update loaders and test labels."""
+
+    run: Run
+    device: torch.device
+    model: torch.nn.Module
+    test_loader: object
+    bn_loader: object
+    amp: bool
+
+    @property
+    def label(self) -> str:
+        return self.run.label
+
+    def model_for(self, weights: dict[str, torch.Tensor], source: str) -> torch.nn.Module:
+        """A copy of the network carrying ``weights`` (from ``source``, named in errors)."""
+        model = copy.deepcopy(self.model)
+        load_into(model, weights, source)
+        return model.to(self.device)
+
+    def probs(self, model: torch.nn.Module) -> torch.Tensor:
+        """Softmax probabilities of ``model`` on the run's test set (CPU, float32)."""
+        return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
+
+    def test_labels(self) -> torch.Tensor:
+        return labels_of(self.test_loader)
+
+    def update_bn(self, model: torch.nn.Module) -> None:
+        """Recompute ``model``'s BN statistics over the run's BN-update data, as the trainer does."""
+        recompute_bn(model, self.bn_loader, self.device, self.amp)
+
+
+def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
+    """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device``."""
+    run = open_run(run_dir)
+    dev = select_device(device)
+    data = run.data()
+    _, test_loader, bn_loader = run.loaders(data, dev)
+    model = run.model(data)
+    load_into(model, run.weights("live"), f"{run_dir}/final.pt")
+    return Scored(run=run, device=dev, model=model.to(dev).eval(), test_loader=test_loader, bn_loader=bn_loader,
+                  amp=bool(run.cfg.trainer.amp) and dev.type == "cuda")
+
+
+def average_members(scored: Scored) -> torch.nn.Module:
+    """The mean of the saved members' weights (``torch.optim.swa_utils.AveragedModel``), with BN statistics
+    recomputed on the training data: the paper's "SWA of the FGE proposals" (section 3.5)."""
+    paths = scored.run.member_paths()
+    averaged = None
+    for path in paths:
+        member = scored.model_for(torch.load(path, map_location="cpu", weights_only=False)["model"], str(path))
+        averaged = AveragedModel(member) if averaged is None else averaged
+        averaged.update_parameters(member)
+    model = averaged.module
+    scored.update_bn(model)
     return model
 
 
-def run_predictions(run: LoadedRun) -> tuple[dict[str, torch.Tensor], list[torch.Tensor] | None]:
+def run_predictions(scored: Scored) -> tuple[dict[str, torch.Tensor], list[torch.Tensor] | None]:
     """Test probabilities of every predictor of one run, and its FGE member probabilities (if any)."""
+    run = scored.run
     probs: dict[str, torch.Tensor] = {}
     members = None
     if run.method == "fge":
         if run.member_paths():
-            members = [run.probs(run.member_model(p)) for p in run.member_paths()]
-            probs["fge_avg"] = run.probs(average_members(run))
+            members = [scored.probs(scored.model_for(torch.load(p, map_location="cpu", weights_only=False)["model"],
+                                                     str(p))) for p in run.member_paths()]
+            probs["fge_avg"] = scored.probs(average_members(scored))
         else:
             members = run.cached_member_probs()
         if not members:
-            raise FileNotFoundError(f"{run.run_dir}: an FGE run with neither members/ nor fge_member_probs.pt")
-        probs["fge"] = torch.stack(members).mean(dim=0)
+            raise FileNotFoundError(f"{run.path}: an FGE run with neither members/ nor fge_member_probs.pt")
+        probs["fge"] = ensemble_mean(members)
     else:
-        probs["sgd"] = run.probs(run.model)
-    for name in sorted(run.weights):
-        probs[name] = run.probs(run.model_for(name).to(run.device))
+        probs["sgd"] = scored.probs(scored.model)
+    for name in run.method_weights():
+        probs[name] = scored.probs(scored.model_for(run.weights(name), f"{run.path}/final.pt[{name}]"))
     return probs, members
 
 
-def unique_labels(runs: Sequence[LoadedRun]) -> list[str]:
+def unique_labels(runs: Sequence[Scored]) -> list[str]:
     labels, seen = [], {}
     for run in runs:
         label = run.label
@@ -79,7 +130,7 @@ def unique_labels(runs: Sequence[LoadedRun]) -> list[str]:
 
 def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
     """Score every predictor of every run and compute the section 3.5 diagnostics."""
-    runs = [load_run(d, device=device) for d in run_dirs]
+    runs = [score_run(d, device=device) for d in run_dirs]
     labels = unique_labels(runs)
     table: dict[str, dict] = {}
     per_run = {}
@@ -98,15 +149,12 @@ def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
             if other != label and torch.equal(oinfo["labels"], info["labels"]) and "swa" in oinfo["probs"]:
                 single[f"{other}/swa"] = oinfo["probs"]["swa"]
         diagnostics[f"{label}/fge"] = section35(info["members"], single)
-    return {"runs": {label: str(run.run_dir) for label, run in zip(labels, runs)},
+    return {"runs": {label: str(run.run.path) for label, run in zip(labels, runs)},
             "predictors": table, "section35": diagnostics}
 
 
 def format_report(result: dict) -> str:
-    width = max([len(k) for k in result["predictors"]] + [9])
-    lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8}"]
-    for name, m in result["predictors"].items():
-        lines.append(f"{name:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f}")
+    lines = [metrics_table(result["predictors"])]
     for ens, d in result["section35"].items():
         lines.append(f"\nsection 3.5, {ens} ({d['members']} members)    [paper: 0.126 / <= 87.33% consecutive; "
                      "0.079 / 95.26% SWA vs FGE]")

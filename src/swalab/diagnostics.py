@@ -19,6 +19,8 @@ from typing import Sequence
 
 import torch
 
+from swalab.evaluate import ensemble_mean
+
 
 def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
     if p.dim() != 2 or p.shape != q.shape:
@@ -59,20 +61,13 @@ def consecutive_members(member_probs: Sequence[torch.Tensor]) -> dict:
             "max_agreement": max(r["agreement"] for r in pairs)}
 
 
-def ensemble_probs(member_probs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The ensemble's prediction: the mean of the members' class probabilities."""
-    if not member_probs:
-        raise ValueError("an ensemble needs at least one member")
-    return torch.stack([p.double() for p in member_probs]).mean(dim=0).to(member_probs[0].dtype)
-
-
 def section35(member_probs: Sequence[torch.Tensor], single: dict[str, torch.Tensor]) -> dict:
     """All section 3.5 numbers for one FGE run and any single models to hold against its ensemble.
 
     ``single`` maps a name (``"swa"``, ``"fge_avg"`` ...) to that model's test probabilities.
     Returns ``{"consecutive": consecutive_members(...) or None, "vs_ensemble": {name: pair}}``.
     """
-    ens = ensemble_probs(member_probs)
+    ens = ensemble_mean(member_probs)
     return {"members": len(member_probs),
             "consecutive": consecutive_members(member_probs) if len(member_probs) >= 2 else None,
             "vs_ensemble": {name: pair_diagnostics(p, ens) for name, p in single.items()}}

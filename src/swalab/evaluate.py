@@ -100,39 +100,33 @@ class CachedEnsemble:
 
     def probs(self, k: int | None = None) -> torch.Tensor:
         """Ensemble probabilities of the first ``k`` members (all by default)."""
-        members = self.member_probs[: k or len(self.member_probs)]
-        if not members:
-            raise ValueError("the ensemble has no members yet: nothing to score")
-        return torch.stack(members).mean(dim=0)
+        return ensemble_mean(self.member_probs[: k or len(self.member_probs)])
 
     def predict_proba(self, loader: Iterable | None = None) -> torch.Tensor:
         return self.probs()
 
     def curve(self, labels: torch.Tensor) -> list[dict]:
         """Metrics of the ensemble of the first k members, for k = 1 .. n (no forward pass)."""
-        total = torch.zeros_like(self.member_probs[0])
-        rows = []
-        for k, p in enumerate(self.member_probs, start=1):
-            total += p
-            rows.append({"members": k, **metrics_from_probs(total / k, labels)})
-        return rows
+        return [{"members": k, **metrics_from_probs(self.probs(k), labels)}
+                for k in range(1, len(self.member_probs) + 1)]
+
+
+def ensemble_mean(member_probs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """An ensemble's prediction: the mean of its members' class probabilities (summed in float64)."""
+    if not member_probs:
+        raise ValueError("the ensemble has no members yet: nothing to score")
+    return torch.stack([p.double() for p in member_probs]).mean(dim=0).to(member_probs[0].dtype)
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> float:
     """ECE with ``bins`` equal-width confidence bins: sum_b |B_b|/N * |acc(B_b) - conf(B_b)|."""
-    confidence, predicted = probs.max(dim=1)
-    correct = predicted.eq(labels).float()
-    edges = torch.linspace(0, 1, bins + 1)
-    ece = torch.zeros(())
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        in_bin = (confidence > lo) & (confidence <= hi)
-        if in_bin.any():
-            ece += in_bin.float().mean() * (correct[in_bin].mean() - confidence[in_bin].mean()).abs()
-    return float(ece)
+    rows = reliability_bins(probs, labels, bins)
+    total = sum(r["count"] for r in rows)
+    return sum(r["count"] / total * abs(r["acc"] - r["conf"]) for r in rows if r["count"]) if total else 0.0
 
 
 def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> list[dict]:
-    """Per-bin count, accuracy and mean confidence, for reliability diagrams."""
+    """Per-bin count, accuracy and mean confidence (equal-width confidence bins), for reliability diagrams."""
     confidence, predicted = probs.max(dim=1)
     correct = predicted.eq(labels).float()
     edges = torch.linspace(0, 1, bins + 1)
@@ -160,6 +154,27 @@ def metrics_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, f
         top5 = probs.topk(5, dim=1).indices.eq(labels[:, None]).any(dim=1)
         out["top5"] = 100.0 * float(top5.float().mean())
     return out
+
+
+def recompute_bn(model: nn.Module, loader, device: torch.device, amp: bool = False) -> None:
+    """Recompute ``model``'s BatchNorm statistics with one pass over ``loader`` (train mode, exact cumulative
+    average, no grad: ``torch.optim.swa_utils.update_bn``), the loader's epoch-0 augmentation when it has one."""
+    from torch.optim.swa_utils import update_bn
+
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(0)
+    with autocast_for(device, amp):
+        update_bn(loader, model, device=device)
+
+
+def metrics_table(metrics: dict[str, dict]) -> str:
+    """``predictor  acc %  nll  ece`` lines: the table a run and ``swalab.compare`` print."""
+    width = max([len(name) for name in metrics] + [12])
+    lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8}"]
+    for name, m in metrics.items():
+        if "acc" in m:
+            lines.append(f"{name:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f}")
+    return "\n".join(lines)
 
 
 def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.device,

@@ -41,19 +41,6 @@ def paper_sgd_factor(t: float, final_ratio: float) -> float:
     return final_ratio
 
 
-def reference_swa_lr(epoch: int, lr_init: float, swa_lr: float | None, swa_start: int | None, epochs: int) -> float:
-    """The reference implementation's ``schedule(epoch)``, set once per (0-indexed) epoch.
-
-    With SWA (``swa_lr`` and ``swa_start`` given) progress is measured against ``swa_start``
-    and the lr settles at ``swa_lr``; without SWA it is measured against ``epochs`` and
-    settles at ``0.01 * lr_init``.
-    """
-    swa = swa_lr is not None and swa_start is not None
-    t = epoch / (swa_start if swa else epochs)
-    ratio = swa_lr / lr_init if swa else 0.01
-    return lr_init * paper_sgd_factor(t, ratio)
-
-
 def cyclic_swa_lr(iteration: int, a1: float, a2: float, cycle: int) -> float:
     """The paper's cyclic SWA schedule (section 3.1), per iteration ``i = 1, 2, ...``.
 

@@ -31,6 +31,7 @@ interrupted one resumes from its newest good checkpoint.
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 import subprocess
@@ -46,9 +47,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
 from swalab.branching import check_branch, load_branch_state, read_lineage
-from swalab.checkpoint import CheckpointError, atomic_save, checkpoint_paths, load_latest, read_checkpoint
+from swalab.checkpoint import CheckpointError, CheckpointStore, atomic_save, read_checkpoint
 from swalab.config import ConfigError, build, check_config, check_overrides, default_choices
 from swalab.data import ResidentLoader, subset
+from swalab.evaluate import metrics_table
 from swalab.identity import (IDENTITY_FILE, differences, group_hash, identity_of, record, run_name,
                              stored_identity)
 from swalab.logs import epoch_line, get_logger, run_log
@@ -97,18 +99,17 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
         path, epoch = str(spec), ""
     path = Path(path)
     if path.is_dir():
-        ckpt_dir = path / "checkpoints"
+        store = CheckpointStore(path)
         if epoch:
-            candidates = [ckpt_dir / "saved" / f"epoch{int(epoch):04d}.pt", ckpt_dir / f"epoch{int(epoch):04d}.pt"]
-            found = next((c for c in candidates if c.exists()), None)
+            found = store.find(int(epoch))
             if found is None:
-                raise FileNotFoundError(f"run.init_from={spec}: no checkpoint of epoch {epoch} in {ckpt_dir} "
-                                        "(keep it with run.save_at=[{epoch}] in the parent run)")
+                raise FileNotFoundError(f"run.init_from={spec}: no checkpoint of epoch {epoch} in {store.dir} "
+                                        f"(keep it with run.save_at=[{epoch}] in the parent run)")
             state = read_checkpoint(found)
         else:
-            state = load_latest(ckpt_dir)
+            state = store.latest()
             if state is None:
-                raise FileNotFoundError(f"run.init_from={spec}: {ckpt_dir} holds no checkpoint")
+                raise FileNotFoundError(f"run.init_from={spec}: {store.dir} holds no checkpoint")
             found = Path(state["path"])
         return state["model"], {"parent": str(path), "checkpoint": str(found), "epoch": state["epoch"]}
     if not path.exists():
@@ -172,10 +173,16 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     return train, test, bn
 
 
-def build_model(cfg: DictConfig, data) -> torch.nn.Module:
-    """The network of ``model.arch``, with the class count and channels of the data (a folder's are measured)."""
-    channels = int(getattr(data, "channels", None) or cfg.dataset.channels)
-    return build(cfg.model.arch, "model.arch", num_classes=data.num_classes, in_channels=channels)
+def build_model(cfg: DictConfig, data=None) -> torch.nn.Module:
+    """The network of ``model.arch``. Its constructor's ``num_classes`` and ``in_channels`` arguments, when it
+    has them, get the data's class count and channels (a folder's are found in its files; without ``data``,
+    the config's)."""
+    from hydra.utils import get_method
+
+    found = {"num_classes": data.num_classes if data is not None else cfg.dataset.get("num_classes"),
+             "in_channels": getattr(data, "channels", None) or cfg.dataset.get("channels")}
+    takes = inspect.signature(get_method(cfg.model.arch._target_)).parameters
+    return build(cfg.model.arch, "model.arch", **{k: int(v) for k, v in found.items() if k in takes and v})
 
 
 def build_loaders(cfg: DictConfig, data, device: torch.device):
@@ -271,7 +278,7 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
             raise FileExistsError(f"{run_dir} already holds a finished run and run.resume=false: nothing is "
                                   "overwritten. Choose another directory with run.dir=<dir>")
         return json.loads(metrics.read_text())
-    has_checkpoints = bool(checkpoint_paths(run_dir / "checkpoints"))
+    has_checkpoints = bool(CheckpointStore(run_dir).paths())
     if resume is False and has_checkpoints:
         raise FileExistsError(f"{run_dir} already holds a run and run.resume=false: nothing is overwritten. "
                               "Continue it with run.resume=auto, or choose another directory with run.dir=<dir>")
@@ -328,7 +335,7 @@ def build_run(plan: RunPlan) -> Built:
     if cfg.run.get("init_from"):
         weights, lineage = load_init_weights(cfg.run.init_from)
         load_into(model, weights, str(cfg.run.init_from))
-    resume_state = load_latest(run_dir / "checkpoints", plan.identity) if cfg.run.resume is not False else None
+    resume_state = CheckpointStore(run_dir).latest(plan.identity) if cfg.run.resume is not False else None
     branched = False
     if cfg.run.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
         if resume_state is None:
@@ -470,7 +477,7 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
         write_status(run_dir, {"status": "complete"})
         tracker.summary(metrics)
         tracker.finish()
-        log.info(format_metrics(metrics))
+        log.info(metrics_table(metrics))
     return metrics
 
 
@@ -483,10 +490,3 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequenc
     """
     return execute(prepare(cfg, run_dir, overrides, choices))
 
-
-def format_metrics(metrics: dict) -> str:
-    lines = [f"{'predictor':<12} {'acc %':>8} {'nll':>8} {'ece':>8}"]
-    for name, m in metrics.items():
-        if "acc" in m:
-            lines.append(f"{name:<12} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f}")
-    return "\n".join(lines)

@@ -29,13 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.swa_utils import update_bn
 
 from swalab import distributed, faults
-from swalab.checkpoint import save_checkpoint
+from swalab.checkpoint import CheckpointStore, checkpoint_name
 from swalab.config import ConfigError
 from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_probs, predict_logits,
-                             reliability_bins)
+                             recompute_bn, reliability_bins)
 from swalab.methods.base import Method, TrainContext
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
@@ -101,6 +100,25 @@ class Evaluation:
 
 
 @dataclass
+class EpochTally:
+    """The running sums of one epoch's training steps (what a mid-epoch checkpoint carries as ``partial``)."""
+
+    t0: float
+    loss_sum: torch.Tensor
+    correct: torch.Tensor
+    seen: int
+    skips: int
+    lr: float
+
+    def accuracy(self) -> float:
+        return 100.0 * float(self.correct) / max(self.seen, 1)
+
+    def partial(self) -> dict:
+        return {"loss_sum": float(self.loss_sum), "correct": float(self.correct), "seen": self.seen,
+                "skips": self.skips, "seconds": time.perf_counter() - self.t0}
+
+
+@dataclass
 class TrainerOptions:
     """Loop settings, all explicit (``train.py`` fills them from ``conf/trainer``)."""
 
@@ -127,7 +145,7 @@ class Trainer:
                  identity: dict | None = None, on_epoch: Callable[[dict], None] | None = None):
         self.device, self.opts, self.method = device, options, method
         self.run_dir = Path(run_dir)
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.store = CheckpointStore(self.run_dir, keep=options.keep_checkpoints)
         self.train_loader, self.test_loader, self.bn_loader = train_loader, test_loader, bn_loader
         self.identity, self.on_epoch = identity or {}, on_epoch
         cuda = device.type == "cuda"
@@ -156,8 +174,7 @@ class Trainer:
         """Recompute BN statistics of ``model`` over the training data (exact average, no grad)."""
         if hasattr(self.bn_loader, "set_epoch"):
             self.bn_loader.set_epoch(0)
-        with autocast_for(self.device, self.amp):
-            update_bn(faults.watch(self.bn_loader, "bn_update"), model, device=self.device)
+        recompute_bn(model, faults.watch(self.bn_loader, "bn_update"), self.device, self.amp)
 
     def test_probs(self, model: nn.Module) -> torch.Tensor:
         return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
@@ -193,9 +210,8 @@ class Trainer:
     def save(self, epoch: int, step: int = 0, partial: dict | None = None) -> Path:
         """Checkpoint after ``epoch`` whole epochs and ``step`` steps of the next one."""
         if not self.main:
-            return self.ckpt_dir / f"epoch{epoch:04d}.pt"
-        return save_checkpoint(self.state(epoch, step, partial), self.ckpt_dir, epoch, step,
-                               keep=self.opts.keep_checkpoints)
+            return self.store.dir / checkpoint_name(epoch, step)
+        return self.store.save(self.state(epoch, step, partial), epoch, step)
 
     def restore(self, state: dict) -> tuple[int, int, dict]:
         self.model.load_state_dict(state["model"])
@@ -217,102 +233,96 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
     def fit(self, resume: dict | None = None) -> Evaluation:
+        """Train from the start, or from ``resume`` (a checkpoint's state), then score every predictor."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.method.on_train_start(self.ctx)
         start_epoch, start_step, partial = 0, 0, {}
         if resume is not None:
             start_epoch, start_step, partial = self.restore(resume)
-        steps = len(self.train_loader)
         skips = int(partial.get("skips", 0))
         with self._preemption_signals():
             for epoch in range(start_epoch, self.opts.epochs):
-                t0 = time.perf_counter() - float(partial.get("seconds", 0.0))
-                loss_sum = torch.tensor(float(partial.get("loss_sum", 0.0)), device=self.device)
-                correct = torch.tensor(float(partial.get("correct", 0.0)), device=self.device)
-                seen = int(partial.get("seen", 0))
-                bad_step = torch.tensor(-1, device=self.device)
-                first_step = start_step if epoch == start_epoch else 0
-                partial = {}
-                self.model.train()
-                if hasattr(self.train_loader, "set_epoch"):
-                    self.train_loader.set_epoch(epoch)
-                bar = self._progress(epoch, steps, first_step, self.run_eta(epoch))
-                lr = self.method.lr_at(epoch, first_step, steps)
-                for step, (x, y) in enumerate(self.train_loader):
-                    if step < first_step:
-                        continue
-                    lr = self.method.lr_at(epoch, step, steps)
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = lr
-                    x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                    with autocast_for(self.device, self.amp):
-                        out = self.forward_model(x)
-                        loss = F.cross_entropy(out, y)
-                    if not self._finite(loss, epoch, step, skips):
-                        skips += 1
-                        continue
-                    bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss.detach()), step, bad_step)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer.step()
-                    self.method.on_step_end(self.ctx, epoch, step)
-                    faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
-                    loss_sum += loss.detach().float() * y.shape[0]
-                    correct += out.detach().argmax(1).eq(y).sum()
-                    seen += y.shape[0]
-                    if bar is not None and step % 10 == 0:
-                        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{100 * float(correct) / seen:.1f}", lr=f"{lr:.4g}")
-                    if bar is not None:
-                        bar.update(1)
-                    if self._signal is not None and step + 1 < steps:
-                        self.save(epoch, step + 1, {"loss_sum": float(loss_sum), "correct": float(correct),
-                                                    "seen": seen, "skips": skips,
-                                                    "seconds": time.perf_counter() - t0})
-                        raise Preempted(f"signal {self._signal} received: checkpoint written at epoch {epoch}, "
-                                        f"step {step + 1}; re-launch the same command to continue", self._signal)
-                if bar is not None:
-                    bar.close()
-                if int(bad_step) >= 0:
-                    raise NonFiniteLossError(
-                        f"the training loss became NaN/Inf at epoch {epoch + 1}, step {int(bad_step) + 1}; the last "
-                        f"good checkpoint "
-                        f"in {self.ckpt_dir} and history.jsonl are kept. Lower the learning rate or set "
-                        "trainer.nonfinite=skip.")
-                self.method.on_epoch_end(self.ctx, epoch)
-                row = {"epoch": epoch + 1, "lr": lr,
-                       "train_loss": float(loss_sum) / max(seen, 1), "train_acc": 100.0 * float(correct) / max(seen, 1)}
-                last = epoch + 1 == self.opts.epochs
-                if last or (self.opts.eval_every and (epoch + 1) % self.opts.eval_every == 0):
-                    row["test_loss"], row["test_acc"] = mean_loss_and_accuracy(
-                        self.model, self.test_loader, self.device, amp=self.amp, labels=self.test_labels)
-                row.update(self._pending_log)
-                self._pending_log.clear()
-                row["seconds"] = time.perf_counter() - t0
-                self.history.append(row)
-                self._write_history()
-                if self.on_epoch is not None and self.main:
-                    self.on_epoch(row)
-                if last or (epoch + 1) % self.opts.checkpoint_every == 0 or (epoch + 1) in self.opts.save_at \
-                        or self._signal is not None:
-                    self.save(epoch + 1)
-                    if (epoch + 1) in self.opts.save_at and self.main:
-                        self._keep_named(epoch + 1)
-                if self._signal is not None and not last:
-                    raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {epoch + 1}; "
-                                    "re-launch the same command to continue", self._signal)
+                tally = self._train_epoch(epoch, start_step if epoch == start_epoch else 0, partial, skips)
+                partial, skips = {}, tally.skips
+                self._end_epoch(epoch, tally)
         return self.evaluate()
 
-    def _keep_named(self, epoch: int) -> None:
-        """Hard-link (or copy) the checkpoint of ``epoch`` to ``checkpoints/saved/`` for branching."""
-        import shutil
-        src = self.ckpt_dir / f"epoch{epoch:04d}.pt"
-        dst = self.ckpt_dir / "saved" / src.name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            dst.unlink(missing_ok=True)
-            dst.hardlink_to(src)
-        except OSError:
-            shutil.copy2(src, dst)
+    def _train_epoch(self, epoch: int, first_step: int, partial: dict, skips: int) -> EpochTally:
+        """The optimizer steps of one epoch from ``first_step`` (a mid-epoch resume carries ``partial`` sums)."""
+        steps = len(self.train_loader)
+        tally = EpochTally(t0=time.perf_counter() - float(partial.get("seconds", 0.0)),
+                           loss_sum=torch.tensor(float(partial.get("loss_sum", 0.0)), device=self.device),
+                           correct=torch.tensor(float(partial.get("correct", 0.0)), device=self.device),
+                           seen=int(partial.get("seen", 0)), skips=skips,
+                           lr=self.method.lr_at(epoch, first_step, steps))
+        bad_step = torch.tensor(-1, device=self.device)
+        self.model.train()
+        if hasattr(self.train_loader, "set_epoch"):
+            self.train_loader.set_epoch(epoch)
+        bar = self._progress(epoch, steps, first_step, self.run_eta(epoch))
+        for step, (x, y) in enumerate(self.train_loader):
+            if step < first_step:
+                continue
+            tally.lr = self.method.lr_at(epoch, step, steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = tally.lr
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with autocast_for(self.device, self.amp):
+                out = self.forward_model(x)
+                loss = F.cross_entropy(out, y)
+            if not self._finite(loss, epoch, step, tally.skips):
+                tally.skips += 1
+                continue
+            bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss.detach()), step, bad_step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.method.on_step_end(self.ctx, epoch, step)
+            faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
+            tally.loss_sum += loss.detach().float() * y.shape[0]
+            tally.correct += out.detach().argmax(1).eq(y).sum()
+            tally.seen += y.shape[0]
+            if bar is not None:
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{tally.accuracy():.1f}", lr=f"{tally.lr:.4g}")
+                bar.update(1)
+            if self._signal is not None and step + 1 < steps:
+                self.save(epoch, step + 1, tally.partial())
+                raise Preempted(f"signal {self._signal} received: checkpoint written at epoch {epoch}, "
+                                f"step {step + 1}; re-launch the same command to continue", self._signal)
+        if bar is not None:
+            bar.close()
+        if int(bad_step) >= 0:
+            raise NonFiniteLossError(
+                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {int(bad_step) + 1}; the last good "
+                f"checkpoint in {self.store.dir} and history.jsonl are kept. Lower the learning rate or set "
+                "trainer.nonfinite=skip.")
+        return tally
+
+    def _end_epoch(self, epoch: int, tally: EpochTally) -> None:
+        """The method's epoch hook, the history row (scored every ``eval_every`` epochs), the checkpoint."""
+        self.method.on_epoch_end(self.ctx, epoch)
+        done = epoch + 1
+        last = done == self.opts.epochs
+        row = {"epoch": done, "lr": tally.lr, "train_loss": float(tally.loss_sum) / max(tally.seen, 1),
+               "train_acc": tally.accuracy()}
+        if last or (self.opts.eval_every and done % self.opts.eval_every == 0):
+            row["test_loss"], row["test_acc"] = mean_loss_and_accuracy(
+                self.model, self.test_loader, self.device, amp=self.amp, labels=self.test_labels)
+        row.update(self._pending_log)
+        self._pending_log.clear()
+        row["seconds"] = time.perf_counter() - tally.t0
+        self.history.append(row)
+        self._write_history()
+        if self.on_epoch is not None and self.main:
+            self.on_epoch(row)
+        if last or done % self.opts.checkpoint_every == 0 or done in self.opts.save_at or self._signal is not None:
+            self.save(done)
+            if done in self.opts.save_at and self.main:
+                self.store.keep_for_good(done)
+        if self._signal is not None and not last:
+            raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {done}; "
+                            "re-launch the same command to continue", self._signal)
 
     def _finite(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
         """In ``skip`` mode, drop a non-finite step (syncs each step); ``stop`` checks per epoch."""
@@ -323,7 +333,7 @@ class Trainer:
         if skips >= self.opts.max_skips:
             raise NonFiniteLossError(
                 f"non-finite loss at epoch {epoch + 1}, step {step + 1}, after {skips} skipped steps "
-                f"(trainer.max_skips={self.opts.max_skips}); the last good checkpoint in {self.ckpt_dir} is kept")
+                f"(trainer.max_skips={self.opts.max_skips}); the last good checkpoint in {self.store.dir} is kept")
         warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
         return False
 

@@ -1,32 +1,27 @@
-"""Load what an analysis needs from a run directory: its config, a fresh model, data and weights.
+"""What an analysis needs from a run directory: its network, parameter space, data and weights.
 
-Used by every analysis command. A run directory is self-describing (``config.yaml`` is the
-resolved config), so the model and the data are rebuilt exactly as the run trained them; the
-loaders come from :func:`swalab.train.build_loaders`, so normalisation and augmentation match.
-
-Weights are named by a *spec*:
-
-* ``<run dir>`` or ``<run dir>:sgd``: the live weights at the end of the run (``final.pt["model"]``);
-  for an SWA run that is the last SGD iterate of the SWA phase;
-* ``<run dir>:swa`` (or ``:ema``, any key of ``final.pt["methods"]``): a method's own weights;
-* ``<run dir>@<epoch>``: a checkpoint kept with ``run.save_at`` (or one of the newest two);
-* a ``.pt`` file: a swalab checkpoint, a ``final.pt`` (live weights) or a plain state dict.
+Used by every analysis command. The run is opened with :func:`swalab.runs.open_run` (the one owner of
+run directories), which rebuilds the model and the data exactly as the run trained them; weight specs
+(``<run dir>[:swa]``, ``<run dir>@<epoch>``, a ``.pt`` file) are read by :func:`swalab.runs.load_weights`.
+A :class:`Study` gathers what every command shares: the options, the loaders, a :class:`Probe` factory
+and the settings recorded with each result log.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 
-from swalab.data import ImageData, subset
-from swalab.train import build_loaders, load_init_weights
+from swalab.analysis.probe import Probe
+from swalab.analysis.weights import ParamSpace, has_batchnorm
+from swalab.runs import Run, load_weights, open_run, run_of
 from swalab.trainer import select_device
+
+__all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",
+           "add_solution_arguments", "load_solutions"]
 
 
 @dataclass
@@ -45,80 +40,58 @@ class AnalysisData:
     test_size: int
 
 
+def analysis_data(run: Run, device: torch.device, train_size: int | None = None, test_size: int | None = None,
+                  seed: int = 0) -> AnalysisData:
+    """The run's data, optionally cut to subsets (for cheap CPU analyses), as the three loaders an analysis uses."""
+    import dataclasses
+
+    data = run.data(train_size, test_size, seed)
+    settings = dict(batch_size=min(int(run.cfg.trainer.batch_size), len(data.train)), bn_update_fraction=1.0)
+    _, test_loader, bn_loader = run.loaders(data, device, **settings)
+    # the "test" loader of build_loaders over the training images: un-augmented, fixed order
+    _, train_eval, _ = run.loaders(dataclasses.replace(data, test=data.train), device, **settings)
+    return AnalysisData(train_eval=train_eval, test=test_loader, bn=bn_loader, train_size=len(data.train),
+                        test_size=len(data.test))
+
+
 @dataclass
-class LoadedRun:
-    """A run directory opened for analysis: the resolved config and the means to rebuild it."""
+class Study:
+    """One analysis of one run: its network, the network's parameter space, the data, and the shared options."""
 
-    run_dir: Path
-    cfg: DictConfig
+    run: Run
+    model: torch.nn.Module
+    space: ParamSpace
+    data: AnalysisData
+    bn_update: bool
+    device: torch.device
+    seed: int
 
-    @property
-    def weight_decay(self) -> float:
-        """The L2 coefficient the run trained with (the paper's train loss adds wd/2 ||w||^2)."""
-        return float(self.cfg.trainer.weight_decay)
+    def settings(self, **own) -> dict:
+        """A result log's settings: the command's own plus what every analysis records (so a resumed log
+        refuses to mix points computed on other data or with another BN handling)."""
+        return {**own, "train_size": self.data.train_size, "test_size": self.data.test_size,
+                "bn_update": self.bn_update, "seed": self.seed}
 
-    def build_model(self) -> torch.nn.Module:
-        return instantiate(self.cfg.model.arch)
+    def probe(self, buffers: dict[str, torch.Tensor]) -> Probe:
+        """Metrics at any parameter vector, with ``buffers`` (BN statistics) unless they are recomputed."""
+        return Probe(self.model, self.space, buffers, self.data, self.device, self.run.weight_decay, self.bn_update)
 
-    def build_data(self, device: torch.device, train_size: int | None = None, test_size: int | None = None,
-                   seed: int = 0) -> AnalysisData:
-        """The run's data, optionally cut to seeded class-stratified subsets (for cheap CPU analyses)."""
-        data: ImageData = instantiate(self.cfg.dataset.source)
-        train = subset(data.train, train_size, seed) if train_size else data.train
-        test = subset(data.test, test_size, seed) if test_size else data.test
-        cfg = OmegaConf.merge(self.cfg, {"trainer": {"batch_size": min(int(self.cfg.trainer.batch_size), len(train)),
-                                                      "bn_update_fraction": 1.0}})
-        _, test_loader, bn_loader = build_loaders(cfg, dataclasses.replace(data, train=train, test=test), device)
-        # the "test" loader of build_loaders over the training images: un-augmented, fixed order
-        _, train_eval, _ = build_loaders(cfg, dataclasses.replace(data, train=train, test=train), device)
-        return AnalysisData(train_eval=train_eval, test=test_loader, bn=bn_loader, train_size=len(train),
-                            test_size=len(test))
-
-
-def load_run(run_dir: str | Path) -> LoadedRun:
-    run_dir = Path(run_dir)
-    config = run_dir / "config.yaml"
-    if not config.exists():
-        raise FileNotFoundError(f"{run_dir} is not a swalab run directory: no config.yaml there")
-    return LoadedRun(run_dir=run_dir, cfg=OmegaConf.load(config))
+    def describe(self) -> str:
+        """``<model> on <data set> (<n> train / <m> test images, BN updated)``, for figure titles."""
+        bn = ", BN updated" if self.bn_update else ""
+        return (f"{self.run.cfg.model.name} on {self.run.cfg.dataset.name} ({self.data.train_size} train / "
+                f"{self.data.test_size} test images{bn})")
 
 
-def run_of(spec: str) -> Path | None:
-    """The run directory a weight spec points into, if any (to find the config and data)."""
-    path = Path(str(spec).split("@")[0].split(":")[0])
-    if path.is_dir():
-        return path
-    for parent in path.parents:  # <run>/final.pt, <run>/checkpoints/[saved/]epochNNNN.pt
-        if (parent / "config.yaml").exists():
-            return parent
-    return None
-
-
-def load_weights(spec: str) -> dict[str, torch.Tensor]:
-    """The state dict a weight spec names (see the module docstring)."""
-    spec = str(spec)
-    head, _, method = spec.partition(":")
-    path = Path(head.split("@")[0])
-    if path.is_dir() and "@" not in head:
-        final = path / "final.pt"
-        if not final.exists():
-            raise FileNotFoundError(f"{spec}: {path} has no final.pt (is the run finished?)")
-        state = torch.load(final, map_location="cpu", weights_only=False)
-        if method in ("", "sgd", "model"):
-            return state["model"]
-        methods = state.get("methods", {})
-        if method not in methods:
-            raise KeyError(f"{spec}: final.pt holds weights of {sorted(methods)} besides the live model, "
-                           f"not {method!r}")
-        return methods[method]
-    if method:
-        raise ValueError(f"{spec}: ':{method}' only applies to a run directory")
-    state, _ = load_init_weights(head)
-    return state
-
-
-def pick_device(name: str) -> torch.device:
-    return select_device(name)
+def open_study(run_dir: str | Path, args) -> Study:
+    """Open a run for an analysis with the options of :func:`add_common_arguments`."""
+    run = open_run(run_dir)
+    device = select_device(args.device)
+    data = analysis_data(run, device, args.train_size, args.test_size, seed=args.seed)
+    model = run.model().to(device)
+    bn_update = has_batchnorm(model) if args.bn_update is None else bool(args.bn_update)
+    return Study(run=run, model=model, space=ParamSpace.of(model), data=data, bn_update=bn_update, device=device,
+                 seed=args.seed)
 
 
 def add_common_arguments(parser) -> None:
@@ -154,15 +127,3 @@ def load_solutions(args, space) -> tuple[dict[str, str], dict[str, tuple[torch.T
         state = load_weights(spec)
         solutions[name] = (space.flatten(state), space.buffers(state))
     return specs, solutions
-
-
-def prepare(run_dir: str | Path, args):
-    """Open a run for an analysis: ``(run, model, parameter space, data, bn_update, device)``."""
-    from swalab.analysis.weights import ParamSpace, has_batchnorm
-
-    run = load_run(run_dir)
-    device = pick_device(args.device)
-    model = run.build_model()
-    data = run.build_data(device, args.train_size, args.test_size, seed=args.seed)
-    bn_update = has_batchnorm(model) if args.bn_update is None else bool(args.bn_update)
-    return run, model.to(device), ParamSpace.of(model), data, bn_update, device

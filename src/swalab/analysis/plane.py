@@ -20,7 +20,6 @@ Writes ``DIR/plane.jsonl`` (one line per grid point as it is evaluated; a re-run
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ import numpy as np
 import torch
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, load_weights, prepare, run_of
+from swalab.checkpoint import CheckpointStore
+from swalab.analysis.loading import add_common_arguments, load_weights, open_study, run_of
 from swalab.analysis.probe import Probe, ResultLog
 
 METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
@@ -96,15 +96,10 @@ def evaluate_grid(plane: Plane, xs: np.ndarray, ys: np.ndarray, probe: Probe, lo
 
 def trajectory_specs(run_dir: str | Path) -> list[tuple[int, str]]:
     """``(epoch, path)`` of every checkpoint a run kept (``checkpoints/`` and ``checkpoints/saved/``)."""
-    found: dict[int, str] = {}
-    root = Path(run_dir) / "checkpoints"
-    for path in sorted(root.glob("epoch*.pt")) + sorted((root / "saved").glob("epoch*.pt")):
-        m = re.fullmatch(r"epoch(\d+)\.pt", path.name)
-        if m:
-            found[int(m.group(1))] = str(path)
-    if not found:
+    kept = [(epoch, str(path)) for epoch, path in CheckpointStore(run_dir).kept()]
+    if not kept:
         raise FileNotFoundError(f"--trajectory {run_dir}: no checkpoints/epochNNNN.pt there")
-    return sorted(found.items())
+    return kept
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -136,7 +131,8 @@ def main(argv=None) -> dict:
     run_dir = args.run or run_of(args.w1)
     if run_dir is None:
         sys.exit("--run is needed: w1 is not inside a run directory, so its config and data are unknown")
-    run, model, space, data, bn_update, device = prepare(run_dir, args)
+    study = open_study(run_dir, args)
+    space = study.space
     states = [load_weights(s) for s in (args.w1, args.w2, args.w3)]
     w = [space.flatten(s) for s in states]
     plane = Plane(*w)
@@ -153,11 +149,10 @@ def main(argv=None) -> dict:
     xs, ys = grid_axes([(x, y) for x, y, _ in spanned], args.grid, args.margin)
 
     out = Path(args.out)
-    settings = {"w1": args.w1, "w2": args.w2, "w3": args.w3, "grid": args.grid, "margin": args.margin,
-                "train_size": data.train_size, "test_size": data.test_size, "bn_update": bn_update,
-                "seed": args.seed, "x": [float(xs[0]), float(xs[-1])], "y": [float(ys[0]), float(ys[-1])]}
-    log = ResultLog(out / "plane.jsonl", settings)
-    probe = Probe(model, space, space.buffers(states[0]), data, device, run.weight_decay, bn_update)
+    log = ResultLog(out / "plane.jsonl", study.settings(w1=args.w1, w2=args.w2, w3=args.w3, grid=args.grid,
+                                                         margin=args.margin, x=[float(xs[0]), float(xs[-1])],
+                                                         y=[float(ys[0]), float(ys[-1])]))
+    probe = study.probe(space.buffers(states[0]))
     surfaces = evaluate_grid(plane, xs, ys, probe, log, progress=not args.quiet)
 
     names = list(points)
@@ -165,8 +160,7 @@ def main(argv=None) -> dict:
     np.savez(out / "plane.npz", xs=xs, ys=ys, **surfaces, point_names=np.array(names),
              point_xyz=np.array([points[n] for n in names]), trajectory_epochs=np.array([e for e, _ in trajectory]),
              trajectory_xyz=np.array([c for _, c in trajectory]).reshape(-1, 3))
-    title = f"{run.cfg.model.name} on {run.cfg.dataset.name} ({data.train_size} train / {data.test_size} test images" \
-            f"{', BN updated' if bn_update else ''})"
+    title = study.describe()
     plots.plane_figure(out / "plane.png", xs, ys,
                        {"train loss (CE + L2)": surfaces["train_loss"], "test error (%)": surfaces["test_err"]},
                        {n: points[n][:2] for n in names},

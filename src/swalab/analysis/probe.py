@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.swa_utils import update_bn
 
-from swalab.evaluate import predict_logits
+from swalab.evaluate import predict_logits, recompute_bn
 from swalab.analysis.weights import ParamSpace, squared_norm
 
 
@@ -39,10 +38,8 @@ class Probe:
     def load(self, vector: torch.Tensor, buffers: dict[str, torch.Tensor] | None = None) -> nn.Module:
         """Put ``vector`` and buffers (default: the reference ones) into the model; recompute BN if asked."""
         self.model.load_state_dict(self.space.to_state(vector, self.buffers if buffers is None else buffers))
-        if self.bn_update:
-            if hasattr(self.data.bn, "set_epoch"):
-                self.data.bn.set_epoch(0)  # the same augmented pass for every point
-            update_bn(self.data.bn, self.model, device=self.device)
+        if self.bn_update:  # the same (epoch-0) augmented pass for every point
+            recompute_bn(self.model, self.data.bn, self.device)
         return self.model
 
     def _loss_and_error(self, loader) -> tuple[float, float]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, prepare
+from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog
 from swalab.analysis.weights import random_unit_directions
@@ -66,22 +66,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    run, model, space, data, bn_update, device = prepare(args.run, args)
-    specs, starts = load_solutions(args, space)
+    study = open_study(args.run, args)
+    specs, starts = load_solutions(args, study.space)
     max_distance = args.max_distance if args.max_distance is not None else 0.5 * float(starts["swa"][0].norm())
     distances = np.linspace(0.0, max_distance, args.points)
-    directions = random_unit_directions(space.dim, args.directions, args.seed)
+    directions = random_unit_directions(study.space.dim, args.directions, args.seed)
 
     out = Path(args.out)
-    settings = {**specs, "directions": args.directions, "max_distance": max_distance, "points": args.points,
-                "train_size": data.train_size, "test_size": data.test_size, "bn_update": bn_update, "seed": args.seed}
-    log = ResultLog(out / "rays.jsonl", settings)
-    probe = Probe(model, space, starts["swa"][1], data, device, run.weight_decay, bn_update)
+    log = ResultLog(out / "rays.jsonl", study.settings(**specs, directions=args.directions, max_distance=max_distance,
+                                                        points=args.points))
+    probe = study.probe(starts["swa"][1])
     curves = evaluate_rays(starts, directions, distances, probe, log, progress=not args.quiet)
     np.savez(out / "rays.npz", distances=distances,
              **{f"{name}_{m}": curves[name][m] for name in curves for m in METRICS})
-    title = f"{run.cfg.model.name} on {run.cfg.dataset.name}: {args.directions} random directions " \
-            f"({data.train_size} train / {data.test_size} test images{', BN updated' if bn_update else ''})"
+    title = f"{study.describe()}: {args.directions} random directions"
     plots.rays_figure(out / "rays.png", distances, curves, title=title)
     print(f"[rays] wrote {out / 'rays.npz'} and {out / 'rays.png'} ({probe.calls} points evaluated now)")
     return {"distances": distances, "curves": curves, "evaluated": probe.calls}

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, prepare
+from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog
 
@@ -67,22 +67,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    run, model, space, data, bn_update, device = prepare(args.run, args)
-    specs, solutions = load_solutions(args, space)
+    study = open_study(args.run, args)
+    specs, solutions = load_solutions(args, study.space)
     swa, sgd = solutions["swa"], solutions["sgd"]
     length = float((sgd[0] - swa[0]).norm())
     ts = segment_ts(args.t_min, args.t_max, args.points)
 
     out = Path(args.out)
-    settings = {**specs, "t_min": args.t_min, "t_max": args.t_max, "points": args.points,
-                "train_size": data.train_size, "test_size": data.test_size, "bn_update": bn_update, "seed": args.seed}
-    log = ResultLog(out / "segment.jsonl", settings)
-    probe = Probe(model, space, swa[1], data, device, run.weight_decay, bn_update)
+    log = ResultLog(out / "segment.jsonl", study.settings(**specs, t_min=args.t_min, t_max=args.t_max,
+                                                          points=args.points))
+    probe = study.probe(swa[1])
     values = evaluate_segment(swa, sgd, ts, probe, log, progress=not args.quiet)
     distances = ts * length
     np.savez(out / "segment.npz", t=ts, distance=distances, sgd_distance=length, **values)
-    title = f"{run.cfg.model.name} on {run.cfg.dataset.name}: SWA to SGD\n({data.train_size} train / " \
-            f"{data.test_size} test images{', BN updated' if bn_update else ''})"
+    title = study.describe().replace(" (", ": SWA to SGD\n(", 1)
     plots.segment_figure(out / "segment.png", distances, values["train_loss"], values["test_err"], length,
                          title=title)
     print(f"[segment] ||w_SGD - w_SWA|| = {length:.4f}; wrote {out / 'segment.npz'} and {out / 'segment.png'} "

@@ -215,7 +215,7 @@ def test_fge_cached_ensemble_equals_the_mean_softmax_of_the_saved_members(tmp_pa
         member_probs.append(predict_logits(net, trainer.test_loader, CPU).softmax(1))
     fresh = torch.stack(member_probs).mean(0)
     torch.testing.assert_close(method.ensemble.probs(), fresh)
-    saved = torch.load(tmp_path / MEMBER_PROBS_FILE, weights_only=False)
+    saved = method.artifacts(trainer.ctx)[MEMBER_PROBS_FILE]  # train.py writes it to the run directory
     torch.testing.assert_close(torch.stack(saved["member_probs"]).mean(0), fresh)
     assert saved["member_epochs"] == [3, 5, 7] and torch.equal(saved["labels"], trainer.test_labels)
     ensemble_metrics = metrics_from_probs(fresh, trainer.test_labels)

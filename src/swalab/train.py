@@ -345,12 +345,7 @@ def build_run(plan: RunPlan) -> Built:
                          cfg.trainer.nesterov)
         else:  # this branch wrote checkpoints of its own and resumes from them
             lineage = read_lineage(run_dir)
-    options = TrainerOptions(
-        epochs=method.epochs, momentum=cfg.trainer.momentum, weight_decay=cfg.trainer.weight_decay,
-        nesterov=cfg.trainer.nesterov, amp=cfg.trainer.amp, channels_last=cfg.trainer.channels_last,
-        compile=cfg.trainer.compile, eval_every=cfg.trainer.eval_every, checkpoint_every=cfg.run.checkpoint_every,
-        keep_checkpoints=cfg.run.keep_checkpoints, nonfinite=cfg.trainer.nonfinite,
-        max_skips=cfg.trainer.max_skips, progress=cfg.trainer.progress, save_at=tuple(cfg.run.save_at or ()))
+    options = trainer_options(cfg, method.epochs)
     trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
                       identity=plan.identity)
     return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched)
@@ -370,6 +365,15 @@ def save_predictions(evaluation, path: Path) -> None:
     kept = {name: p.half() for name, p in evaluation.probs.items() if p.numel() <= PREDICTIONS_MAX}
     if kept:
         atomic_save({"probs": kept, "labels": evaluation.labels}, path)
+
+
+def trainer_options(cfg: DictConfig, epochs: int) -> TrainerOptions:
+    """The loop's options: every ``TrainerOptions`` field from ``trainer.*`` or ``run.*`` of the same name."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(TrainerOptions)} - {"epochs", "save_at", "handle_signals"}
+    values = {k: cfg[group][k] for group in ("trainer", "run") for k in names if k in cfg[group]}
+    return TrainerOptions(epochs=epochs, save_at=tuple(cfg.run.save_at or ()), **values)
 
 
 def one_line(exc: BaseException) -> str:
@@ -464,6 +468,8 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
             write_json(run_dir / "reliability.json", evaluation.reliability)
             if distributed.is_main():
                 save_predictions(evaluation, run_dir / PREDICTIONS_FILE)
+                for name, obj in method.artifacts(trainer.ctx).items():
+                    atomic_save(obj, run_dir / name)
             write_json(run_dir / "metrics.json", metrics)
         except Preempted as exc:
             write_status(run_dir, {"status": "preempted", "message": str(exc)})

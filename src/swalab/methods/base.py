@@ -127,6 +127,11 @@ class Method:
         """Metrics beyond accuracy/NLL/ECE, merged into ``metrics.json`` per predictor."""
         return {}
 
+    def artifacts(self, ctx: TrainContext) -> dict[str, object]:
+        """Files of the method's own to keep in the run directory after training (``{file name: object}``,
+        written with ``torch.save`` by ``train.py``), e.g. FGE's cached member probabilities."""
+        return {}
+
     def final_weights(self) -> dict[str, dict[str, torch.Tensor]]:
         """State dicts of the method's own models (SWA average, EMA) for the final checkpoint."""
         return {}

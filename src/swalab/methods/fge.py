@@ -95,16 +95,17 @@ class FGE(Method):
             atomic_save({"model": ctx.model.state_dict(), "epoch": epoch + 1}, path)
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        """The ensemble; its cached member test probabilities also go to ``<run>/fge_member_probs.pt``.
-
-        The file lets ``python -m swalab.compare`` and the analyses score the ensemble (and each
-        member) without the members' weights, i.e. without ``save_members``.
-        """
-        if len(self.ensemble):
-            atomic_save({"member_probs": self.ensemble.member_probs,
-                         "member_epochs": [e + 1 for e in self.member_epochs],
-                         "labels": ctx.test_labels.cpu()}, Path(ctx.run_dir) / MEMBER_PROBS_FILE)
         return {"fge": self.ensemble}
+
+    def artifacts(self, ctx: TrainContext) -> dict[str, object]:
+        """The members' cached test probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.compare``,
+        the report's section 3.5 and the analyses score the ensemble (and each member) from them, without the
+        members' weights (``save_members``)."""
+        if not len(self.ensemble):
+            return {}
+        return {MEMBER_PROBS_FILE: {"member_probs": self.ensemble.member_probs,
+                                    "member_epochs": [e + 1 for e in self.member_epochs],
+                                    "labels": ctx.test_labels.cpu()}}
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
         return {"fge": {"members": len(self.ensemble), "member_epochs": [e + 1 for e in self.member_epochs],

@@ -29,7 +29,8 @@ from swalab.trainer import Trainer, TrainerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_DATA = "/work/shared/data/cifar10-jpg"
+SHARED_DATA = Path(os.environ.get("SWALAB_SHARED_DATA", ROOT.parent / "shared" / "data"))  # ../shared/data beside the repo
+DEFAULT_DATA = str(SHARED_DATA / "cifar10-jpg")
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)  # conf/dataset/cifar10.yaml
 CIFAR_STD = (0.2023, 0.1994, 0.2010)
 CIFAR_MODELS = ("preresnet20", "preresnet110", "preresnet164", "vgg16", "wrn28_10", "pyramidnet272",
@@ -145,7 +146,7 @@ class TimedSGD(SGD):
     """
 
     def __init__(self, lr: float, warmup: int):
-        super().__init__(Constant(lr=lr))
+        super().__init__(Constant(lr=lr), epochs=1)
         self.warmup = warmup
         self.stamps: list[float] = []
 

@@ -4,7 +4,7 @@ The loader alone, no model: it answers "how many workers keep a GPU fed?". Reads
 (imagenette/train, 224x224 JPEGs; full ImageNet images average about 400x350, so expect somewhat less per
 worker there) through ``swalab.data.imagenet.StreamLoader`` exactly as ``dataset=imagenet`` builds it.
 
-    python bench/imagenet_loader.py --root /work/shared/data/imagenette --images 768 --workers 0 1 2
+    python bench/imagenet_loader.py --root ../shared/data/imagenette --images 768 --workers 0 1 2
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from _common import machine_info, median, write_result
+from _common import SHARED_DATA, machine_info, median, write_result
 from swalab.data.imagenet import StreamLoader, imagenet_transforms, load_imagenet
 
 
@@ -28,7 +28,7 @@ def images_per_second(loader: StreamLoader, epoch: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", default="/work/shared/data/imagenette")
+    p.add_argument("--root", default=str(SHARED_DATA / "imagenette"))
     p.add_argument("--model", default="resnet50.tv_in1k", help="timm name whose pretrained config sets the transform")
     p.add_argument("--images", type=int, default=768, help="training images per pass (a fixed seeded subset)")
     p.add_argument("--batch-size", type=int, default=64)

@@ -15,7 +15,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import CIFAR_MEAN, CIFAR_STD, machine_info, median, pick_device, random_split, timed, write_result  # noqa: E402

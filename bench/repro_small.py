@@ -32,6 +32,7 @@ from hydra import compose, initialize_config_dir
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+DEFAULT_DATA = str(REPO.parent / "shared" / "data" / "cifar10-jpg")  # the real JPEG copy beside the repository
 
 import swalab  # noqa: E402,F401  (registers the config resolvers)
 from swalab.compare import compare  # noqa: E402
@@ -43,7 +44,7 @@ METHODS = ("sgd", "swa", "fge", "ema")
 def method_overrides(method: str, epochs: int, swa_lr: float) -> list[str]:
     start = max(1, round(0.75 * epochs))
     if method == "swa":
-        return [f"method.swa_start={start}", f"method.swa_lr={swa_lr}"]
+        return [f"method.swa_start_epoch={start}", f"method.swa_lr={swa_lr}"]
     if method == "fge":
         return [f"method.pretrain_epochs={start}", "method.cycle_epochs=2", f"method.lr_max={swa_lr}",
                 f"method.lr_min={swa_lr / 10:g}", "method.save_members=true"]
@@ -97,7 +98,7 @@ def summarize(results: list[dict]) -> tuple[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", default="/work/shared/data/cifar10-jpg", help="CIFAR-10 (pickles or image folder)")
+    parser.add_argument("--root", default=DEFAULT_DATA, help="CIFAR-10 (pickles or image folder)")
     parser.add_argument("--cache-dir", default=None,
                         help="writable folder for the decoded-image cache (needed when --root is read-only or shared)")
     parser.add_argument("--train-size", type=int, default=10000, help="training images (class-stratified subset)")

@@ -16,8 +16,8 @@ import platform
 import time
 from pathlib import Path
 
-import torch
 
+from _common import DEFAULT_DATA
 from swalab.row import main as row_main
 from swalab.row import row_metrics
 
@@ -44,7 +44,7 @@ def subset_folder(source: Path, target: Path, train_per_class: int, test_per_cla
 def run_mode(args, naive: bool) -> tuple[dict, float]:
     out = Path(args.out) / ("naive" if naive else "branched")
     overrides = ["logger=none", "trainer.progress=false", f"dataset.root={args.root}", f"model.budget_epochs={args.budget}",
-                 f"model.swa.start={round(0.75 * args.budget)}", "model.fge.pretrain=0.5", "trainer.eval_every=0",
+                 f"model.swa.start_epoch={round(0.75 * args.budget)}", "model.fge.pretrain=0.5", "trainer.eval_every=0",
                  f"paths.output_dir={out}"]
     argv = ["--dataset", "cifar10", "--model", "preresnet20", "--seeds", str(args.seed), *overrides]
     if naive:
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP_NUM_THREADS)")
     parser.add_argument("--budget", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data", default="/work/shared/data/cifar10-jpg")
+    parser.add_argument("--data", default=DEFAULT_DATA)
     parser.add_argument("--out", default="/tmp/rowbench")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the run.py subprocesses

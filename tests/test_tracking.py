@@ -170,10 +170,12 @@ def test_a_config_override_makes_another_group_and_a_single_run_carries_no_grid_
     assert not any(t.startswith("grid:") for t in plain["tags"])
 
 
-def test_labels_name_the_overrides_but_never_a_hash_or_default():
-    labels = run_labels("cifar100", "vgg16", "swa", 2, "default+id-0123abcd", "0123abcd4567")
+def test_a_default_run_is_called_by_its_method_and_seed_and_long_labels_end_after_a_whole_item():
+    labels = run_labels("cifar100", "vgg16", "swa", 2, [], "0123abcd4567")
     assert labels["name"] == "swa seed2" and labels["group"] == "cifar100-vgg16-swa-0123abcd"
-    assert len(run_labels("d", "m", "swa", 0, "+".join(["x" * 60] * 3), "0" * 12)["group"]) <= 128
+    long = run_labels("d", "m", "swa", 0, ["a.b-" + "x" * 50, "c.d-" + "y" * 50, "e.f-" + "z" * 10], "0" * 12)
+    assert long["name"] == f"swa a.b-{'x' * 50} c.d-{'y' * 50} … seed0" and len(long["name"]) <= 128
+    assert long["group"] == f"d-m-swa-a.b-{'x' * 50}+c.d-{'y' * 50}+…-00000000" and len(long["group"]) <= 128
 
 
 def test_a_run_relaunched_in_another_grid_keeps_its_id_and_both_grid_tags(tmp_path):
@@ -265,7 +267,7 @@ def test_a_2x2_grid_read_back_from_its_offline_files(tmp_path):
         [(run_id, run)] = read_runs(record.parent / "wandb").items()
         assert run_id == json.loads(record.read_text())["id"]
         runs[run.name] = run
-    rest = "dataset.train_size-128 model.arch.depth-8 trainer.batch_size-64 trainer.epochs-2"  # as the directory
+    rest = "dataset.train_size-128 model.arch.depth-8 trainer.batch_size-64 trainer.epochs-2 trainer.eval_every-0"
     assert sorted(runs) == [f"{method} {rest} seed{seed}" for method in ("sgd", "swa") for seed in (0, 1)]
     assert len({r.group for r in runs.values()}) == 2
     assert all(r.tags[-1] == f"grid:{grid.name}" and r.job_type == r.name.split()[0] for r in runs.values())

@@ -31,6 +31,7 @@ import os
 import secrets
 import string
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,32 +219,33 @@ class WandbTracker(NullTracker):
 
 # -- what a W&B run of swalab is called ------------------------------------------------------------
 
-def readable_parts(rest: str) -> list[str]:
-    """The overrides a run directory's ``<rest>`` names (``swalab.identity.run_name``), without ``default``
-    and the ``id-<hash>`` a lossy name carries: ``"schedule-cosine+id-1a2b"`` -> ``["schedule-cosine"]``."""
-    return [p for p in str(rest).split("+") if p and p != "default" and not p.startswith("id-")]
-
-
-def run_labels(dataset: str, model: str, method: str, seed: Any, rest: str, group: str,
+def run_labels(dataset: str, model: str, method: str, seed: Any, apart: Sequence[str], group: str,
                grid: str | None = None) -> dict[str, Any]:
     """Name, group, job type and tags of the W&B run of one swalab run (module doc).
 
-    ``rest``: the ``<rest>`` component of the run directory's name; ``group``: the identity's group
-    hash (``swalab.identity.group_hash``: every seed of one config shares it); ``grid``: the grid
-    launch's record directory name (``<date_time>``), None for a single run.
+    ``apart``: what sets the run apart in its directory's name (``swalab.identity.name_items``:
+    ``schedule-cosine``, ``trainer.epochs-6``); ``group``: the identity's group hash
+    (``swalab.identity.group_hash``: every seed of one config shares it); ``grid``: the grid launch's
+    record directory name (``<date_time>``), None for a single run. Names and groups longer than W&B
+    keeps end in ``…`` after the last item that fits; the group hash keeps groups apart.
     """
-    parts = readable_parts(rest)
-    name = " ".join([method, *parts, f"seed{seed}"])
-    if len(name) > MAX_NAME:
-        name = f"{name[:MAX_NAME - 12].rstrip()}… seed{seed}"
+    def fit(items: Sequence[str], room: int, sep: str) -> str:
+        text = ""
+        for item in items:
+            if len(text) + len(sep) + len(item) + 1 > room:
+                return text + sep + "…" if text else "…"
+            text = f"{text}{sep}{item}" if text else item
+        return text
+
+    seed_text = f"seed{seed}"
+    middle = fit(apart, MAX_NAME - len(method) - len(seed_text) - 2, " ")
+    name = " ".join(p for p in (method, middle, seed_text) if p)
     head, tail = f"{dataset}-{model}-{method}", f"-{group[:8]}"
-    middle = f"-{'+'.join(parts)}" if parts else ""
-    if len(head) + len(middle) + len(tail) > MAX_NAME:
-        middle = middle[:MAX_NAME - len(head) - len(tail) - 1] + "…"
+    middle = fit(apart, MAX_NAME - len(head) - len(tail) - 1, "+")
     tags = [f"dataset:{dataset}", f"model:{model}", f"method:{method}"]
     if grid:
         tags.append(f"grid:{grid}")
-    return {"name": name, "group": head + middle + tail, "job_type": method, "tags": tags}
+    return {"name": name, "group": head + (f"-{middle}" if middle else "") + tail, "job_type": method, "tags": tags}
 
 
 def read_record(run_dir: str | Path) -> dict[str, Any] | None:

@@ -52,7 +52,7 @@ from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointError, atomic_save, checkpoint_paths, load_latest, read_checkpoint
 from swalab.config import ConfigError, build, check_config, check_overrides, default_choices
 from swalab.data import ResidentLoader, subset
-from swalab.identity import (IDENTITY_FILE, differences, group_hash, identity_of, record, run_name,
+from swalab.identity import (IDENTITY_FILE, differences, group_hash, identity_of, name_items, record, run_name,
                              stored_identity)
 from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
@@ -224,23 +224,19 @@ class RunPlan:
     overrides: list[str] | None
     device: torch.device
     method: Any
-    rest: str = "default"                 # the overrides that set the run apart, as its directory names them
+    apart: tuple[str, ...] = ()           # what sets the run apart in its name (identity.name_items): schedule-cosine, ...
     grid: str | None = None               # the grid launch's record directory name (<date_time>), if in a grid
     finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
     started: bool = False                 # set once training starts: an error before it is a refusal
-
-
-def default_name(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, choices: dict | None) -> str:
-    """The run's name below ``paths.output_dir`` (``swalab.identity.run_name``)."""
-    names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
-    return run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
 
 
 def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes."""
     if cfg.run.get("dir"):
         return Path(str(cfg.run.dir))
-    return Path(str(cfg.paths.output_dir)) / default_name(cfg, identity, overrides, choices)
+    names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
+    name = run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
+    return Path(str(cfg.paths.output_dir)) / name
 
 
 def build_method(cfg: DictConfig, epochs: int):
@@ -306,11 +302,11 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     resolved = OmegaConf.to_container(cfg, resolve=True)
     identity = identity_of(resolved)
     run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
-    rest = Path(default_name(cfg, identity, overrides, choices)).parent.name
+    apart = tuple(name_items(overrides, choices or {}, default_choices())[0])
     finished = inspect_run_dir(run_dir, identity, cfg.run.resume)
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
-                   rest=rest, grid=None if grid is None else Path(str(grid)).name, finished=finished)
+                   apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished)
 
 
 # -- step 2: lock, load, write, train --------------------------------------------------------------
@@ -445,7 +441,7 @@ def wandb_run(plan: RunPlan) -> dict | None:
     target = cfg.logger.get("_target_")
     if not target or not issubclass(get_class(str(target)), WandbTracker):
         return None
-    labels = run_labels(str(cfg.dataset.name), str(cfg.model.name), str(cfg.method.name), cfg.seed, plan.rest,
+    labels = run_labels(str(cfg.dataset.name), str(cfg.model.name), str(cfg.method.name), cfg.seed, plan.apart,
                         group_hash(plan.identity), plan.grid)
     for key in ("name", "group", "job_type"):
         if cfg.logger.get(key):

@@ -18,7 +18,6 @@ from swalab.tracking import RECORD_FILE
 
 wr = pytest.importorskip("wandb_workspaces.reports.v2")
 from swalab import wandb_report  # noqa: E402  (needs wandb_workspaces)
-from test_report import grid as fake_grid  # noqa: E402,F401  (a pytest fixture)
 from test_report import m, make_run  # noqa: E402
 
 GRID = ["dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=6", "model.arch.depth=8",
@@ -169,9 +168,14 @@ def test_runs_trained_without_wandb_get_no_training_panels_and_say_so(tmp_path):
     assert any(isinstance(b, wr.P) and "not logged to W&B" in str(b.text) for b in made.blocks)
 
 
-def test_a_report_of_recorded_runs_links_each_config_by_grid_tag_and_group_without_network(fake_grid, tmp_path):
+def test_a_report_of_recorded_runs_links_each_config_by_grid_tag_and_group_without_network(tmp_path):
     """The same structure from run directories that only say who they are on W&B (no training, no W&B)."""
-    table = report([fake_grid], tmp_path / "out")["table"]
+    for seed, (sgd, swa, swa1, fge) in enumerate([(90.0, 92.0, 91.0, 91.5), (92.0, 94.0, 93.0, 92.5)]):
+        make_run(tmp_path / "g", "sgd", seed, {"sgd": m(sgd)})
+        make_run(tmp_path / "g", "swa", seed, {"swa": m(swa), "swa@1": m(swa1, budget=1.0, epoch=4)}, budget=1.5)
+        make_run(tmp_path / "g", "fge", seed, {"fge": m(fge, curve=[{"members": 1, "acc": 80.0},
+                                                                      {"members": 2, "acc": fge}])})
+    table = report([tmp_path / "g"], tmp_path / "out")["table"]
     for n, run in enumerate(run for row in table.rows for cell in row.cells.values() for run in
                             (e.run for e in cell.entries)):
         tags = ["swa-lab", f"method:{run.method}", "grid:2026-01-02_03-04-05"] + (["grid:2026-01-03_00-00-00"] * (n == 0))
@@ -182,9 +186,9 @@ def test_a_report_of_recorded_runs_links_each_config_by_grid_tag_and_group_witho
     table1, training, fge = grids_of(made)
     assert table1.runsets[0].filters == "Metric(\"ID\") == 'rep1'" == fge.runsets[0].filters
     assert training.runsets[0].filters == ("Metric(\"Tags\") in ['grid:2026-01-02_03-04-05', 'grid:2026-01-03_00-00-00'] "
-                                           "and Metric(\"Group\") in ['g-ema', 'g-fge', 'g-sgd', 'g-swa']")
+                                           "and Metric(\"Group\") in ['g-fge', 'g-sgd', 'g-swa']")
     assert [type(p).__name__ for p in training.panels] == ["LinePlot", "CustomChart", "CustomChart"]
-    header, lines = wandb_report.fge_against_swa(table)["fge_vs_swa/0"]
+    _, lines = wandb_report.fge_against_swa(table)["fge_vs_swa/0"]
     assert lines == [[1, 80.0, "FGE 1B (4 ep) ensemble"], [2, 92.0, "FGE 1B (4 ep) ensemble"],
                      [1, 92.0, "SWA 1B (4 ep) model"], [2, 92.0, "SWA 1B (4 ep) model"],
                      [1, 93.0, "SWA 1.5B (6 ep) model"], [2, 93.0, "SWA 1.5B (6 ep) model"]]

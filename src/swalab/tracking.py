@@ -95,11 +95,11 @@ class WandbTracker(NullTracker):
                 # wandb reports its own errors to the same server; when that server does not answer, the
                 # report holds the process up to 20 s at exit. WANDB_ERROR_REPORTING=true turns it back on.
                 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-            kwargs = dict(project=project, entity=entity, group=group, tags=list(tags or []) or None, name=name,
-                          job_type=job_type, config=run_config, dir=str(run_dir), id=run_id,
-                          resume="allow" if run_id else None, reinit="finish_previous",
-                          # quiet: the "logged in as" line asks the server outside init_timeout's bound
-                          settings=wandb.Settings(init_timeout=float(init_timeout), quiet=True))
+            kwargs = {"project": project, "entity": entity, "group": group, "tags": list(tags or []) or None,
+                      "name": name, "job_type": job_type, "config": run_config, "dir": str(run_dir), "id": run_id,
+                      "resume": "allow" if run_id else None, "reinit": "finish_previous",
+                      # quiet: the "logged in as" line asks the server outside init_timeout's bound
+                      "settings": wandb.Settings(init_timeout=float(init_timeout), quiet=True)}
         except Exception as exc:  # import error
             self._fail("init", exc)
             return

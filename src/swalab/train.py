@@ -470,7 +470,7 @@ def make_tracker(plan: RunPlan, built: Built):
 
 
 def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
-    cfg, run_dir, trainer, method = plan.cfg, plan.run_dir, built.trainer, plan.method
+    run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
     plan.started = True
     write_run_files(plan, built.lineage)
     with run_log(run_dir):

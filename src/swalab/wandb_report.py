@@ -32,13 +32,10 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from swalab.report import METRICS, Row, Table, mean_std, paper_row, to_markdown
 from swalab.tracking import WandbTracker, new_run_id, read_record
-
-if TYPE_CHECKING:
-    from wandb_workspaces.reports import v2 as wr
 
 SPEC_FILE = "wandb_report.json"
 PUBLISH = "python -m swalab.wandb_report publish {spec}"
@@ -241,7 +238,7 @@ def outline(spec: dict) -> list[str]:
     lines = []
     for block in spec["spec"]["blocks"]:
         kind = block.get("type")
-        text = "".join(c.get("text", "") for c in block.get("children", [])) or block.get("content", "")
+        text = " ".join(("".join(c.get("text", "") for c in block.get("children", [])) or block.get("content", "")).split())
         if kind == "heading":
             lines.append(f"H{block.get('level')} {text}")
         elif kind in ("paragraph", "markdown-block"):

@@ -23,7 +23,7 @@ from swalab import faults
 from swalab.tracking import RECORD_FILE, WandbTracker, run_labels
 from swalab.train import prepare, train, wandb_run
 from swalab.trainer import Preempted
-from wandb_records import read_runs
+from wandb_records import complete_records, read_runs
 
 wandb = pytest.importorskip("wandb")
 
@@ -227,7 +227,9 @@ def preempt_then_resume(run_dir, resume_dir, monkeypatch, cfg):
     with pytest.raises(Preempted):
         train(cfg, run_dir=run_dir)
     monkeypatch.delenv(faults.ENV)
-    if resume_dir != run_dir:  # another machine: the directory was copied there
+    if resume_dir != run_dir:  # another machine: the directory was copied there, once W&B had written it all
+        for path in (run_dir / "wandb").glob("offline-run-*/*.wandb"):
+            complete_records(path, wait=15)
         shutil.copytree(run_dir, resume_dir)
     train(cfg, run_dir=resume_dir)
     return read_runs(resume_dir / "wandb")

@@ -49,7 +49,8 @@ def main(cfg: DictConfig) -> float | None:
     record("running")
     plan = None
     try:
-        plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices))
+        plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices),
+                       grid=hydra_cfg.sweep.dir if multirun else None)
         run_dir = plan.run_dir
         skipped = plan.finished is not None
         metrics = execute(plan)

@@ -400,6 +400,9 @@ class FakeWandb:
                     raise ConnectionError("wandb.ai unreachable")
                 fake.logged.append(row)
 
+            def define_metric(self, name, **kwargs):
+                pass
+
             def finish(self, exit_code=0):
                 pass
         return Run()

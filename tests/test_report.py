@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 
 import pytest
 import yaml
@@ -218,3 +219,12 @@ def test_section_35_compares_swa_with_the_fge_ensemble_per_seed_from_saved_proba
     assert versus[1] == "SWA 1.5B (6 ep) vs the FGE 1B (4 ep) ensemble"
     assert versus[2].startswith(f"{sum(l2 for l2, _ in expected['swa']) / 2:.4f} ± ")
     assert versus[3].startswith(f"{sum(a for _, a in expected['swa']) / 2:.2f}")
+
+
+def test_without_wandb_workspaces_the_report_works_and_wandb_says_what_to_install(tmp_path, monkeypatch, capsys):
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(70.0)})
+    monkeypatch.setitem(sys.modules, "wandb_workspaces", None)
+    monkeypatch.setitem(sys.modules, "wandb_workspaces.reports", None)
+    assert main([str(tmp_path / "g"), "--out", str(tmp_path / "out")]) == 0
+    assert main([str(tmp_path / "g"), "--out", str(tmp_path / "out2"), "--wandb"]) == 2
+    assert "pip install -e .[report]" in capsys.readouterr().err

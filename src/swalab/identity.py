@@ -185,16 +185,12 @@ def split_override(override: str) -> tuple[str, str, str] | None:
     return match.group(1) or "", match.group(2).strip(), match.group(3)
 
 
-def run_name(names: Mapping[str, str], seed: Any, overrides: Sequence[str] | None, choices: Mapping[str, Any],
-             default_choices: Mapping[str, Any], group: str) -> str:
-    """The run directory below ``paths.output_dir`` (see the module doc).
-
-    ``names``: ``dataset``, ``model`` and ``method`` names (``cfg.<group>.name``); ``overrides``: the
-    command line's overrides as typed (None when they are unknown, e.g. a config composed in Python:
-    the name then carries the group hash); ``choices``: the chosen option of every config group;
-    ``default_choices``: the primary config's; ``group``: :func:`group_hash` of the run's identity.
-    """
-    head = [str(choices[g]) for g in ("experiment", "sweep") if choices.get(g) not in (None, "", "null")]
+def name_items(overrides: Sequence[str] | None, choices: Mapping[str, Any],
+               default_choices: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """What sets a run apart in its name, sorted: every group choice that differs from the default
+    (``schedule-cosine``) and every command-line override of a key that can change results
+    (``trainer.epochs-6``); and whether those items render the overrides exactly (False when
+    ``overrides`` are unknown or a value needed other characters)."""
     shown = [g for g in choices if g not in ("dataset", "model", "method", "experiment", "sweep", "dataset_model",
                                             "logger", "paths") and not g.startswith("hydra")]
     items, exact = [], overrides is not None
@@ -214,7 +210,21 @@ def run_name(names: Mapping[str, str], seed: Any, overrides: Sequence[str] | Non
         key_text, key_ok = _safe(key)
         items.append(f"{key_text}-{rendered}")
         exact &= ok and key_ok
-    rest = "+".join(sorted(items)) or "default"
+    return sorted(items), exact
+
+
+def run_name(names: Mapping[str, str], seed: Any, overrides: Sequence[str] | None, choices: Mapping[str, Any],
+             default_choices: Mapping[str, Any], group: str) -> str:
+    """The run directory below ``paths.output_dir`` (see the module doc).
+
+    ``names``: ``dataset``, ``model`` and ``method`` names (``cfg.<group>.name``); ``overrides``: the
+    command line's overrides as typed (None when they are unknown, e.g. a config composed in Python:
+    the name then carries the group hash); ``choices``: the chosen option of every config group;
+    ``default_choices``: the primary config's; ``group``: :func:`group_hash` of the run's identity.
+    """
+    head = [str(choices[g]) for g in ("experiment", "sweep") if choices.get(g) not in (None, "", "null")]
+    items, exact = name_items(overrides, choices, default_choices)
+    rest = "+".join(items) or "default"
     if not exact or len(rest) > MAX_REST:
         rest = f"{rest[:MAX_REST - 20].rstrip('+')}+id-{group[:8]}"
     parts = [*head, names["dataset"], names["model"], names["method"]]

@@ -29,8 +29,10 @@ Writes to ``--out`` (default ``report/``):
     fge_curve.png     FGE ensemble accuracy against the number of members, SWA as a line
     reliability.png   reliability diagrams (accuracy against confidence) per column
 
-``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also pushes the table and
-plots to W&B (offline unless ``--wandb-mode online``).
+``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also builds a W&B Report
+(``swalab.wandb_report``: numeric Table 1, test error against epoch, the FGE curve with SWA, each panel
+linked to its training runs), saved online with ``--wandb-mode online``, else written as a spec
+(``wandb_report.json``) with the one command that publishes it later.
 """
 
 from __future__ import annotations
@@ -656,28 +658,13 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
     return notes
 
 
-def push_to_wandb(table: Table, images: dict[str, Path], out: Path, mode: str, project: str) -> None:
-    """Log the accuracy table (a ``wandb.Table``) and the plots to a ``job_type=report`` W&B run."""
-    from swalab.tracking import WandbTracker
-
-    tracker = WandbTracker(project=project, run_dir=out, run_config={"report": str(out)}, mode=mode,
-                           job_type="report", tags=["swa-lab", "report"])
-
-    def write():
-        import wandb
-
-        columns = table.columns
-        rows = [[row.name, *(fmt_cell(row.cells[c].values("acc")) if c in row.cells else "–" for c in columns)]
-                for row in table.rows]
-        tracker.run.log({"table": wandb.Table(columns=["row", *(c.label for c in columns)], data=rows)})
-    tracker._call("table", write)
-    tracker.log_images({name: p for name, p in images.items()})
-    tracker.finish()
-
-
 def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wandb_mode: str | None = None,
-           wandb_project: str = "swalab") -> dict:
-    """Collect runs below ``roots``, write the tables, CSVs and plots to ``out``; return what was found."""
+           wandb_project: str | None = None, wandb_entity: str | None = None) -> dict:
+    """Collect runs below ``roots``, write the tables, CSVs and plots to ``out``; return what was found.
+
+    ``wandb_mode`` (``online`` | ``offline``) also builds the W&B Report (``swalab.wandb_report``); its
+    project and entity default to the runs' own.
+    """
     out = Path(out)
     missing = [str(r) for r in roots if not Path(r).exists()]
     if missing:
@@ -701,9 +688,15 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     if runs:
         write_runs_csv(runs, out / "runs.csv", roots)
         written["runs.csv"] = out / "runs.csv"
+    wandb = None
     if wandb_mode and finished:
-        push_to_wandb(table, {k: v for k, v in written.items() if k.endswith(".png")}, out, wandb_mode, wandb_project)
-    return {"runs": runs, "finished": finished, "table": table, "notes": notes, "written": written}
+        from swalab.wandb_report import SPEC_FILE, publish_report
+
+        wandb = publish_report(table, out, wandb_mode, project=wandb_project, entity=wandb_entity,
+                               paper=load_paper_tables())
+        if wandb["spec"] is not None:
+            written[SPEC_FILE] = wandb["spec"]
+    return {"runs": runs, "finished": finished, "table": table, "notes": notes, "written": written, "wandb": wandb}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -711,14 +704,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", help="output directories, run directories or grid records to read")
     parser.add_argument("--out", default="report", help="where the table, CSVs and plots go (default: report/)")
     parser.add_argument("--paper", action="store_true", help="show the paper's numbers (Tables 1 and 2) beside ours")
-    parser.add_argument("--wandb", action="store_true", help="also log the table and plots to W&B")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also build a W&B Report (needs pip install -e .[report]): saved online, else its spec "
+                             "is written next to table.md with the command that publishes it")
     parser.add_argument("--wandb-mode", default="offline", choices=["online", "offline"], help="W&B mode (offline)")
-    parser.add_argument("--wandb-project", default="swalab", help="W&B project")
+    parser.add_argument("--wandb-project", default=None, help="W&B project (default: the runs', else swalab)")
+    parser.add_argument("--wandb-entity", default=None, help="W&B entity (default: the runs', else yours)")
     args = parser.parse_args(argv)
     try:
-        result = report(args.dirs, args.out, paper=args.paper,
-                        wandb_mode=args.wandb_mode if args.wandb else None, wandb_project=args.wandb_project)
-    except FileNotFoundError as exc:
+        result = report(args.dirs, args.out, paper=args.paper, wandb_mode=args.wandb_mode if args.wandb else None,
+                        wandb_project=args.wandb_project, wandb_entity=args.wandb_entity)
+    except (FileNotFoundError, ImportError) as exc:  # ImportError: --wandb without wandb-workspaces
         print(f"[swalab.report] {exc}", file=sys.stderr)
         return 2
     runs, finished = result["runs"], result["finished"]
@@ -731,6 +727,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print((Path(args.out) / "table.md").read_text())
     print(f"[swalab.report] wrote {', '.join(sorted(result['written']))} to {args.out}")
+    published = result["wandb"]
+    if published is not None:
+        if published["url"]:
+            print(f"[swalab.report] W&B report: {published['url']}")
+        else:
+            why = f" (saving it failed: {published['error']})" if published["error"] else ""
+            print(f"[swalab.report] W&B report written offline to {published['spec']}{why}; publish it with:\n"
+                  f"  {published['command']}")
     return 0
 
 

@@ -24,6 +24,8 @@ The run directory::
     lineage.json     the checkpoint this run started from (run.init_from or run.branch_from), if any
     reliability.json per predictor, 15 confidence bins (count, accuracy, confidence) for reliability diagrams
     predictions.pt   per predictor, its test probabilities (float16, when at most 5M numbers) and the labels
+    wandb_run.json   the W&B run that mirrors this run (logger=wandb): its id, name, group and tags
+    wandb/           W&B's own files (offline-run-* for a later ``wandb sync``)
 
 Re-running the same command lands in the same directory: a finished run is skipped, an
 interrupted one resumes from its newest good checkpoint.
@@ -42,7 +44,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
@@ -51,11 +53,11 @@ from swalab.checkpoint import CheckpointError, CheckpointStore, atomic_save, rea
 from swalab.config import ConfigError, build, check_config, check_overrides, default_choices
 from swalab.data import ResidentLoader, subset
 from swalab.evaluate import metrics_table
-from swalab.identity import (IDENTITY_FILE, differences, group_hash, identity_of, record, run_name,
+from swalab.identity import (IDENTITY_FILE, differences, group_hash, identity_of, name_items, record, run_name,
                              stored_identity)
 from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
-from swalab.tracking import NullTracker
+from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.trainer import Preempted, Trainer, TrainerOptions, select_device
 
 log = get_logger()
@@ -228,6 +230,8 @@ class RunPlan:
     overrides: list[str] | None
     device: torch.device
     method: Any
+    apart: tuple[str, ...] = ()           # what sets the run apart in its name (identity.name_items): schedule-cosine, ...
+    grid: str | None = None               # the grid launch's record directory name (<date_time>), if in a grid
     finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
     started: bool = False                 # set once training starts: an error before it is a refusal
 
@@ -288,12 +292,14 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
 
 
 def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequence[str] | None = None,
-            choices: dict | None = None) -> RunPlan:
+            choices: dict | None = None, grid: str | Path | None = None) -> RunPlan:
     """Check ``cfg`` and find its run directory, writing nothing (step 1 of the module doc).
 
     ``overrides`` are the command line's overrides as typed and ``choices`` each config group's
     chosen option (``run.py`` passes Hydra's); they name the run directory and let keys added with
     ``+`` be checked. Without them the directory name carries the identity's hash instead.
+    ``grid`` is the record directory of the grid launch running this job (``outputs/grids/<date_time>``):
+    its name tags the W&B run.
     """
     if overrides is not None:
         check_overrides(overrides, list(choices or {}))
@@ -302,10 +308,11 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     resolved = OmegaConf.to_container(cfg, resolve=True)
     identity = identity_of(resolved)
     run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
+    apart = tuple(name_items(overrides, choices or {}, default_choices())[0])
     finished = inspect_run_dir(run_dir, identity, cfg.run.resume)
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
-                   finished=finished)
+                   apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished)
 
 
 # -- step 2: lock, load, write, train --------------------------------------------------------------
@@ -433,8 +440,47 @@ def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
     write_json(run_dir / "status.json", {"status": "running"})
 
 
+def wandb_run(plan: RunPlan) -> dict | None:
+    """Who this run is on W&B (``swalab.tracking``): the W&B run id kept in ``wandb_run.json`` (a new
+    one the first time), its name, group, job type and tags; None unless ``logger`` is W&B.
+
+    ``logger.name``, ``logger.group`` and ``logger.job_type`` replace the computed ones when set;
+    ``logger.tags`` come before the computed tags.
+    """
+    cfg = plan.cfg
+    target = cfg.logger.get("_target_")
+    if not target or not issubclass(get_class(str(target)), WandbTracker):
+        return None
+    labels = run_labels(str(cfg.dataset.name), str(cfg.model.name), str(cfg.method.name), cfg.seed, plan.apart,
+                        group_hash(plan.identity), plan.grid)
+    for key in ("name", "group", "job_type"):
+        if cfg.logger.get(key):
+            labels[key] = str(cfg.logger[key])
+    labels["tags"] = list(dict.fromkeys([*map(str, cfg.logger.get("tags") or []), *labels["tags"]]))
+    return plan_record(plan.run_dir, labels, str(cfg.logger.project), cfg.logger.get("entity"))
+
+
+def make_tracker(plan: RunPlan, built: Built):
+    """The logger of ``plan`` (``logger=``): the resolved config with the identity's hashes, and for W&B
+    the run of :func:`wandb_run`, continued past the epochs it already holds when this run resumes."""
+    if not distributed.is_main():
+        return NullTracker()
+    config = {**plan.resolved, "identity": {k: v for k, v in record(plan.identity).items() if k != "identity"}}
+    if built.lineage is not None:
+        config["lineage"] = built.lineage
+    labels = wandb_run(plan)
+    kwargs = {}
+    if labels is not None:
+        write_json(plan.run_dir / RECORD_FILE, labels)
+        resumed = built.resume_state is not None and not built.branched  # a branch's W&B run starts empty
+        kwargs = {"run_id": labels["id"], "name": labels["name"], "group": labels["group"],
+                  "job_type": labels["job_type"], "tags": labels["tags"],
+                  "logged_through": int(built.resume_state["epoch"]) if resumed else 0}
+    return instantiate(plan.cfg.logger, _partial_=True)(run_dir=str(plan.run_dir), run_config=config, **kwargs)
+
+
 def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
-    cfg, run_dir, trainer, method = plan.cfg, plan.run_dir, built.trainer, plan.method
+    run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
     plan.started = True
     write_run_files(plan, built.lineage)
     with run_log(run_dir):
@@ -445,18 +491,16 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
         else:
             log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                      f"{record(plan.identity)['hash']})")
-        tracker = NullTracker() if not distributed.is_main() else instantiate(cfg.logger, _partial_=True)(
-            run_dir=str(run_dir),
-            run_config=plan.resolved if built.lineage is None else {**plan.resolved, "lineage": built.lineage})
+        tracker = make_tracker(plan, built)
 
         def on_epoch(row: dict) -> None:
-            tracker.log(row, step=row["epoch"])
+            tracker.log_epoch(row)
             log.info(epoch_line(row, method.epochs, trainer.run_eta(row["epoch"])))
 
         trainer.on_epoch = on_epoch
         if built.branched:  # the trunk's epochs are this run's history too
             for row in built.resume_state["history"]:
-                tracker.log(row, step=row["epoch"])
+                tracker.log_epoch(row)
         try:
             evaluation = trainer.fit(built.resume_state)
             metrics = evaluation.metrics
@@ -481,7 +525,7 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
             tracker.finish(exit_code=1)
             raise
         write_status(run_dir, {"status": "complete"})
-        tracker.summary(metrics)
+        tracker.results(metrics, evaluation.reliability)
         tracker.finish()
         log.info(metrics_table(metrics))
     return metrics

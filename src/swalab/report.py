@@ -705,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="report", help="where the table, CSVs and plots go (default: report/)")
     parser.add_argument("--paper", action="store_true", help="show the paper's numbers (Tables 1 and 2) beside ours")
     parser.add_argument("--wandb", action="store_true",
-                        help="also build a W&B Report (needs pip install -e .[report]): saved online, else its spec "
+                        help="also build a W&B Report: saved online, else its spec "
                              "is written next to table.md with the command that publishes it")
     parser.add_argument("--wandb-mode", default="offline", choices=["online", "offline"], help="W&B mode (offline)")
     parser.add_argument("--wandb-project", default=None, help="W&B project (default: the runs', else swalab)")

@@ -1,6 +1,6 @@
 """The W&B Report of a report's table: what ``python -m swalab.report <dirs> --wandb`` publishes.
 
-Built with W&B's own report library, ``wandb_workspaces.reports.v2`` (``pip install -e .[report]``),
+Built with W&B's own report library, ``wandb_workspaces.reports.v2`` (a dependency of swalab),
 from the table ``swalab.report.build_table`` makes, so the W&B Report and ``table.md`` never differ:
 
 1. **Table 1**: accuracy, NLL and ECE per row and column as numbers (mean, std, n), the paper's
@@ -52,7 +52,7 @@ def workspaces():
         from wandb_workspaces.reports import v2
     except ImportError as exc:
         raise ReportUnavailable(f"a W&B Report needs the wandb-workspaces package ({exc}): "
-                                "pip install -e .[report]  (or: pip install 'wandb-workspaces>=0.4')") from exc
+                                "pip install 'wandb-workspaces>=0.4' (a dependency of swalab since its W&B Reports)") from exc
     return v2
 
 

@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # The offline quickstart: one branched row (SGD, FGE, SWA at 1 / 1.25 / 1.5 budgets, EMA) on scikit-learn's
 # bundled 8x8 digits (no download), W&B offline; it ends with the row's table.
 demo: install
-	$(PY) -m swalab.row --dataset digits --model preresnet20 --seeds 0 --ema
+	$(PY) -m swalab.results.row --dataset digits --model preresnet20 --seeds 0 --ema
 
 # The default test suite (slow and GPU tests deselected; run them with `make test-all`).
 test: install

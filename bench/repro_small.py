@@ -4,7 +4,7 @@
     python bench/repro_small.py --train-size 5000 --epochs 8      # quicker
 
 Every run goes through the normal config path (``hydra.compose`` of ``conf/`` + ``swalab.train.train``),
-so each is an ordinary run directory under ``--out`` that ``python -m swalab.compare`` can read. All
+so each is an ordinary run directory under ``--out`` that ``python -m swalab.results.compare`` can read. All
 methods get the same number of epochs E and the base schedule ``paper_sgd`` over E epochs:
 
 * sgd: the base schedule;
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "src"))
 DEFAULT_DATA = str(REPO.parent / "shared" / "data" / "cifar10-jpg")  # the real JPEG copy beside the repository
 
 import swalab  # noqa: E402,F401  (registers the config resolvers)
-from swalab.compare import compare  # noqa: E402
+from swalab.results.compare import compare  # noqa: E402
 from swalab.train import train  # noqa: E402
 
 METHODS = ("sgd", "swa", "fge", "ema")

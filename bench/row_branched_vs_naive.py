@@ -2,7 +2,7 @@
 
     python bench/row_branched_vs_naive.py --train-size 2000 --budget 8 --seed 0 --out /tmp/rowbench
 
-Runs ``python -m swalab.row`` twice on the CIFAR-10 JPEG copy (PreResNet-20, CPU), branched and
+Runs ``python -m swalab.results.row`` twice on the CIFAR-10 JPEG copy (PreResNet-20, CPU), branched and
 with ``--naive`` (five runs trained straight through), each in its own output directory, and
 writes ``bench/results/row_branched_vs_naive.md``: epochs trained and wall time per job and in
 total, and the row each mode gives (they must be identical).
@@ -18,8 +18,8 @@ from pathlib import Path
 
 
 from _common import DEFAULT_DATA
-from swalab.row import main as row_main
-from swalab.row import row_metrics
+from swalab.results.row import main as row_main
+from swalab.results.row import row_metrics
 
 RESULTS = Path(__file__).resolve().parent / "results" / "row_branched_vs_naive.md"
 
@@ -97,11 +97,11 @@ def main() -> None:
         "jobs (load average 8-15 on 2 cores while this ran: seconds are noisy, epoch counts exact). The branched "
         "row ran first, then the naive one.",
         "",
-        "## Branched (`python -m swalab.row ...`)",
+        "## Branched (`python -m swalab.results.row ...`)",
         "", *job_table(branched), "", f"Wall time of the whole command (composing configs, process starts): "
         f"{branched_wall:.0f} s.",
         "",
-        "## Naive (`python -m swalab.row ... --naive`)",
+        "## Naive (`python -m swalab.results.row ... --naive`)",
         "", *job_table(naive), "", f"Wall time of the whole command: {naive_wall:.0f} s.",
         "",
         "## The row each gives (test set, %)",

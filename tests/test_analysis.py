@@ -19,7 +19,7 @@ from torch.optim.swa_utils import update_bn
 
 from swalab.analysis import curves, plane, rays, segment
 from swalab.analysis.loading import analysis_data
-from swalab.runs import Run, load_weights, open_run
+from swalab.results.runs import Run, load_weights, open_run
 from swalab.analysis.plane import Plane
 from swalab.analysis.weights import ParamSpace, random_unit_directions
 from swalab.checkpoint import save_checkpoint
@@ -71,7 +71,9 @@ def bn_states(seed: int = 0) -> dict:
 
 
 def load_run_like(arch: dict):
-    return Run(path=Path("."), cfg=OmegaConf.create({"model": {"arch": arch}, "dataset": {}}))
+    run = Run(Path("."))
+    run.config = {"model": {"arch": arch}, "dataset": {}}  # a run directory's config, without the directory
+    return run
 
 
 def direct_metrics(run_dir: Path, state: dict, bn_update: bool) -> dict:

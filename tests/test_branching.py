@@ -20,7 +20,7 @@ import swalab  # noqa: F401  (registers resolvers)
 from swalab.branching import BranchError, check_branch, load_branch_state, read_lineage
 from swalab.identity import identity_of
 from swalab.methods import FGE, SGD, SWA
-from swalab.row import plan_row
+from swalab.results.row import plan_row
 from swalab.schedules import PaperSGD
 from swalab.train import train
 

@@ -1,4 +1,4 @@
-"""``swalab.compare.score_run`` (over ``swalab.runs.open_run``) and ``python -m swalab.compare`` on two tiny
+"""``swalab.results.compare.score_run`` (over ``swalab.results.runs.open_run``) and ``python -m swalab.results.compare`` on two tiny
 finished runs (SWA and FGE)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from swalab.compare import compare, main, score_run
+from swalab.results.compare import compare, main, score_run
 from swalab.evaluate import metrics_from_probs
-from swalab.runs import load_weights, open_run
+from swalab.results.runs import load_weights, open_run
 from swalab.train import train
 
 TINY = ["dataset.train_size=64", "trainer.batch_size=32", "trainer.eval_every=0", "trainer.epochs=6"]

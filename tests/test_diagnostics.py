@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from swalab.diagnostics import (
+from swalab.results.diagnostics import (
     consecutive_members,
     ensemble_mean,
     label_agreement,

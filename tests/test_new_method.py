@@ -73,7 +73,7 @@ def test_a_new_method_is_one_module_and_one_config(tmp_path):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "polyak" in done.stdout and "epoch 4/4" in done.stdout
-    report = subprocess.run([sys.executable, "-m", "swalab.report", str(tmp_path / "out"), "--out",
+    report = subprocess.run([sys.executable, "-m", "swalab.results.report", str(tmp_path / "out"), "--out",
                              str(tmp_path / "report")], env=env, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
     with (tmp_path / "report" / "table.csv").open() as f:

@@ -1,4 +1,4 @@
-"""``python -m swalab.report``: tables that never mix or double-count runs, CSVs and plots from run directories."""
+"""``python -m swalab.results.report``: tables that never mix or double-count runs, CSVs and plots from run directories."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from swalab.report import main, report
+from swalab.results.report import main, report
 
 BINS = [{"lo": i / 15, "hi": (i + 1) / 15, "count": 10 if i > 10 else 0, "acc": 0.8 if i > 10 else None,
          "conf": (i + 0.5) / 15 if i > 10 else None} for i in range(15)]
@@ -194,7 +194,7 @@ def test_a_missing_directory_is_an_error_not_an_empty_table(tmp_path, capsys):
 def test_section_35_compares_swa_with_the_fge_ensemble_per_seed_from_saved_probabilities(tmp_path):
     import torch
 
-    from swalab.diagnostics import label_agreement, mean_prob_l2
+    from swalab.results.diagnostics import label_agreement, mean_prob_l2
 
     root = tmp_path / "g"
     labels = torch.tensor([0, 1, 2, 1])
@@ -227,4 +227,4 @@ def test_without_wandb_workspaces_the_report_works_and_wandb_says_what_to_instal
     monkeypatch.setitem(sys.modules, "wandb_workspaces.reports", None)
     assert main([str(tmp_path / "g"), "--out", str(tmp_path / "out")]) == 0
     assert main([str(tmp_path / "g"), "--out", str(tmp_path / "out2"), "--wandb"]) == 2
-    assert "pip install -e .[report]" in capsys.readouterr().err
+    assert "pip install 'wandb-workspaces>=0.4'" in capsys.readouterr().err

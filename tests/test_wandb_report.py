@@ -1,4 +1,4 @@
-"""``python -m swalab.report <grid> --wandb``: a real W&B Report of a real (tiny) grid, built without network:
+"""``python -m swalab.results.report <grid> --wandb``: a real W&B Report of a real (tiny) grid, built without network:
 Table 1 as numbers, test error against epoch per config, the FGE curve with SWA, every panel's runs found by
 the grid's tag; offline, a spec and the one command that publishes it."""
 
@@ -14,8 +14,9 @@ import pytest
 import wandb_workspaces.reports.v2 as wr  # a dependency of swalab: a missing one fails here, never skips
 
 from conftest import REPO
-from swalab import wandb_report
-from swalab.report import load_paper_tables, report
+from swalab.results import wandb_report
+from swalab.results.report import report
+from swalab.results.write import load_paper_tables
 from swalab.tracking import RECORD_FILE
 from test_report import m, make_run
 
@@ -125,7 +126,7 @@ def test_the_fge_members_curve_is_drawn_with_each_swa_column_as_a_flat_line(buil
 def test_offline_the_spec_is_written_next_to_table_md_and_reads_back_as_the_same_report(built, grid):
     spec_path = built["wandb"]["spec"]
     assert spec_path.parent == built["written"]["table.md"].parent
-    assert built["wandb"]["command"] == f"python -m swalab.wandb_report publish {spec_path}"
+    assert built["wandb"]["command"] == f"python -m swalab.results.wandb_report publish {spec_path}"
     data = json.loads(spec_path.read_text())
     again = wandb_report.report_from_spec(data["report"])
     assert headings(again) == headings(built["wandb"]["report"])

@@ -168,7 +168,7 @@ def recompute_bn(model: nn.Module, loader, device: torch.device, amp: bool = Fal
 
 
 def metrics_table(metrics: dict[str, dict]) -> str:
-    """``predictor  acc %  nll  ece`` lines: the table a run and ``swalab.compare`` print."""
+    """``predictor  acc %  nll  ece`` lines: the table a run and ``swalab.results.compare`` print."""
     width = max([len(name) for name in metrics] + [12])
     lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8}"]
     for name, m in metrics.items():

@@ -52,8 +52,8 @@ def epoch_line(row: dict, epochs: int, eta: float | None) -> str:
              f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.2f}%"]
     if "test_acc" in row:
         parts.append(f"test acc {row['test_acc']:.2f}% nll {row['test_loss']:.4f}")
-    if "swa_test_acc" in row:
-        parts.append(f"swa acc {row['swa_test_acc']:.2f}%")
+    for key in sorted(k for k in row if k.endswith("_test_acc") and k != "test_acc"):  # a method's own model
+        parts.append(f"{key.removesuffix('_test_acc')} acc {row[key]:.2f}%")
     parts.append(f"{row['seconds']:.1f}s")
     if eta is not None and row["epoch"] < epochs:
         parts.append(f"ETA {format_seconds(eta)}")

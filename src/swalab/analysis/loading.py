@@ -1,8 +1,8 @@
 """What an analysis needs from a run directory: its network, parameter space, data and weights.
 
-Used by every analysis command. The run is opened with :func:`swalab.runs.open_run` (the one owner of
+Used by every analysis command. The run is opened with :func:`swalab.results.runs.open_run` (the one owner of
 run directories), which rebuilds the model and the data exactly as the run trained them; weight specs
-(``<run dir>[:swa]``, ``<run dir>@<epoch>``, a ``.pt`` file) are read by :func:`swalab.runs.load_weights`.
+(``<run dir>[:swa]``, ``<run dir>@<epoch>``, a ``.pt`` file) are read by :func:`swalab.results.runs.load_weights`.
 A :class:`Study` gathers what every command shares: the options, the loaders, a :class:`Probe` factory
 and the settings recorded with each result log.
 """
@@ -17,7 +17,7 @@ import torch
 
 from swalab.analysis.probe import Probe
 from swalab.analysis.weights import ParamSpace, has_batchnorm
-from swalab.runs import Run, load_weights, open_run, run_of
+from swalab.results.runs import Run, load_weights, open_run, run_of
 from swalab.trainer import select_device
 
 __all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",

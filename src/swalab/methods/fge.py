@@ -98,7 +98,7 @@ class FGE(Method):
         return {"fge": self.ensemble}
 
     def artifacts(self, ctx: TrainContext) -> dict[str, object]:
-        """The members' cached test probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.compare``,
+        """The members' cached test probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.results.compare``,
         the report's section 3.5 and the analyses score the ensemble (and each member) from them, without the
         members' weights (``save_members``)."""
         if not len(self.ensemble):

@@ -1,26 +1,31 @@
-"""Open a finished (or interrupted) run directory again: its config, data, network and saved weights.
+"""A run directory read back: its files for reports, its data, network and weights for scoring again.
 
-Comparisons, reports and analyses all need the same thing: "give me run X's network with its SWA /
-EMA / live weights and the data it was trained and tested on". :func:`open_run` rebuilds them from
-the run's own resolved ``config.yaml`` exactly as ``swalab.train`` does (the same loader, the same
-``build_model`` and ``build_loaders``), so a model is scored on the data it was trained for, with the
-normalisation it was trained with. This module is the one place that knows a run directory's files.
+Reports, comparisons and analyses all start from a run directory. :class:`Run` is the one place that
+knows its files: the resolved config, identity, status, metrics, history, reliability bins, lineage
+(read lazily, each at most once, a missing or damaged file read as empty, so a report over a tree of
+runs in any state never stops), and, for scoring again, the network with its SWA / EMA / live weights
+and the data it was trained and tested on, rebuilt exactly as ``swalab.train`` builds them (the same
+loader, ``build_model`` and ``build_loaders``), so a model is scored with the normalisation it was
+trained with.
 
     run = open_run("outputs/cifar10/preresnet20/swa/default/seed0")
-    data = run.data()                            # the run's ImageData (optionally capped)
-    model = run.model(data)                      # a fresh network of the run's architecture
-    model.load_state_dict(run.weights("swa"))    # the SWA average, BN statistics as they were scored
-    load_weights("<run dir>@30")                 # or any weight spec (see load_weights)
+    run.metrics["swa"]["acc"], run.status, run.identity   # what the run wrote
+    data = run.data()                                    # the run's ImageData (optionally capped)
+    model = run.model(data)                              # a fresh network of the run's architecture
+    model.load_state_dict(run.weights("swa"))            # the SWA average, BN statistics as they were scored
+    load_weights("<run dir>@30")                         # or any weight spec (see load_weights)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Iterable
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
@@ -28,37 +33,119 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import build
 from swalab.data import ImageData, subset
 from swalab.data.splits import cap_test_split
+from swalab.identity import identity_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE
 from swalab.train import build_loaders, build_model, load_init_weights
 
 FINAL = "final.pt"
 
 
-@dataclass
-class Run:
-    """A run directory and its resolved config. Built by :func:`open_run`."""
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
-    path: Path
-    cfg: DictConfig
+
+class Run:
+    """One run directory (see the module doc). Build it with :func:`open_run` to score it again, or
+    ``Run(path)`` to read whatever it holds (reports)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # -- what the run wrote -------------------------------------------------------------------------
+    @cached_property
+    def config(self) -> dict:
+        """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged)."""
+        try:
+            return yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return {}
+
+    @cached_property
+    def cfg(self) -> DictConfig:
+        return OmegaConf.create(self.config)
+
+    def get(self, key: str, default=None):
+        """A dotted key of the config (``trainer.epochs``), or ``default``."""
+        node = self.config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @cached_property
+    def identity(self) -> dict:
+        return stored_identity(self.path) or identity_of(self.config)
+
+    @cached_property
+    def _status(self) -> dict:
+        return _read_json(self.path / "status.json") or {}
+
+    @property
+    def status(self) -> str:
+        return self._status.get("status") or ("complete" if (self.path / "metrics.json").exists() else "no status")
+
+    @property
+    def error(self) -> str | None:
+        return self._status.get("error")
+
+    @cached_property
+    def metrics(self) -> dict:
+        return _read_json(self.path / "metrics.json") or {}
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "complete" and bool(self.metrics)
+
+    @cached_property
+    def history(self) -> list[dict]:
+        """``history.jsonl``, one dict per epoch (a line cut short by a kill is skipped)."""
+        rows = []
+        path = self.path / "history.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else ():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+        return rows
+
+    @cached_property
+    def reliability(self) -> dict:
+        return _read_json(self.path / "reliability.json") or {}
+
+    @cached_property
+    def lineage(self) -> dict | None:
+        return _read_json(self.path / "lineage.json")
+
+    @property
+    def dataset_name(self) -> str:
+        return str(self.get("dataset.name", "?"))
+
+    @property
+    def model_name(self) -> str:
+        return str(self.get("model.name", "?"))
 
     @property
     def method(self) -> str:
-        return str(self.cfg.method.name)
+        return str(self.get("method.name", "?"))
+
+    @property
+    def seed(self):
+        return self.get("seed")
 
     @property
     def label(self) -> str:
         """A short name for tables: ``<method>/seed<seed>``."""
-        return f"{self.method}/seed{self.cfg.seed}"
+        return f"{self.method}/seed{self.seed}"
 
+    # -- scoring it again ----------------------------------------------------------------------------
     @property
     def weight_decay(self) -> float:
         """The L2 coefficient the run trained with (the paper's train loss adds wd/2 ||w||^2)."""
         return float(self.cfg.trainer.weight_decay)
-
-    @property
-    def metrics(self) -> dict:
-        path = self.path / "metrics.json"
-        return json.loads(path.read_text()) if path.exists() else {}
 
     def data(self, train_size: int | None = None, test_size: int | None = None, seed: int = 0) -> ImageData:
         """The run's data set, optionally cut to a seeded class-stratified training subset and a capped test set
@@ -116,11 +203,29 @@ class Run:
 
 
 def open_run(run_dir: str | Path) -> Run:
+    """A run directory to score again: it must hold its ``config.yaml``."""
     run_dir = Path(run_dir)
-    config = run_dir / "config.yaml"
-    if not config.exists():
+    if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} is not a swalab run directory: no config.yaml there")
-    return Run(path=run_dir, cfg=OmegaConf.load(config))
+    return Run(run_dir)
+
+
+def run_dirs(roots: Iterable[str | Path]) -> list[Path]:
+    """Every run directory below ``roots`` (a folder with ``config.yaml``, ``status.json`` or
+    ``identity.json``); a grid record (``jobs/*.json``) names its runs itself."""
+    from swalab.grid import read_jobs
+
+    found: set[Path] = set()
+    for root in map(Path, roots):
+        for job in read_jobs(root):
+            if job.get("run_dir"):
+                found.add(Path(job["run_dir"]))
+        for marker in ("config.yaml", "status.json", "identity.json"):
+            for hit in root.rglob(marker):
+                if "wandb" in hit.parent.parts:
+                    continue
+                found.add(hit.parent)
+    return sorted(p for p in found if p.exists())
 
 
 def run_of(spec: str) -> Path | None:
@@ -148,7 +253,7 @@ def load_weights(spec: str) -> dict[str, torch.Tensor]:
     if path.is_dir() and "@" not in head:
         if not (path / FINAL).exists():
             raise FileNotFoundError(f"{spec}: {path} has no {FINAL} (is the run finished?)")
-        return Run(path, OmegaConf.create({})).weights(method or "live")  # the weights need no config
+        return Run(path).weights(method or "live")
     if method:
         raise ValueError(f"{spec}: ':{method}' only applies to a run directory")
     state, _ = load_init_weights(head)

@@ -1,8 +1,8 @@
 """One row of the paper's Table 1 (SGD, FGE at 1 budget, SWA at 1, 1.25 and 1.5 budgets) per seed.
 
-    python -m swalab.row --dataset cifar10 --model preresnet20 --seeds 0 1 [key=value overrides]
-    python -m swalab.row ... --dry-run      # print the commands in dependency order (for SLURM, see docs/branching.md)
-    python -m swalab.row ... --naive        # the five runs trained straight through, for comparison
+    python -m swalab.results.row --dataset cifar10 --model preresnet20 --seeds 0 1 [key=value overrides]
+    python -m swalab.results.row ... --dry-run      # print the commands in dependency order (for SLURM, see docs/branching.md)
+    python -m swalab.results.row ... --naive        # the five runs trained straight through, for comparison
 
 When to use it: the five runs of a row share most of their epochs. Trained naively they cost
 5.75 budgets per seed; branched they cost about 2: one SGD trunk (``method=sgd``, 1 budget) keeps
@@ -39,7 +39,7 @@ import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.identity import CONSUMED, identity_of
 from swalab.train import build_method, locate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
 NOMINAL_STEPS = 100  # steps per epoch used to compare per-iteration schedules when placing branch points
 
@@ -229,7 +229,7 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> dict:
     own, extra = split_args(list(sys.argv[1:] if argv is None else argv))
-    parser = argparse.ArgumentParser(prog="python -m swalab.row", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.row", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])

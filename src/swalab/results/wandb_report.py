@@ -1,7 +1,7 @@
-"""The W&B Report of a report's table: what ``python -m swalab.report <dirs> --wandb`` publishes.
+"""The W&B Report of a report's table: what ``python -m swalab.results.report <dirs> --wandb`` publishes.
 
 Built with W&B's own report library, ``wandb_workspaces.reports.v2`` (a dependency of swalab),
-from the table ``swalab.report.build_table`` makes, so the W&B Report and ``table.md`` never differ:
+from the table ``swalab.results.table.build_table`` makes, so the W&B Report and ``table.md`` never differ:
 
 1. **Table 1**: accuracy, NLL and ECE per row and column as numbers (mean, std, n), the paper's
    numbers as rows of their own where it has them. W&B panels read tables from runs, so a
@@ -18,7 +18,7 @@ exactly its training runs; the report run's set is filtered to that run's id.
 
 Online, the report is saved and its URL printed. Offline, or when saving fails (no API key, no
 network), the report's full spec (the view W&B stores, as JSON) goes to ``<out>/wandb_report.json``
-with the offline runs it needs; ``python -m swalab.wandb_report publish <out>/wandb_report.json``
+with the offline runs it needs; ``python -m swalab.results.wandb_report publish <out>/wandb_report.json``
 uploads those runs (``wandb sync``) and saves the report.
 """
 
@@ -34,11 +34,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from swalab.report import METRICS, Row, Table, mean_std, paper_row, to_markdown
+from swalab.results.plots import scored_during_training
+from swalab.results.table import METRICS, Row, Table, mean_std
+from swalab.results.write import paper_row, to_markdown
 from swalab.tracking import WandbTracker, new_run_id, read_record
 
 SPEC_FILE = "wandb_report.json"
-PUBLISH = "python -m swalab.wandb_report publish {spec}"
+PUBLISH = "python -m swalab.results.wandb_report publish {spec}"
 TITLE_MAX = 128  # characters W&B keeps of a report's title
 
 
@@ -193,8 +195,9 @@ def build_report(table: Table, *, project: str, entity: str | None, report_run: 
         if not link["groups"]:
             blocks.append(wr.P("These runs were not logged to W&B (logger=none): see test_error.png."))
             continue
+        own = [key.replace("_test_acc", "_test_error") for key in scored_during_training(row.runs())]
         panels = [wr.LinePlot(title="Test error (%) against epoch, mean ± std over seeds", x="epoch",
-                              y=["test_error", "swa_test_error"], groupby="Group", groupby_aggfunc="mean",
+                              y=["test_error", *own], groupby="Group", groupby_aggfunc="mean",
                               groupby_rangefunc="stddev", title_x="epoch", title_y="test error (%)",
                               layout=wr.Layout(w=12, h=8)),
                   line_chart(wr, "reliability_table", "confidence", "accuracy",
@@ -308,7 +311,7 @@ def publish_report(table: Table, out: str | Path, mode: str, project: str | None
     run_id = new_run_id()
     tracker = log_report_run(table, paper, out, mode, project, entity, run_id)
     report = build_report(table, project=project, entity=entity, report_run=run_id, paper=paper,
-                          description=f"python -m swalab.report {out} --wandb")
+                          description=f"python -m swalab.results.report {out} --wandb")
     result: dict[str, Any] = {"url": None, "spec": None, "command": None, "error": None,
                               "report": report, "not_logged": tracker.not_logged}
     if mode == "online" and tracker.mode == "online" and not tracker.not_logged:
@@ -344,8 +347,8 @@ def publish(spec_path: str | Path, entity: str | None = None, sync: bool = True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swalab.wandb_report",
-                                     description="Publish a W&B Report that python -m swalab.report --wandb wrote "
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.wandb_report",
+                                     description="Publish a W&B Report that python -m swalab.results.report --wandb wrote "
                                                  "offline, or show its outline.")
     commands = parser.add_subparsers(dest="command", required=True)
     pub = commands.add_parser("publish", help="upload the report's offline runs (wandb sync) and save the report")
@@ -361,9 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         url = publish(args.spec, entity=args.entity, sync=not args.no_sync)
     except (ReportUnavailable, OSError, subprocess.CalledProcessError) as exc:
-        print(f"[swalab.wandb_report] {exc}", file=sys.stderr)
+        print(f"[swalab.results.wandb_report] {exc}", file=sys.stderr)
         return 2
-    print(f"[swalab.wandb_report] saved {url}")
+    print(f"[swalab.results.wandb_report] saved {url}")
     return 0
 
 

@@ -15,11 +15,16 @@ probability tensors ``[N, C]``, so it applies to cached FGE members as well as t
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from swalab.evaluate import ensemble_mean
+
+if TYPE_CHECKING:  # the table imports this module's section35_of through the report's writers
+    from swalab.results.table import Row
 
 
 def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
@@ -71,3 +76,55 @@ def section35(member_probs: Sequence[torch.Tensor], single: dict[str, torch.Tens
     return {"members": len(member_probs),
             "consecutive": consecutive_members(member_probs) if len(member_probs) >= 2 else None,
             "vs_ensemble": {name: pair_diagnostics(p, ens) for name, p in single.items()}}
+
+
+# -- from the files runs saved ----------------------------------------------------------------------
+
+def _load_probs(path: Path) -> dict | None:
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError):
+        return None
+
+
+def section35_of(row: Row) -> dict[str, dict]:
+    """Per FGE column of ``row``: the paper's section 3.5 numbers for each seed that has both an FGE run
+    (``fge_member_probs.pt``) and SWA runs (``predictions.pt``), scored on the same test labels.
+
+    ``{fge column label: {"consecutive_l2": [...], "max_agreement": [...], "vs": {swa column label:
+    {"l2": [...], "agreement": [...]}}}}``, one value per seed.
+    """
+    from swalab.methods.fge import MEMBER_PROBS_FILE
+    from swalab.train import PREDICTIONS_FILE
+
+    out: dict[str, dict] = {}
+    swa = [(c, cell) for c, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
+    for fge_column, fge_cell in row.cells.items():
+        if fge_column.method != "fge":
+            continue
+        block = {"consecutive_l2": [], "max_agreement": [], "vs": defaultdict(lambda: {"l2": [], "agreement": []}),
+                 "seeds": []}
+        for entry in fge_cell.entries:
+            members = _load_probs(entry.run.path / MEMBER_PROBS_FILE)
+            if not members or len(members.get("member_probs", [])) < 1:
+                continue
+            singles = {}
+            for swa_column, swa_cell in swa:
+                twin = next((e for e in swa_cell.entries if e.run.seed == entry.run.seed), None)
+                saved = _load_probs(twin.run.path / PREDICTIONS_FILE) if twin else None
+                if saved and twin.predictor in saved["probs"] and saved["labels"].equal(members["labels"]):
+                    singles[swa_column.label] = saved["probs"][twin.predictor].float()
+            result = section35([p.float() for p in members["member_probs"]], singles)
+            block["seeds"].append(entry.run.seed)
+            if result["consecutive"] is not None:
+                block["consecutive_l2"].append(result["consecutive"]["mean_l2"])
+                block["max_agreement"].append(result["consecutive"]["max_agreement"])
+            for label, pair in result["vs_ensemble"].items():
+                block["vs"][label]["l2"].append(pair["l2"])
+                block["vs"][label]["agreement"].append(pair["agreement"])
+        if block["seeds"]:
+            block["vs"] = dict(block["vs"])
+            out[fge_column.label] = block
+    return out

@@ -1,8 +1,8 @@
 """Compare finished runs on their test sets: SWA vs FGE vs EMA vs SGD, and the section 3.5 diagnostics.
 
-    python -m swalab.compare <run dir> <run dir> ... [--out compare.json] [--device auto]
+    python -m swalab.results.compare <run dir> <run dir> ... [--out compare.json] [--device auto]
 
-Each run's predictors are rebuilt from its directory (``swalab.runs.open_run``):
+Each run's predictors are rebuilt from its directory (``swalab.results.runs.open_run``):
 
 * ``sgd``: the live weights of ``final.pt`` (not for FGE runs, whose last iterate is mid-cycle);
 * ``swa`` / ``ema``: the method's weights in ``final.pt`` (BN statistics as they were scored);
@@ -29,9 +29,9 @@ from typing import Sequence
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from swalab.diagnostics import section35
+from swalab.results.diagnostics import section35
 from swalab.evaluate import ensemble_mean, labels_of, metrics_from_probs, metrics_table, predict_logits, recompute_bn
-from swalab.runs import Run, open_run
+from swalab.results.runs import Run, open_run
 from swalab.train import load_into
 from swalab.trainer import select_device
 
@@ -168,7 +168,7 @@ def format_report(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m swalab.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories (each with config.yaml and final.pt)")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")

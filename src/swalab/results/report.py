@@ -1,0 +1,137 @@
+"""Paper-style tables and plots from finished runs: ``python -m swalab.results.report <dir> [<dir> ...]``.
+
+Use it after a grid (``python run.py -m ...``) or on any tree of run directories, or on the grid
+records in ``outputs/grids/<date_time>/`` (then exactly that grid's runs are read). It reads only the
+files each run wrote (``config.yaml``/``identity.json``, ``status.json``, ``metrics.json``,
+``history.jsonl``, ``reliability.json``, ``lineage.json``), never the weights, so it takes seconds.
+
+How runs become a table that never mixes or double-counts them: ``swalab.results.table``. The
+pieces: ``runs`` (reading run directories), ``table`` (cells, rows, columns), ``write`` (table.md and
+the CSVs), ``plots``, ``diagnostics`` (section 3.5), ``wandb_report`` (the W&B Report).
+
+Writes to ``--out`` (default ``report/``):
+
+    table.md          accuracy, NLL and ECE tables (mean ± std over seeds, n), paired differences
+                      against SGD per seed, the runs not in the table (failed, unfinished, duplicates)
+    table.csv         one line per (row, column, metric): mean, std, n, the values and their seeds
+    runs.csv          one line per run: where it is, its state, every predictor's accuracy
+    test_error.png    test error against epoch per column (the live model; SWA's average dashed)
+    fge_curve.png     FGE ensemble accuracy against the number of members, SWA as a line
+    reliability.png   reliability diagrams (accuracy against confidence) per column
+
+``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also builds a W&B Report
+(``swalab.results.wandb_report``: numeric Table 1, test error against epoch, the FGE curve with SWA, each panel
+linked to its training runs), saved online with ``--wandb-mode online``, else written as a spec
+(``wandb_report.json``) with the one command that publishes it later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
+from swalab.results.runs import Run, run_dirs
+from swalab.results.table import Table, build_table
+from swalab.results.write import load_paper_tables, to_markdown, write_csv, write_runs_csv
+
+
+def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
+    """Plain-language notes about what the input holds that the table cannot show."""
+    notes = []
+    for r in runs:
+        if not r.finished:
+            why = f": {r.error.splitlines()[0]}" if r.error else ""
+            notes.append(f"{r.status}: {r.path}{why}")
+    notes += table.duplicates
+    datasets = sorted({r.dataset_name for r in runs if r.finished})
+    if len(datasets) > 1:
+        notes.insert(0, f"the runs mix {len(datasets)} datasets ({', '.join(datasets)}): "
+                        "one table row per dataset and model, never averaged across datasets")
+    return notes
+
+
+def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wandb_mode: str | None = None,
+           wandb_project: str | None = None, wandb_entity: str | None = None) -> dict:
+    """Collect runs below ``roots``, write the tables, CSVs and plots to ``out``; return what was found.
+
+    ``wandb_mode`` (``online`` | ``offline``) also builds the W&B Report (``swalab.results.wandb_report``); its
+    project and entity default to the runs' own.
+    """
+    out = Path(out)
+    missing = [str(r) for r in roots if not Path(r).exists()]
+    if missing:
+        raise FileNotFoundError(f"no such directory: {', '.join(missing)}")
+    runs = [Run(p) for p in run_dirs(roots)]
+    finished = [r for r in runs if r.finished]
+    table = build_table(runs)
+    notes = problems_of(runs, table)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    if finished:
+        (out / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None)
+                                      + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+                                         if notes else ""))
+        write_csv(table, out / "table.csv")
+        written.update({"table.md": out / "table.md", "table.csv": out / "table.csv"})
+        for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
+                           ("reliability", plot_reliability)):
+            if plot(table, out / f"{name}.png"):
+                written[f"{name}.png"] = out / f"{name}.png"
+    if runs:
+        write_runs_csv(runs, out / "runs.csv", roots)
+        written["runs.csv"] = out / "runs.csv"
+    wandb = None
+    if wandb_mode and finished:
+        from swalab.results.wandb_report import SPEC_FILE, publish_report
+
+        wandb = publish_report(table, out, wandb_mode, project=wandb_project, entity=wandb_entity,
+                               paper=load_paper_tables())
+        if wandb["spec"] is not None:
+            written[SPEC_FILE] = wandb["spec"]
+    return {"runs": runs, "finished": finished, "table": table, "notes": notes, "written": written, "wandb": wandb}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="+", help="output directories, run directories or grid records to read")
+    parser.add_argument("--out", default="report", help="where the table, CSVs and plots go (default: report/)")
+    parser.add_argument("--paper", action="store_true", help="show the paper's numbers (Tables 1 and 2) beside ours")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also build a W&B Report: saved online, else its spec "
+                             "is written next to table.md with the command that publishes it")
+    parser.add_argument("--wandb-mode", default="offline", choices=["online", "offline"], help="W&B mode (offline)")
+    parser.add_argument("--wandb-project", default=None, help="W&B project (default: the runs', else swalab)")
+    parser.add_argument("--wandb-entity", default=None, help="W&B entity (default: the runs', else yours)")
+    args = parser.parse_args(argv)
+    try:
+        result = report(args.dirs, args.out, paper=args.paper, wandb_mode=args.wandb_mode if args.wandb else None,
+                        wandb_project=args.wandb_project, wandb_entity=args.wandb_entity)
+    except (FileNotFoundError, ImportError) as exc:  # ImportError: --wandb without wandb-workspaces
+        print(f"[swalab.results.report] {exc}", file=sys.stderr)
+        return 2
+    runs, finished = result["runs"], result["finished"]
+    print(f"[swalab.results.report] {len(runs)} run directories, {len(finished)} finished")
+    for note in result["notes"]:
+        print(f"[swalab.results.report] {note}")
+    if not finished:
+        print(f"[swalab.results.report] no finished runs (metrics.json with status complete) below {', '.join(args.dirs)}: "
+              "no table written", file=sys.stderr)
+        return 1
+    print((Path(args.out) / "table.md").read_text())
+    print(f"[swalab.results.report] wrote {', '.join(sorted(result['written']))} to {args.out}")
+    published = result["wandb"]
+    if published is not None:
+        if published["url"]:
+            print(f"[swalab.results.report] W&B report: {published['url']}")
+        else:
+            why = f" (saving it failed: {published['error']})" if published["error"] else ""
+            print(f"[swalab.results.report] W&B report written offline to {published['spec']}{why}; publish it with:\n"
+                  f"  {published['command']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

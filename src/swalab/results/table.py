@@ -1,0 +1,230 @@
+"""How finished runs become a table that never mixes or double-counts them (``python -m swalab.results.report``).
+
+* a **cell** holds the runs of one identity minus the seed (``swalab.identity``): one config, its
+  seeds. Each (identity, seed) counts once, however many directories hold it (the others are
+  listed as duplicates);
+* a **row** holds the cells whose identities differ only in the method (``method.*``, the run's
+  length, the schedule's horizon): the SGD, FGE, SWA and EMA of one setting. Runs that differ in
+  anything else (a training-set size, a batch size, a data set) are separate rows, labelled with the
+  keys that set them apart; two configs of one method in one row (say two SWA learning rates) put
+  the second in a row of its own, labelled with the keys that differ;
+* a **column** is a method at a budget, with the epochs behind it (``SWA 1.25B (188 ep)``). Each
+  predictor's ``metrics.json`` entry says the budget and epoch behind it, so a SWA run contributes to
+  its own column and, through its ``swa@<b>`` predictors (``model.swa.score_at_budgets``), to the
+  columns of the earlier budget marks, without a name being parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+from swalab.identity import differences, group_hash, identity_hash
+from swalab.results.runs import Run
+
+# The paper's column order (SGD, FGE, SWA, EMA); a method of one's own comes after these, by name.
+METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "ema": 4}
+METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 bins)"))
+# What only the method decides: left out of a row's key so that SGD, FGE, SWA and EMA share a row.
+METHOD_KEYS = ("method", "trainer.epochs", "schedule.horizon")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A method at a budget, with the epochs behind it."""
+
+    method: str
+    budget: float
+    epochs: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.method.upper()} {self.budget:g}B ({self.epochs} ep)"
+
+    @property
+    def order(self) -> tuple:
+        return METHOD_ORDER.get(self.method, 9), self.budget, self.epochs, self.method
+
+    @property
+    def paper(self) -> str:
+        """The paper's name for the column (Tables 1 and 2)."""
+        if self.method in ("sgd", "pretrained"):
+            return "SGD"
+        if self.method == "fge":
+            return f"FGE ({self.budget:g}B)"
+        return f"{self.method.upper()} {self.budget:g}B"
+
+
+@dataclass
+class Entry:
+    """One predictor of one run, as a table sees it."""
+
+    run: Run
+    predictor: str
+    column: Column
+    metrics: dict
+
+    @property
+    def cell(self) -> tuple[str, str]:
+        return group_hash(self.run.identity), self.predictor
+
+
+def entries_of(run: Run) -> list[Entry]:
+    """The run's own predictor (``sgd`` of an SGD run, ``swa`` of a SWA run...) and SWA's budget marks."""
+    out = []
+    epochs = int(run.get("trainer.epochs", 0) or 0)
+    budget = float(run.get("method.budget", 1.0) or 0.0)
+    for name, m in run.metrics.items():
+        if not isinstance(m, dict) or "acc" not in m:
+            continue
+        if name != run.method and not (run.method == "swa" and name.startswith("swa@")):
+            continue  # e.g. the last iterate of a SWA run is not the SGD baseline
+        column = Column(run.method, float(m.get("budget", budget)), int(m.get("epoch", epochs)))
+        out.append(Entry(run, name, column, m))
+    return out
+
+
+def context_of(run: Run) -> dict:
+    """The identity minus the seed and what only the method decides: the key of a table row."""
+    return {k: v for k, v in run.identity.items()
+            if k != "seed" and not any(k == p or k.startswith(p + ".") for p in METHOD_KEYS)}
+
+
+@dataclass
+class Cell:
+    entries: list[Entry]                     # one per seed
+
+    @property
+    def seeds(self) -> list:
+        return [e.run.seed for e in self.entries]
+
+    def values(self, metric: str) -> list[float]:
+        return [float(e.metrics[metric]) for e in self.entries if metric in e.metrics]
+
+    def by_seed(self, metric: str) -> dict:
+        return {e.run.seed: float(e.metrics[metric]) for e in self.entries if metric in e.metrics}
+
+
+@dataclass
+class Row:
+    dataset: str
+    model: str
+    label: str                               # the keys that set this row apart ("" for the only one)
+    cells: dict[Column, Cell]
+
+    @property
+    def name(self) -> str:
+        return f"{self.dataset} / {self.model}" + (f" · {self.label}" if self.label else "")
+
+    def runs(self) -> list[Run]:
+        return [e.run for cell in self.cells.values() for e in cell.entries]
+
+
+@dataclass
+class Table:
+    rows: list[Row]
+    duplicates: list[str]
+
+    @property
+    def columns(self) -> list[Column]:
+        return sorted({c for row in self.rows for c in row.cells}, key=lambda c: c.order)
+
+
+def _label(keys: Sequence[str], values: dict) -> str:
+    """``key=value`` for each key; a ``_target_`` shows as its class name (``schedule=Cosine``)."""
+    parts = []
+    for k in keys:
+        value = values.get(k, "–")
+        if k.endswith("._target_"):
+            parts.append(f"{k[:-len('._target_')]}={str(value).rsplit('.', 1)[-1]}")
+        else:
+            parts.append(f"{k}={value}")
+    return ", ".join(parts)
+
+
+def _first_written(entries: Sequence[Entry]) -> float:
+    times = [(e.run.path / "config.yaml").stat().st_mtime for e in entries if (e.run.path / "config.yaml").exists()]
+    return min(times, default=0.0)
+
+
+def build_table(runs: Sequence[Run]) -> Table:
+    """Cells by identity minus seed (each seed once), rows by identity minus seed and method (module doc)."""
+    duplicates: list[str] = []
+    cells: dict[tuple[str, str], dict] = {}
+    seen: dict[tuple[str, str], Run] = {}
+    for run in sorted((r for r in runs if r.finished), key=lambda r: str(r.path)):
+        for entry in entries_of(run):
+            once = (identity_hash(run.identity), entry.predictor)
+            if once in seen:
+                duplicates.append(f"{run.path} repeats {seen[once].path} (same config and seed): counted once")
+                continue
+            seen[once] = run
+            cells.setdefault(entry.cell, {"entries": [], "context": context_of(run), "column": entry.column})
+            cells[entry.cell]["entries"].append(entry)
+    # rows: one per distinct context; within a row one cell per column, further variants in rows of their own
+    contexts: dict[str, dict] = {}
+    for key, cell in cells.items():
+        ctx_key = json.dumps(cell["context"], sort_keys=True, default=str)
+        contexts.setdefault(ctx_key, {"context": cell["context"], "columns": defaultdict(list)})
+        contexts[ctx_key]["columns"][cell["column"]].append(key)
+    rows: list[Row] = []
+    by_pair: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for ctx in contexts.values():
+        c = ctx["context"]
+        by_pair[(str(c.get("dataset.name", "?")), str(c.get("model.name", "?")))].append(ctx)
+    for (dataset, model), group in sorted(by_pair.items()):
+        varying = sorted({k for ctx in group for k in set(ctx["context"]) | set(group[0]["context"])
+                          if any(ctx["context"].get(k) != group[0]["context"].get(k) for ctx in group)})
+        runs_in = lambda g: sum(len(cells[k]["entries"]) for keys in g["columns"].values() for k in keys)  # noqa: E731
+        for ctx in sorted(group, key=lambda g: (-runs_in(g), _label(varying, g["context"]))):
+            base_label = _label(varying, ctx["context"]) if len(group) > 1 else ""
+            main: dict[Column, Cell] = {}
+            extra: list[Row] = []
+            for column, keys in ctx["columns"].items():  # the variant with most seeds, then the first run, leads
+                variants = sorted(keys, key=lambda k: (-len(cells[k]["entries"]), _first_written(cells[k]["entries"]), k))
+                main[column] = Cell(cells[variants[0]]["entries"])
+                first = cells[variants[0]]["entries"][0].run.identity
+                for k in variants[1:]:
+                    other = cells[k]["entries"][0].run.identity
+                    keys_apart = [d.split(":")[0] for d in differences(other, first) if not d.startswith("seed:")]
+                    label = _label(keys_apart, other)
+                    extra.append(Row(dataset, model, ", ".join(p for p in (base_label, label) if p),
+                                     {column: Cell(cells[k]["entries"])}))
+            rows.append(Row(dataset, model, base_label, main))
+            rows.extend(sorted(extra, key=lambda r: r.label))
+    for row in rows:
+        for cell in row.cells.values():
+            cell.entries.sort(key=lambda e: (str(e.run.seed), str(e.run.path)))
+    return Table(rows, duplicates)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def fmt_cell(values: Sequence[float], digits: int = 2) -> str:
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f} ± {std:.{digits}f} (n={len(values)})" if std is not None else \
+        f"{mean:.{digits}f} (n=1)"
+
+
+def paired_differences(row: Row, metric: str = "acc") -> dict[Column, list[float]]:
+    """Per seed, each column minus the row's SGD column, over the seeds both hold."""
+    sgd = next((cell for column, cell in row.cells.items() if column.method == "sgd" and column.budget == 1), None)
+    if sgd is None:
+        return {}
+    base = sgd.by_seed(metric)
+    out = {}
+    for column, cell in row.cells.items():
+        if column.method == "sgd" and column.budget == 1:
+            continue
+        mine = cell.by_seed(metric)
+        shared = [s for s in mine if s in base]
+        if shared:
+            out[column] = [mine[s] - base[s] for s in sorted(shared, key=str)]
+    return out

@@ -1,0 +1,136 @@
+"""The report's files: ``table.md`` (accuracy, NLL, ECE, paired differences, section 3.5) and the CSVs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Sequence
+
+from swalab.identity import group_hash
+from swalab.results.diagnostics import section35_of
+from swalab.results.runs import Run
+from swalab.results.table import METRICS, Table, fmt_cell, mean_std, paired_differences
+
+PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
+
+
+def section35_markdown(table: Table) -> list[str]:
+    lines = []
+    for row in table.rows:
+        for fge_label, block in section35_of(row).items():
+            lines.append([row.name, f"{fge_label}: consecutive members", fmt_cell(block["consecutive_l2"], 4),
+                          fmt_cell(block["max_agreement"])])
+            for swa_label, pair in block["vs"].items():
+                lines.append([row.name, f"{swa_label} vs the {fge_label} ensemble", fmt_cell(pair["l2"], 4),
+                              fmt_cell(pair["agreement"])])
+    if not lines:
+        return []
+    return ["## Section 3.5: SWA against the FGE ensemble", "",
+            "Mean L2 distance of the test class probabilities and label agreement (%), mean ± std over seeds. For "
+            "consecutive FGE members: the mean over pairs of the L2 distance and the highest agreement of any pair. "
+            "The paper (PreResNet-164, CIFAR-100): consecutive members 0.126 and at most 87.33%; SWA vs the FGE "
+            "ensemble 0.079 and 95.26%.", "",
+            *_markdown_table(["row", "pair", "mean L2 distance", "label agreement %"], lines), ""]
+
+
+def load_paper_tables(path: Path = PAPER_TABLES) -> dict:
+    return json.loads(path.read_text())
+
+
+def paper_row(paper: dict, dataset: str, model: str) -> dict[str, str] | None:
+    return paper.get("rows", {}).get(f"{dataset}/{model}")
+
+
+def _markdown_table(header: list[str], lines: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(line) + " |" for line in lines)]
+
+
+def to_markdown(table: Table, paper: dict | None = None) -> str:
+    columns = table.columns
+    header = ["row", *(c.label for c in columns)]
+    out: list[str] = []
+    for metric, title in METRICS:
+        digits = 2 if metric == "acc" else 4
+        lines = []
+        for row in table.rows:
+            lines.append([row.name, *(fmt_cell(row.cells[c].values(metric), digits) if c in row.cells else "–"
+                                      for c in columns)])
+            published = paper_row(paper, row.dataset, row.model) if paper and metric == "acc" and not row.label else None
+            if published is not None:
+                lines.append([f"{row.name} (paper)", *(published.get(c.paper, "–") for c in columns)])
+        out += [f"## {title}", "", *_markdown_table(header, lines), ""]
+    diffs = [(row, paired_differences(row)) for row in table.rows]
+    diffs = [(row, d) for row, d in diffs if d]
+    if diffs:
+        diff_columns = sorted({c for _, d in diffs for c in d}, key=lambda c: c.order)
+        lines = [[row.name, *(_fmt_diff(d.get(c)) for c in diff_columns)] for row, d in diffs]
+        out += ["## Paired differences against SGD (accuracy points, per seed)", "",
+                "Each seed's accuracy minus the SGD run of the same seed and row; mean ± sample std over the seeds "
+                "both hold.", "", *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
+    out += section35_markdown(table)
+    out.append("Mean ± sample std over seeds; n = number of seeds (finished runs, each config and seed once). "
+               "Columns: method, budget B, and the epochs trained.")
+    if paper:
+        out.append(f"Paper rows: {paper.get('source', 'Izmailov et al. 2018')}.")
+    lineage = [f"- {row.name}, {c.label}, seed {e.run.seed}: branched from {e.run.lineage.get('parent')} at epoch "
+               f"{e.run.lineage.get('epoch')}" for row in table.rows for c, cell in row.cells.items()
+               for e in cell.entries if e.run.lineage]
+    if lineage:
+        out += ["", "Branched runs (each equals the run trained straight through, docs/branching.md):", *lineage]
+    return "\n".join(out) + "\n"
+
+
+def _fmt_diff(values: Sequence[float] | None) -> str:
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    values_text = ", ".join(f"{v:+.2f}" for v in values)
+    return f"{mean:+.2f} ± {std:.2f} ({values_text})" if std is not None else f"{mean:+.2f} ({values_text})"
+
+
+def write_csv(table: Table, path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["row", "dataset", "model", "setting", "column", "method", "budget", "epochs", "metric",
+                         "mean", "std", "n", "values", "seeds", "group"])
+        for row in table.rows:
+            for column in table.columns:
+                cell = row.cells.get(column)
+                if cell is None:
+                    continue
+                for metric, _ in METRICS:
+                    values = cell.values(metric)
+                    if not values:
+                        continue
+                    mean, std = mean_std(values)
+                    writer.writerow([row.name, row.dataset, row.model, row.label, column.label, column.method,
+                                     f"{column.budget:g}", column.epochs, metric, f"{mean:.6f}",
+                                     "" if std is None else f"{std:.6f}", len(values),
+                                     " ".join(f"{v:.6f}" for v in values), " ".join(map(str, cell.seeds)),
+                                     cell.entries[0].cell[0]])
+
+
+def shown_path(run: Path, roots: Sequence[str | Path]) -> str:
+    """``<root name>/<path below it>``: readable wherever the CSV ends up."""
+    for root in map(Path, roots):
+        try:
+            return str(Path(root.resolve().name) / run.resolve().relative_to(root.resolve()))
+        except ValueError:
+            continue
+    return str(run)
+
+
+def write_runs_csv(runs: Sequence[Run], path: Path, roots: Sequence[str | Path] = ()) -> None:
+    predictors = sorted({name for r in runs for name, m in r.metrics.items() if isinstance(m, dict) and "acc" in m})
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "status", "dataset", "model", "method", "budget", "epochs", "seed", "group",
+                         *predictors, "error"])
+        for r in runs:
+            accs = [f"{r.metrics[p]['acc']:.4f}" if isinstance(r.metrics.get(p), dict) and "acc" in r.metrics[p] else ""
+                    for p in predictors]
+            writer.writerow([shown_path(r.path, roots), r.status, r.dataset_name, r.model_name, r.method,
+                             f"{float(r.get('method.budget', 1.0) or 0):g}", r.get("trainer.epochs"), r.seed,
+                             group_hash(r.identity), *accs, (r.error or "").splitlines()[0] if r.error else ""])

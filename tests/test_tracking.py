@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 from conftest import CONF_DIR, REPO
 from swalab import faults
 from swalab.tracking import RECORD_FILE, WandbTracker, run_labels
-from swalab.train import prepare, train, wandb_run
+from swalab.train import prepare, train
+from swalab.train.execute import wandb_run
 from swalab.trainer import Preempted
 from wandb_records import complete_records, read_runs
 

@@ -10,7 +10,7 @@ Resolvers (registered on import of ``swalab``):
 Checks, all before any file or folder is created:
 
 * :func:`check_config`: types (an integer key given ``2.5`` or ``abc`` is a named error) and ranges
-  of the keys ``train.py`` reads itself; each message names the key and what is allowed. The keys of
+  of the keys ``swalab.train`` reads itself; each message names the key and what is allowed. The keys of
   a method, schedule, model or data set are checked by the object they configure.
 * :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused.
 """
@@ -102,7 +102,7 @@ def require(key: str, value: Any, kind: str, low: float | None = None, high: flo
     return value
 
 
-# The keys train.py reads itself, with their kind (see kind_error) and range.
+# The keys swalab.train reads itself, with their kind (see kind_error) and range.
 KEYS: dict[str, tuple] = {
     "seed": ("int", 0, None),
     "trainer.epochs": ("int", 0, None),
@@ -136,7 +136,7 @@ KEYS: dict[str, tuple] = {
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise ``ConfigError`` listing every bad value among the keys ``train.py`` reads (not just the first)."""
+    """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first)."""
     errors: list[str] = []
     missing = [k for k in ("dataset.root", "model.arch._target_", "run.init_from")
                if OmegaConf.is_missing(OmegaConf.select(cfg, k.rpartition(".")[0]), k.rpartition(".")[2])]

@@ -120,7 +120,7 @@ class EpochTally:
 
 @dataclass
 class TrainerOptions:
-    """Loop settings, all explicit (``train.py`` fills them from ``conf/trainer``)."""
+    """Loop settings, all explicit (``swalab.train`` fills them from ``conf/trainer`` and ``conf/run``)."""
 
     epochs: int
     momentum: float = 0.9

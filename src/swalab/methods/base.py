@@ -129,7 +129,7 @@ class Method:
 
     def artifacts(self, ctx: TrainContext) -> dict[str, object]:
         """Files of the method's own to keep in the run directory after training (``{file name: object}``,
-        written with ``torch.save`` by ``train.py``), e.g. FGE's cached member probabilities."""
+        written with ``torch.save`` by ``swalab.train``), e.g. FGE's cached member probabilities."""
         return {}
 
     def final_weights(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -1,0 +1,200 @@
+"""Step 2 of a run: lock, load, write, train.
+
+:func:`execute` takes the run directory's lock (``swalab.runlock``: one process per run), loads the
+data, builds the model and the resume or branch state, and only then writes the run directory and
+trains. A run refused at this point (missing data, weights that do not fit, a branch that would not
+equal the straight-through run) removes what it created and leaves an existing run's files untouched.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
+
+from swalab import distributed
+from swalab.branching import check_branch, load_branch_state, read_lineage
+from swalab.checkpoint import CheckpointStore, atomic_save
+from swalab.config import ConfigError, build
+from swalab.evaluate import metrics_table
+from swalab.identity import IDENTITY_FILE, group_hash, record
+from swalab.logs import epoch_line, get_logger, run_log
+from swalab.runlock import RunLock
+from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
+from swalab.train.build import build_loaders, build_model, load_init_weights, load_into, trainer_options
+from swalab.train.plan import RunPlan, inspect_run_dir
+from swalab.train.records import (PREDICTIONS_FILE, git_info, one_line, save_predictions, seed_everything,
+                                  write_json, write_status)
+from swalab.trainer import Preempted, Trainer
+
+log = get_logger()
+
+
+@dataclass
+class Built:
+    """Everything a run trains with, built after its lock is held."""
+
+    trainer: Trainer
+    lineage: dict | None
+    resume_state: dict | None
+    branched: bool
+
+def build_run(plan: RunPlan) -> Built:
+    """Load the data, build the model, loaders, resume or branch state and the trainer (no file written)."""
+    cfg, run_dir, method = plan.cfg, plan.run_dir, plan.method
+    seed_everything(int(cfg.seed))
+    device = distributed.local_device(plan.device)
+    data = build(cfg.dataset.source, "dataset.source")
+    expected = cfg.dataset.get("num_classes")
+    if expected is not None and data.num_classes != expected:
+        raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
+    train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
+    model = build_model(cfg, data)
+    lineage = None
+    if cfg.run.get("init_from"):
+        weights, lineage = load_init_weights(cfg.run.init_from)
+        load_into(model, weights, str(cfg.run.init_from))
+    resume_state = CheckpointStore(run_dir).latest(plan.identity) if cfg.run.resume is not False else None
+    branched = False
+    if cfg.run.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
+        if resume_state is None:
+            resume_state, lineage = load_branch_state(str(cfg.run.branch_from), plan.identity)
+            branched = True
+            check_branch(method, resume_state, len(train_loader), cfg.trainer.momentum, cfg.trainer.weight_decay,
+                         cfg.trainer.nesterov)
+        else:  # this branch wrote checkpoints of its own and resumes from them
+            lineage = read_lineage(run_dir)
+    options = trainer_options(cfg, method.epochs)
+    trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
+                      identity=plan.identity)
+    return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched)
+
+def execute(plan: RunPlan) -> dict:
+    """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics."""
+    if plan.finished is not None:
+        log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
+        return plan.finished
+    distributed.init_distributed(str(plan.cfg.trainer.device))  # no-op unless launched by torchrun
+    lock = RunLock(plan.run_dir) if distributed.is_main() else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        try:
+            if lock is not None:  # another process may have finished this run while we waited for nothing
+                plan.finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
+                if plan.finished is not None:
+                    log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
+                    return plan.finished
+            built = build_run(plan)
+        except BaseException:
+            if lock is not None:
+                lock.discard()
+                lock = None
+            raise
+        return _train(plan, built, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
+    if not distributed.is_main():
+        return
+    run_dir = plan.run_dir
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
+    write_json(run_dir / IDENTITY_FILE, record(plan.identity))
+    if plan.overrides is not None:
+        (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
+    write_json(run_dir / "git.json", git_info())
+    if lineage is not None:
+        write_json(run_dir / "lineage.json", lineage)
+    write_json(run_dir / "status.json", {"status": "running"})
+
+def wandb_run(plan: RunPlan) -> dict | None:
+    """Who this run is on W&B (``swalab.tracking``): the W&B run id kept in ``wandb_run.json`` (a new
+    one the first time), its name, group, job type and tags; None unless ``logger`` is W&B.
+
+    ``logger.name``, ``logger.group`` and ``logger.job_type`` replace the computed ones when set;
+    ``logger.tags`` come before the computed tags.
+    """
+    cfg = plan.cfg
+    target = cfg.logger.get("_target_")
+    if not target or not issubclass(get_class(str(target)), WandbTracker):
+        return None
+    labels = run_labels(str(cfg.dataset.name), str(cfg.model.name), str(cfg.method.name), cfg.seed, plan.apart,
+                        group_hash(plan.identity), plan.grid)
+    for key in ("name", "group", "job_type"):
+        if cfg.logger.get(key):
+            labels[key] = str(cfg.logger[key])
+    labels["tags"] = list(dict.fromkeys([*map(str, cfg.logger.get("tags") or []), *labels["tags"]]))
+    return plan_record(plan.run_dir, labels, str(cfg.logger.project), cfg.logger.get("entity"))
+
+def make_tracker(plan: RunPlan, built: Built):
+    """The logger of ``plan`` (``logger=``): the resolved config with the identity's hashes, and for W&B
+    the run of :func:`wandb_run`, continued past the epochs it already holds when this run resumes."""
+    if not distributed.is_main():
+        return NullTracker()
+    config = {**plan.resolved, "identity": {k: v for k, v in record(plan.identity).items() if k != "identity"}}
+    if built.lineage is not None:
+        config["lineage"] = built.lineage
+    labels = wandb_run(plan)
+    kwargs = {}
+    if labels is not None:
+        write_json(plan.run_dir / RECORD_FILE, labels)
+        resumed = built.resume_state is not None and not built.branched  # a branch's W&B run starts empty
+        kwargs = {"run_id": labels["id"], "name": labels["name"], "group": labels["group"],
+                  "job_type": labels["job_type"], "tags": labels["tags"],
+                  "logged_through": int(built.resume_state["epoch"]) if resumed else 0}
+    return instantiate(plan.cfg.logger, _partial_=True)(run_dir=str(plan.run_dir), run_config=config, **kwargs)
+
+def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
+    run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
+    plan.started = True
+    write_run_files(plan, built.lineage)
+    with run_log(run_dir):
+        if lock is not None and lock.took_over():
+            log.info(f"[swalab] {lock.took_over()}")
+        if built.resume_state is not None and not built.branched:
+            log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']}")
+        else:
+            log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
+                     f"{record(plan.identity)['hash']})")
+        tracker = make_tracker(plan, built)
+
+        def on_epoch(row: dict) -> None:
+            tracker.log_epoch(row)
+            log.info(epoch_line(row, method.epochs, trainer.run_eta(row["epoch"])))
+
+        trainer.on_epoch = on_epoch
+        if built.branched:  # the trunk's epochs are this run's history too
+            for row in built.resume_state["history"]:
+                tracker.log_epoch(row)
+        try:
+            evaluation = trainer.fit(built.resume_state)
+            metrics = evaluation.metrics
+            final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": method.epochs,
+                     "identity": plan.identity}
+            if distributed.is_main():
+                atomic_save(final, run_dir / "final.pt")
+            tracker.final_checkpoint(run_dir / "final.pt")
+            write_json(run_dir / "reliability.json", evaluation.reliability)
+            if distributed.is_main():
+                save_predictions(evaluation, run_dir / PREDICTIONS_FILE)
+                for name, obj in method.artifacts(trainer.ctx).items():
+                    atomic_save(obj, run_dir / name)
+            write_json(run_dir / "metrics.json", metrics)
+        except Preempted as exc:
+            write_status(run_dir, {"status": "preempted", "message": str(exc)})
+            tracker.finish(exit_code=1)
+            raise
+        except BaseException as exc:
+            write_status(run_dir, {"status": "failed", "error": one_line(exc), "traceback": traceback.format_exc()})
+            log.info(f"[swalab] {run_dir} failed: {one_line(exc)}")
+            tracker.finish(exit_code=1)
+            raise
+        write_status(run_dir, {"status": "complete"})
+        tracker.results(metrics, evaluation.reliability)
+        tracker.finish()
+        log.info(metrics_table(metrics))
+    return metrics

@@ -1,0 +1,106 @@
+"""Step 1 of a run: every check that needs no data and writes nothing, and the run's directory.
+
+:func:`prepare` checks the config (types, ranges, keys nothing reads, the device, the method's own
+checks), computes the run's identity (``swalab.identity``) and its directory, and looks at what that
+directory holds: a finished run of the same identity is skipped, a run of another identity is refused
+with the keys that differ.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from swalab.checkpoint import CheckpointStore
+from swalab.config import ConfigError, check_config, check_overrides, default_choices
+from swalab.identity import differences, group_hash, identity_of, name_items, run_name, stored_identity
+from swalab.train.build import build_method
+from swalab.trainer import select_device
+
+
+@dataclass
+class RunPlan:
+    """An accepted config, ready to train: where, as what, and what it has already checked."""
+
+    cfg: DictConfig
+    run_dir: Path
+    identity: dict
+    resolved: dict
+    overrides: list[str] | None
+    device: torch.device
+    method: Any
+    apart: tuple[str, ...] = ()           # what sets the run apart in its name (identity.name_items): schedule-cosine, ...
+    grid: str | None = None               # the grid launch's record directory name (<date_time>), if in a grid
+    finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
+    started: bool = False                 # set once training starts: an error before it is a refusal
+
+def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, choices: dict | None) -> Path:
+    """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes."""
+    if cfg.run.get("dir"):
+        return Path(str(cfg.run.dir))
+    names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
+    name = run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
+    return Path(str(cfg.paths.output_dir)) / name
+
+def validate(cfg: DictConfig):
+    """Every check of ``cfg`` that needs no data and writes nothing; returns the (checked) method.
+
+    The config's own keys (``check_config``), the device, and the schedule and method, which check
+    their own arguments when built and their combination in ``validate``.
+    """
+    check_config(cfg)
+    select_device(str(cfg.trainer.device))
+    method = build_method(cfg, int(cfg.trainer.epochs))
+    method.validate(initialized=bool(cfg.run.get("init_from") or cfg.run.get("branch_from")
+                                     or cfg.model.get("pretrained")))
+    return method
+
+def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
+    """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
+    identity (to skip it), None for a new or interrupted one; refused when it holds another config."""
+    theirs = stored_identity(run_dir)
+    if theirs is not None and theirs != identity:
+        raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(differences(identity, theirs)[:8])
+                          + "): nothing there is touched. Re-run with that config to continue it, or give this "
+                          "one its own directory with run.dir=<dir>")
+    metrics = run_dir / "metrics.json"
+    if metrics.exists():
+        if resume is False:
+            raise FileExistsError(f"{run_dir} already holds a finished run and run.resume=false: nothing is "
+                                  "overwritten. Choose another directory with run.dir=<dir>")
+        return json.loads(metrics.read_text())
+    has_checkpoints = bool(CheckpointStore(run_dir).paths())
+    if resume is False and has_checkpoints:
+        raise FileExistsError(f"{run_dir} already holds a run and run.resume=false: nothing is overwritten. "
+                              "Continue it with run.resume=auto, or choose another directory with run.dir=<dir>")
+    if resume is True and not has_checkpoints:
+        raise FileNotFoundError(f"run.resume=true but {run_dir / 'checkpoints'} holds no checkpoint to resume")
+    return None
+
+def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequence[str] | None = None,
+            choices: dict | None = None, grid: str | Path | None = None) -> RunPlan:
+    """Check ``cfg`` and find its run directory, writing nothing (step 1 of the module doc).
+
+    ``overrides`` are the command line's overrides as typed and ``choices`` each config group's
+    chosen option (``run.py`` passes Hydra's); they name the run directory and let keys added with
+    ``+`` be checked. Without them the directory name carries the identity's hash instead.
+    ``grid`` is the record directory of the grid launch running this job (``outputs/grids/<date_time>``):
+    its name tags the W&B run.
+    """
+    if overrides is not None:
+        check_overrides(overrides, list(choices or {}))
+    method = validate(cfg)
+    device = select_device(str(cfg.trainer.device))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    identity = identity_of(resolved)
+    run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
+    apart = tuple(name_items(overrides, choices or {}, default_choices())[0])
+    finished = inspect_run_dir(run_dir, identity, cfg.run.resume)
+    return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
+                   overrides=None if overrides is None else list(overrides), device=device, method=method,
+                   apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished)

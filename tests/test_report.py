@@ -228,3 +228,20 @@ def test_without_wandb_workspaces_the_report_works_and_wandb_says_what_to_instal
     assert main([str(tmp_path / "g"), "--out", str(tmp_path / "out")]) == 0
     assert main([str(tmp_path / "g"), "--out", str(tmp_path / "out2"), "--wandb"]) == 2
     assert "pip install 'wandb-workspaces>=0.4'" in capsys.readouterr().err
+
+
+def test_the_wall_time_of_branched_rows_is_set_against_the_naive_runs(tmp_path):
+    root = tmp_path / "g"
+    sgd = make_run(root, "sgd", 0, {"sgd": m(90.0, epoch=4)})
+    swa = make_run(root, "swa", 0, {"swa": m(92.0, epoch=6), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5)
+    record = {"seed": 0, "naive": False,
+              "columns": {"SGD": {"run": str(sgd), "predictor": "sgd"}, "SWA 1B": {"run": str(swa), "predictor": "swa@1"},
+                          "SWA 1.5B": {"run": str(swa), "predictor": "swa"}},
+              "costs": [{"name": "sgd", "seconds": 40.0, "epochs_trained": 4, "skipped": False},
+                        {"name": "swa", "seconds": 30.0, "epochs_trained": 3, "skipped": False}]}
+    (root / "rows").mkdir()
+    (root / "rows" / "cifar10_preresnet20_seed0.json").write_text(json.dumps(record))
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Wall time of the branched rows", 1)
+    # 7 epochs in 70 s (10 s an epoch) against 4 + 4 + 6 = 14 epochs straight through: 140 s
+    assert lines[2] == "| 0 | 7 | 1.2 | 14 | 2.3 | 2.00x |"

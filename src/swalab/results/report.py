@@ -12,7 +12,9 @@ the CSVs), ``plots``, ``diagnostics`` (section 3.5), ``wandb_report`` (the W&B R
 Writes to ``--out`` (default ``report/``):
 
     table.md          accuracy, NLL and ECE tables (mean ± std over seeds, n), paired differences
-                      against SGD per seed, the runs not in the table (failed, unfinished, duplicates)
+                      against SGD per seed, section 3.5 (SWA against the FGE ensemble), the wall time of
+                      branched rows against naive runs (their records in rows/), the runs not in the
+                      table (failed, unfinished, duplicates)
     table.csv         one line per (row, column, metric): mean, std, n, the values and their seeds
     runs.csv          one line per run: where it is, its state, every predictor's accuracy
     test_error.png    test error against epoch per column (the live model; SWA's average dashed)
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
+from swalab.results.row import row_cost, row_records
 from swalab.results.runs import Run, run_dirs
 from swalab.results.table import Table, build_table
 from swalab.results.write import load_paper_tables, to_markdown, write_csv, write_runs_csv
@@ -65,13 +68,14 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     if missing:
         raise FileNotFoundError(f"no such directory: {', '.join(missing)}")
     runs = [Run(p) for p in run_dirs(roots)]
+    costs = [c for c in map(row_cost, row_records(roots)) if c is not None]
     finished = [r for r in runs if r.finished]
     table = build_table(runs)
     notes = problems_of(runs, table)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     if finished:
-        (out / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None)
+        (out / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs)
                                       + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
                                          if notes else ""))
         write_csv(table, out / "table.csv")

@@ -213,6 +213,41 @@ def row_metrics(manifest: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def row_records(roots) -> list[dict]:
+    """The records ``python -m swalab.results.row`` wrote (``<output dir>/rows/*.json``) below ``roots``."""
+    found = []
+    for root in map(Path, roots):
+        for path in sorted(root.rglob("rows/*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and "costs" in record and "columns" in record:
+                found.append(record)
+    return found
+
+
+def row_cost(record: dict) -> dict | None:
+    """What one branched row cost against the naive runs it replaces, from its record.
+
+    ``seconds`` and ``epochs`` are what the row's jobs trained (a job skipped as already finished counts
+    nothing, so a row finished over several launches still adds up); the naive estimate trains every column
+    straight through (its epochs from the column's predictor in ``metrics.json``) at the row's mean seconds
+    per epoch. None when a column's run is missing or the row trained nothing.
+    """
+    costs = [c for c in record["costs"] if not c.get("skipped")]
+    seconds = sum(c["seconds"] for c in costs)
+    epochs = sum(c["epochs_trained"] for c in costs)
+    try:
+        naive = sum(int(m["epoch"]) for m in row_metrics(record["columns"]).values())
+    except (OSError, ValueError, KeyError):
+        return None
+    if not epochs:
+        return None
+    return {"seed": record["seed"], "seconds": seconds, "epochs": epochs, "naive_epochs": naive,
+            "naive_seconds": seconds / epochs * naive, "naive": bool(record.get("naive"))}
+
+
 def format_row(metrics: dict[str, dict]) -> str:
     """The row as a small table: one line per column, in the paper's order, with accuracy, NLL and ECE."""
     lines = [f"{'column':<10} {'epochs':>6} {'acc %':>7} {'nll':>7} {'ece':>7}"]

@@ -47,7 +47,25 @@ def _markdown_table(header: list[str], lines: list[list[str]]) -> list[str]:
             *("| " + " | ".join(line) + " |" for line in lines)]
 
 
-def to_markdown(table: Table, paper: dict | None = None) -> str:
+def wall_time_markdown(costs: Sequence[dict]) -> list[str]:
+    """The wall time of branched rows (``python -m swalab.results.row``) against the naive runs' estimate."""
+    rows = [c for c in costs if not c["naive"]]
+    if not rows:
+        return []
+    lines = [[str(c["seed"]), f"{c['epochs']}", f"{c['seconds'] / 60:.1f}", f"{c['naive_epochs']}",
+              f"{c['naive_seconds'] / 60:.1f}", f"{c['naive_seconds'] / c['seconds']:.2f}x"] for c in rows]
+    total = [sum(c[k] for c in rows) for k in ("epochs", "seconds", "naive_epochs", "naive_seconds")]
+    lines.append(["all", f"{total[0]}", f"{total[1] / 60:.1f}", f"{total[2]}", f"{total[3] / 60:.1f}",
+                  f"{total[3] / total[1]:.2f}x"])
+    return ["## Wall time of the branched rows", "",
+            "Epochs the row's jobs trained and their wall time (evaluation, BN updates and start-up included), "
+            "against the naive estimate: every column trained straight through, at the row's own mean time "
+            "per epoch.", "",
+            *_markdown_table(["seed", "epochs trained", "minutes", "naive epochs", "naive minutes (estimate)",
+                              "saved"], lines), ""]
+
+
+def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = ()) -> str:
     columns = table.columns
     header = ["row", *(c.label for c in columns)]
     out: list[str] = []
@@ -70,6 +88,7 @@ def to_markdown(table: Table, paper: dict | None = None) -> str:
                 "Each seed's accuracy minus the SGD run of the same seed and row; mean ± sample std over the seeds "
                 "both hold.", "", *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
     out += section35_markdown(table)
+    out += wall_time_markdown(costs)
     out.append("Mean ± sample std over seeds; n = number of seeds (finished runs, each config and seed once). "
                "Columns: method, budget B, and the epochs trained.")
     if paper:

@@ -214,7 +214,8 @@ def build(node: DictConfig, key: str, **kwargs) -> Any:
         if not match:
             raise
         target = get_method(node._target_)
-        takes = [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
+        takes = [p for p in inspect.signature(target).parameters
+                 if p not in ("self", "args", "kwargs", *kwargs)]  # what the config may set, not what swalab passes
         raise ConfigError(f"{key}.{match.group(1)} is not a setting of {key} ({node._target_}); it takes: "
                           f"{', '.join(takes)}") from None
 

@@ -41,6 +41,10 @@ def main(cfg: DictConfig) -> float | None:
     overrides = list(hydra_cfg.overrides.task)
     job = int(hydra_cfg.job.num) if multirun else None
     run_dir = None
+    if any(o.lstrip("+").startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra):
+        print("[swalab] hydra.run.dir does not place a run: swalab names run directories from the config. "
+              "Use run.dir=<dir> to place this run, or paths.output_dir=<dir> for all of them", file=sys.stderr)
+        sys.exit(REFUSED_EXIT_CODE)
 
     def record(state: str, error: str | None = None) -> None:
         if multirun:

@@ -226,3 +226,9 @@ def test_a_grid_with_a_failed_job_prints_a_summary_and_exits_non_zero(tmp_path):
     [grid] = (tmp_path / "out" / "grids").iterdir()
     assert (grid / "summary.txt").read_text().splitlines() == summary
     assert sorted(p.name for p in (grid / "jobs").iterdir()) == ["0000.json", "0001.json"]
+
+
+def test_hydra_run_dir_is_refused_naming_run_dir(tmp_path):
+    done = cli(*QUIET, f"hydra.run.dir={tmp_path / 'mine'}", f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert done.returncode == 2 and "Use run.dir=<dir> to place this run" in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing trained (Hydra itself made the empty folder it was given)

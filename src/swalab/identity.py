@@ -225,8 +225,13 @@ def run_name(names: Mapping[str, str], seed: Any, overrides: Sequence[str] | Non
     head = [str(choices[g]) for g in ("experiment", "sweep") if choices.get(g) not in (None, "", "null")]
     items, exact = name_items(overrides, choices, default_choices)
     rest = "+".join(items) or "default"
-    if not exact or len(rest) > MAX_REST:
-        rest = f"{rest[:MAX_REST - 20].rstrip('+')}+id-{group[:8]}"
+    if not exact or len(rest) > MAX_REST:  # keep the whole items that fit, then the group hash
+        kept = []
+        for item in items:
+            if len("+".join([*kept, item])) > MAX_REST - 12:
+                break
+            kept.append(item)
+        rest = "+".join([*(kept if items else ["default"]), f"id-{group[:8]}"])
     parts = [*head, names["dataset"], names["model"], names["method"]]
     path = "/".join(_safe(p)[0] for p in parts)
     return f"{path}/{rest}/seed{_safe(str(seed))[0]}"

@@ -55,6 +55,7 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
         state = state["model"]
     return state, {"parent": None, "checkpoint": str(path), "epoch": None}
 
+
 def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
     """Load weights strictly, naming the missing and unexpected keys when they do not fit."""
     try:
@@ -65,11 +66,13 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
         raise CheckpointError(f"weights from {source} do not fit {type(model).__name__}: "
                               f"missing keys {result.missing_keys[:8]}, unexpected keys {result.unexpected_keys[:8]}")
 
+
 def eval_batch_size(cfg: DictConfig, device: torch.device) -> int:
     """``trainer.eval_batch_size``, or by device: large batches fill a GPU, but on a CPU a PreResNet-20 scores
     10,000 images in 4.1 s at batch 128 and 10.4 s at batch 1000 (cache misses; bench/README.md)."""
     size = cfg.trainer.get("eval_batch_size")
     return int(size) if size is not None else (1000 if device.type == "cuda" else 128)
+
 
 def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     """Training, test and BN-update loaders that decode from disk in worker processes (``dataset.loader=stream``).
@@ -100,6 +103,7 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
                       seed=int(cfg.seed) + 1, persistent_workers=False, **common)
     return train, test, bn
 
+
 def build_model(cfg: DictConfig, data=None) -> torch.nn.Module:
     """The network of ``model.arch``. Its constructor's ``num_classes`` and ``in_channels`` arguments, when it
     has them, get the data's class count and channels (a folder's are found in its files; without ``data``,
@@ -110,6 +114,7 @@ def build_model(cfg: DictConfig, data=None) -> torch.nn.Module:
              "in_channels": getattr(data, "channels", None) or cfg.dataset.get("channels")}
     takes = inspect.signature(get_method(cfg.model.arch._target_)).parameters
     return build(cfg.model.arch, "model.arch", **{k: int(v) for k, v in found.items() if k in takes and v})
+
 
 def build_loaders(cfg: DictConfig, data, device: torch.device):
     """Training, test and BN-update loaders on ``device``; the split stays resident there."""
@@ -139,6 +144,7 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
                         drop_last=False, seed=int(cfg.seed) + 1, **common)
     return train, test, bn
 
+
 def build_method(cfg: DictConfig, epochs: int):
     """The base schedule and the method, from their config groups (each checks its own arguments)."""
     kwargs = {}
@@ -146,6 +152,7 @@ def build_method(cfg: DictConfig, epochs: int):
         kwargs["horizon"] = max(epochs, 1)
     schedule = build(cfg.schedule, "schedule", **kwargs)
     return build(cfg.method, "method", schedule=schedule, epochs=epochs)
+
 
 def trainer_options(cfg: DictConfig, epochs: int) -> TrainerOptions:
     """The loop's options: every ``TrainerOptions`` field from ``trainer.*`` or ``run.*`` of the same name."""

@@ -41,6 +41,7 @@ class Built:
     resume_state: dict | None
     branched: bool
 
+
 def build_run(plan: RunPlan) -> Built:
     """Load the data, build the model, loaders, resume or branch state and the trainer (no file written)."""
     cfg, run_dir, method = plan.cfg, plan.run_dir, plan.method
@@ -71,6 +72,7 @@ def build_run(plan: RunPlan) -> Built:
                       identity=plan.identity)
     return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched)
 
+
 def execute(plan: RunPlan) -> dict:
     """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics."""
     if plan.finished is not None:
@@ -82,7 +84,7 @@ def execute(plan: RunPlan) -> dict:
         lock.acquire()
     try:
         try:
-            if lock is not None:  # another process may have finished this run while we waited for nothing
+            if lock is not None:  # another process may have finished this run since it was inspected
                 plan.finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
                 if plan.finished is not None:
                     log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
@@ -98,6 +100,7 @@ def execute(plan: RunPlan) -> dict:
         if lock is not None:
             lock.release()
 
+
 def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
     if not distributed.is_main():
         return
@@ -110,6 +113,7 @@ def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
     if lineage is not None:
         write_json(run_dir / "lineage.json", lineage)
     write_json(run_dir / "status.json", {"status": "running"})
+
 
 def wandb_run(plan: RunPlan) -> dict | None:
     """Who this run is on W&B (``swalab.tracking``): the W&B run id kept in ``wandb_run.json`` (a new
@@ -130,6 +134,7 @@ def wandb_run(plan: RunPlan) -> dict | None:
     labels["tags"] = list(dict.fromkeys([*map(str, cfg.logger.get("tags") or []), *labels["tags"]]))
     return plan_record(plan.run_dir, labels, str(cfg.logger.project), cfg.logger.get("entity"))
 
+
 def make_tracker(plan: RunPlan, built: Built):
     """The logger of ``plan`` (``logger=``): the resolved config with the identity's hashes, and for W&B
     the run of :func:`wandb_run`, continued past the epochs it already holds when this run resumes."""
@@ -147,6 +152,7 @@ def make_tracker(plan: RunPlan, built: Built):
                   "job_type": labels["job_type"], "tags": labels["tags"],
                   "logged_through": int(built.resume_state["epoch"]) if resumed else 0}
     return instantiate(plan.cfg.logger, _partial_=True)(run_dir=str(plan.run_dir), run_config=config, **kwargs)
+
 
 def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method

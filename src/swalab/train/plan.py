@@ -39,6 +39,7 @@ class RunPlan:
     finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
     started: bool = False                 # set once training starts: an error before it is a refusal
 
+
 def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes."""
     if cfg.run.get("dir"):
@@ -46,6 +47,7 @@ def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, cho
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
     name = run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
     return Path(str(cfg.paths.output_dir)) / name
+
 
 def validate(cfg: DictConfig):
     """Every check of ``cfg`` that needs no data and writes nothing; returns the (checked) method.
@@ -59,6 +61,7 @@ def validate(cfg: DictConfig):
     method.validate(initialized=bool(cfg.run.get("init_from") or cfg.run.get("branch_from")
                                      or cfg.model.get("pretrained")))
     return method
+
 
 def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
     """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
@@ -81,6 +84,7 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
     if resume is True and not has_checkpoints:
         raise FileNotFoundError(f"run.resume=true but {run_dir / 'checkpoints'} holds no checkpoint to resume")
     return None
+
 
 def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequence[str] | None = None,
             choices: dict | None = None, grid: str | Path | None = None) -> RunPlan:

@@ -29,6 +29,7 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
+
 def git_info() -> dict:
     root = Path(__file__).resolve().parents[3]  # the repository (src/swalab/train/records.py)
     try:
@@ -40,6 +41,7 @@ def git_info() -> dict:
         commit, dirty = "", False
     return {"commit": commit or None, "dirty": dirty}
 
+
 def write_json(path: Path, obj) -> None:
     if not distributed.is_main():  # data-parallel runs: rank 0 writes the run directory
         return
@@ -47,16 +49,19 @@ def write_json(path: Path, obj) -> None:
     tmp.write_text(json.dumps(obj, indent=2, default=float) + "\n")
     tmp.replace(path)
 
+
 def message(exc: BaseException) -> str:
     """What an error says, without Python's ``[Errno N]`` prefix on the OS errors swalab words itself."""
     if isinstance(exc, OSError) and exc.strerror and exc.filename is None:
         return str(exc.strerror).strip()
     return str(exc).strip()
 
+
 def one_line(exc: BaseException) -> str:
     """``<type>: <first line of its message>``: what status.json and a grid's summary record."""
     text = message(exc).splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
 
 def write_status(run_dir: Path, status: dict) -> None:
     """``status.json``, best effort: when the disk is full even this small file may not fit, and the
@@ -65,6 +70,7 @@ def write_status(run_dir: Path, status: dict) -> None:
         write_json(run_dir / "status.json", status)
     except OSError as exc:
         log.warning(f"[swalab] could not record status {status.get('status')!r} in {run_dir} ({exc})")
+
 
 def save_predictions(evaluation, path: Path) -> None:
     """Each predictor's test probabilities (float16) and the labels, for analyses that need no weights

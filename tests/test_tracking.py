@@ -134,7 +134,6 @@ def test_a_run_that_fails_while_training_finishes_its_wandb_run_with_exit_code_1
     assert len(runs) == 1 and runs[0].finished == [1]  # a grid's next job starts a fresh W&B run
 
 
-
 # -- what a W&B user reads --------------------------------------------------------------------------
 
 GRID = "2026-11-23_15-00-00"

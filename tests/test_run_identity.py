@@ -213,6 +213,23 @@ def test_the_same_command_started_twice_trains_once(tmp_path):
     assert len(list((tmp_path / "out").rglob("metrics.json"))) == 1
 
 
+
+def test_an_override_a_method_never_reads_reuses_that_methods_finished_run(tmp_path):
+    """A second grid with an SWA-only override (``model.swa.lr``) names its SGD job differently, but it is
+    the SGD run of the first grid: it is skipped, not trained again; the SWA job is a new run."""
+    out = tmp_path / "out"
+    first = cli(*TINY, "method=sgd", f"paths.output_dir={out}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    sgd_run = out / "digits/preresnet20/sgd" / plan_of(out, *TINY, "method=sgd").run_dir.parent.name / "seed0"
+    assert (sgd_run / "metrics.json").exists()
+
+    again = cli(*TINY, "method=sgd", "model.swa.lr=0.05", f"paths.output_dir={out}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"is the run already in {sgd_run}" in again.stdout and "skipping" in again.stdout.lower()
+    assert len(list((out / "digits/preresnet20/sgd").rglob("metrics.json"))) == 1
+    swa = plan_of(out, *TINY, "method=swa", "model.swa.lr=0.05")
+    assert "model.swa.lr-0.05" in swa.run_dir.as_posix() and swa.finished is None
+
 # -- grids -----------------------------------------------------------------------------------------------
 
 def test_a_grid_with_a_failed_job_prints_a_summary_and_exits_non_zero(tmp_path):

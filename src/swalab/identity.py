@@ -30,6 +30,8 @@ command-line override of a key that can change results (``trainer.epochs-6``), j
 digits and ``_ - . +``), so a run directory can be passed as ``run.init_from=<dir>`` as it is. When
 an override's value needs other characters, or the name grows long, the group hash is appended
 (``+id-<hash>``) so that two configs never share a name.
+A name follows the command line, so one config can get two names (an override the method never
+reads); ``swalab.train.plan.same_run_elsewhere`` then finds the run already made under the other.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError, check_config, check_overrides, default_choices
 from swalab.identity import differences, group_hash, identity_of, name_items, run_name, stored_identity
+from swalab.logs import get_logger
 from swalab.train.build import build_method
 from swalab.trainer import select_device
 
@@ -46,7 +47,30 @@ def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, cho
         return Path(str(cfg.run.dir))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
     name = run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
-    return Path(str(cfg.paths.output_dir)) / name
+    named = Path(str(cfg.paths.output_dir)) / name
+    return same_run_elsewhere(named, identity) or named
+
+
+def same_run_elsewhere(named: Path, identity: dict) -> Path | None:
+    """A run directory beside ``named`` (same dataset, model, method and seed) that already holds this
+    identity, when ``named`` does not; None otherwise.
+
+    Names follow the command line, identities follow what the run consumes: ``model.swa.lr=0.05`` in a
+    grid over methods names the SGD job ``.../sgd/model.swa.lr-0.05/seed0`` though SGD never reads it.
+    That job is the SGD run the previous grid made, so it continues or skips that run instead of
+    training a copy (one config, one run).
+    """
+    if stored_identity(named) == identity:
+        return None
+    method_dir, seed_dir = named.parent.parent, named.name
+    if not method_dir.is_dir():
+        return None
+    for candidate in sorted(method_dir.glob(f"*/{seed_dir}")):
+        if candidate != named and stored_identity(candidate) == identity:
+            get_logger().info(f"[swalab] {named.relative_to(method_dir)} is the run already in {candidate} "
+                              "(the same config: the overrides that differ do not reach this method); using it")
+            return candidate
+    return None
 
 
 def validate(cfg: DictConfig):

@@ -56,11 +56,11 @@ def run_mode(args, naive: bool) -> tuple[dict, float]:
 
 def job_table(record: dict) -> list[str]:
     lines = ["| job | branches at epoch | epochs trained | seconds |", "|---|---|---|---|"]
-    for c in record["costs"]:
+    for c in record["launch"]:
         lines.append(f"| {c['name']} | {c['branch_epoch'] if c['branch_epoch'] is not None else '-'} | "
                      f"{c['epochs_trained']} | {c['seconds']:.0f} |")
-    total_e = sum(c["epochs_trained"] for c in record["costs"])
-    total_s = sum(c["seconds"] for c in record["costs"])
+    total_e = sum(c["epochs_trained"] for c in record["launch"])
+    total_s = sum(c["seconds"] for c in record["launch"])
     lines.append(f"| **total** | | **{total_e}** | **{total_s:.0f}** |")
     return lines
 
@@ -80,7 +80,8 @@ def main() -> None:
                               args.test_per_class)
     branched, branched_wall = run_mode(args, naive=False)
     naive, naive_wall = run_mode(args, naive=True)
-    rows = {"branched": row_metrics(branched["columns"]), "naive": row_metrics(naive["columns"])}
+    rows = {mode: row_metrics(record["columns"], Path(record["root"]))
+            for mode, record in (("branched", branched), ("naive", naive))}
     same = all(rows["branched"][c][k] == m[k] for c, m in rows["naive"].items()
                for k in m.keys() & rows["branched"][c].keys() if isinstance(m[k], (int, float)))
     lines = [

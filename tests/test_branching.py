@@ -9,6 +9,10 @@ selection trains only the shared SGD trunk.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,8 @@ import swalab  # noqa: F401  (registers resolvers)
 from swalab.branching import BranchError, check_branch, load_branch_state, read_lineage
 from swalab.identity import identity_of
 from swalab.methods import FGE, SGD, SWA
-from swalab.results.row import plan_row
+from swalab.results.report import report
+from swalab.results.row import plan_row, row_cost, row_records
 from swalab.schedules import PaperSGD
 from swalab.train import train
 
@@ -176,3 +181,24 @@ def test_a_row_plans_one_trunk_and_two_branches():
             "schedule.horizon=8"} <= set(swa.overrides)
     assert swa.columns == {"SWA 1B": "swa@1", "SWA 1.25B": "swa@1.25", "SWA 1.5B": "swa"}
     assert sgd.run_dir.parts[-3:] == ("sgd", "model.budget_epochs-8+model.swa.start_epoch-6", "seed0")  # save_at not in the name
+
+
+def test_a_rows_record_moves_with_its_output_directory_and_its_wall_time_comes_from_the_runs(tmp_path):
+    """``python -m swalab.results.row`` as a user runs it; the output directory is then moved (as into docs/) and
+    reported there: the same columns, and the wall time counts each run's own epochs once, however launched."""
+    tiny = [o for o in TINY if not o.startswith(("dataset=", "model=", "seed="))]
+    done = subprocess.run([sys.executable, "-m", "swalab.results.row", "--dataset", "digits", "--model", "preresnet20",
+                           "--seeds", "0", "--no-fge", *tiny, f"paths.output_dir={tmp_path / 'out'}"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    [record] = row_records([tmp_path / "out"])
+    assert all(not Path(job["run_dir"]).is_absolute() for job in record["jobs"])
+    shutil.move(tmp_path / "out", tmp_path / "moved")
+    [record] = row_records([tmp_path / "moved"])
+    cost = row_cost(record)
+    swa = next(job for job in record["jobs"] if job["name"] == "swa")
+    assert swa["branch_epoch"] == 2 and cost["epochs"] == B + (round(1.5 * B) - 2)  # trunk 4, SWA's own 4
+    assert cost["naive_epochs"] == B + B + round(1.25 * B) + round(1.5 * B)  # SGD, SWA 1 / 1.25 / 1.5 B
+    report([tmp_path / "moved"], tmp_path / "rep")
+    table = (tmp_path / "rep" / "table.md").read_text()
+    assert "## Wall time of the branched rows" in table and f"| 0 | {cost['epochs']} |" in table

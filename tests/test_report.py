@@ -230,18 +230,29 @@ def test_without_wandb_workspaces_the_report_works_and_wandb_says_what_to_instal
     assert "pip install 'wandb-workspaces>=0.4'" in capsys.readouterr().err
 
 
+def epochs(first, last, seconds):
+    return [{"epoch": e, "test_acc": 50.0, "seconds": seconds} for e in range(first, last + 1)]
+
+
 def test_the_wall_time_of_branched_rows_is_set_against_the_naive_runs(tmp_path):
+    """The times come from the runs' histories: the SWA branch (from SGD epoch 2) counts only its own
+    epochs 3-6, and a row finished over two launches (this record says the last launch skipped both
+    jobs) still counts every epoch its runs trained."""
     root = tmp_path / "g"
-    sgd = make_run(root, "sgd", 0, {"sgd": m(90.0, epoch=4)})
-    swa = make_run(root, "swa", 0, {"swa": m(92.0, epoch=6), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5)
+    make_run(root, "sgd", 0, {"sgd": m(90.0, epoch=4)}, history=epochs(1, 4, 10.0))
+    make_run(root, "swa", 0, {"swa": m(92.0, epoch=6), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5,
+             history=epochs(1, 2, 10.0) + epochs(3, 6, 7.5))
+    sgd, swa = "cifar10/preresnet20/sgd/default/seed0", "cifar10/preresnet20/swa/default/seed0"
     record = {"seed": 0, "naive": False,
-              "columns": {"SGD": {"run": str(sgd), "predictor": "sgd"}, "SWA 1B": {"run": str(swa), "predictor": "swa@1"},
-                          "SWA 1.5B": {"run": str(swa), "predictor": "swa"}},
-              "costs": [{"name": "sgd", "seconds": 40.0, "epochs_trained": 4, "skipped": False},
-                        {"name": "swa", "seconds": 30.0, "epochs_trained": 3, "skipped": False}]}
+              "jobs": [{"name": "sgd", "run_dir": sgd, "branch_epoch": None},
+                       {"name": "swa", "run_dir": swa, "branch_epoch": 2}],
+              "columns": {"SGD": {"run": sgd, "predictor": "sgd"}, "SWA 1B": {"run": swa, "predictor": "swa@1"},
+                          "SWA 1.5B": {"run": swa, "predictor": "swa"}},
+              "launch": [{"name": "sgd", "skipped": True, "seconds": 0.0, "epochs_trained": 0},
+                         {"name": "swa", "skipped": True, "seconds": 0.0, "epochs_trained": 0}]}
     (root / "rows").mkdir()
     (root / "rows" / "cifar10_preresnet20_seed0.json").write_text(json.dumps(record))
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out", "Wall time of the branched rows", 1)
-    # 7 epochs in 70 s (10 s an epoch) against 4 + 4 + 6 = 14 epochs straight through: 140 s
-    assert lines[2] == "| 0 | 7 | 1.2 | 14 | 2.3 | 2.00x |"
+    # 8 epochs in 4 x 10 + 4 x 7.5 = 70 s (8.75 s an epoch) against 4 + 4 + 6 = 14 epochs: 122.5 s
+    assert lines[2] == "| 0 | 8 | 1.2 | 14 | 2.0 | 1.75x |"

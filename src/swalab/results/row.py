@@ -17,7 +17,9 @@ job whose run directory already holds ``metrics.json`` is skipped, so an interru
 re-launched with the same command. The run directories are the ones ``run.py`` would pick
 (``run.save_at`` and ``run.branch_from`` stay out of their names), and
 ``<paths.output_dir>/rows/<dataset>_<model>_seed<N>.json`` maps each Table 1 column to the run
-and predictor that hold it (the report reads the runs' ``metrics.json`` and ``lineage.json``).
+(relative to the output directory, so the record moves with it) and predictor that hold it, and keeps
+what its last launch trained and how long that took (``launch``). The report reads the runs'
+``metrics.json`` and, for the row's wall time, their ``history.jsonl`` (``row_cost``).
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def epochs_in(run_dir: Path) -> int:
 
 
 def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
-    """Run the jobs in order (skipping finished ones); return what each cost: seconds and epochs trained."""
+    """Run the jobs in order (skipping finished ones); return what each cost in this launch: seconds and epochs."""
     done = []
     for job in jobs:
         record = {"name": job.name, "run_dir": str(job.run_dir), "branch_epoch": job.branch_epoch}
@@ -197,18 +199,34 @@ def column_order(column: str) -> tuple:
     return {"SGD": 0, "FGE": 1, "SWA": 2, "EMA": 3}.get(method, 9), float(budget.rstrip("B") or 1)
 
 
-def manifest_of(jobs: list[Job]) -> dict[str, dict]:
-    """Table 1 column -> the run directory and predictor holding it, in the paper's column order."""
-    pairs = [(column, {"run": str(job.run_dir), "predictor": predictor})
+def relative_to(run_dir: Path, output_dir: Path) -> str:
+    """``run_dir`` relative to the output directory holding the record, so that the record moves with it."""
+    try:
+        return Path(run_dir).resolve().relative_to(Path(output_dir).resolve()).as_posix()
+    except ValueError:
+        return str(run_dir)
+
+
+def manifest_of(jobs: list[Job], output_dir: Path) -> dict[str, dict]:
+    """Table 1 column -> the run directory (relative to ``output_dir``) and predictor holding it, in the
+    paper's column order."""
+    pairs = [(column, {"run": relative_to(job.run_dir, output_dir), "predictor": predictor})
              for job in jobs for column, predictor in job.columns.items()]
     return dict(sorted(pairs, key=lambda pair: column_order(pair[0])))
 
 
-def row_metrics(manifest: dict[str, dict]) -> dict[str, dict]:
+def run_path(root: Path | None, where: str) -> Path:
+    """A run directory named in a row record: relative to the record's output directory (``root``), or absolute
+    (records written before runs were stored relative)."""
+    path = Path(where)
+    return path if path.is_absolute() or root is None else root / path
+
+
+def row_metrics(manifest: dict[str, dict], root: Path | None = None) -> dict[str, dict]:
     """Table 1 column -> that predictor's metrics (acc, nll, ece, ...) read from its run's metrics.json."""
     out = {}
     for column, where in manifest.items():
-        metrics = json.loads((Path(where["run"]) / "metrics.json").read_text())
+        metrics = json.loads((run_path(root, where["run"]) / "metrics.json").read_text())
         out[column] = metrics[where["predictor"]]
     return out
 
@@ -222,27 +240,41 @@ def row_records(roots) -> list[dict]:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if isinstance(record, dict) and "costs" in record and "columns" in record:
-                found.append(record)
+            if isinstance(record, dict) and "jobs" in record and "columns" in record:
+                found.append({**record, "root": str(path.parent.parent)})
     return found
 
 
-def row_cost(record: dict) -> dict | None:
-    """What one branched row cost against the naive runs it replaces, from its record.
+def trained_epochs(run_dir: Path, after: int) -> list[dict]:
+    """The history rows of the epochs ``run_dir`` trained itself: those after its branch point ``after``."""
+    path = run_dir / "history.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if int(r["epoch"]) > after]
 
-    ``seconds`` and ``epochs`` are what the row's jobs trained (a job skipped as already finished counts
-    nothing, so a row finished over several launches still adds up); the naive estimate trains every column
+
+def row_cost(record: dict) -> dict | None:
+    """What one branched row cost against the naive runs it replaces, from the runs themselves.
+
+    ``epochs`` and ``seconds`` add up, over the row's jobs, the epochs each run trained itself (after its
+    branch point) and their times in its ``history.jsonl`` (training, the method's epoch hooks, the test
+    pass; start-up and the final scoring are not counted). The runs' own records make the figure the same
+    however many launches the row took and whichever were killed. The naive estimate trains every column
     straight through (its epochs from the column's predictor in ``metrics.json``) at the row's mean seconds
     per epoch. None when a column's run is missing or the row trained nothing.
     """
-    costs = [c for c in record["costs"] if not c.get("skipped")]
-    seconds = sum(c["seconds"] for c in costs)
-    epochs = sum(c["epochs_trained"] for c in costs)
+    root = Path(record["root"]) if record.get("root") else None
+    epochs, seconds = 0, 0.0
+    for job in record["jobs"]:
+        rows = trained_epochs(run_path(root, job["run_dir"]), int(job.get("branch_epoch") or 0))
+        epochs += len(rows)
+        seconds += sum(float(r.get("seconds", 0.0)) for r in rows)
     try:
-        naive = sum(int(m["epoch"]) for m in row_metrics(record["columns"]).values())
+        naive = sum(int(m["epoch"]) for m in row_metrics(record["columns"], root).values())
     except (OSError, ValueError, KeyError):
         return None
-    if not epochs:
+    if not epochs or not seconds:
         return None
     return {"seed": record["seed"], "seconds": seconds, "epochs": epochs, "naive_epochs": naive,
             "naive_seconds": seconds / epochs * naive, "naive": bool(record.get("naive"))}
@@ -290,15 +322,15 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
         if args.dry_run:
             continue
         output_dir = Path(str(compose_run([f"dataset={args.dataset}", f"model={args.model}", *extra]).paths.output_dir))
-        manifest = manifest_of(jobs)
+        manifest = manifest_of(jobs, output_dir)
         record = {"dataset": args.dataset, "model": args.model, "seed": seed, "naive": args.naive,
-                  "jobs": [{**asdict(j), "run_dir": str(j.run_dir)} for j in jobs], "costs": costs,
-                  "columns": manifest}
+                  "jobs": [{**asdict(j), "run_dir": relative_to(j.run_dir, output_dir)} for j in jobs],
+                  "launch": costs, "columns": manifest}
         path = output_dir / "rows" / f"{args.dataset}_{args.model}_seed{seed}{'_naive' if args.naive else ''}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"[row] seed {seed}: {path}\n" + format_row(row_metrics(manifest)))
-        result[seed] = record
+        print(f"[row] seed {seed}: {path}\n" + format_row(row_metrics(manifest, output_dir)))
+        result[seed] = {**record, "root": str(output_dir)}
     return result
 
 

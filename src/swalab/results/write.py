@@ -47,6 +47,17 @@ def _markdown_table(header: list[str], lines: list[list[str]]) -> list[str]:
             *("| " + " | ".join(line) + " |" for line in lines)]
 
 
+def shown(path: str | None) -> str | None:
+    """A path as a report shows it: relative to the working directory when below it (a report committed
+    from a project names no path of the machine it was made on), else as stored."""
+    if not path or not Path(path).is_absolute():
+        return path
+    try:
+        return Path(path).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return path
+
+
 def wall_time_markdown(costs: Sequence[dict]) -> list[str]:
     """The wall time of branched rows (``python -m swalab.results.row``) against the naive runs' estimate."""
     rows = [c for c in costs if not c["naive"]]
@@ -58,7 +69,8 @@ def wall_time_markdown(costs: Sequence[dict]) -> list[str]:
     lines.append(["all", f"{total[0]}", f"{total[1] / 60:.1f}", f"{total[2]}", f"{total[3] / 60:.1f}",
                   f"{total[3] / total[1]:.2f}x"])
     return ["## Wall time of the branched rows", "",
-            "Epochs the row's jobs trained and their wall time (evaluation, BN updates and start-up included), "
+            "Epochs the row's runs trained themselves (a branch: after its branch point) and their seconds in the "
+            "runs' histories (training, epoch-end hooks, test passes; start-up and final scoring not counted), "
             "against the naive estimate: every column trained straight through, at the row's own mean time "
             "per epoch.", "",
             *_markdown_table(["seed", "epochs trained", "minutes", "naive epochs", "naive minutes (estimate)",
@@ -93,7 +105,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                "Columns: method, budget B, and the epochs trained.")
     if paper:
         out.append(f"Paper rows: {paper.get('source', 'Izmailov et al. 2018')}.")
-    lineage = [f"- {row.name}, {c.label}, seed {e.run.seed}: branched from {e.run.lineage.get('parent')} at epoch "
+    lineage = [f"- {row.name}, {c.label}, seed {e.run.seed}: branched from {shown(e.run.lineage.get('parent'))} at epoch "
                f"{e.run.lineage.get('epoch')}" for row in table.rows for c, cell in row.cells.items()
                for e in cell.entries if e.run.lineage]
     if lineage:

@@ -69,7 +69,7 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
 
 def eval_batch_size(cfg: DictConfig, device: torch.device) -> int:
     """``trainer.eval_batch_size``, or by device: large batches fill a GPU, but on a CPU a PreResNet-20 scores
-    10,000 images in 4.1 s at batch 128 and 10.4 s at batch 1000 (cache misses; bench/README.md)."""
+    10,000 images in 5.7 s at batch 128 and 10.2 s at batch 1000 (cache misses; bench/eval_batch.py)."""
     size = cfg.trainer.get("eval_batch_size")
     return int(size) if size is not None else (1000 if device.type == "cuda" else 128)
 

@@ -77,11 +77,23 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def portable(value):
+    """``value`` with every path beside the repository written relative to its root (``../shared/data/...``):
+    committed results name no absolute path of the machine they were measured on."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    if isinstance(value, str):
+        return value.replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
+    return value
+
+
 def write_result(name: str, device: torch.device, payload: dict, out: str | None = None) -> Path:
     """Print ``payload`` as JSON and write it to ``bench/results/<name>_<device type>.json`` (or ``out``)."""
     path = Path(out) if out else RESULTS / f"{name}_{device.type}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(payload, indent=2, default=float)
+    text = json.dumps(portable(payload), indent=2, default=float)
     path.write_text(text + "\n")
     print(text)
     return path

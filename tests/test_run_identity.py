@@ -21,7 +21,7 @@ from conftest import CONF_DIR, REPO
 from swalab.config import ConfigError, default_choices
 from swalab.identity import group_hash, identity_of, run_name
 from swalab.runlock import RunLock, RunLocked
-from swalab.train import prepare, train
+from swalab.train import one_line, prepare, train
 
 QUIET = ["logger=none", "trainer.progress=false"]
 TINY = [*QUIET, "dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=2", "model.arch.depth=8",
@@ -230,7 +230,17 @@ def test_an_override_a_method_never_reads_reuses_that_methods_finished_run(tmp_p
     swa = plan_of(out, *TINY, "method=swa", "model.swa.lr=0.05")
     assert "model.swa.lr-0.05" in swa.run_dir.as_posix() and swa.finished is None
 
+
 # -- grids -----------------------------------------------------------------------------------------------
+
+def test_a_refusal_that_lists_problems_keeps_them_on_its_one_line():
+    """What a grid's summary and status.json record: the keys to fix, not just "invalid config"."""
+    exc = ConfigError("invalid config:\n  - seed='abc' must be an integer\n  - trainer.epochs=2.5 must be an integer")
+    assert one_line(exc) == ("ConfigError: invalid config: seed='abc' must be an integer; "
+                             "trainer.epochs=2.5 must be an integer")
+    assert one_line(FileNotFoundError("no data under dataset.root\nExpected one of these layouts:")) == \
+        "FileNotFoundError: no data under dataset.root"
+
 
 def test_a_grid_with_a_failed_job_prints_a_summary_and_exits_non_zero(tmp_path):
     done = cli("-m", *TINY, "method=sgd", "run.init_from=null,/nonexistent/weights.pt",

@@ -58,9 +58,14 @@ def message(exc: BaseException) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """``<type>: <first line of its message>``: what status.json and a grid's summary record."""
-    text = message(exc).splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    """``<type>: <first line of its message>``: what status.json and a grid's summary record. A first line
+    that introduces a list (``invalid config:`` then ``  - seed='abc' must be an integer``) keeps the list's
+    items, joined by ``;``, so the line still names the key to fix."""
+    text = [line.strip() for line in message(exc).splitlines() if line.strip()]
+    first = text[0] if text else ""
+    if first.endswith(":") and len(text) > 1:
+        first += " " + "; ".join(line.removeprefix("- ") for line in text[1:] if line.startswith("- "))
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
 def write_status(run_dir: Path, status: dict) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from swalab.grid import read_jobs
 
 TINY = ["logger=none", "trainer.progress=false", "dataset=digits", "dataset.train_size=128",
         "trainer.batch_size=64", "trainer.epochs=1", "trainer.eval_every=0", "trainer.eval_batch_size=512"]
@@ -28,32 +30,33 @@ def multirun(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
 def test_grid_jobs_get_their_own_directories_and_a_relaunch_skips_them(tmp_path):
     first = multirun(tmp_path, "method=sgd", "seed=0,1")
     assert first.returncode == 0, first.stderr[-3000:]
-    runs = sorted(p.parent for p in (tmp_path / "grid").rglob("metrics.json"))
-    assert [r.relative_to(tmp_path / "grid").as_posix() for r in runs] == [
-        "digits/preresnet20/sgd/dataset.train_size=128,trainer.batch_size=64,trainer.epochs=1,"
-        "trainer.eval_every=0/seed0",
-        "digits/preresnet20/sgd/dataset.train_size=128,trainer.batch_size=64,trainer.epochs=1,"
-        "trainer.eval_every=0/seed1"]
+    runs = sorted(p.parent for p in (tmp_path / "outputs").rglob("metrics.json"))
+    assert [r.relative_to(tmp_path / "outputs").as_posix() for r in runs] == [
+        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+trainer.eval_every-0/seed0",
+        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+trainer.eval_every-0/seed1"]
     for run in runs:
         assert json.loads((run / "status.json").read_text())["status"] == "complete"
         assert (run / "config.yaml").exists() and (run / "history.jsonl").exists()
         assert "sgd" in json.loads((run / "reliability.json").read_text())
+    assert [job["state"] for job in read_jobs(tmp_path / "grid")] == ["complete", "complete"]
     mtimes = {r: (r / "metrics.json").stat().st_mtime_ns for r in runs}
 
     second = multirun(tmp_path, "method=sgd", "seed=0,1")
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.stdout.count("already holds a finished run") == 2
     assert {r: (r / "metrics.json").stat().st_mtime_ns for r in runs} == mtimes
+    assert [job["state"] for job in read_jobs(tmp_path / "grid")] == ["skipped", "skipped"]
 
 
 @pytest.mark.slow
 def test_a_job_that_fails_at_run_time_is_recorded_and_the_grid_goes_on(tmp_path):
-    missing = tmp_path / "no_such_weights.pt"
-    result = multirun(tmp_path, "method=sgd", "seed=0", f"run.init_from=null,{missing}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "job failed, the grid goes on: FileNotFoundError" in result.stderr
-    statuses = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "grid").rglob("status.json")}
-    failed = [s for name, s in statuses.items() if "no_such_weights" in name]
-    done = [s for name, s in statuses.items() if "no_such_weights" not in name]
-    assert len(failed) == 1 and failed[0]["status"] == "failed" and "no_such_weights.pt" in failed[0]["error"]
-    assert len(done) == 1 and done[0]["status"] == "complete"
+    """A learning rate of 1e30 makes the loss non-finite in the first epoch: that job fails after it
+    started (its run directory records why), the other one trains, and the grid exits 1."""
+    result = multirun(tmp_path, "method=sgd", "seed=0", "model.lr=0.05,1e30")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "job failed, the grid goes on: NonFiniteLossError" in result.stderr
+    assert "grid summary: 1 of 2 jobs finished; 1 did not: failed" in result.stdout
+    jobs = read_jobs(tmp_path / "grid")
+    assert [job["state"] for job in jobs] == ["complete", "failed"]
+    failed = json.loads((Path(jobs[1]["run_dir"]) / "status.json").read_text())
+    assert failed["status"] == "failed" and "NaN/Inf" in failed["error"]

@@ -93,6 +93,20 @@ def test_paired_differences_against_sgd_are_per_seed(grid, tmp_path):
     assert "+1.00 ± 0.71 (+1.50, +0.50)" in row  # FGE − SGD: 91.5 − 90 and 92.5 − 92
 
 
+def test_each_column_is_paired_with_the_sgd_run_of_its_own_budget(tmp_path):
+    """Two grids of different lengths share a row: SWA 1.5B (6 ep) has B = 4 and is set against SGD 1B (4 ep),
+    SWA 1.5B (3 ep) has B = 2 and is set against SGD 1B (2 ep), whatever the order the runs are found in."""
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(80.0, epoch=2)}, name="short", extra={"trainer": {"epochs": 2}})
+    make_run(root, "swa", 0, {"swa": m(85.0, epoch=3)}, budget=1.5, name="short", extra={"trainer": {"epochs": 3}})
+    make_run(root, "sgd", 0, {"sgd": m(90.0, epoch=4)})
+    make_run(root, "swa", 0, {"swa": m(93.0, epoch=6)}, budget=1.5)
+    report([root], tmp_path / "out")
+    header, _, row = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", 1)
+    assert header == "| row | SWA 1.5B (3 ep) − SGD | SWA 1.5B (6 ep) − SGD |"
+    assert row == "| cifar10 / preresnet20 | +5.00 (+5.00) | +3.00 (+3.00) |"
+
+
 def test_the_last_iterate_of_a_swa_run_is_not_counted_as_the_sgd_baseline(grid, tmp_path):
     report([grid], tmp_path / "out")
     [sgd] = cell_values(tmp_path / "out", "SGD 1B (4 ep)")

@@ -213,17 +213,26 @@ def fmt_cell(values: Sequence[float], digits: int = 2) -> str:
         f"{mean:.{digits}f} (n=1)"
 
 
+def sgd_baseline(row: Row, column: Column) -> Column | None:
+    """The row's SGD column of the same budget B as ``column`` (B = its epochs / its budget): SWA 1.5B
+    (45 ep) is set against SGD 1B (30 ep), never against an SGD run of another length in the same row."""
+    b = column.epochs / column.budget if column.budget else None
+    candidates = [c for c in row.cells if c.method == "sgd" and c.budget == 1 and b is not None
+                  and abs(c.epochs - b) < 1]
+    return min(candidates, key=lambda c: abs(c.epochs - b)) if candidates else None
+
+
 def paired_differences(row: Row, metric: str = "acc") -> dict[Column, list[float]]:
-    """Per seed, each column minus the row's SGD column, over the seeds both hold."""
-    sgd = next((cell for column, cell in row.cells.items() if column.method == "sgd" and column.budget == 1), None)
-    if sgd is None:
-        return {}
-    base = sgd.by_seed(metric)
+    """Per seed, each column minus the row's SGD column of the same budget B (:func:`sgd_baseline`), over the
+    seeds both hold; a column without such an SGD column is left out."""
     out = {}
     for column, cell in row.cells.items():
         if column.method == "sgd" and column.budget == 1:
             continue
-        mine = cell.by_seed(metric)
+        baseline = sgd_baseline(row, column)
+        if baseline is None:
+            continue
+        base, mine = row.cells[baseline].by_seed(metric), cell.by_seed(metric)
         shared = [s for s in mine if s in base]
         if shared:
             out[column] = [mine[s] - base[s] for s in sorted(shared, key=str)]

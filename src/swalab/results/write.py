@@ -97,8 +97,8 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
         diff_columns = sorted({c for _, d in diffs for c in d}, key=lambda c: c.order)
         lines = [[row.name, *(_fmt_diff(d.get(c)) for c in diff_columns)] for row, d in diffs]
         out += ["## Paired differences against SGD (accuracy points, per seed)", "",
-                "Each seed's accuracy minus the SGD run of the same seed and row; mean ± sample std over the seeds "
-                "both hold.", "", *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
+                "Each seed's accuracy minus the SGD run of the same seed, row and budget B (SWA 1.5B (45 ep) − "
+                "SGD 1B (30 ep)); mean ± sample std over the seeds both hold.", "", *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
     out += section35_markdown(table)
     out += wall_time_markdown(costs)
     out.append("Mean ± sample std over seeds; n = number of seeds (finished runs, each config and seed once). "

@@ -8,7 +8,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import OmegaConf
 
 from conftest import CONF_DIR
-from swalab.config import budget_epochs
+from swalab.config import ConfigError, budget_epochs
 from swalab.tracking import NullTracker
 from swalab.train import build_method, validate
 
@@ -47,11 +47,21 @@ def test_every_dataset_config_composes(make_cfg, dataset):
 @pytest.mark.parametrize("method", options("method"))
 @pytest.mark.parametrize("schedule", options("schedule"))
 def test_every_method_and_schedule_instantiates(make_cfg, method, schedule):
-    cfg = make_cfg(f"method={method}", f"schedule={schedule}", "run.init_from=some/run")
+    base = ["method.pre_schedule=base"] if method in ("swa", "fge") else []  # the schedule group is the one used
+    cfg = make_cfg(f"method={method}", f"schedule={schedule}", "run.init_from=some/run", *base)
     m = validate(cfg)
     assert m.name == method
     if method != "pretrained":
         assert m.schedule(0.0) > 0 and m.lr_at(0, 0, 10) > 0
+
+
+@pytest.mark.parametrize("method", ["swa", "fge"])
+def test_a_schedule_the_reference_pre_schedule_would_ignore_is_refused(make_cfg, method):
+    """``schedule=cosine`` with SWA's default ``method.pre_schedule=reference`` trained the paper's schedule and
+    gave the same numbers as the default run, in a directory of its own: now refused, naming the fix."""
+    with pytest.raises(ConfigError, match="would ignore the chosen schedule .*set method.pre_schedule=base"):
+        validate(make_cfg(f"method={method}", "schedule=cosine", "method.pre_schedule=reference"))
+    validate(make_cfg(f"method={method}", "schedule=paper_sgd", "method.pre_schedule=reference"))
 
 
 def test_digits_data_instantiates_from_config(make_cfg):

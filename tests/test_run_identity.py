@@ -53,10 +53,10 @@ def cli(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.Complete
 
 def test_a_run_is_named_by_its_group_choices_and_overrides_that_can_change_results(tmp_path):
     default = plan_of(tmp_path, *QUIET).run_dir
-    cosine = plan_of(tmp_path, *QUIET, "schedule=cosine").run_dir
+    cosine = plan_of(tmp_path, *QUIET, "method=sgd", "schedule=cosine").run_dir
     short = plan_of(tmp_path, *QUIET, "trainer.epochs=6", "trainer.device=cpu", "trainer.progress=true").run_dir
     assert default.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/default/seed0"
-    assert cosine.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/schedule-cosine/seed0"
+    assert cosine.relative_to(tmp_path).as_posix() == "digits/preresnet20/sgd/schedule-cosine/seed0"
     assert short.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/trainer.epochs-6/seed0"  # device: not a result
 
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from swalab.config import ConfigError, budget_epochs, require
 from swalab.evaluate import ModelPredictor, Predictor
-from swalab.schedules import Schedule
+from swalab.schedules import PaperSGD, Schedule
 
 
 @dataclass
@@ -142,3 +142,15 @@ class Method:
 
     def load_state_dict(self, state: dict[str, Any], ctx: TrainContext) -> None:
         pass
+
+
+def check_pre_schedule(name: str, schedule: Schedule, method: str) -> None:
+    """``method.pre_schedule`` of SWA and FGE: ``reference`` (the paper's shape, from ``schedule.lr`` alone) or
+    ``base`` (the schedule group). ``reference`` with a schedule group other than the paper's would ignore
+    that schedule without a word, so it is refused, naming the key that makes the schedule count."""
+    if name not in ("reference", "base"):
+        raise ConfigError(f"method.pre_schedule={name!r} must be 'reference' or 'base'")
+    if name == "reference" and not isinstance(schedule, PaperSGD):
+        raise ConfigError(f"method={method} with method.pre_schedule=reference follows the paper's schedule (from "
+                          f"schedule.lr only) and would ignore the chosen schedule ({type(schedule).__name__}): "
+                          "set method.pre_schedule=base to train with it")

@@ -24,7 +24,7 @@ import torch
 from swalab.checkpoint import atomic_save
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedEnsemble, Predictor
-from swalab.methods.base import Method, TrainContext
+from swalab.methods.base import Method, TrainContext, check_pre_schedule
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 
 MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_probs", "member_epochs", "labels"}
@@ -57,8 +57,7 @@ class FGE(Method):
         if self.cycle % 2:
             raise ConfigError(f"model.fge.cycle_epochs must be an even number of epochs >= 2 (members are collected "
                               f"at the middle of each cycle), got {self.cycle}")
-        if self.pre_schedule_name not in ("reference", "base"):
-            raise ConfigError(f"method.pre_schedule={self.pre_schedule_name!r} must be 'reference' or 'base'")
+        check_pre_schedule(self.pre_schedule_name, self.schedule, "fge")
         if self.pretrain_epochs == 0 and not initialized:
             raise ConfigError("FGE needs a trained starting point: set run.init_from=<checkpoint or run dir> or "
                               "model.fge.pretrain > 0 (a fraction of the budget trained with SGD before the cycles)")

@@ -43,7 +43,7 @@ from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 from swalab import faults
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedProbs, ModelPredictor, Predictor, metrics_from_probs
-from swalab.methods.base import Method, TrainContext
+from swalab.methods.base import Method, TrainContext, check_pre_schedule
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 
 PHASES = ("constant", "cyclic", "swalr", "shake_shake")
@@ -94,8 +94,7 @@ class SWA(Method):
         epochs = self.epochs
         if self.phase not in PHASES:
             raise ConfigError(f"method.phase={self.phase!r} is not one of {PHASES}")
-        if self.pre_schedule_name not in ("reference", "base"):
-            raise ConfigError(f"method.pre_schedule={self.pre_schedule_name!r} must be 'reference' or 'base'")
+        check_pre_schedule(self.pre_schedule_name, self.schedule, "swa")
         if self.anneal_strategy not in ("cos", "linear"):
             raise ConfigError(f"method.anneal_strategy={self.anneal_strategy!r} must be 'cos' or 'linear'")
         if not 0 <= self.swa_start < epochs:

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from conftest import CONF_DIR, REPO
 from swalab.config import ConfigError, default_choices
+from swalab.grid import read_jobs
 from swalab.identity import group_hash, identity_of, run_name
 from swalab.runlock import RunLock, RunLocked
 from swalab.train import one_line, prepare, train
@@ -253,6 +254,20 @@ def test_a_grid_with_a_failed_job_prints_a_summary_and_exits_non_zero(tmp_path):
     [grid] = (tmp_path / "out" / "grids").iterdir()
     assert (grid / "summary.txt").read_text().splitlines() == summary
     assert sorted(p.name for p in (grid / "jobs").iterdir()) == ["0000.json", "0001.json"]
+
+
+def test_two_grids_started_together_keep_records_of_their_own(tmp_path):
+    """Grids launched by a script or a job array start within one second: each keeps its own record."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    grids = [subprocess.Popen([sys.executable, str(REPO / "run.py"), "-m", *TINY, "method=sgd", f"seed={seed}",
+                               f"paths.output_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (0, 1)]
+    for grid in grids:
+        grid.communicate(timeout=300)
+        assert grid.returncode == 0
+    records = sorted((tmp_path / "out" / "grids").iterdir())
+    assert len(records) == 2
+    assert sorted(job["run_dir"][-5:] for r in records for job in read_jobs(r)) == ["seed0", "seed1"]
 
 
 def test_hydra_run_dir_is_refused_naming_run_dir(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from swalab.branching import BranchError, check_branch, load_branch_state, read_
 from swalab.identity import identity_of
 from swalab.methods import FGE, SGD, SWA
 from swalab.results.report import report
-from swalab.results.row import plan_row, row_cost, row_records
+from swalab.results.row import RowError, plan_row, row_cost, row_records
 from swalab.schedules import PaperSGD
 from swalab.train import train
 
@@ -169,6 +170,14 @@ def test_a_branch_that_would_miss_a_capture_or_use_another_lr_is_refused():
     check_branch(fge, synthetic_state(trunk_lrs[:5]), 10, 0.9, 5e-4, False)
 
 
+@pytest.mark.parametrize("override, reason", [
+    ("method=swa", "a row trains every method itself"), ("seed=1", "--seeds"), ("model=vgg16", "--model"),
+    ("run.dir=somewhere", "paths.output_dir"), ("trainer.epochs=6", "model.budget_epochs=<B>")])
+def test_a_row_refuses_overrides_that_would_contradict_it(override, reason):
+    with pytest.raises(RowError, match=re.escape(reason)):
+        plan_row("digits", "preresnet20", 0, ["logger=none", override])
+
+
 def test_a_row_plans_one_trunk_and_two_branches():
     jobs = plan_row("digits", "preresnet20", 0, ["logger=none", "model.budget_epochs=8", "model.swa.start_epoch=6",
                                                  "paths.output_dir=/tmp/swalab-row-plan"])
@@ -193,6 +202,8 @@ def test_a_rows_record_moves_with_its_output_directory_and_its_wall_time_comes_f
     assert done.returncode == 0, done.stderr
     [record] = row_records([tmp_path / "out"])
     assert all(not Path(job["run_dir"]).is_absolute() for job in record["jobs"])
+    trunk_config = Path(record["jobs"][0]["run_dir"]).parent.name
+    assert [p.name for p in (tmp_path / "out" / "rows").iterdir()] == [f"digits_preresnet20_{trunk_config}_seed0.json"]
     shutil.move(tmp_path / "out", tmp_path / "moved")
     [record] = row_records([tmp_path / "moved"])
     cost = row_cost(record)

@@ -16,7 +16,7 @@ Each job is ``python run.py <overrides>`` in a subprocess, run one after another
 job whose run directory already holds ``metrics.json`` is skipped, so an interrupted row is
 re-launched with the same command. The run directories are the ones ``run.py`` would pick
 (``run.save_at`` and ``run.branch_from`` stay out of their names), and
-``<paths.output_dir>/rows/<dataset>_<model>_seed<N>.json`` maps each Table 1 column to the run
+``<paths.output_dir>/rows/<dataset>_<model>_<trunk config>_seed<N>.json`` maps each Table 1 column to the run
 (relative to the output directory, so the record moves with it) and predictor that hold it, and keeps
 what its last launch trained and how long that took (``launch``). The report reads the runs'
 ``metrics.json`` and, for the row's wall time, their ``history.jsonl`` (``row_cost``).
@@ -116,10 +116,18 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     ``ema`` adds an EMA run of one budget, trained straight through (EMA keeps state from its first
     step, so it cannot branch off the trunk).
     """
-    fixed = [o for o in extra if o.lstrip("+").split("=", 1)[0] in ("trainer.epochs", "method.budget", "method")]
+    keys = {o.lstrip("+").split("=", 1)[0]: o for o in extra}
+    fixed = [o for k, o in keys.items() if k in ("trainer.epochs", "method.budget")]
     if fixed:
         raise RowError(f"{', '.join(fixed)}: a row's runs are 1, 1.25 and 1.5 budgets long, so their lengths come "
                          "from the budget B: set model.budget_epochs=<B> instead")
+    owned = {"method": "a row trains every method itself (--no-fge, --ema, --swa-budgets choose them)",
+             "seed": "the row's seeds are --seeds", "dataset": "the row's data set is --dataset",
+             "model": "the row's model is --model",
+             "run.dir": "a row's jobs each need their own run directory (set paths.output_dir=<dir> instead)"}
+    for key, why in owned.items():
+        if key in keys:
+            raise RowError(f"{keys[key]}: {why}")
     base = [f"dataset={dataset}", f"model={model}", f"seed={seed}", *extra]
     trunk_ov = [*base, "method=sgd"]
     trunk_cfg = compose_run(trunk_ov)
@@ -326,7 +334,9 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
         record = {"dataset": args.dataset, "model": args.model, "seed": seed, "naive": args.naive,
                   "jobs": [{**asdict(j), "run_dir": relative_to(j.run_dir, output_dir)} for j in jobs],
                   "launch": costs, "columns": manifest}
-        path = output_dir / "rows" / f"{args.dataset}_{args.model}_seed{seed}{'_naive' if args.naive else ''}.json"
+        rest = jobs[0].run_dir.parent.name  # the trunk's config: a row of another config keeps a record of its own
+        path = (output_dir / "rows" /
+                f"{args.dataset}_{args.model}_{rest}_seed{seed}{'_naive' if args.naive else ''}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"[row] seed {seed}: {path}\n" + format_row(row_metrics(manifest, output_dir)))

@@ -111,3 +111,9 @@ def test_resolved_config_has_no_missing_values(make_cfg):
     cfg = make_cfg("method=swa", "model=preresnet164", "dataset=cifar10")
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert resolved["trainer"]["epochs"] == 225
+
+
+def test_a_training_method_refuses_a_budget_of_zero(make_cfg):
+    """``method.budget=0 trainer.epochs=2`` used to train and report a column "SGD 0B (2 ep)"."""
+    with pytest.raises(ConfigError, match=r"method.budget=0 must be > 0 for method=sgd"):
+        validate(make_cfg("method=sgd", "method.budget=0", "trainer.epochs=2"))

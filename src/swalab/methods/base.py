@@ -91,6 +91,10 @@ class Method:
         if self.epochs == 0:
             raise ConfigError(f"trainer.epochs=0 trains nothing with method={self.name}: use method=pretrained to "
                               "score the starting weights")
+        if not self.budget > 0:
+            raise ConfigError(f"method.budget={self.budget:g} must be > 0 for method={self.name}: a run is "
+                              "method.budget budgets of B = model.budget_epochs epochs (B follows trainer.epochs when "
+                              "that is set); method=pretrained trains nothing")
 
     def describe(self, predictor: str) -> dict[str, float]:
         """What stands behind ``predictor``: its budget (in B) and the epochs trained, for reports."""

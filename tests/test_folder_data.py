@@ -20,6 +20,7 @@ import swalab.data.folder as folder_mod
 from swalab.config import ConfigError
 from swalab.train import validate
 from swalab.data import ImageData, cap_test_split, load_cifar, load_folder, subset
+from swalab.identity import identity_of
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -377,3 +378,19 @@ def test_real_cifar10_jpeg_subset_decodes_only_what_it_uses(cifar10_jpg, tmp_pat
     assert all(0.3 < m < 0.65 for m in data.mean) and all(0.15 < s < 0.35 for s in data.std)  # real photos
     cifar = load_cifar("cifar10", cifar10_jpg, download=False, train_size=200, test_size=100, cache_dir=tmp_path)
     assert torch.equal(cifar.train.images, data.train.images) and torch.equal(cifar.test.labels, data.test.labels)
+
+
+def test_a_folder_is_one_data_set_however_its_path_is_typed(make_cfg, tmp_path, monkeypatch):
+    """``dataset.root=ds/good`` from two working directories is two data sets (two identities); the same
+    folder typed relative or absolute is one."""
+    def identity(root):
+        return identity_of(OmegaConf.to_container(make_cfg("dataset=folder", f"dataset.root={root}"), resolve=True))
+
+    for place in ("one", "two"):
+        write_folder(tmp_path / place / "ds" / "good", ["a", "b"], n_train=2, n_test=1, size=(8, 8), grey=True)
+    monkeypatch.chdir(tmp_path / "one")
+    relative_here, absolute = identity("ds/good"), identity(tmp_path / "one" / "ds" / "good")
+    monkeypatch.chdir(tmp_path / "two")
+    relative_there = identity("ds/good")
+    assert relative_here == absolute and relative_here != relative_there
+    assert relative_there["dataset.root"] == str(tmp_path / "two" / "ds" / "good")

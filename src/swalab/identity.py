@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -95,13 +96,17 @@ def identity_of(resolved: Mapping[str, Any]) -> dict[str, Any]:
     """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts.
 
     ``dataset.root`` only says where a copy of a named data set lives, except for a data set that is
-    its folder (``dataset.root_is_data``, ``conf/dataset/folder.yaml``): then the path counts.
+    its folder (``dataset.root_is_data``, ``conf/dataset/folder.yaml``): then the path counts, made absolute
+    (against the working directory), so that ``ds/good`` typed in two directories is two data sets and
+    ``ds/good`` and its absolute path are one.
     """
     flat: dict[str, Any] = {}
     for root in CONSUMED:
         if root in resolved:
             _flatten(resolved[root], root, flat)
     keep_root = bool(flat.get("dataset.root_is_data"))
+    if keep_root and isinstance(flat.get("dataset.root"), str):
+        flat["dataset.root"] = os.path.abspath(os.path.expanduser(flat["dataset.root"]))
     return {k: v for k, v in sorted(flat.items())
             if (keep_root and k == "dataset.root") or not (_under(k, NON_RESULT) or _under(k, READ_THROUGH))}
 

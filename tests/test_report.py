@@ -270,3 +270,13 @@ def test_the_wall_time_of_branched_rows_is_set_against_the_naive_runs(tmp_path):
     lines = table_lines(tmp_path / "out", "Wall time of the branched rows", 1)
     # 8 epochs in 4 x 10 + 4 x 7.5 = 70 s (8.75 s an epoch) against 4 + 4 + 6 = 14 epochs: 122.5 s
     assert lines[2] == "| 0 | 8 | 1.2 | 14 | 2.0 | 1.75x |"
+
+def test_a_report_into_a_folder_of_an_earlier_one_leaves_none_of_its_files(grid, tmp_path):
+    """The FGE curve of an earlier report (of runs with FGE) must not pass for this report's."""
+    report([grid], tmp_path / "out")
+    assert (tmp_path / "out" / "fge_curve.png").exists()
+    root = tmp_path / "sgd_only"
+    make_run(root, "sgd", 0, {"sgd": m(90.0, epoch=4)})
+    written = report([root], tmp_path / "out")["written"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(written)
+    assert not (tmp_path / "out" / "fge_curve.png").exists()

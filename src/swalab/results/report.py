@@ -56,6 +56,11 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
     return notes
 
 
+# Every file a report writes into ``--out`` (W&B's spec: ``swalab.results.wandb_report.SPEC_FILE``).
+REPORT_FILES = ("table.md", "table.csv", "runs.csv", "test_error.png", "fge_curve.png", "reliability.png",
+                "wandb_report.json")
+
+
 def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wandb_mode: str | None = None,
            wandb_project: str | None = None, wandb_entity: str | None = None) -> dict:
     """Collect runs below ``roots``, write the tables, CSVs and plots to ``out``; return what was found.
@@ -73,6 +78,8 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     table = build_table(runs)
     notes = problems_of(runs, table)
     out.mkdir(parents=True, exist_ok=True)
+    for name in REPORT_FILES:  # an earlier report's files in ``out`` would pass for this one's
+        (out / name).unlink(missing_ok=True)
     written: dict[str, Path] = {}
     if finished:
         (out / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs)

@@ -210,6 +210,7 @@ def test_a_rows_record_moves_with_its_output_directory_and_its_wall_time_comes_f
     swa = next(job for job in record["jobs"] if job["name"] == "swa")
     assert swa["branch_epoch"] == 2 and cost["epochs"] == B + (round(1.5 * B) - 2)  # trunk 4, SWA's own 4
     assert cost["naive_epochs"] == B + B + round(1.25 * B) + round(1.5 * B)  # SGD, SWA 1 / 1.25 / 1.5 B
-    report([tmp_path / "moved"], tmp_path / "rep")
+    shutil.copy(next((tmp_path / "moved" / "rows").iterdir()), tmp_path / "moved" / "rows" / "a_copy.json")
+    report([tmp_path / "moved"], tmp_path / "rep")  # two records of the same runs: one row of the table
     table = (tmp_path / "rep" / "table.md").read_text()
-    assert "## Wall time of the branched rows" in table and f"| 0 | {cost['epochs']} |" in table
+    assert "## Wall time of the branched rows" in table and table.count(f"| 0 | {cost['epochs']} |") == 1

@@ -250,7 +250,11 @@ def row_records(roots) -> list[dict]:
                 continue
             if isinstance(record, dict) and "jobs" in record and "columns" in record:
                 found.append({**record, "root": str(path.parent.parent)})
-    return found
+    unique = {}  # two records of the same runs (renamed records, roots that overlap) are one row
+    for record in found:
+        runs = tuple(sorted(str(run_path(Path(record["root"]), job["run_dir"]).resolve()) for job in record["jobs"]))
+        unique[(record["seed"], bool(record.get("naive")), runs)] = record
+    return list(unique.values())
 
 
 def trained_epochs(run_dir: Path, after: int) -> list[dict]:

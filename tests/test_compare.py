@@ -4,6 +4,8 @@ finished runs (SWA and FGE)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -90,3 +92,13 @@ def test_compare_without_out_writes_no_file(runs, tmp_path, monkeypatch, capsys)
     main([str(runs[1]), "--device", "cpu"])
     assert "fge/seed0/fge" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []  # printed only: no ./compare.json in whatever directory it ran from
+
+
+@pytest.mark.parametrize("command", [["swalab.results.compare", "not_a_run"],
+                                     ["swalab.analysis", "segment", "--run", "not_a_run", "--out", "seg"]])
+def test_a_path_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, command):
+    done = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"[{command[0]}] not_a_run is not a swalab run directory: "
+                                                "no config.yaml there"]
+    assert list(tmp_path.iterdir()) == []  # nothing written

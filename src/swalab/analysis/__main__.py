@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from swalab.cli import run_command
+
 COMMANDS = {
     "plane": "train loss and test error on the plane through three weight vectors (paper Figs. 1 and 3)",
     "rays": "train loss and test error along random directions from SWA and from SGD: width (paper Fig. 4)",
@@ -28,7 +30,7 @@ def main(argv=None) -> None:
         if argv and not asked:
             print(f"\nunknown command {argv[0]!r}", file=sys.stderr)
         raise SystemExit(0 if asked else 2)
-    importlib.import_module(f"swalab.analysis.{argv[0]}").main(argv[1:])
+    run_command(importlib.import_module(f"swalab.analysis.{argv[0]}").main, argv[1:], prog="swalab.analysis")
 
 
 if __name__ == "__main__":

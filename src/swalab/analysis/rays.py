@@ -86,4 +86,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from swalab.cli import run_command
+
+    run_command(main, prog="swalab.analysis")

@@ -183,4 +183,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from swalab.cli import run_command
+
+    run_command(main, prog="swalab.results.compare")

@@ -131,6 +131,7 @@ def test_truncated_newest_checkpoint_falls_back_to_previous_with_warning(tmp_pat
     with pytest.warns(RuntimeWarning, match=r"cannot read checkpoint .*epoch0004\.pt.*falling back"):
         train(make_cfg(), run_dir=run)
     assert_same_run(run, reference)  # epoch 4 was recomputed from epoch 3
+    assert "warning: RuntimeWarning: cannot read checkpoint" in (run / "run.log").read_text()  # kept for nohup/SLURM
 
 
 def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path):

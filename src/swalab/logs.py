@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def get_logger(name: str | None = None) -> logging.Logger:
 
 @contextlib.contextmanager
 def run_log(run_dir: str | Path) -> Iterator[Path]:
-    """Append swalab's log records to ``<run_dir>/run.log`` while the block runs."""
+    """Append swalab's log records, and the warnings shown, to ``<run_dir>/run.log`` while the block runs."""
     path = Path(run_dir) / RUN_LOG
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
@@ -39,9 +40,19 @@ def run_log(run_dir: str | Path) -> Iterator[Path]:
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
+    shown = warnings.showwarning
+
+    def show_and_keep(message, category, filename, lineno, file=None, line=None):
+        """A warning (a corrupt checkpoint skipped, a full disk) still goes to stderr, and into run.log too."""
+        shown(message, category, filename, lineno, file, line)
+        handler.handle(logger.makeRecord(logger.name, logging.WARNING, filename, lineno,
+                                         f"warning: {category.__name__}: {message}", None, None))
+
+    warnings.showwarning = show_and_keep
     try:
         yield path
     finally:
+        warnings.showwarning = shown
         logger.removeHandler(handler)
         handler.close()
 

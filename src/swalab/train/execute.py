@@ -9,6 +9,7 @@ equal the straight-through run) removes what it created and leaves an existing r
 from __future__ import annotations
 
 import traceback
+import warnings
 from dataclasses import dataclass
 
 from hydra.utils import get_class, instantiate
@@ -82,6 +83,7 @@ def execute(plan: RunPlan) -> dict:
     lock = RunLock(plan.run_dir) if distributed.is_main() else None
     if lock is not None:
         lock.acquire()
+    early: list = []
     try:
         try:
             if lock is not None:  # another process may have finished this run since it was inspected
@@ -89,13 +91,19 @@ def execute(plan: RunPlan) -> dict:
                 if plan.finished is not None:
                     log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
                     return plan.finished
-            built = build_run(plan)
+            with warnings.catch_warnings(record=True) as caught:  # held back to reach run.log too, once it is open
+                warnings.simplefilter("always")
+                try:
+                    built = build_run(plan)
+                finally:
+                    early = list(caught)
         except BaseException:
+            show(early)
             if lock is not None:
                 lock.discard()
                 lock = None
             raise
-        return _train(plan, built, lock)
+        return _train(plan, built, lock, early)
     finally:
         if lock is not None:
             lock.release()
@@ -154,11 +162,19 @@ def make_tracker(plan: RunPlan, built: Built):
     return instantiate(plan.cfg.logger, _partial_=True)(run_dir=str(plan.run_dir), run_config=config, **kwargs)
 
 
-def _train(plan: RunPlan, built: Built, lock: RunLock | None) -> dict:
+def show(caught: list) -> None:
+    """Show warnings held back while a run was built (a corrupt checkpoint skipped): on stderr as usual, and in
+    ``run.log`` when it is open (``swalab.logs.run_log``)."""
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) -> dict:
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
     plan.started = True
     write_run_files(plan, built.lineage)
     with run_log(run_dir):
+        show(early)
         if lock is not None and lock.took_over():
             log.info(f"[swalab] {lock.took_over()}")
         if built.resume_state is not None and not built.branched:

@@ -92,7 +92,6 @@ def execute(plan: RunPlan) -> dict:
                     log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
                     return plan.finished
             with warnings.catch_warnings(record=True) as caught:  # held back to reach run.log too, once it is open
-                warnings.simplefilter("always")
                 try:
                     built = build_run(plan)
                 finally:

@@ -172,11 +172,6 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     return jobs + extra_jobs
 
 
-def epochs_in(run_dir: Path) -> int:
-    path = run_dir / "history.jsonl"
-    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
-
-
 def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
     """Run the jobs in order (skipping finished ones); return what each cost in this launch: seconds and epochs."""
     done = []
@@ -197,7 +192,7 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
                            "are kept: run the same command again to continue the row", done_job.returncode)
         seconds = time.perf_counter() - t0
         done.append({**record, "skipped": False, "seconds": seconds,
-                     "epochs_trained": epochs_in(job.run_dir) - (job.branch_epoch or 0)})
+                     "epochs_trained": len(trained_epochs(job.run_dir, job.branch_epoch or 0))})
     return done
 
 

@@ -120,6 +120,30 @@ def test_bad_keys_and_values_are_refused_naming_them(tmp_path, override, message
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["model.lr=nan"], "lr=nan must be a finite number"),
+    (["model.swa.lr=nan"], "swa_lr=nan must be a finite number"),
+    (["trainer.momentum=nan"], "trainer.momentum=nan must be a finite number"),
+    (["model.weight_decay=nan"], "trainer.weight_decay=nan must be a finite number"),
+    (["dataset.std=[nan]"], "dataset.std=[nan] must be a list of finite numbers"),
+    (["dataset.mean=[inf]"], "dataset.mean=[inf] must be a list of finite numbers"),
+    (["method=ema", "method.warmup_gamma=nan"], "method.warmup_gamma=nan must be a finite number"),
+    (["method=ema", "method.decay=nan"], "method.decay=nan must be a finite number"),
+    (["method.budget=inf"], "method.budget=inf must be a finite number"),
+    (["method=fge", "model.fge.lr_min=0.1", "model.fge.lr_max=0.01"], "model.fge.lr_min=0.1 is above model.fge.lr_max"),
+])
+def test_nan_inf_and_upside_down_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_of(tmp_path, *QUIET, *overrides)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_an_ema_that_would_never_update_is_refused_once_the_steps_are_known(tmp_path, make_cfg):
+    with pytest.raises(ConfigError, match=r"method.update_every=100000 but the run has only 4 optimizer steps"):
+        train(make_cfg(*TINY, "method=ema", "method.update_every=100000"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_setting_the_chosen_method_does_not_have_is_refused_even_with_plus(tmp_path):
     with pytest.raises(ConfigError, match=r"method\.swa_start is not a setting of method .*it takes: .*budget"):
         plan_of(tmp_path, *QUIET, "method=sgd", "+method.swa_start=3")

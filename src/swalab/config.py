@@ -18,6 +18,7 @@ Checks, all before any file or folder is created:
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +30,10 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def budget_epochs(budget: float, base: float) -> int:
-    """``budget`` budgets of ``base`` epochs, rounded to whole epochs (1.25 x 150 = 188)."""
-    return int(round(float(budget) * float(base)))
+    """``budget`` budgets of ``base`` epochs, rounded to whole epochs (1.25 x 150 = 188). A non-finite product
+    (``method.budget=inf``) is returned as it is, for :func:`check_config` to refuse by name."""
+    epochs = float(budget) * float(base)
+    return int(round(epochs)) if math.isfinite(epochs) else epochs
 
 
 def folder_name(path: str) -> str:
@@ -60,22 +63,31 @@ def is_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: NaN and inf are not numbers a setting can take (``nan <= low`` is False, so a
+    range check alone would let them through)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_numbers(value: Any) -> bool:
+    """A non-empty list of finite numbers (a per-channel ``mean`` or ``std``)."""
+    return (isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
+            and all(is_number(v) for v in value))
 
 
 def kind_error(key: str, value: Any, kind: str) -> str | None:
-    """The message for ``key=value`` when ``value`` is not of ``kind`` (``int``, ``int?``, ``number``,
-    ``bool``, ``bool?``, ``str``); ``?`` allows null. None when it fits."""
+    """The message for ``key=value`` when ``value`` is not of ``kind`` (``int``, ``number`` (finite),
+    ``numbers`` (a list of finite numbers), ``bool``, ``str``); a trailing ``?`` allows null. None when it fits."""
     nullable = kind.endswith("?")
     if nullable:
         if value is None:
             return None
         kind = kind[:-1]
-    ok = {"int": is_int, "number": is_number, "bool": lambda v: isinstance(v, bool),
+    ok = {"int": is_int, "number": is_number, "numbers": is_numbers, "bool": lambda v: isinstance(v, bool),
           "str": lambda v: isinstance(v, str)}[kind](value)
     if ok:
         return None
-    wanted = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string"}[kind]
+    wanted = {"int": "an integer", "number": "a finite number", "numbers": "a list of finite numbers",
+              "bool": "true or false", "str": "a string"}[kind]
     return f"{key}={value!r} must be {wanted}" + (" or null" if nullable else "")
 
 
@@ -89,6 +101,10 @@ def require(key: str, value: Any, kind: str, low: float | None = None, high: flo
     if error:
         raise ConfigError(error)
     if value is not None and (low is not None or high is not None):
+        if isinstance(value, Sequence) and not isinstance(value, str):  # a per-channel list: every item in range
+            for item in value:
+                require(key, item, "number", low, high, low_open, high_open)
+            return value
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
         if too_low or too_high:
@@ -132,7 +148,13 @@ KEYS: dict[str, tuple] = {
     "dataset.num_workers": ("int", 0, None),
     "model.budget_epochs": ("int", 0, None),
     "method.budget": ("number", 0, None),
+    "dataset.mean": ("numbers?", None, None),
+    "dataset.std": ("numbers?", 0, None),
+    "model.mean": ("numbers?", None, None),
+    "model.std": ("numbers?", 0, None),
 }
+# keys whose lower bound is excluded (a value of exactly ``low`` is refused)
+OPEN_LOW = ("trainer.bn_update_fraction", "dataset.std", "model.std")
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -147,7 +169,7 @@ def check_config(cfg: DictConfig) -> None:
             continue
         value = OmegaConf.select(cfg, key)
         try:
-            require(key, value, kind, low, high, low_open=key == "trainer.bn_update_fraction",
+            require(key, value, kind, low, high, low_open=key in OPEN_LOW,
                     high_open=key == "trainer.momentum")
         except ConfigError as exc:
             errors.append(str(exc))

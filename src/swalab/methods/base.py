@@ -96,6 +96,11 @@ class Method:
                               "method.budget budgets of B = model.budget_epochs epochs (B follows trainer.epochs when "
                               "that is set); method=pretrained trains nothing")
 
+    def validate_steps(self, steps_per_epoch: int) -> None:
+        """Raise ``ConfigError`` when, with ``steps_per_epoch`` optimizer steps an epoch (known once the data
+        are loaded), the method would never act (an EMA updated less often than the run has steps).
+        Called after the data are loaded and before anything is written; the default has nothing to check."""
+
     def describe(self, predictor: str) -> dict[str, float]:
         """What stands behind ``predictor``: its budget (in B) and the epochs trained, for reports."""
         return {"budget": float(self.budget), "epoch": int(self.epochs)}

@@ -58,6 +58,10 @@ class FGE(Method):
             raise ConfigError(f"model.fge.cycle_epochs must be an even number of epochs >= 2 (members are collected "
                               f"at the middle of each cycle), got {self.cycle}")
         check_pre_schedule(self.pre_schedule_name, self.schedule, "fge")
+        if self.lr_min > self.lr_max:
+            raise ConfigError(f"model.fge.lr_min={self.lr_min:g} is above model.fge.lr_max={self.lr_max:g}: members are "
+                              "collected where the cycle's lr is lowest (lr_min), so the cycle would be upside down and "
+                              "collect them at its peak. Swap the two values")
         if self.pretrain_epochs == 0 and not initialized:
             raise ConfigError("FGE needs a trained starting point: set run.init_from=<checkpoint or run dir> or "
                               "model.fge.pretrain > 0 (a fraction of the budget trained with SGD before the cycles)")

@@ -53,6 +53,7 @@ def build_run(plan: RunPlan) -> Built:
     if expected is not None and data.num_classes != expected:
         raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
     train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
+    method.validate_steps(len(train_loader))
     model = build_model(cfg, data)
     lineage = None
     if cfg.run.get("init_from"):

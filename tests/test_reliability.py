@@ -122,6 +122,35 @@ def test_sigkill_at_each_point_then_same_command_resumes_exactly(tmp_path, refer
     assert_same_run(run, reference)
 
 
+def test_a_kill_right_after_the_final_record_leaves_a_finished_run_that_reports_and_skips(tmp_path, reference):
+    from swalab.results.report import report
+
+    run = tmp_path / "out" / "run"
+    killed = run_cli(run, fault="final_record:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert json.loads((run / "status.json").read_text())["status"] == "running"  # the kill came before this rename
+    again = run_cli(run)
+    assert again.returncode == 0 and "already holds a finished run" in again.stdout
+    found = report([tmp_path / "out"], tmp_path / "report")
+    assert [r.path for r in found["finished"]] == [run]  # not left out as 'running' for good
+    assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("damage", [b"", b'{"swa": {"acc": 5'])
+def test_a_damaged_metrics_file_is_named_and_the_same_command_scores_the_run_again(tmp_path, reference, damage):
+    from swalab.results.runs import Run
+
+    run = tmp_path / "run"
+    train(make_cfg(), run_dir=run)
+    (run / "metrics.json").write_bytes(damage)
+    assert Run(run).status == "damaged" and "metrics.json cannot be read" in Run(run).error
+    again = run_cli(run)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "metrics.json cannot be read" in again.stdout + again.stderr
+    assert f"resuming {run} from {run / 'checkpoints' / 'epoch0004.pt'}" in again.stdout  # no epoch trained again
+    assert_same_run(run, reference)
+
+
 def test_truncated_newest_checkpoint_falls_back_to_previous_with_warning(tmp_path, reference):
     run = tmp_path / "run"
     train(make_cfg(), run_dir=run)

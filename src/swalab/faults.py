@@ -15,7 +15,8 @@ At the ``n``-th hit of ``<point>`` in this process, the process sends itself ``<
 ``USR1`` exercise the preemption path instead; ``STOP`` freezes the process where it is (holding its
 run's lock) until it gets ``SIGCONT``. Points: ``train_step`` (after an optimizer step),
 ``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
-re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place).
+re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place), ``final_record`` (``metrics.json``
+written, ``status.json`` not yet updated).
 
 Without the variable :func:`hit` is one dictionary lookup and does nothing; never set it outside
 tests.
@@ -29,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 
 ENV = "SWALAB_FAULT"
-POINTS = ("train_step", "swa_average", "bn_update", "checkpoint_write")
+POINTS = ("train_step", "swa_average", "bn_update", "checkpoint_write", "final_record")
 _hits: Counter[str] = Counter()
 
 

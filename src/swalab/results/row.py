@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.identity import CONSUMED, identity_of
 from swalab.train import build_method, locate
+from swalab.train.records import DamagedRecord, final_metrics
 
 REPO = Path(__file__).resolve().parents[3]
 SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
@@ -172,6 +173,14 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     return jobs + extra_jobs
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run; a damaged ``metrics.json`` is not (the job runs and heals it)."""
+    try:
+        return final_metrics(run_dir) is not None
+    except DamagedRecord:
+        return False
+
+
 def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
     """Run the jobs in order (skipping finished ones); return what each cost in this launch: seconds and epochs."""
     done = []
@@ -180,7 +189,7 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
         if dry_run:
             print(shlex.join(job.command()))
             continue
-        if (job.run_dir / "metrics.json").exists():
+        if finished(job.run_dir):
             print(f"[row] {job.name}: {job.run_dir} already finished; skipped")
             done.append({**record, "skipped": True, "seconds": 0.0, "epochs_trained": 0})
             continue
@@ -229,7 +238,10 @@ def row_metrics(manifest: dict[str, dict], root: Path | None = None) -> dict[str
     """Table 1 column -> that predictor's metrics (acc, nll, ece, ...) read from its run's metrics.json."""
     out = {}
     for column, where in manifest.items():
-        metrics = json.loads((run_path(root, where["run"]) / "metrics.json").read_text())
+        run_dir = run_path(root, where["run"])
+        metrics = final_metrics(run_dir)
+        if metrics is None:
+            raise FileNotFoundError(f"{run_dir} has not finished (no metrics.json): run the row's command again")
         out[column] = metrics[where["predictor"]]
     return out
 

@@ -36,6 +36,7 @@ from swalab.data.splits import cap_test_split
 from swalab.identity import identity_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE
 from swalab.train import build_loaders, build_model, load_init_weights
+from swalab.train.records import DamagedRecord, final_metrics
 
 FINAL = "final.pt"
 
@@ -84,21 +85,39 @@ class Run:
     def _status(self) -> dict:
         return _read_json(self.path / "status.json") or {}
 
+    @cached_property
+    def _final(self) -> tuple[dict, str | None]:
+        """``metrics.json`` read back (``swalab.train.records.final_metrics``) and what is wrong with it, if anything."""
+        try:
+            return final_metrics(self.path) or {}, None
+        except DamagedRecord as exc:
+            return {}, str(exc)
+
     @property
     def status(self) -> str:
-        return self._status.get("status") or ("complete" if (self.path / "metrics.json").exists() else "no status")
+        """``complete`` exactly when ``metrics.json`` reads back (the one record of a finished run); else what
+        ``status.json`` says (running, failed, preempted, interrupted), or that ``metrics.json`` is damaged."""
+        if self.metrics:
+            return "complete"
+        if self._final[1] is not None:
+            return "damaged"
+        status = self._status.get("status") or "no status"
+        return "incomplete" if status == "complete" else status
 
     @property
     def error(self) -> str | None:
+        damaged = self._final[1]
+        if damaged is not None:
+            return f"{damaged}: re-run the run's command to score it again from its last checkpoint"
         return self._status.get("error")
 
-    @cached_property
+    @property
     def metrics(self) -> dict:
-        return _read_json(self.path / "metrics.json") or {}
+        return self._final[0]
 
     @property
     def finished(self) -> bool:
-        return self.status == "complete" and bool(self.metrics)
+        return bool(self.metrics)
 
     @cached_property
     def history(self) -> list[dict]:

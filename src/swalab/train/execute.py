@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from swalab import distributed
+from swalab import distributed, faults
 from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointStore, atomic_save
 from swalab.config import ConfigError, build
@@ -26,8 +26,8 @@ from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import build_loaders, build_model, load_init_weights, load_into, trainer_options
 from swalab.train.plan import RunPlan, inspect_run_dir
-from swalab.train.records import (PREDICTIONS_FILE, git_info, one_line, save_predictions, seed_everything,
-                                  write_json, write_status)
+from swalab.train.records import (METRICS_FILE, PREDICTIONS_FILE, git_info, one_line, save_predictions,
+                                  seed_everything, write_json, write_status, write_text)
 from swalab.trainer import Preempted, Trainer
 
 log = get_logger()
@@ -113,10 +113,10 @@ def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
     if not distributed.is_main():
         return
     run_dir = plan.run_dir
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
+    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
     write_json(run_dir / IDENTITY_FILE, record(plan.identity))
     if plan.overrides is not None:
-        (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
+        write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     write_json(run_dir / "git.json", git_info())
     if lineage is not None:
         write_json(run_dir / "lineage.json", lineage)
@@ -205,7 +205,8 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
                 save_predictions(evaluation, run_dir / PREDICTIONS_FILE)
                 for name, obj in method.artifacts(trainer.ctx).items():
                     atomic_save(obj, run_dir / name)
-            write_json(run_dir / "metrics.json", metrics)
+            write_json(run_dir / METRICS_FILE, metrics)  # last: from here on the run is finished (final_metrics)
+            faults.hit("final_record")  # test-only kill point (swalab.faults)
         except Preempted as exc:
             write_status(run_dir, {"status": "preempted", "message": str(exc)})
             tracker.finish(exit_code=1)

@@ -8,7 +8,6 @@ with the keys that differ.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,6 +20,7 @@ from swalab.config import ConfigError, check_config, check_overrides, default_ch
 from swalab.identity import differences, group_hash, identity_of, name_items, run_name, stored_identity
 from swalab.logs import get_logger
 from swalab.train.build import build_method
+from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer import select_device
 
 
@@ -95,12 +95,17 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
         raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(differences(identity, theirs)[:8])
                           + "): nothing there is touched. Re-run with that config to continue it, or give this "
                           "one its own directory with run.dir=<dir>")
-    metrics = run_dir / "metrics.json"
-    if metrics.exists():
+    try:
+        metrics = final_metrics(run_dir)
+    except DamagedRecord as exc:  # the run is scored again from its last checkpoint, which overwrites it
+        get_logger().warning(f"[swalab] {exc}: ignored; the run continues from its newest checkpoint (after the "
+                             "last epoch: only the final scoring runs again) and writes it anew")
+        metrics = None
+    if metrics is not None:
         if resume is False:
             raise FileExistsError(f"{run_dir} already holds a finished run and run.resume=false: nothing is "
                                   "overwritten. Choose another directory with run.dir=<dir>")
-        return json.loads(metrics.read_text())
+        return metrics
     has_checkpoints = bool(CheckpointStore(run_dir).paths())
     if resume is False and has_checkpoints:
         raise FileExistsError(f"{run_dir} already holds a run and run.resume=false: nothing is overwritten. "

@@ -9,8 +9,9 @@
   with the traceback unless the error says all there is to say (a NaN loss, a full disk).
 * In a grid (``-m``) each job writes a record to the grid's directory (``swalab.grid``) and the grid
   goes on; at its end a summary lists every job, and the command exits 1 if any did not finish.
-* A preempted run (SIGTERM/SIGUSR1) writes a checkpoint and exits 75; re-launching the same command
-  continues it.
+* A paused run writes a checkpoint at the step it is on: preempted (SIGTERM/SIGUSR1) it exits 75,
+  interrupted (Ctrl-C) 130; re-launching the same command continues it. A paused grid prints its summary
+  and stops.
 """
 
 import os
@@ -24,10 +25,10 @@ from omegaconf import DictConfig
 
 import swalab  # noqa: F401  (registers the config resolvers before Hydra composes)
 from swalab.checkpoint import CheckpointError
-from swalab.grid import record_job
+from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
 from swalab.train import execute, message, one_line, prepare
-from swalab.trainer import PREEMPTED_EXIT_CODE, NonFiniteLossError, Preempted
+from swalab.trainer import INTERRUPTED_EXIT_CODE, NonFiniteLossError, Preempted
 
 # Errors during training whose message says all a user needs: shown as one line, without a traceback.
 SELF_EXPLAINED = (NonFiniteLossError, OSError, CheckpointError)
@@ -50,6 +51,12 @@ def main(cfg: DictConfig) -> float | None:
         if multirun:
             record_job(hydra_cfg.sweep.dir, job, overrides, run_dir, state, error)
 
+    def stop_grid(code: int) -> None:
+        """A pause ends the whole command: a grid prints its summary (every job so far) before it exits."""
+        if multirun:
+            close_grid(hydra_cfg.sweep.dir, interrupted=True)
+        sys.exit(code)
+
     record("running")
     plan = None
     try:
@@ -59,15 +66,21 @@ def main(cfg: DictConfig) -> float | None:
         skipped = plan.finished is not None
         metrics = execute(plan)
     except Preempted as exc:
-        record("preempted", str(exc))
+        record(exc.status, str(exc))
         print(f"[swalab] {exc}", file=sys.stderr)
         # A launcher that installed its own handler (submitit: SIGUSR1 -> checkpoint() -> requeue) gets the
         # signal now that the checkpoint is safely written; a plain launch exits 75 for a requeue wrapper.
-        signum = getattr(exc, "signum", None)
-        handler = signal.getsignal(signum) if signum else None
+        # Ctrl-C's own handler would only raise KeyboardInterrupt: the pause is complete without it.
+        signum = exc.signum
+        handler = signal.getsignal(signum) if signum and signum != signal.SIGINT else None
         if callable(handler):
             handler(signum, None)
-        sys.exit(PREEMPTED_EXIT_CODE)
+        stop_grid(exc.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C before the run started training or while it was scored at the end
+        record("interrupted", "KeyboardInterrupt: Ctrl-C")
+        print("[swalab] interrupted (Ctrl-C): nothing of the run is lost; re-run the same command to continue",
+              file=sys.stderr)
+        stop_grid(INTERRUPTED_EXIT_CODE)
     except Exception as exc:
         refused = plan is None or not plan.started
         record("locked" if isinstance(exc, RunLocked) else "refused" if refused else "failed", one_line(exc))

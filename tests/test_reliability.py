@@ -198,11 +198,39 @@ def test_preempted_command_exits_75_and_the_same_command_continues(tmp_path, ref
     run = tmp_path / "run"
     preempted = run_cli(run, fault=f"train_step:9:{sig}")  # step 1 of epoch 3, during averaging
     assert preempted.returncode == PREEMPTED_EXIT_CODE, preempted.stderr[-2000:]
-    assert "re-launch the same command" in preempted.stderr
+    assert "re-run the same command to continue" in preempted.stderr
     resumed = run_cli(run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "epoch0002_step000001.pt" in resumed.stdout
     assert_same_run(run, reference)
+
+
+def test_ctrl_c_is_a_pause_one_line_exit_130_and_the_same_command_continues_exactly(tmp_path, reference):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="train_step:6:INT")  # Ctrl-C during step 2 of epoch 2
+    assert paused.returncode == 130, paused.stderr[-2000:]
+    assert "Traceback" not in paused.stderr
+    assert paused.stderr.strip().splitlines()[-1] == ("[swalab] Ctrl-C (SIGINT) received: checkpoint written at "
+                                                      "epoch 1, step 2; re-run the same command to continue")
+    assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
+    resumed = run_cli(run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "epoch0001_step000002.pt" in resumed.stdout
+    assert "took over the lock" not in resumed.stdout  # the paused process handed its lock over in order
+    assert_same_run(run, reference)
+
+
+def test_ctrl_c_in_a_grid_prints_its_summary_closes_its_records_and_exits_130(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}, faults.ENV: "train_step:6:INT"}
+    done = subprocess.run([PYTHON, "run.py", "-m", *TINY, "method=sgd,swa", f"paths.output_dir={tmp_path}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "grid summary: 0 of 1 jobs finished; 1 did not: interrupted" in done.stdout
+    assert "re-run the same command to continue it" in done.stdout
+    [grid] = (tmp_path / "grids").iterdir()
+    [job] = [json.loads(p.read_text()) for p in (grid / "jobs").glob("*.json")]
+    assert job["state"] == "interrupted" and job["run_dir"] is not None
+    assert (grid / "summary.txt").read_text().startswith("[swalab] grid summary: 0 of 1")
 
 
 @pytest.mark.slow
@@ -230,7 +258,7 @@ def test_a_launchers_own_signal_handler_runs_after_the_checkpoint(tmp_path):
     (["schedule.lr=0"], "schedule.lr=0 must be > 0"),
     (["schedule.lr=-0.1"], "schedule.lr=-0.1 must be > 0"),
     (["method.swa_lr=-1"], "method.swa_lr=-1 must be > 0"),
-    (["schedule.lr=fast"], "schedule.lr='fast' must be a number"),
+    (["schedule.lr=fast"], "schedule.lr='fast' must be a finite number"),
     (["trainer.epochs=-1"], "trainer.epochs=-1 must be >= 0"),
     (["trainer.epochs=2.5"], "trainer.epochs=2.5 must be an integer"),
     (["seed=abc"], "seed='abc' must be an integer"),

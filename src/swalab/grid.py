@@ -69,6 +69,23 @@ def summary_lines(jobs: list[dict[str, Any]]) -> list[str]:
     return [f"[swalab] grid summary: {count}", *lines]
 
 
+def close_grid(grid_dir: str | Path, interrupted: bool = False) -> list[dict[str, Any]]:
+    """Print the grid's summary and write it to ``summary.txt``; return its job records. ``interrupted``: the
+    grid stopped before its last job (Ctrl-C, a preemption), which the summary says, with how to go on."""
+    jobs = read_jobs(grid_dir)
+    lines = summary_lines(jobs)
+    if interrupted:
+        lines.append("[swalab] the grid was stopped before its end: re-run the same command to continue it "
+                     "(finished runs are skipped, paused ones continue)")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    try:
+        (Path(grid_dir) / SUMMARY_FILE).write_text(text + "\n")
+    except OSError:
+        pass
+    return jobs
+
+
 class GridSummary(Callback):
     """Hydra callback: check the output directory before a grid starts; summarise the grid at its end."""
 
@@ -86,13 +103,6 @@ class GridSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.grid_dir is None:
             return
-        jobs = read_jobs(self.grid_dir)
-        lines = summary_lines(jobs)
-        text = "\n".join(lines)
-        print(text, flush=True)
-        try:
-            (self.grid_dir / SUMMARY_FILE).write_text(text + "\n")
-        except OSError:
-            pass
+        jobs = close_grid(self.grid_dir)
         if any(j["state"] not in OK_STATES for j in jobs):
             sys.exit(1)

@@ -38,6 +38,15 @@ from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, me
 from swalab.methods.base import Method, TrainContext
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+# The signals that pause a run: each makes the loop write a checkpoint at the step it is on and stop, leaving
+# this status in status.json and this exit code for run.py. Ctrl-C is a pause like a preemption.
+PAUSE_SIGNALS: dict[int, tuple[str, int]] = {
+    signal.SIGTERM: ("preempted", PREEMPTED_EXIT_CODE),
+    signal.SIGUSR1: ("preempted", PREEMPTED_EXIT_CODE),
+    signal.SIGINT: ("interrupted", INTERRUPTED_EXIT_CODE),
+}
 
 
 def format_seconds(seconds: float) -> str:
@@ -55,11 +64,29 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Preempted(RuntimeError):
-    """A SIGTERM / SIGUSR1 arrived; a checkpoint was written and the run should be re-launched."""
+    """A pause signal (``PAUSE_SIGNALS``: SIGTERM, SIGUSR1, SIGINT) arrived; a checkpoint was written and the
+    same command continues the run."""
 
     def __init__(self, message: str, signum: int | None = None):
         super().__init__(message)
         self.signum = signum  # run.py hands the signal on to a launcher's own handler (submitit)
+
+    @property
+    def status(self) -> str:
+        """What status.json records: ``preempted`` (SIGTERM, SIGUSR1) or ``interrupted`` (Ctrl-C)."""
+        return PAUSE_SIGNALS.get(self.signum, ("preempted", PREEMPTED_EXIT_CODE))[0]
+
+    @property
+    def exit_code(self) -> int:
+        return PAUSE_SIGNALS.get(self.signum, ("preempted", PREEMPTED_EXIT_CODE))[1]
+
+
+def signal_words(signum: int | None) -> str:
+    """``Ctrl-C (SIGINT)`` or ``SIGTERM``: how a line names the signal that paused a run."""
+    if signum is None:
+        return "a signal"
+    name = signal.Signals(signum).name
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
 
 
 def select_device(name: str) -> torch.device:
@@ -189,7 +216,7 @@ class Trainer:
             self._signal = signum
         previous = {}
         try:
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
+            for sig in PAUSE_SIGNALS:
                 previous[sig] = signal.signal(sig, handler)
         except ValueError:  # not in the main thread: leave signals alone
             yield
@@ -288,8 +315,8 @@ class Trainer:
                 bar.update(1)
             if self._signal is not None and step + 1 < steps:
                 self.save(epoch, step + 1, tally.partial())
-                raise Preempted(f"signal {self._signal} received: checkpoint written at epoch {epoch}, "
-                                f"step {step + 1}; re-launch the same command to continue", self._signal)
+                raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch}, "
+                                f"step {step + 1}; re-run the same command to continue", self._signal)
         if bar is not None:
             bar.close()
         if int(bad_step) >= 0:
@@ -321,8 +348,8 @@ class Trainer:
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
         if self._signal is not None and not last:
-            raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {done}; "
-                            "re-launch the same command to continue", self._signal)
+            raise Preempted(f"{signal_words(self._signal)} received: checkpoint written after epoch {done}; "
+                            "re-run the same command to continue", self._signal)
 
     def _finite(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
         """In ``skip`` mode, drop a non-finite step (syncs each step); ``stop`` checks per epoch."""

@@ -208,7 +208,15 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
             write_json(run_dir / METRICS_FILE, metrics)  # last: from here on the run is finished (final_metrics)
             faults.hit("final_record")  # test-only kill point (swalab.faults)
         except Preempted as exc:
-            write_status(run_dir, {"status": "preempted", "message": str(exc)})
+            write_status(run_dir, {"status": exc.status, "message": str(exc)})
+            log.info(f"[swalab] {run_dir} {exc.status}: {exc}")
+            tracker.finish(exit_code=1)
+            raise
+        except KeyboardInterrupt:  # Ctrl-C outside the training loop (the final scoring): nothing to checkpoint
+            message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint is kept; "
+                       "re-run the same command to continue")
+            write_status(run_dir, {"status": "interrupted", "message": message})
+            log.info(f"[swalab] {run_dir} interrupted: {message}")
             tracker.finish(exit_code=1)
             raise
         except BaseException as exc:

@@ -298,3 +298,22 @@ def test_hydra_run_dir_is_refused_naming_run_dir(tmp_path):
     done = cli(*QUIET, f"hydra.run.dir={tmp_path / 'mine'}", f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode == 2 and "Use run.dir=<dir> to place this run" in done.stderr
     assert not (tmp_path / "out").exists()  # nothing trained (Hydra itself made the empty folder it was given)
+
+
+def test_an_unfinished_run_is_never_started_from_or_scored_as_if_finished(tmp_path, make_cfg):
+    from swalab.results.compare import score_run
+    from swalab.results.runs import load_weights
+
+    parent = tmp_path / "parent"
+    train(make_cfg(*TINY, "method=sgd", "run.save_at=[1]"), run_dir=parent)
+    (parent / "metrics.json").unlink()  # as if it were still training (or had stopped) after its last epoch
+    with pytest.raises(FileNotFoundError, match=r"run.init_from=.*parent has not finished \(its newest kept "
+                                                r"checkpoint is epoch 2 of 2\): name an epoch explicitly"):
+        train(make_cfg(*TINY, "method=sgd", f"run.init_from={parent}"), run_dir=tmp_path / "child")
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        score_run(parent, device="cpu")
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        load_weights(str(parent))
+    assert load_weights(f"{parent}@1")  # an explicit epoch is always there to start from
+    train(make_cfg(*TINY, "method=sgd", f"run.init_from={parent}@1"), run_dir=tmp_path / "child")
+    assert json.loads((tmp_path / "child" / "lineage.json").read_text())["epoch"] == 1

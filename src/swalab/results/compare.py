@@ -33,6 +33,7 @@ from swalab.results.diagnostics import section35
 from swalab.evaluate import ensemble_mean, labels_of, metrics_from_probs, metrics_table, predict_logits, recompute_bn
 from swalab.results.runs import Run, open_run
 from swalab.train import load_into
+from swalab.train.build import unfinished
 from swalab.trainer import select_device
 
 SINGLE_MODELS = ("swa", "fge_avg")  # predictors held against an FGE ensemble
@@ -74,6 +75,9 @@ class Scored:
 def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
     """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device``."""
     run = open_run(run_dir)
+    why = unfinished(run.path)
+    if why is not None:  # its newest checkpoint is not its result
+        raise FileNotFoundError(why)
     dev = select_device(device)
     data = run.data()
     _, test_loader, bn_loader = run.loaders(data, dev)

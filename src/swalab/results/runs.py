@@ -29,13 +29,13 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.checkpoint import CheckpointStore
 from swalab.config import build
 from swalab.data import ImageData, subset
 from swalab.data.splits import cap_test_split
 from swalab.identity import identity_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE
 from swalab.train import build_loaders, build_model, load_init_weights
+from swalab.train.build import unfinished
 from swalab.train.records import DamagedRecord, final_metrics
 
 FINAL = "final.pt"
@@ -184,17 +184,17 @@ class Run:
         return build_loaders(cfg, data, device)
 
     def weights(self, name: str = "live") -> dict[str, torch.Tensor]:
-        """A state dict: ``live`` (or ``sgd``: the last iterate; the newest checkpoint's when the run has no
-        ``final.pt``) or a method's own weights in ``final.pt`` (``swa``, ``ema``)."""
+        """A state dict of the finished run from ``final.pt``: ``live`` (or ``sgd``: the last iterate) or a
+        method's own weights (``swa``, ``ema``). A run that has not finished has no final weights: its
+        checkpoints are read by epoch (``load_weights("<run dir>@<epoch>")``), never taken for its end."""
+        why = unfinished(self.path)
+        if why is not None:
+            raise FileNotFoundError(why)
         final = self.path / FINAL
-        if final.exists():
-            state = torch.load(final, map_location="cpu", weights_only=False)
-        elif name in ("live", "sgd"):
-            state = CheckpointStore(self.path).latest()
-            if state is None:
-                raise FileNotFoundError(f"{self.path} holds neither {FINAL} nor a checkpoint")
-        else:
-            raise FileNotFoundError(f"{self.path} has no {FINAL} (is the run finished?)")
+        if not final.exists():
+            raise FileNotFoundError(f"{self.path} has finished but holds no {FINAL}: re-score it by moving its "
+                                    "metrics.json away and re-running its command")
+        state = torch.load(final, map_location="cpu", weights_only=False)
         if name in ("live", "sgd", "model"):
             return state["model"]
         methods = state.get("methods") or {}
@@ -270,8 +270,6 @@ def load_weights(spec: str) -> dict[str, torch.Tensor]:
     head, _, method = spec.partition(":")
     path = Path(head.split("@")[0])
     if path.is_dir() and "@" not in head:
-        if not (path / FINAL).exists():
-            raise FileNotFoundError(f"{spec}: {path} has no {FINAL} (is the run finished?)")
         return Run(path).weights(method or "live")
     if method:
         raise ValueError(f"{spec}: ':{method}' only applies to a run directory")

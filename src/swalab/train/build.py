@@ -17,11 +17,37 @@ from swalab import distributed
 from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
 from swalab.config import ConfigError, build
 from swalab.data import ResidentLoader, subset
+from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer import TrainerOptions
 
 
+def unfinished(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot stand for its final weights, or None when it has finished: a run still training
+    (or stopped) has only intermediate checkpoints, which are never taken for its end without an explicit
+    ``@<epoch>``."""
+    try:
+        if final_metrics(run_dir) is not None:
+            return None
+    except DamagedRecord as exc:
+        return f"{exc}; re-run its command to score it again"
+    kept = CheckpointStore(run_dir).kept()
+    newest = kept[-1][0] if kept else None
+    epochs = None
+    try:
+        import yaml
+
+        epochs = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("trainer", {}).get("epochs")
+    except (OSError, ValueError, AttributeError):
+        pass
+    where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
+    total = f" of {epochs}" if epochs is not None and newest is not None else ""
+    pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None else ""
+    return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
+
+
 def load_init_weights(spec: str) -> tuple[dict, dict]:
-    """Weights to start from: ``<run dir>[@epoch]``, a swalab checkpoint, or a plain state dict file.
+    """Weights to start from: ``<run dir>`` (a finished run's last weights), ``<run dir>@<epoch>`` (that epoch's
+    checkpoint, finished or not), a swalab checkpoint, or a plain state dict file.
 
     Returns the state dict and a lineage record naming where it came from.
     """
@@ -38,6 +64,9 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
                                         f"(keep it with run.save_at=[{epoch}] in the parent run)")
             state = read_checkpoint(found)
         else:
+            why = unfinished(path)
+            if why is not None:
+                raise FileNotFoundError(f"run.init_from={spec}: {why}")
             state = store.latest()
             if state is None:
                 raise FileNotFoundError(f"run.init_from={spec}: {store.dir} holds no checkpoint")

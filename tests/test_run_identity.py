@@ -317,3 +317,24 @@ def test_an_unfinished_run_is_never_started_from_or_scored_as_if_finished(tmp_pa
     assert load_weights(f"{parent}@1")  # an explicit epoch is always there to start from
     train(make_cfg(*TINY, "method=sgd", f"run.init_from={parent}@1"), run_dir=tmp_path / "child")
     assert json.loads((tmp_path / "child" / "lineage.json").read_text())["epoch"] == 1
+
+
+def test_a_grid_record_finds_its_runs_from_any_directory_and_after_a_move(tmp_path):
+    from swalab.results.report import report
+
+    work = tmp_path / "work"
+    work.mkdir()
+    done = cli("-m", *TINY, "method=sgd", "seed=0,1", "paths.output_dir=out", cwd=work)  # relative, as by default
+    assert done.returncode == 0, done.stderr[-2000:]
+    (tmp_path / "moved").mkdir()
+    (work / "out").rename(tmp_path / "moved" / "out")
+    [grid] = (tmp_path / "moved" / "out" / "grids").iterdir()
+    found = report([grid], tmp_path / "report")  # read from the repository's directory, not the grid's
+    assert len(found["finished"]) == 2
+    assert all(Path(job["run_dir"]).is_dir() for job in read_jobs(grid))
+
+
+def test_an_empty_output_directory_is_refused_before_a_grid_writes_its_record(tmp_path):
+    done = cli("-m", *TINY, "method=sgd", "paths.output_dir=", cwd=tmp_path)
+    assert done.returncode == 2 and "paths.output_dir is empty" in done.stderr
+    assert not Path("/grids").exists() and list(tmp_path.iterdir()) == []

@@ -181,6 +181,8 @@ def check_config(cfg: DictConfig) -> None:
     save_at = cfg.run.get("save_at") or []
     if not all(is_int(e) and e >= 1 for e in save_at):
         errors.append(f"run.save_at={list(save_at)!r} must be a list of epochs >= 1")
+    if not str(OmegaConf.select(cfg, "paths.output_dir", default="outputs") or "").strip():
+        errors.append("paths.output_dir is empty: give the directory that holds the runs (paths.output_dir=outputs)")
     if cfg.run.get("init_from") and cfg.run.get("branch_from"):
         errors.append("set run.init_from (weights only) or run.branch_from (full state), not both")
     train_size, batch_size = cfg.dataset.get("train_size"), cfg.trainer.batch_size

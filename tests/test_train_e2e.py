@@ -109,3 +109,33 @@ def test_real_cifar10_jpeg_subset_learns(make_cfg, tmp_path, cifar10_jpg):
                              "dataset.train_size=2000", "model=preresnet20", "method=sgd", "trainer.epochs=3",
                              "trainer.eval_every=0"), run_dir=tmp_path / "run")
     assert metrics["sgd"]["acc"] > 20.0  # chance is 10%
+
+
+BN1D = ["model=custom", "model.arch._target_=bn1d_net.FlatBN", "trainer.epochs=2", "method=swa",
+        "model.swa.start_epoch=1", "trainer.channels_last=false"]
+
+
+def test_a_last_batch_of_one_image_is_folded_so_batchnorm1d_trains_and_updates(make_cfg, tmp_path):
+    # 129 images in batches of 128 left a last batch of 1: BatchNorm1d failed in epoch 1 (and in the BN update)
+    metrics = train(make_cfg(*BN1D, "dataset.train_size=129", "trainer.batch_size=128"), run_dir=tmp_path)
+    assert set(metrics) == {"swa", "sgd"}
+
+
+def test_a_model_that_cannot_train_on_one_image_is_refused_before_training(make_cfg, tmp_path):
+    with pytest.raises(ConfigError, match=r"FlatBN cannot train on a batch of one image .*raise trainer.batch_size"):
+        train(make_cfg(*BN1D, "dataset.train_size=16", "trainer.batch_size=1"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_resident_loader_folds_only_a_last_training_batch_of_one():
+    from swalab.data import DataSplit, ResidentLoader
+
+    def sizes(n, train):
+        split = DataSplit(torch.zeros(n, 1, 4, 4, dtype=torch.uint8), torch.zeros(n, dtype=torch.int64))
+        loader = ResidentLoader(split, 4, "cpu", [0.0], [1.0], train=train, pad=0, drop_last=False)
+        return [len(y) for _, y in loader]
+
+    assert sizes(9, train=True) == [4, 5]          # 4 + 4 + 1: the single image joins the batch before it
+    assert sizes(10, train=True) == [4, 4, 2]
+    assert sizes(9, train=False) == [4, 4, 1]      # evaluation keeps every batch as it is
+    assert sizes(1, train=True) == [1]

@@ -242,8 +242,9 @@ class StreamLoader:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if drop_last is None:
-            drop_last = train and len(split) >= 2 * batch_size
+        if drop_last is None:  # in training, never a tiny last batch, and never one of a single image (BatchNorm)
+            n = len(split)
+            drop_last = train and (n >= 2 * batch_size or (n > batch_size and n % batch_size == 1))
         self.train = bool(train)
         self.sampler = SeededSampler(len(split), seed, shuffle=train)
         self._order_labels = None if train else split.labels

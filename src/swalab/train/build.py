@@ -174,6 +174,25 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     return train, test, bn
 
 
+def check_batches_of_one(model: torch.nn.Module, train_loader, device: torch.device) -> None:
+    """Refuse, before training, a model that cannot train on the batches of one image this run would give it
+    (``trainer.batch_size=1``, or a training set of one image): BatchNorm1d, for one, cannot normalise a single
+    sample in training mode. The loaders never make a last batch of one otherwise (they fold it into the one
+    before), so this costs one forward pass of a copy of the model, and only in that case."""
+    if getattr(train_loader, "batch_size", 2) > 1 and getattr(train_loader, "num_samples", 2) > 1:
+        return
+    import copy
+
+    x, _ = next(iter(train_loader))
+    probe = copy.deepcopy(model).to(device).train()
+    try:
+        with torch.no_grad():
+            probe(x[:1].to(device))
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{type(model).__name__} cannot train on a batch of one image ({exc}), and this run would "
+                          "give it one: raise trainer.batch_size (and dataset.train_size) above 1") from None
+
+
 def build_method(cfg: DictConfig, epochs: int):
     """The base schedule and the method, from their config groups (each checks its own arguments)."""
     kwargs = {}

@@ -24,7 +24,8 @@ from swalab.identity import IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
-from swalab.train.build import build_loaders, build_model, load_init_weights, load_into, trainer_options
+from swalab.train.build import (build_loaders, build_model, check_batches_of_one, load_init_weights, load_into,
+                                trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.train.records import (METRICS_FILE, PREDICTIONS_FILE, git_info, one_line, save_predictions,
                                   seed_everything, write_json, write_status, write_text)
@@ -55,6 +56,7 @@ def build_run(plan: RunPlan) -> Built:
     train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
     method.validate_steps(len(train_loader))
     model = build_model(cfg, data)
+    check_batches_of_one(model, train_loader, device)
     lineage = None
     if cfg.run.get("init_from"):
         weights, lineage = load_init_weights(cfg.run.init_from)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swalab.results.compare import compare, main, score_run
-from swalab.evaluate import metrics_from_probs
+from swalab.evaluate import metrics_from_log_probs
 from swalab.results.runs import load_weights, open_run
 from swalab.train import train
 
@@ -48,8 +48,9 @@ def test_a_run_reopens_with_its_model_weights_and_loaders(runs):
     for key, value in swa.state_dict().items():
         assert torch.equal(value, final["methods"]["swa"][key]), key
     assert run.method == "swa" and len(scored.test_labels()) == 360 and run.method_weights() == ["swa"]
-    metrics = metrics_from_probs(scored.probs(swa), scored.test_labels())
+    metrics = metrics_from_log_probs(scored.log_probs(swa), scored.test_labels())
     assert metrics["acc"] == pytest.approx(run.metrics["swa"]["acc"], abs=1e-6)
+    assert metrics["nll"] == pytest.approx(run.metrics["swa"]["nll"], abs=1e-6)
     with pytest.raises(KeyError, match="ema"):
         run.weights("ema")
     assert all(torch.equal(load_weights(f"{runs[0]}:swa")[k], v) for k, v in final["methods"]["swa"].items())

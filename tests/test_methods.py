@@ -214,9 +214,9 @@ def test_fge_cached_ensemble_equals_the_mean_softmax_of_the_saved_members(tmp_pa
         net.load_state_dict(torch.load(path, weights_only=False)["model"])
         member_probs.append(predict_logits(net, trainer.test_loader, CPU).softmax(1))
     fresh = torch.stack(member_probs).mean(0)
-    torch.testing.assert_close(method.ensemble.probs(), fresh)
+    torch.testing.assert_close(method.ensemble.log_probs().exp(), fresh)
     saved = method.artifacts(trainer.ctx)[MEMBER_PROBS_FILE]  # train.py writes it to the run directory
-    torch.testing.assert_close(torch.stack(saved["member_probs"]).mean(0), fresh)
+    torch.testing.assert_close(torch.stack(saved["member_log_probs"]).exp().mean(0), fresh)
     assert saved["member_epochs"] == [3, 5, 7] and torch.equal(saved["labels"], trainer.test_labels)
     ensemble_metrics = metrics_from_probs(fresh, trainer.test_labels)
     last = metrics["fge"]["curve"][-1]
@@ -230,7 +230,7 @@ def test_fge_cached_ensemble_equals_the_mean_softmax_of_the_saved_members(tmp_pa
 
 def scalar_ctx(model: nn.Module, tmp_path, steps: int) -> TrainContext:
     return TrainContext(model=model, device=CPU, epochs=1, steps_per_epoch=steps, run_dir=tmp_path,
-                        update_bn=lambda m: None, test_probs=lambda m: torch.zeros(1, 2),
+                        update_bn=lambda m: None, test_log_probs=lambda m: torch.zeros(1, 2),
                         test_labels=torch.zeros(1, dtype=torch.long))
 
 

@@ -33,8 +33,8 @@ from torch import nn
 from swalab import distributed, faults
 from swalab.checkpoint import CheckpointStore, checkpoint_name
 from swalab.config import ConfigError
-from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_probs, predict_logits,
-                             recompute_bn, reliability_bins)
+from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_log_probs,
+                             predict_log_probs, recompute_bn, reliability_bins)
 from swalab.methods.base import Method, TrainContext
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
@@ -193,7 +193,7 @@ class Trainer:
         self.test_labels = labels_of(test_loader)
         self.ctx = TrainContext(model=self.model, device=device, epochs=options.epochs,
                                 steps_per_epoch=len(train_loader), run_dir=self.run_dir,
-                                update_bn=self.update_bn, test_probs=self.test_probs,
+                                update_bn=self.update_bn, test_log_probs=self.test_log_probs,
                                 test_labels=self.test_labels, amp=self.amp, log=self._pending_log.update)
 
     # -- services lent to methods --------------------------------------------------------
@@ -203,8 +203,8 @@ class Trainer:
             self.bn_loader.set_epoch(0)
         recompute_bn(model, faults.watch(self.bn_loader, "bn_update"), self.device, self.amp)
 
-    def test_probs(self, model: nn.Module) -> torch.Tensor:
-        return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
+    def test_log_probs(self, model: nn.Module) -> torch.Tensor:
+        return predict_log_probs(model, self.test_loader, self.device, self.amp)
 
     # -- signals ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -383,9 +383,10 @@ class Trainer:
     def evaluate(self) -> Evaluation:
         """Score every predictor the method hands back, the same way, on the test set."""
         predictors = self.method.predictors(self.ctx)
-        probs = {name: p.predict_proba(self.test_loader).float() for name, p in predictors.items()}
-        metrics = {name: {**metrics_from_probs(p, self.test_labels), **self.method.describe(name)}
-                   for name, p in probs.items()}
+        log_probs = {name: p.predict_log_proba(self.test_loader).float() for name, p in predictors.items()}
+        metrics = {name: {**metrics_from_log_probs(p, self.test_labels), **self.method.describe(name)}
+                   for name, p in log_probs.items()}
+        probs = {name: p.exp() for name, p in log_probs.items()}
         for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():
             metrics.setdefault(name, {}).update(extra)
         reliability = {name: reliability_bins(p.cpu(), self.test_labels.cpu()) for name, p in probs.items()}

@@ -36,8 +36,8 @@ class TrainContext:
     """What the trainer lends to a method: the live model and the means to score and re-estimate.
 
     ``update_bn(model)`` recomputes a model's BatchNorm statistics with one pass over the
-    training data (train mode, exact cumulative average, no grad); ``test_probs(model)`` gives
-    its softmax probabilities on the test set (labels in ``test_labels``); ``log`` adds values to
+    training data (train mode, exact cumulative average, no grad); ``test_log_probs(model)`` gives
+    its log-probabilities on the test set (labels in ``test_labels``); ``log`` adds values to
     the current epoch's line of the run's history.
     """
 
@@ -47,7 +47,7 @@ class TrainContext:
     steps_per_epoch: int
     run_dir: Path
     update_bn: Callable[[nn.Module], None]
-    test_probs: Callable[[nn.Module], torch.Tensor]
+    test_log_probs: Callable[[nn.Module], torch.Tensor]
     test_labels: torch.Tensor
     amp: bool = True
     log: Callable[[dict], None] = field(default=lambda row: None)

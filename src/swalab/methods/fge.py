@@ -23,11 +23,19 @@ import torch
 
 from swalab.checkpoint import atomic_save
 from swalab.config import ConfigError, require
-from swalab.evaluate import CachedEnsemble, Predictor
+from swalab.evaluate import CachedEnsemble, Predictor, log_of
 from swalab.methods.base import Method, TrainContext, check_pre_schedule
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 
-MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_probs", "member_epochs", "labels"}
+MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_log_probs", "member_epochs", "labels"}
+
+
+def member_log_probs_of(record: dict) -> list[torch.Tensor]:
+    """The members' log-probabilities in a checkpoint's FGE state or a ``fge_member_probs.pt``; files written
+    before swalab kept log-probabilities hold ``member_probs``, read through ``log_of``."""
+    if "member_log_probs" in record:
+        return list(record["member_log_probs"])
+    return [log_of(p) for p in record.get("member_probs", [])]
 
 
 class FGE(Method):
@@ -90,7 +98,7 @@ class FGE(Method):
             return
         if self.bn_update:
             ctx.update_bn(ctx.model)
-        self.ensemble.add(ctx.test_probs(ctx.model))
+        self.ensemble.add(ctx.test_log_probs(ctx.model))
         self.member_epochs.append(epoch)
         if self.save_members:
             path = Path(ctx.run_dir) / "members" / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
@@ -101,12 +109,12 @@ class FGE(Method):
         return {"fge": self.ensemble}
 
     def artifacts(self, ctx: TrainContext) -> dict[str, object]:
-        """The members' cached test probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.results.compare``,
+        """The members' cached test log-probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.results.compare``,
         the report's section 3.5 and the analyses score the ensemble (and each member) from them, without the
         members' weights (``save_members``)."""
         if not len(self.ensemble):
             return {}
-        return {MEMBER_PROBS_FILE: {"member_probs": self.ensemble.member_probs,
+        return {MEMBER_PROBS_FILE: {"member_log_probs": self.ensemble.member_log_probs,
                                     "member_epochs": [e + 1 for e in self.member_epochs],
                                     "labels": ctx.test_labels.cpu()}}
 
@@ -115,8 +123,8 @@ class FGE(Method):
                         "curve": self.ensemble.curve(labels)}}
 
     def state_dict(self) -> dict:
-        return {"member_probs": self.ensemble.member_probs, "member_epochs": self.member_epochs}
+        return {"member_log_probs": self.ensemble.member_log_probs, "member_epochs": self.member_epochs}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
-        self.ensemble = CachedEnsemble(state.get("member_probs", []))
+        self.ensemble = CachedEnsemble(member_log_probs_of(state))
         self.member_epochs = list(state.get("member_epochs", []))

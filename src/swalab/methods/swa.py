@@ -42,7 +42,7 @@ from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from swalab import faults
 from swalab.config import ConfigError, require
-from swalab.evaluate import CachedProbs, ModelPredictor, Predictor, metrics_from_probs
+from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, log_of, metrics_from_log_probs
 from swalab.methods.base import Method, TrainContext, check_pre_schedule
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 
@@ -86,7 +86,7 @@ class SWA(Method):
         self.pre_schedule = (PaperSGD(lr=schedule.lr, horizon=max(self.swa_start, 1), final_lr=self.swa_lr)
                              if pre_schedule == "reference" else schedule)
         self.averaged: AveragedModel | None = None
-        self.budget_probs: dict[str, torch.Tensor] = {}
+        self.budget_log_probs: dict[str, torch.Tensor] = {}
 
     # -- checks ------------------------------------------------------------------------
     def validate(self, initialized: bool) -> None:
@@ -181,10 +181,10 @@ class SWA(Method):
         scored = False
         for b in self.eval_at_budgets:
             if done == self.epoch_of(b) and self.n_averaged:
-                self.budget_probs[budget_predictor(b)] = ctx.test_probs(self.averaged_for_eval(ctx))
+                self.budget_log_probs[budget_predictor(b)] = ctx.test_log_probs(self.averaged_for_eval(ctx))
                 scored = True
         if self.eval_every and done % self.eval_every == 0 and self.n_averaged and not scored:
-            metrics = metrics_from_probs(ctx.test_probs(self.averaged_for_eval(ctx)), ctx.test_labels)
+            metrics = metrics_from_log_probs(ctx.test_log_probs(self.averaged_for_eval(ctx)), ctx.test_labels)
             ctx.log({f"swa_test_{k}": v for k, v in metrics.items()})
 
     def averaged_for_eval(self, ctx: TrainContext) -> torch.nn.Module:
@@ -197,7 +197,7 @@ class SWA(Method):
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         swa_model = self.averaged_for_eval(ctx)
-        out: dict[str, Predictor] = {name: CachedProbs(p) for name, p in self.budget_probs.items()}
+        out: dict[str, Predictor] = {name: CachedLogProbs(p) for name, p in self.budget_log_probs.items()}
         out["swa"] = ModelPredictor(swa_model, ctx.device, ctx.amp)
         out["sgd"] = ModelPredictor(ctx.model, ctx.device, ctx.amp)
         return out
@@ -211,9 +211,10 @@ class SWA(Method):
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"averaged": self.averaged.state_dict() if self.averaged is not None else None,
-                "budget_probs": self.budget_probs}
+                "budget_log_probs": self.budget_log_probs}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
         if state.get("averaged") is not None:
             self.averaged.load_state_dict(state["averaged"])
-        self.budget_probs = dict(state.get("budget_probs", {}))
+        self.budget_log_probs = dict(state.get("budget_log_probs", {}))
+        self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})  # older files

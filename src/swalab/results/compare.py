@@ -30,7 +30,8 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from swalab.results.diagnostics import section35
-from swalab.evaluate import ensemble_mean, labels_of, metrics_from_probs, metrics_table, predict_logits, recompute_bn
+from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_probs, metrics_table, predict_log_probs,
+                             recompute_bn)
 from swalab.results.runs import Run, open_run
 from swalab.train import load_into
 from swalab.train.build import unfinished
@@ -60,9 +61,9 @@ class Scored:
         load_into(model, weights, source)
         return model.to(self.device)
 
-    def probs(self, model: torch.nn.Module) -> torch.Tensor:
-        """Softmax probabilities of ``model`` on the run's test set (CPU, float32)."""
-        return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
+    def log_probs(self, model: torch.nn.Module) -> torch.Tensor:
+        """Log-probabilities of ``model`` on the run's test set (CPU, float32)."""
+        return predict_log_probs(model, self.test_loader, self.device, self.amp)
 
     def test_labels(self) -> torch.Tensor:
         return labels_of(self.test_loader)
@@ -102,25 +103,25 @@ def average_members(scored: Scored) -> torch.nn.Module:
 
 
 def run_predictions(scored: Scored) -> tuple[dict[str, torch.Tensor], list[torch.Tensor] | None]:
-    """Test probabilities of every predictor of one run, and its FGE member probabilities (if any)."""
+    """Test log-probabilities of every predictor of one run, and its FGE members' (if any)."""
     run = scored.run
-    probs: dict[str, torch.Tensor] = {}
+    log_probs: dict[str, torch.Tensor] = {}
     members = None
     if run.method == "fge":
         if run.member_paths():
-            members = [scored.probs(scored.model_for(torch.load(p, map_location="cpu", weights_only=False)["model"],
-                                                     str(p))) for p in run.member_paths()]
-            probs["fge_avg"] = scored.probs(average_members(scored))
+            members = [scored.log_probs(scored.model_for(torch.load(p, map_location="cpu", weights_only=False)["model"],
+                                                         str(p))) for p in run.member_paths()]
+            log_probs["fge_avg"] = scored.log_probs(average_members(scored))
         else:
-            members = run.cached_member_probs()
+            members = run.cached_member_log_probs()
         if not members:
             raise FileNotFoundError(f"{run.path}: an FGE run with neither members/ nor fge_member_probs.pt")
-        probs["fge"] = ensemble_mean(members)
+        log_probs["fge"] = ensemble_log_mean(members)
     else:
-        probs["sgd"] = scored.probs(scored.model)
+        log_probs["sgd"] = scored.log_probs(scored.model)
     for name in run.method_weights():
-        probs[name] = scored.probs(scored.model_for(run.weights(name), f"{run.path}/final.pt[{name}]"))
-    return probs, members
+        log_probs[name] = scored.log_probs(scored.model_for(run.weights(name), f"{run.path}/final.pt[{name}]"))
+    return log_probs, members
 
 
 def unique_labels(runs: Sequence[Scored]) -> list[str]:
@@ -139,11 +140,12 @@ def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
     table: dict[str, dict] = {}
     per_run = {}
     for label, run in zip(labels, runs):
-        probs, members = run_predictions(run)
+        log_probs, members = run_predictions(run)
         test_labels = run.test_labels()
-        for name, p in probs.items():
-            table[f"{label}/{name}"] = metrics_from_probs(p, test_labels)
-        per_run[label] = {"probs": probs, "members": members, "labels": test_labels}
+        for name, p in log_probs.items():
+            table[f"{label}/{name}"] = metrics_from_log_probs(p, test_labels)
+        per_run[label] = {"probs": {name: p.exp() for name, p in log_probs.items()},
+                          "members": None if members is None else [m.exp() for m in members], "labels": test_labels}
     diagnostics: dict[str, dict] = {}
     for label, info in per_run.items():
         if info["members"] is None:

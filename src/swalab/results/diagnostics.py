@@ -96,7 +96,7 @@ def section35_of(row: Row) -> dict[str, dict]:
     ``{fge column label: {"consecutive_l2": [...], "max_agreement": [...], "vs": {swa column label:
     {"l2": [...], "agreement": [...]}}}}``, one value per seed.
     """
-    from swalab.methods.fge import MEMBER_PROBS_FILE
+    from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
     from swalab.train import PREDICTIONS_FILE
 
     out: dict[str, dict] = {}
@@ -108,7 +108,8 @@ def section35_of(row: Row) -> dict[str, dict]:
                  "seeds": []}
         for entry in fge_cell.entries:
             members = _load_probs(entry.run.path / MEMBER_PROBS_FILE)
-            if not members or len(members.get("member_probs", [])) < 1:
+            member_probs = [p.exp() for p in member_log_probs_of(members)] if members else []
+            if not member_probs:
                 continue
             singles = {}
             for swa_column, swa_cell in swa:
@@ -116,7 +117,7 @@ def section35_of(row: Row) -> dict[str, dict]:
                 saved = _load_probs(twin.run.path / PREDICTIONS_FILE) if twin else None
                 if saved and twin.predictor in saved["probs"] and saved["labels"].equal(members["labels"]):
                     singles[swa_column.label] = saved["probs"][twin.predictor].float()
-            result = section35([p.float() for p in members["member_probs"]], singles)
+            result = section35(member_probs, singles)
             block["seeds"].append(entry.run.seed)
             if result["consecutive"] is not None:
                 block["consecutive_l2"].append(result["consecutive"]["mean_l2"])

@@ -33,7 +33,7 @@ from swalab.config import build
 from swalab.data import ImageData, subset
 from swalab.data.splits import cap_test_split
 from swalab.identity import identity_of, stored_identity
-from swalab.methods.fge import MEMBER_PROBS_FILE
+from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
 from swalab.train.records import DamagedRecord, final_metrics
@@ -213,12 +213,12 @@ class Run:
         """FGE members saved with ``method.save_members=true``, in the order they were collected."""
         return sorted((self.path / "members").glob("member_*.pt"))
 
-    def cached_member_probs(self) -> list[torch.Tensor] | None:
-        """The FGE members' test probabilities cached at the end of training (None when absent)."""
+    def cached_member_log_probs(self) -> list[torch.Tensor] | None:
+        """The FGE members' test log-probabilities cached at the end of training (None when absent)."""
         path = self.path / MEMBER_PROBS_FILE
         if not path.exists():
             return None
-        return list(torch.load(path, map_location="cpu", weights_only=False)["member_probs"])
+        return member_log_probs_of(torch.load(path, map_location="cpu", weights_only=False))
 
 
 def open_run(run_dir: str | Path) -> Run:

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 import swalab  # noqa: F401  (registers resolvers)
 from swalab.branching import BranchError, check_branch, load_branch_state, read_lineage
+from swalab.train.build import data_files_record
 from swalab.identity import identity_of
 from swalab.methods import FGE, SGD, SWA
 from swalab.results.report import report
@@ -128,7 +129,9 @@ def test_the_lineage_is_written_and_read_back(trunk, tmp_path):
 
 
 def identity(*overrides: str) -> dict:
-    return identity_of(OmegaConf.to_container(cfg_of(*overrides), resolve=True))
+    """The identity a run of these overrides has (``swalab.train.prepare``), data fingerprint included."""
+    cfg = cfg_of(*overrides)
+    return identity_of(OmegaConf.to_container(cfg, resolve=True), data_files_record(cfg)["fingerprint"])
 
 
 def test_a_branch_from_another_seed_or_model_is_refused(trunk):

@@ -20,6 +20,7 @@ from PIL import Image
 
 import swalab.data.cache as cache_mod
 import swalab.data.folder as folder_mod
+from swalab.data.cache import cache_path
 from swalab.data import (
     DataSplit,
     ImageData,
@@ -228,7 +229,7 @@ def test_image_folder_loads_exact_pixels_and_caches(tmp_path, monkeypatch):
     assert torch.equal(data.train.images, torch.from_numpy(written["train"]).permute(0, 3, 1, 2))
     assert torch.equal(data.test.images, torch.from_numpy(written["test"]).permute(0, 3, 1, 2))
 
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     assert path.is_file() and not list(path.parent.glob("*.tmp"))
     saved = torch.load(path, weights_only=True)
     assert saved["format_version"] == 1 and saved["classes"] == written["classes"]
@@ -248,7 +249,7 @@ def test_image_folder_loads_exact_pixels_and_caches(tmp_path, monkeypatch):
 def test_cache_with_other_format_version_is_rebuilt(tmp_path):
     write_png_folder(tmp_path)
     first = load_cifar("cifar10", tmp_path, download=False)
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     saved = torch.load(path, weights_only=True)
     saved["format_version"] = 0
     saved["train_images"] = torch.zeros_like(saved["train_images"])  # would show if the stale cache were used
@@ -262,7 +263,7 @@ def test_cache_with_other_format_version_is_rebuilt(tmp_path):
 def test_unreadable_or_stale_cache_is_rebuilt(tmp_path):
     write_png_folder(tmp_path)
     load_cifar("cifar10", tmp_path, download=False)
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     path.write_bytes(b"\x00garbage")
     with pytest.warns(UserWarning, match="could not be loaded"):
         load_cifar("cifar10", tmp_path, download=False)
@@ -275,16 +276,16 @@ def test_unreadable_or_stale_cache_is_rebuilt(tmp_path):
 
 def test_unwritable_cache_location_warns_and_still_loads(tmp_path):
     write_png_folder(tmp_path)
-    (tmp_path / ".swalab_cache").write_text("a file where the cache folder should be")
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
     with pytest.warns(UserWarning, match="cannot write decode cache"):
-        data = load_cifar("cifar10", tmp_path, download=False)
+        data = load_cifar("cifar10", tmp_path, download=False, cache_dir=tmp_path / "cache")
     assert len(data.train) == 20
 
 
 def test_failed_cache_write_keeps_the_old_cache_and_leaves_no_temp_file(tmp_path, monkeypatch):
     write_png_folder(tmp_path)
     load_cifar("cifar10", tmp_path, download=False)
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     before = path.read_bytes()
 
     def disk_full(obj, f):
@@ -300,7 +301,7 @@ def test_failed_cache_write_keeps_the_old_cache_and_leaves_no_temp_file(tmp_path
 def test_cache_false_writes_nothing(tmp_path):
     write_png_folder(tmp_path)
     load_cifar("cifar10", tmp_path, download=False, cache=False)
-    assert not (tmp_path / ".swalab_cache").exists()
+    assert not cache_path(tmp_path, "cifar10", "folder").exists()
 
 
 def test_corrupt_image_is_named(tmp_path):

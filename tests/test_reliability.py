@@ -375,7 +375,7 @@ def test_labels_out_of_range_are_a_clear_error(tmp_path):
 def test_cache_written_by_another_version_is_rebuilt(tmp_path):
     root = image_folder(tmp_path / "data")
     cache = cache_path(root, "cifar10", "folder")
-    cache.parent.mkdir(parents=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format_version": CACHE_FORMAT_VERSION + 1, "train_images": "from the future"}, cache)
     with pytest.warns(UserWarning, match="format_version .* rebuilding it"):
         train(folder_cfg(root), run_dir=tmp_path / "run")

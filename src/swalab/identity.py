@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,6 +63,11 @@ READ_THROUGH = (
 BRANCH_MAY_DIFFER = ("method", "trainer.epochs", "schedule", "trainer.eval_every")
 
 IDENTITY_FILE = "identity.json"
+DATA_FINGERPRINT = "data.fingerprint"
+# Identities written by earlier versions of swalab: they held a data folder's absolute path (a data set is its
+# fingerprint now) and no fingerprint of the data. Comparing with one, these keys are not held against it.
+RETIRED_KEYS = ("dataset.root", "dataset.root_is_data")
+ADDED_KEYS = (DATA_FINGERPRINT,)
 SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 MAX_REST = 100  # characters of <rest> before the group hash replaces the tail
 
@@ -92,23 +96,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def identity_of(resolved: Mapping[str, Any]) -> dict[str, Any]:
-    """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts.
-
-    ``dataset.root`` only says where a copy of a named data set lives, except for a data set that is
-    its folder (``dataset.root_is_data``, ``conf/dataset/folder.yaml``): then the path counts, made absolute
-    (against the working directory), so that ``ds/good`` typed in two directories is two data sets and
-    ``ds/good`` and its absolute path are one.
+def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None) -> dict[str, Any]:
+    """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
+    and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
+    known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
+    folder copied elsewhere is the same data set and a folder whose images changed is another one.
     """
     flat: dict[str, Any] = {}
     for root in CONSUMED:
         if root in resolved:
             _flatten(resolved[root], root, flat)
-    keep_root = bool(flat.get("dataset.root_is_data"))
-    if keep_root and isinstance(flat.get("dataset.root"), str):
-        flat["dataset.root"] = os.path.abspath(os.path.expanduser(flat["dataset.root"]))
-    return {k: v for k, v in sorted(flat.items())
-            if (keep_root and k == "dataset.root") or not (_under(k, NON_RESULT) or _under(k, READ_THROUGH))}
+    identity = {k: v for k, v in flat.items() if not (_under(k, NON_RESULT) or _under(k, READ_THROUGH))}
+    if data_fingerprint is not None:
+        identity[DATA_FINGERPRINT] = data_fingerprint
+    return dict(sorted(identity.items()))
 
 
 def canonical(identity: Mapping[str, Any]) -> str:
@@ -129,11 +130,14 @@ def group_hash(identity: Mapping[str, Any]) -> str:
 
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
-    """``key: <theirs> there, <ours> here`` for every key whose values differ (absent keys included)."""
+    """``key: <theirs> there, <ours> here`` for every key whose values differ (absent keys included, but for
+    the keys an earlier swalab recorded or did not: ``RETIRED_KEYS``, ``ADDED_KEYS``)."""
     out = []
     for key in sorted(set(ours) | set(theirs)):
         if _under(key, ignore):
             continue
+        if (key in RETIRED_KEYS and key not in ours) or (key in ADDED_KEYS and key not in theirs):
+            continue  # an identity written by an earlier swalab (RETIRED_KEYS)
         a, b = ours.get(key, "<absent>"), theirs.get(key, "<absent>")
         if a != b:
             out.append(f"{key}: {b!r} there, {a!r} here")

@@ -141,6 +141,16 @@ class FolderData:
     test: ImageFolderSplit
     num_classes: int
     classes: list[str]
+    record: dict | None = None        # the files read (swalab.data.fingerprint)
+    cache_note: str | None = None     # nothing is cached: images are decoded from disk every epoch
+
+
+def files_record(root: str | Path, **_) -> dict:
+    """The record of the files :func:`load_imagenet` reads (``swalab.data.fingerprint``); the first time a
+    1.28M-image folder is read whole, later starts only ``stat`` the files."""
+    from .fingerprint import folder_record
+
+    return folder_record(root, (TRAIN_SPLIT, EVAL_SPLIT), IMAGE_EXTENSIONS)
 
 
 def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0,
@@ -166,7 +176,7 @@ def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0
     from timm.data import ImageNetInfo
 
     return FolderData(name="imagenet", train=ImageFolderSplit(train), test=ImageFolderSplit(test),
-                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()))
+                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()), record=files_record(root))
 
 
 def imagenet_transforms(model_name: str | None, image_size: int | None = None, mean: Sequence[float] | None = None,

@@ -38,8 +38,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.identity import CONSUMED, identity_of
 from swalab.train import build_method, locate
+from swalab.train.plan import identity_for
 from swalab.train.records import DamagedRecord, final_metrics
 
 REPO = Path(__file__).resolve().parents[3]
@@ -80,9 +80,8 @@ def compose_run(overrides: list[str]) -> DictConfig:
 
 def run_dir_of(cfg: DictConfig, overrides: list[str]) -> Path:
     """Where ``python run.py <overrides>`` trains: the directory ``swalab.train`` names from the config."""
-    resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-                for k in CONSUMED if k in cfg}
-    return locate(cfg, identity_of(resolved), overrides, dict(cfg.hydra.runtime.choices)).resolve()
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    return locate(cfg, identity_for(task)[0], overrides, dict(cfg.hydra.runtime.choices)).resolve()
 
 
 def method_of(cfg: DictConfig):

@@ -11,7 +11,7 @@ import inspect
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
 from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
@@ -43,6 +43,22 @@ def unfinished(run_dir: Path) -> str | None:
     total = f" of {epochs}" if epochs is not None and newest is not None else ""
     pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None else ""
     return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
+
+
+def data_files_record(cfg: DictConfig) -> dict | None:
+    """The record of the files the run's data set reads (``swalab.data.fingerprint``), from the module of its
+    loader (``dataset.source._target_``), which defines ``files_record`` with the loader's arguments; None for a
+    loader without one (a user's own) or data that are not there yet (a download still to come)."""
+    import sys
+
+    from hydra.utils import get_method
+
+    loader = get_method(str(cfg.dataset.source._target_))
+    recorder = getattr(sys.modules[loader.__module__], "files_record", None)
+    if recorder is None:
+        return None
+    args = {k: v for k, v in OmegaConf.to_container(cfg.dataset.source, resolve=True).items() if k != "_target_"}
+    return recorder(**args)
 
 
 def load_init_weights(spec: str) -> tuple[dict, dict]:

@@ -20,15 +20,15 @@ from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointStore, atomic_save
 from swalab.config import ConfigError, build
 from swalab.evaluate import metrics_table
-from swalab.identity import IDENTITY_FILE, group_hash, record
+from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, check_batches_of_one, load_init_weights, load_into,
                                 trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
-from swalab.train.records import (METRICS_FILE, PREDICTIONS_FILE, git_info, one_line, save_predictions,
-                                  seed_everything, write_json, write_status, write_text)
+from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, data_facts, git_info, one_line,
+                                  save_predictions, seed_everything, write_json, write_status, write_text)
 from swalab.trainer import Preempted, Trainer
 
 log = get_logger()
@@ -42,6 +42,8 @@ class Built:
     lineage: dict | None
     resume_state: dict | None
     branched: bool
+    data_facts: dict | None = None   # what the run found in its data set (data.json)
+    cache_note: str | None = None    # where the decoded images were cached, when this run wrote the cache
 
 
 def build_run(plan: RunPlan) -> Built:
@@ -53,6 +55,10 @@ def build_run(plan: RunPlan) -> Built:
     expected = cfg.dataset.get("num_classes")
     if expected is not None and data.num_classes != expected:
         raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
+    if plan.data_record is None and getattr(data, "record", None) is not None:  # downloaded just now
+        plan.data_record = data.record
+        plan.identity = {**plan.identity, DATA_FINGERPRINT: data.record["fingerprint"]}
+        inspect_run_dir(run_dir, plan.identity, cfg.run.resume, data.record)
     train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
     method.validate_steps(len(train_loader))
     model = build_model(cfg, data)
@@ -74,7 +80,8 @@ def build_run(plan: RunPlan) -> Built:
     options = trainer_options(cfg, method.epochs)
     trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
                       identity=plan.identity)
-    return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched)
+    return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched,
+                 data_facts=data_facts(data, plan.data_record), cache_note=getattr(data, "cache_note", None))
 
 
 def execute(plan: RunPlan) -> dict:
@@ -111,7 +118,7 @@ def execute(plan: RunPlan) -> dict:
             lock.release()
 
 
-def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
+def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = None) -> None:
     if not distributed.is_main():
         return
     run_dir = plan.run_dir
@@ -120,6 +127,8 @@ def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
     if plan.overrides is not None:
         write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     write_json(run_dir / "git.json", git_info())
+    if facts is not None:
+        write_json(run_dir / DATA_FILE, facts)
     if lineage is not None:
         write_json(run_dir / "lineage.json", lineage)
     write_json(run_dir / "status.json", {"status": "running"})
@@ -174,7 +183,7 @@ def show(caught: list) -> None:
 def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) -> dict:
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
     plan.started = True
-    write_run_files(plan, built.lineage)
+    write_run_files(plan, built.lineage, built.data_facts)
     with run_log(run_dir):
         show(early)
         if lock is not None and lock.took_over():
@@ -184,6 +193,8 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
         else:
             log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                      f"{record(plan.identity)['hash']})")
+        if built.cache_note:
+            log.info(f"[swalab] {built.cache_note}")
         tracker = make_tracker(plan, built)
 
         def on_epoch(row: dict) -> None:

@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError, check_config, check_overrides, default_choices
-from swalab.identity import differences, group_hash, identity_of, name_items, run_name, stored_identity
+from swalab.data.fingerprint import changes
+from swalab.identity import DATA_FINGERPRINT, differences, group_hash, identity_of, name_items, run_name, stored_identity
 from swalab.logs import get_logger
-from swalab.train.build import build_method
-from swalab.train.records import DamagedRecord, final_metrics
+from swalab.train.build import build_method, data_files_record
+from swalab.train.records import DamagedRecord, final_metrics, read_data_record
 from swalab.trainer import select_device
 
 
@@ -38,6 +39,7 @@ class RunPlan:
     apart: tuple[str, ...] = ()           # what sets the run apart in its name (identity.name_items): schedule-cosine, ...
     grid: str | None = None               # the grid launch's record directory name (<date_time>), if in a grid
     finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
+    data_record: dict | None = None       # the files the data set reads (swalab.data.fingerprint), when known
     started: bool = False                 # set once training starts: an error before it is a refusal
 
 
@@ -60,17 +62,27 @@ def same_run_elsewhere(named: Path, identity: dict) -> Path | None:
     That job is the SGD run the previous grid made, so it continues or skips that run instead of
     training a copy (one config, one run).
     """
-    if stored_identity(named) == identity:
+    stored = stored_identity(named)
+    if stored is not None and not differences(identity, stored):
         return None
     method_dir, seed_dir = named.parent.parent, named.name
     if not method_dir.is_dir():
         return None
     for candidate in sorted(method_dir.glob(f"*/{seed_dir}")):
-        if candidate != named and stored_identity(candidate) == identity:
+        theirs = stored_identity(candidate)
+        if candidate != named and theirs is not None and not differences(identity, theirs):
             get_logger().info(f"[swalab] {named.relative_to(method_dir)} is the run already in {candidate} "
                               "(the same config: the overrides that differ do not reach this method); using it")
             return candidate
     return None
+
+
+def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
+    """The run's identity (``swalab.identity.identity_of``: the resolved config and the fingerprint of the data
+    it reads), the resolved config, and the record of the data's files (None when they are not there yet)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    data_record = data_files_record(cfg)
+    return identity_of(resolved, data_record["fingerprint"] if data_record else None), resolved, data_record
 
 
 def validate(cfg: DictConfig):
@@ -87,12 +99,20 @@ def validate(cfg: DictConfig):
     return method
 
 
-def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
+def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | None = None) -> dict | None:
     """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
-    identity (to skip it), None for a new or interrupted one; refused when it holds another config."""
+    identity (to skip it), None for a new or interrupted one; refused when it holds another config, or the
+    same config on data that changed since (naming the class folders that did)."""
     theirs = stored_identity(run_dir)
-    if theirs is not None and theirs != identity:
-        raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(differences(identity, theirs)[:8])
+    diffs = differences(identity, theirs) if theirs is not None else []
+    if [d for d in diffs if d.startswith(DATA_FINGERPRINT + ":")] and len(diffs) == 1:
+        then = read_data_record(run_dir)
+        what = changes(then["record"], data_record) if then and data_record else "its files differ"
+        raise ConfigError(f"{run_dir} holds this config's run on other data: the data set changed since it was "
+                          f"made ({what}). Nothing there is touched. Restore the data to continue that run, or train "
+                          "on the new data in a directory of its own with run.dir=<dir>")
+    if diffs:
+        raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(diffs[:8])
                           + "): nothing there is touched. Re-run with that config to continue it, or give this "
                           "one its own directory with run.dir=<dir>")
     try:
@@ -129,11 +149,11 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
         check_overrides(overrides, list(choices or {}))
     method = validate(cfg)
     device = select_device(str(cfg.trainer.device))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    identity = identity_of(resolved)
+    identity, resolved, data_record = identity_for(cfg)
     run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
     apart = tuple(name_items(overrides, choices or {}, default_choices())[0])
-    finished = inspect_run_dir(run_dir, identity, cfg.run.resume)
+    finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
-                   apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished)
+                   apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished,
+                   data_record=data_record)

@@ -57,6 +57,30 @@ def write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
 
 
+DATA_FILE = "data.json"
+
+
+def data_facts(data, record: dict | None) -> dict:
+    """What a run found in its data set (``data.json``): the record of the files read (per class folder a count
+    and a hash, ``swalab.data.fingerprint``), the classes, channels, image size, split sizes, the
+    normalisation measured on the training images (when the loader measures it) and the decode cache."""
+    images = getattr(data.train, "images", None)
+    return {"name": data.name, "num_classes": int(data.num_classes), "classes": list(data.classes),
+            "channels": getattr(data, "channels", None),
+            "image_size": list(images.shape[-2:]) if images is not None else None,
+            "train_images": len(data.train), "test_images": len(data.test),
+            "measured_mean": getattr(data, "mean", None), "measured_std": getattr(data, "std", None),
+            "record": record}
+
+
+def read_data_record(run_dir: str | Path) -> dict | None:
+    """The run's ``data.json`` (:func:`data_facts`), or None (runs of earlier versions have none)."""
+    try:
+        return json.loads((Path(run_dir) / DATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 class DamagedRecord(ValueError):
     """A run's ``metrics.json`` exists but cannot be read (empty, cut short, not swalab's)."""
 

@@ -103,3 +103,30 @@ def test_a_path_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, command):
     assert done.stderr.strip().splitlines() == [f"[{command[0]}] not_a_run is not a swalab run directory: "
                                                 "no config.yaml there"]
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--device", "cuda"], "--device cuda: no such device here"),
+    (["--out", "afile/x.json"], "--out afile/x.json lies below afile, which is a file"),
+])
+def test_bad_flags_are_one_line_before_any_scoring(runs, tmp_path, args, line):
+    if args[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    (tmp_path / "afile").write_text("")
+    done = subprocess.run([sys.executable, "-m", "swalab.results.compare", str(runs[0]), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"[swalab.results.compare] {line}")
+
+
+def test_compare_refuses_a_run_that_has_not_finished(runs, tmp_path):
+    import shutil
+
+    copy = tmp_path / "swa"
+    shutil.copytree(runs[0], copy)
+    (copy / "metrics.json").unlink()  # as while it still trains
+    with pytest.raises(FileNotFoundError, match=r"has not finished \(its newest kept checkpoint is epoch 6 of 6\)"):
+        compare([copy], device="cpu")
+    (copy / "metrics.json").write_text("")  # damaged
+    with pytest.raises(FileNotFoundError, match=r"metrics.json cannot be read"):
+        compare([copy], device="cpu")

@@ -201,8 +201,11 @@ def test_a_directory_without_finished_runs_says_so(tmp_path, capsys):
 
 
 def test_a_missing_directory_is_an_error_not_an_empty_table(tmp_path, capsys):
-    assert main([str(tmp_path / "nowhere")]) == 2
-    assert "no such directory" in capsys.readouterr().err
+    from swalab.cli import run_command
+
+    with pytest.raises(SystemExit) as exit_:
+        run_command(main, [str(tmp_path / "nowhere")], prog="swalab.results.report")
+    assert exit_.value.code == 2 and "no such directory" in capsys.readouterr().err
 
 
 def test_section_35_compares_swa_with_the_fge_ensemble_per_seed_from_saved_probabilities(tmp_path):
@@ -280,3 +283,55 @@ def test_a_report_into_a_folder_of_an_earlier_one_leaves_none_of_its_files(grid,
     written = report([root], tmp_path / "out")["written"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(written)
     assert not (tmp_path / "out" / "fge_curve.png").exists()
+
+
+def test_a_report_that_fails_midway_leaves_the_earlier_report_whole(grid, tmp_path, monkeypatch):
+    import swalab.results.report as report_mod
+
+    out = tmp_path / "report"
+    report([grid], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # what a kill or Ctrl-C while the plots are drawn does to the command
+    monkeypatch.setattr(report_mod, "plot_reliability", killed)
+    with pytest.raises(KeyboardInterrupt):
+        report([grid], out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing half-written, nothing deleted
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]  # no work folder left behind
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--out", "afile"], "--out afile is a file: give a folder"),
+    (["--out", "afile/sub"], "--out afile/sub lies below afile, which is a file: give a folder"),
+])
+def test_bad_flags_of_report_and_row_are_one_line(grid, tmp_path, args, line):
+    import subprocess
+
+    (tmp_path / "afile").write_text("")
+    done = subprocess.run([sys.executable, "-m", "swalab.results.report", str(grid), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"[swalab.results.report] {line}"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--dataset", "digits", "--model", "preresnet20", "--swa-budgets", "-1"],
+     "--swa-budgets -1: every SWA budget must be a number > 0"),
+    (["--dataset", "nosuch", "--model", "preresnet20"],
+     "In 'config': Could not find 'dataset/nosuch'; available options in 'dataset': cifar10, cifar100, digits"),
+])
+def test_bad_arguments_of_row_are_one_line(tmp_path, args, line):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "swalab.results.row", *args, f"paths.output_dir={tmp_path}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"[swalab.results.row] {line}")
+
+
+def test_a_damaged_metrics_file_is_listed_by_name(grid, tmp_path, capsys):
+    damaged = grid / "cifar10" / "preresnet20" / "ema" / "default" / "seed1" / "metrics.json"
+    damaged.write_text("")
+    found = report([grid], tmp_path / "report")
+    assert any(n.startswith(f"damaged: {damaged.parent}") and "metrics.json cannot be read" in n
+               for n in found["notes"])

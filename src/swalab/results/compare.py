@@ -33,7 +33,10 @@ from swalab.results.diagnostics import section35
 from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_probs, metrics_table, predict_log_probs,
                              recompute_bn)
 from swalab.results.runs import Run, open_run
+from swalab.cli import output_file
+from swalab.config import ConfigError
 from swalab.train import load_into
+from swalab.train.records import write_text
 from swalab.train.build import unfinished
 from swalab.trainer import select_device
 
@@ -179,12 +182,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     args = parser.parse_args(argv)
+    out = output_file(args.out, "--out") if args.out else None  # checked before any scoring
+    try:
+        select_device(args.device)
+    except ConfigError:
+        raise ConfigError(f"--device {args.device}: no such device here (CUDA visible: "
+                          f"{torch.cuda.is_available()}); use --device auto or cpu") from None
     result = compare(args.runs, device=args.device)
     print(format_report(result))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\n[swalab] wrote {args.out}")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text(out, json.dumps(result, indent=2) + "\n")
+        print(f"\n[swalab] wrote {out}")
     return result
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -38,9 +39,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
+from swalab.config import ConfigError
 from swalab.train import build_method, locate
 from swalab.train.plan import identity_for
-from swalab.train.records import DamagedRecord, final_metrics
+from swalab.train.records import DamagedRecord, final_metrics, write_text
 
 REPO = Path(__file__).resolve().parents[3]
 SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
@@ -314,7 +316,11 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> dict:
     own, extra = split_args(list(sys.argv[1:] if argv is None else argv))
-    parser = argparse.ArgumentParser(prog="python -m swalab.results.row", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m swalab.results.row", description=__doc__.split("\n\n")[0],
+        epilog="Any other argument of the form key=value is a Hydra override handed to every run of the row, "
+               "e.g. dataset.root=../shared/data/cifar10-jpg dataset.train_size=10000 model.budget_epochs=30 "
+               "logger=none paths.output_dir=<dir>.")
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -324,6 +330,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ema", action="store_true", help="add an EMA run of one budget (trained straight through)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order and run nothing")
     args = parser.parse_args(own)
+    bad = [b for b in args.swa_budgets if not (math.isfinite(b) and b > 0)]
+    if bad:
+        raise ConfigError(f"--swa-budgets {' '.join(f'{b:g}' for b in bad)}: every SWA budget must be a number > 0 "
+                          "(the paper's are 1 1.25 1.5)")
     try:
         return run_rows(args, extra)
     except RowError as exc:
@@ -348,11 +358,13 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
         path = (output_dir / "rows" /
                 f"{args.dataset}_{args.model}_{rest}_seed{seed}{'_naive' if args.naive else ''}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        write_text(path, json.dumps(record, indent=2) + "\n")
         print(f"[row] seed {seed}: {path}\n" + format_row(row_metrics(manifest, output_dir)))
         result[seed] = {**record, "root": str(output_dir)}
     return result
 
 
 if __name__ == "__main__":
-    main()
+    from swalab.cli import run_command
+
+    run_command(main, prog="swalab.results.row")

@@ -117,3 +117,12 @@ def test_a_training_method_refuses_a_budget_of_zero(make_cfg):
     """``method.budget=0 trainer.epochs=2`` used to train and report a column "SGD 0B (2 ep)"."""
     with pytest.raises(ConfigError, match=r"method.budget=0 must be > 0 for method=sgd"):
         validate(make_cfg("method=sgd", "method.budget=0", "trainer.epochs=2"))
+
+
+@pytest.mark.parametrize("model, dataset", [("wrn28_10", "cifar100"), ("vgg16", "cifar100"), ("preresnet164", "cifar100"),
+                                            ("pyramidnet272", "cifar100"), ("shakeshake26_2x64d", "cifar10"),
+                                            ("resnet50", "imagenet"), ("preresnet20", "digits")])
+def test_a_paper_model_trains_on_its_paper_data_set_unless_another_is_named(make_cfg, model, dataset):
+    assert make_cfg(f"model={model}").dataset.name == dataset  # `run.py method=swa model=wrn28_10` as in the paper
+    assert make_cfg(f"model={model}", "dataset=digits").dataset.name == "digits"  # a dataset= typed wins
+    assert make_cfg("dataset=cifar10", f"model={model}").dataset.name == "cifar10"  # in either order

@@ -6,7 +6,6 @@ One test reads the JPEG copy of CIFAR-10 when it is present and is skipped other
 
 from __future__ import annotations
 
-import os
 import pickle
 import urllib.error
 import warnings
@@ -572,16 +571,8 @@ def test_loader_gives_the_same_batches_on_cuda_and_cpu():
 # ----------------------------------------------------------------------------------------------- real data
 
 
-def _cifar10_jpg_root() -> Path | None:
-    env = os.environ.get("SWALAB_CIFAR10_JPG")
-    candidate = Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10-jpg"
-    return candidate if (candidate / "train").is_dir() else None
-
-
-def test_real_cifar10_jpeg_folder_subset():
-    root = _cifar10_jpg_root()
-    if root is None:
-        pytest.skip("no CIFAR-10 JPEG copy: set SWALAB_CIFAR10_JPG or place it at ../shared/data/cifar10-jpg")
+def test_real_cifar10_jpeg_folder_subset(cifar10_jpg):
+    root = cifar10_jpg  # the one fixture that finds the copy, and the one skip message that names where it looked
     train, test, classes = read_image_folder(root, max_per_class=20, size=(32, 32))
     assert classes == CIFAR10_NAMES
     assert train.images.shape == (200, 3, 32, 32) and test.images.shape == (200, 3, 32, 32)

@@ -130,3 +130,33 @@ def test_compare_refuses_a_run_that_has_not_finished(runs, tmp_path):
     (copy / "metrics.json").write_text("")  # damaged
     with pytest.raises(FileNotFoundError, match=r"metrics.json cannot be read"):
         compare([copy], device="cpu")
+
+
+def fake_run(path, method="swa", seed=0, dataset="digits", epochs=8, apart=None):
+    import yaml
+
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "dataset": {"name": dataset},
+                                                      "method": {"name": method}, "trainer": {"epochs": epochs}}))
+    (path / "identity.json").write_text(json.dumps({"identity": {"seed": seed}, **({"apart": apart} if apart else {})}))
+    return path
+
+
+def test_compare_labels_runs_by_what_sets_them_apart_and_says_what_differs(tmp_path):
+    from types import SimpleNamespace
+
+    from swalab.results.compare import differences_between, unique_labels
+    from swalab.results.runs import Run
+
+    runs = [SimpleNamespace(run=Run(fake_run(tmp_path / name, **kw))) for name, kw in [
+        ("a", {"apart": {"model.swa.lr": 0.05}}), ("b", {}), ("c", {"dataset": "cifar10", "epochs": 30}),
+        ("d", {})]]
+    assert unique_labels(runs) == ["swa/seed0[model.swa.lr=0.05]",  # not swa/seed0 and swa/seed0#2
+                                   f"swa/seed0[{tmp_path / 'b'}]", f"swa/seed0[{tmp_path / 'c'}]",
+                                   f"swa/seed0[{tmp_path / 'd'}]"]  # alike by their settings: told apart by place
+    labels = [torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([1, 1, 0]), torch.tensor([0, 1])]
+    notes = differences_between(runs, labels)
+    assert notes == ["the runs are on different data sets (cifar10, digits): their numbers are not comparable",
+                     "the runs were scored on different test sets (other images or test_size): their numbers are "
+                     "not comparable, and no section 3.5 pair crosses them",
+                     "the runs trained for different lengths (8, 30 epochs)"]

@@ -139,7 +139,7 @@ def test_runs_of_different_lengths_or_settings_are_never_pooled(tmp_path):
     lines = table_lines(tmp_path / "out")
     assert lines[0] == "| row | SGD 1B (2 ep) | SGD 1B (4 ep) |"
     assert lines[2:] == ["| cifar10 / preresnet20 · trainer.batch_size=– | 40.00 (n=1) | 80.00 (n=1) |",
-                         "| cifar10 / preresnet20 · trainer.batch_size=64 | – | 60.00 (n=1) |"]
+                         "| cifar10 / preresnet20 · trainer.batch_size=64 | not run | 60.00 (n=1) |"]
 
 
 def test_failed_runs_are_listed_not_dropped(grid, tmp_path, capsys):

@@ -144,9 +144,45 @@ def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Sequ
     return out
 
 
-def record(identity: Mapping[str, Any]) -> dict[str, Any]:
-    """What ``identity.json`` holds: the hashes and the canonical identity."""
-    return {"hash": identity_hash(identity), "group": group_hash(identity), "identity": dict(identity)}
+def record(identity: Mapping[str, Any], apart: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What ``identity.json`` holds: the hashes, the canonical identity, and what sets the run apart from its
+    defaults (:func:`settings_apart`, when known; not part of the hashes)."""
+    out = {"hash": identity_hash(identity), "group": group_hash(identity), "identity": dict(identity)}
+    if apart is not None:
+        out["apart"] = dict(apart)
+    return out
+
+
+def settings_apart(identity: Mapping[str, Any], default: Mapping[str, Any], sources: Mapping[str, str],
+                   choices: Mapping[str, Any] = {}) -> dict[str, Any]:
+    """What sets a run apart from the default config of its data set, model and method, in the keys a user types.
+
+    ``default`` is the identity of the config composed with the run's own group choices and no other override;
+    ``sources`` names, for a key read through an interpolation (``method.swa_lr: ${model.swa.lr}``), the key it
+    reads (``model.swa.lr``), which is the one a user types and the one shown; ``choices`` are the group choices
+    that differ from the primary config's (``schedule: cosine``), shown first as ``schedule``. The data set's
+    fingerprint and the seed are not settings. Returns ``{key: value}`` in that order, sorted within each part.
+    """
+    out: dict[str, Any] = {str(g): v for g, v in sorted(choices.items())}
+    for key in sorted(set(identity) | set(default)):
+        if key == "seed" or key.startswith("data."):
+            continue
+        if identity.get(key, "<absent>") != default.get(key, "<absent>"):
+            out.setdefault(sources.get(key, key), identity.get(key, "<absent>"))
+    return out
+
+
+def label_of(apart: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:
+    """``schedule=cosine, model.swa.lr=0.05``: a settings-apart record (or the ``keys`` of it) as a label."""
+    return ", ".join(f"{k}={_shown(v)}" for k, v in apart.items() if keys is None or k in keys)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return str(value)
 
 
 def stored_identity(run_dir: str | Path) -> dict[str, Any] | None:

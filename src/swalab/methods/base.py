@@ -96,6 +96,11 @@ class Method:
                               "method.budget budgets of B = model.budget_epochs epochs (B follows trainer.epochs when "
                               "that is set); method=pretrained trains nothing")
 
+    def caveats(self) -> list[str]:
+        """What a user should know before the run starts although it can run (an FGE "ensemble" of one member):
+        each line is shown once at launch, on every run of a grid. The default has none."""
+        return []
+
     def validate_steps(self, steps_per_epoch: int) -> None:
         """Raise ``ConfigError`` when, with ``steps_per_epoch`` optimizer steps an epoch (known once the data
         are loaded), the method would never act (an EMA updated less often than the run has steps).

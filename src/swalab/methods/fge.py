@@ -79,6 +79,17 @@ class FGE(Method):
                               f"({self.cycle // 2}), so no member would be collected. Lower model.fge.pretrain (a "
                               "fraction of the budget) or model.fge.cycle_epochs")
 
+    def members_collected(self) -> int:
+        """How many members the run collects (one per cycle whose middle it reaches)."""
+        return sum(self.is_collection_epoch(e) for e in range(self.epochs))
+
+    def caveats(self) -> list[str]:
+        if self.members_collected() == 1:
+            return [f"FGE collects 1 member in trainer.epochs={self.epochs} ({self.pretrain_epochs} of pretraining, cycles "
+                    f"of {self.cycle}): its 'ensemble' is one SGD snapshot. Lengthen the run or lower model.fge.pretrain "
+                    "for 2 members or more"]
+        return []
+
     def last_branch_epoch(self) -> int:
         return self.pretrain_epochs + self.cycle // 2 - 1  # the first member is collected after the next epoch
 

@@ -35,6 +35,7 @@ from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_prob
 from swalab.results.runs import Run, open_run
 from swalab.cli import output_file
 from swalab.config import ConfigError
+from swalab.identity import label_of
 from swalab.train import load_into
 from swalab.train.records import write_text
 from swalab.train.build import unfinished
@@ -128,12 +129,30 @@ def run_predictions(scored: Scored) -> tuple[dict[str, torch.Tensor], list[torch
 
 
 def unique_labels(runs: Sequence[Scored]) -> list[str]:
-    labels, seen = [], {}
-    for run in runs:
-        label = run.label
-        seen[label] = seen.get(label, 0) + 1
-        labels.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
-    return labels
+    """``swa/seed0`` for a run of its method's defaults, ``swa/seed0[model.swa.lr=0.05]`` for one of other settings
+    (what sets it apart, in the keys a user types); two runs still alike are told apart by their directories."""
+    labels = []
+    for scored in runs:
+        run = scored.run
+        apart = {k: v for k, v in (run.apart or {}).items()}
+        labels.append(run.label + (f"[{label_of(apart)}]" if apart else ""))
+    repeated = {label for label in labels if labels.count(label) > 1}
+    return [f"{label}[{scored.run.path}]" if label in repeated else label for label, scored in zip(labels, runs)]
+
+
+def differences_between(runs: Sequence[Scored], test_labels: Sequence[torch.Tensor]) -> list[str]:
+    """What a reader must know before setting the runs side by side: other data sets, other test sets, other lengths."""
+    notes = []
+    datasets = sorted({s.run.dataset_name for s in runs})
+    if len(datasets) > 1:
+        notes.append(f"the runs are on different data sets ({', '.join(datasets)}): their numbers are not comparable")
+    if any(len(t) != len(test_labels[0]) or not torch.equal(t, test_labels[0]) for t in test_labels[1:]):
+        notes.append("the runs were scored on different test sets (other images or test_size): their numbers are not "
+                     "comparable, and no section 3.5 pair crosses them")
+    epochs = sorted({int(s.run.get("trainer.epochs", 0) or 0) for s in runs})
+    if len(epochs) > 1:
+        notes.append(f"the runs trained for different lengths ({', '.join(map(str, epochs))} epochs)")
+    return notes
 
 
 def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
@@ -158,14 +177,16 @@ def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
             if other != label and torch.equal(oinfo["labels"], info["labels"]) and "swa" in oinfo["probs"]:
                 single[f"{other}/swa"] = oinfo["probs"]["swa"]
         diagnostics[f"{label}/fge"] = section35(info["members"], single)
+    notes = differences_between(runs, [info["labels"] for info in per_run.values()])
     return {"runs": {label: str(run.run.path) for label, run in zip(labels, runs)},
-            "predictors": table, "section35": diagnostics}
+            "predictors": table, "section35": diagnostics, "notes": notes}
 
 
 def format_report(result: dict) -> str:
-    lines = [metrics_table(result["predictors"])]
+    lines = [f"note: {n}" for n in result.get("notes", [])] + [metrics_table(result["predictors"])]
     for ens, d in result["section35"].items():
-        lines.append(f"\nsection 3.5, {ens} ({d['members']} members)    [paper: 0.126 / <= 87.33% consecutive; "
+        members = f"{d['members']} member" + ("s" if d["members"] != 1 else "")
+        lines.append(f"\nsection 3.5, {ens} ({members})    [paper: 0.126 / <= 87.33% consecutive; "
                      "0.079 / 95.26% SWA vs FGE]")
         if d["consecutive"] is not None:
             c = d["consecutive"]

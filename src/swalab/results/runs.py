@@ -82,6 +82,14 @@ class Run:
         return stored_identity(self.path) or identity_of(self.config)
 
     @cached_property
+    def apart(self) -> dict | None:
+        """What sets the run apart from its defaults, in the keys a user types (``identity.json``'s ``apart``,
+        ``swalab.identity.settings_apart``); None for a run that has no record of it (earlier versions)."""
+        record = _read_json(self.path / "identity.json") or {}
+        apart = record.get("apart")
+        return dict(apart) if isinstance(apart, dict) else None
+
+    @cached_property
     def _status(self) -> dict:
         return _read_json(self.path / "status.json") or {}
 

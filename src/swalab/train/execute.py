@@ -123,7 +123,7 @@ def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = No
         return
     run_dir = plan.run_dir
     write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
-    write_json(run_dir / IDENTITY_FILE, record(plan.identity))
+    write_json(run_dir / IDENTITY_FILE, record(plan.identity, plan.settings))
     if plan.overrides is not None:
         write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     write_json(run_dir / "git.json", git_info())

@@ -8,6 +8,7 @@ with the keys that differ.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError, check_config, check_overrides, default_choices
 from swalab.data.fingerprint import changes
-from swalab.identity import DATA_FINGERPRINT, differences, group_hash, identity_of, name_items, run_name, stored_identity
+from swalab.identity import (DATA_FINGERPRINT, differences, group_hash, identity_of, name_items, run_name,
+                             settings_apart, stored_identity)
 from swalab.logs import get_logger
 from swalab.train.build import build_method, data_files_record
 from swalab.train.records import DamagedRecord, final_metrics, read_data_record
@@ -40,6 +42,7 @@ class RunPlan:
     grid: str | None = None               # the grid launch's record directory name (<date_time>), if in a grid
     finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
     data_record: dict | None = None       # the files the data set reads (swalab.data.fingerprint), when known
+    settings: dict | None = None          # what sets it apart from its defaults, in user keys (apart_from_defaults)
     started: bool = False                 # set once training starts: an error before it is a refusal
 
 
@@ -83,6 +86,52 @@ def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     data_record = data_files_record(cfg)
     return identity_of(resolved, data_record["fingerprint"] if data_record else None), resolved, data_record
+
+
+# Group choices that name the run's place (its directory and table row), not a setting that sets it apart.
+PLACE_GROUPS = ("dataset", "model", "method", "experiment", "sweep", "dataset_model", "logger", "paths")
+
+
+def interpolation_sources(cfg: DictConfig, keys) -> dict[str, str]:
+    """For each of ``keys`` whose value in ``cfg`` is a plain interpolation (``${model.swa.lr}``), the key it reads."""
+    out = {}
+    for key in keys:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        try:
+            raw = node._get_node(leaf)._value() if OmegaConf.is_dict(node) else None
+        except (AttributeError, KeyError):
+            raw = None
+        match = re.fullmatch(r"\$\{([A-Za-z0-9_.]+)\}", raw) if isinstance(raw, str) else None
+        if match:
+            out[key] = interpolation_sources(cfg, [match.group(1)]).get(match.group(1), match.group(1))
+    return out
+
+
+def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -> dict | None:
+    """What sets this run apart from the defaults of its data set, model and method (``identity.settings_apart``),
+    by composing the config of the same group choices without the command line's key overrides; None when no
+    Hydra application is running to compose it (a config built in Python)."""
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not choices or not GlobalHydra.instance().is_initialized():
+        return None
+    primary = default_choices()
+    overrides = [f"{'' if g in primary else '+'}{g}={v}" for g, v in choices.items()
+                 if v is not None and not g.startswith("hydra") and g != "dataset_model"]
+    try:
+        default = compose(config_name="config", overrides=overrides)
+        for key in ("dataset.root", "model.arch._target_"):  # values the defaults leave to the user ('???')
+            parent, _, leaf = key.rpartition(".")
+            if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
+                OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
+        default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT))
+    except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
+        return None
+    changed_groups = {g: v for g, v in choices.items() if g not in PLACE_GROUPS and not g.startswith("hydra")
+                      and v != primary.get(g)}
+    return settings_apart(identity, default_identity, interpolation_sources(cfg, identity), changed_groups)
 
 
 def validate(cfg: DictConfig):
@@ -148,12 +197,15 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     if overrides is not None:
         check_overrides(overrides, list(choices or {}))
     method = validate(cfg)
+    for caveat in method.caveats():
+        get_logger().warning(f"[swalab] {caveat}")
     device = select_device(str(cfg.trainer.device))
     identity, resolved, data_record = identity_for(cfg)
     run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
     apart = tuple(name_items(overrides, choices or {}, default_choices())[0])
     finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
+    settings = apart_from_defaults(cfg, identity, choices)
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
                    apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished,
-                   data_record=data_record)
+                   data_record=data_record, settings=settings)

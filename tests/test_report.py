@@ -335,3 +335,40 @@ def test_a_damaged_metrics_file_is_listed_by_name(grid, tmp_path, capsys):
     found = report([grid], tmp_path / "report")
     assert any(n.startswith(f"damaged: {damaged.parent}") and "metrics.json cannot be read" in n
                for n in found["notes"])
+
+
+def with_apart(run, apart):
+    """What run.py records of a run launched with overrides: what sets it apart from its defaults."""
+    from swalab.identity import identity_of
+
+    identity = identity_of(yaml.safe_load((run / "config.yaml").read_text()))
+    (run / "identity.json").write_text(json.dumps({"identity": identity, "apart": apart}))
+    return run
+
+
+def test_the_plain_row_holds_the_defaults_and_every_other_row_names_its_settings_as_typed(tmp_path):
+    root = tmp_path / "g"
+    with_apart(make_run(root, "swa", 0, {"swa": m(97.5)}, budget=1.5, name="lr05",
+                        extra={"method": {"swa_lr": 0.05}}), {"model.swa.lr": 0.05, "model.swa.start_epoch": 3})
+    with_apart(make_run(root, "swa", 0, {"swa": m(91.0)}, budget=1.5, name="lr005",
+                        extra={"method": {"swa_lr": 0.005}}), {"model.swa.lr": 0.005, "model.swa.start_epoch": 5})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, budget=1.5, name="default"), {})
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}, name="default"), {})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[2:] == [
+        "| cifar10 / preresnet20 | 90.00 (n=1) | 93.00 (n=1) |",  # the defaults, though lr 0.05 was run first
+        "| cifar10 / preresnet20 · model.swa.lr=0.005, model.swa.start_epoch=5 | not run | 91.00 (n=1) |",
+        "| cifar10 / preresnet20 · model.swa.lr=0.05, model.swa.start_epoch=3 | not run | 97.50 (n=1) |"]
+
+
+def test_a_column_is_paired_only_with_sgd_of_exactly_its_budget_and_says_so_otherwise(tmp_path):
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(90.0)}, extra={"trainer": {"epochs": 6}})
+    make_run(root, "swa", 0, {"swa": m(95.0)}, budget=1.5, extra={"trainer": {"epochs": 8}})  # B = 5.33, not 6
+    make_run(root, "swa", 0, {"swa": m(94.0)}, budget=1.5, name="b6", extra={"trainer": {"epochs": 9}})  # B = 6
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
+    assert lines[0] == "| row | SWA 1.5B (8 ep) − SGD | SWA 1.5B (9 ep) − SGD |"
+    assert lines[2].endswith("| no SGD run of B = 5.33 ep | +4.00 (+4.00) |")
+    text = (tmp_path / "out" / "table.md").read_text()
+    assert "(SWA 1.5B (9 ep) − SGD 1B (6 ep))" in text  # the caption's example is a pair of this table

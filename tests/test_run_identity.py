@@ -338,3 +338,16 @@ def test_an_empty_output_directory_is_refused_before_a_grid_writes_its_record(tm
     done = cli("-m", *TINY, "method=sgd", "paths.output_dir=", cwd=tmp_path)
     assert done.returncode == 2 and "paths.output_dir is empty" in done.stderr
     assert not Path("/grids").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_run_records_what_sets_it_apart_from_its_defaults_in_the_keys_typed(tmp_path):
+    done = cli(*TINY, "method=swa", "model.swa.lr=0.05", "model.swa.start_epoch=1", "schedule=cosine",
+               "method.pre_schedule=base", f"paths.output_dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [record] = [json.loads(p.read_text()) for p in tmp_path.rglob("identity.json")]
+    apart = record["apart"]
+    assert list(apart)[0] == "schedule" and apart["schedule"] == "cosine"  # a group choice, first
+    assert apart["model.swa.lr"] == 0.05 and "method.swa_lr" not in apart  # the key typed, not the method's copy
+    assert apart["model.swa.start_epoch"] == 1 and apart["method.pre_schedule"] == "base"
+    assert apart["trainer.epochs"] == 2 and apart["dataset.train_size"] == 128
+    assert "seed" not in apart and not any(k.startswith("data.") for k in apart)

@@ -63,6 +63,9 @@ class Method:
     """
 
     name = "method"
+    # Settings that only add measurements (scoring the method's model during training) and never change a weight
+    # or a final number: a report does not set runs apart by them.
+    scoring_settings: tuple[str, ...] = ()
 
     def __init__(self, schedule: Schedule, epochs: int, budget: float = 1.0, name: str | None = None):
         self.schedule = schedule

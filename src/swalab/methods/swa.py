@@ -56,6 +56,7 @@ def budget_predictor(budget: float) -> str:
 
 class SWA(Method):
     name = "swa"
+    scoring_settings = ("score_every", "score_at_budgets")
 
     def __init__(self, schedule: Schedule, epochs: int, swa_lr: float, swa_start: float | None = None,
                  swa_start_epoch: int | None = None, phase: str = "constant", swa_lr_min: float | None = None,
@@ -178,13 +179,14 @@ class SWA(Method):
         elif self.phase == "shake_shake":
             if done > self.swa_start and (done - self.swa_start) % 100 == 0:
                 self.capture(ctx)
-        scored = False
+        scored = None  # the average's test log-probabilities, when this epoch end scores it
         for b in self.eval_at_budgets:
             if done == self.epoch_of(b) and self.n_averaged:
-                self.budget_log_probs[budget_predictor(b)] = ctx.test_log_probs(self.averaged_for_eval(ctx))
-                scored = True
-        if self.eval_every and done % self.eval_every == 0 and self.n_averaged and not scored:
-            metrics = metrics_from_log_probs(ctx.test_log_probs(self.averaged_for_eval(ctx)), ctx.test_labels)
+                scored = self.budget_log_probs[budget_predictor(b)] = ctx.test_log_probs(self.averaged_for_eval(ctx))
+        if self.eval_every and done % self.eval_every == 0 and self.n_averaged:
+            if scored is None:  # a budget mark's scoring serves the epoch's line too
+                scored = ctx.test_log_probs(self.averaged_for_eval(ctx))
+            metrics = metrics_from_log_probs(scored, ctx.test_labels)
             ctx.log({f"swa_test_{k}": v for k, v in metrics.items()})
 
     def averaged_for_eval(self, ctx: TrainContext) -> torch.nn.Module:

@@ -89,9 +89,10 @@ def _load_probs(path: Path) -> dict | None:
         return None
 
 
-def section35_of(row: Row) -> dict[str, dict]:
+def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
     """Per FGE column of ``row``: the paper's section 3.5 numbers for each seed that has both an FGE run
-    (``fge_member_probs.pt``) and SWA runs (``predictions.pt``), scored on the same test labels.
+    (``fge_member_probs.pt``) and SWA runs (``predictions.pt``), scored on the same test labels. The SWA runs are
+    ``row``'s and those of ``kin``, rows that share every setting with it but SWA's own (named by their label).
 
     ``{fge column label: {"consecutive_l2": [...], "max_agreement": [...], "vs": {swa column label:
     {"l2": [...], "agreement": [...]}}}}``, one value per seed.
@@ -100,7 +101,8 @@ def section35_of(row: Row) -> dict[str, dict]:
     from swalab.train import PREDICTIONS_FILE
 
     out: dict[str, dict] = {}
-    swa = [(c, cell) for c, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
+    swa = [(c, cell, f"{c.label} · {r.label}" if r is not row else c.label) for r in (row, *kin)
+           for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
     for fge_column, fge_cell in row.cells.items():
         if fge_column.method != "fge":
             continue
@@ -112,11 +114,11 @@ def section35_of(row: Row) -> dict[str, dict]:
             if not member_probs:
                 continue
             singles = {}
-            for swa_column, swa_cell in swa:
+            for swa_column, swa_cell, swa_label in swa:
                 twin = next((e for e in swa_cell.entries if e.run.seed == entry.run.seed), None)
                 saved = _load_probs(twin.run.path / PREDICTIONS_FILE) if twin else None
                 if saved and twin.predictor in saved["probs"] and saved["labels"].equal(members["labels"]):
-                    singles[swa_column.label] = saved["probs"][twin.predictor].float()
+                    singles[swa_label] = saved["probs"][twin.predictor].float()
             result = section35(member_probs, singles)
             block["seeds"].append(entry.run.seed)
             if result["consecutive"] is not None:

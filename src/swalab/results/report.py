@@ -17,9 +17,11 @@ Writes to ``--out`` (default ``report/``):
                       table (failed, unfinished, duplicates)
     table.csv         one line per (row, column, metric): mean, std, n, the values and their seeds
     runs.csv          one line per run: where it is, its state, every predictor's accuracy
-    test_error.png    test error against epoch per column (the live model; SWA's average dashed)
+    test_error.png    test error against epoch per column: the model it scores where scored during training (SWA's
+                      average with model.swa.score_every), the iterate a method trains dashed; band over seeds
     fge_curve.png     FGE ensemble accuracy against the number of members, SWA as a line
-    reliability.png   reliability diagrams (accuracy against confidence) per column
+    reliability.png   reliability diagrams per column, with the share of images per confidence bin beneath
+    *.pdf             each figure as PDF too
 
 ``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also builds a W&B Report
 (``swalab.results.wandb_report``: numeric Table 1, test error against epoch, the FGE curve with SWA, each panel
@@ -62,7 +64,7 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
 
 # Every file a report writes into ``--out`` (W&B's spec: ``swalab.results.wandb_report.SPEC_FILE``).
 REPORT_FILES = ("table.md", "table.csv", "runs.csv", "test_error.png", "fge_curve.png", "reliability.png",
-                "wandb_report.json")
+                "test_error.pdf", "fge_curve.pdf", "reliability.pdf", "wandb_report.json")
 
 
 def write_report(work: Path, roots: Sequence[str | Path], runs, finished, table: Table, notes: list[str],
@@ -78,7 +80,7 @@ def write_report(work: Path, roots: Sequence[str | Path], runs, finished, table:
         for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
                            ("reliability", plot_reliability)):
             if plot(table, work / f"{name}.png"):
-                names[f"{name}.png"] = True
+                names.update({f"{name}.png": True, f"{name}.pdf": True})
     if runs:
         write_runs_csv(runs, work / "runs.csv", roots)
         names["runs.csv"] = True

@@ -138,6 +138,8 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
 
     def swa_overrides(budget: float, marks: list[float]) -> list[str]:
         out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "method.pre_schedule=base"]
+        if "model.swa.score_every" not in keys:  # the average's own test error each epoch, for test_error.png
+            out.append("model.swa.score_every=1")
         if marks:
             out.append("model.swa.score_at_budgets=[" + ",".join(fmt_budget(b) for b in marks) + "]")
         if "horizon" in trunk_cfg.schedule and int(compose_run(out).trainer.epochs) != trunk_epochs:

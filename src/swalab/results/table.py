@@ -114,6 +114,14 @@ class Row:
     model: str
     label: str                               # the keys that set this row apart ("" for the only one)
     cells: dict[Column, Cell]
+    shares_with: "Row | None" = None         # the row of the same settings but the method's own (its SGD baseline)
+
+    def sgd_cells(self) -> dict[Column, Cell]:
+        """The SGD columns a column of this row is paired with: its own, else those of the row it shares with."""
+        own = {c: cell for c, cell in self.cells.items() if c.method == "sgd"}
+        if own or self.shares_with is None:
+            return own
+        return {c: cell for c, cell in self.shares_with.cells.items() if c.method == "sgd"}
 
     @property
     def name(self) -> str:
@@ -149,13 +157,25 @@ def _label(keys: Sequence[str], values: dict) -> str:
 IN_COLUMN = ("method.name", "method.budget", "trainer.epochs")
 
 
+def scoring_settings(run: Run) -> set[str]:
+    """The keys of the run's method that only add measurements (``Method.scoring_settings``), as a user types them."""
+    from hydra.utils import get_class
+
+    try:
+        names = get_class(str(run.get("method._target_"))).scoring_settings
+    except Exception:  # noqa: BLE001  a method class that cannot be imported here: nothing is left out
+        names = ()
+    return {f"{prefix}.{name}" for name in names for prefix in ("method", f"model.{run.method}")}
+
+
 def own_settings(run: Run) -> dict | None:
     """The run's settings apart from its defaults (``Run.apart``) that only its method reads (``method.*`` and the
-    model's recipe block named after it, ``model.swa.*`` for SWA), less what the column shows; None when the run
-    has no record of them."""
+    model's recipe block named after it, ``model.swa.*`` for SWA), less what the column shows and what only adds
+    measurements; None when the run has no record of them."""
     if run.apart is None:
         return None
-    return {k: v for k, v in run.apart.items() if k not in IN_COLUMN
+    skip = scoring_settings(run)
+    return {k: v for k, v in run.apart.items() if k not in IN_COLUMN and k not in skip
             and (k.startswith("method.") or k.startswith(f"model.{run.method}."))}
 
 
@@ -164,8 +184,9 @@ def shared_settings(run: Run) -> dict | None:
     ``schedule=cosine``), less what the column shows; None without a record."""
     if run.apart is None:
         return None
-    own = own_settings(run) or {}
-    return {k: v for k, v in run.apart.items() if k not in IN_COLUMN and k not in own}
+    skip = scoring_settings(run) | set(IN_COLUMN)
+    return {k: v for k, v in run.apart.items() if k not in skip and not k.startswith("method.")
+            and not k.startswith(f"model.{run.method}.")}
 
 
 def _first_written(entries: Sequence[Entry]) -> float:
@@ -231,9 +252,20 @@ def build_table(runs: Sequence[Run]) -> Table:
                         label = _label(keys_apart, other.identity)
                     extra.append(Row(dataset, model, ", ".join(p for p in (base_label, label) if p),
                                      {column: Cell(cells[k]["entries"])}))
-            if main:  # a row whose every column ran only with other settings is shown by those rows alone
-                rows.append(Row(dataset, model, base_label, main))
-            rows.extend(sorted(extra, key=lambda r: r.label))
+            plain = Row(dataset, model, base_label, main) if main else None
+            if plain is not None:  # a row whose every column ran only with other settings is shown by those rows alone
+                rows.append(plain)
+            for row in extra:
+                row.shares_with = plain
+            merged: dict[str, list[Row]] = {}  # rows of one label share a row: a SWA run's budget columns together
+            for row in extra:
+                same = merged.setdefault(row.label, [])
+                target = next((r for r in same if not set(r.cells) & set(row.cells)), None)
+                if target is None:
+                    same.append(row)
+                else:
+                    target.cells.update(row.cells)
+            rows.extend(r for label in sorted(merged) for r in merged[label])
     for row in rows:
         for cell in row.cells.values():
             cell.entries.sort(key=lambda e: (str(e.run.seed), str(e.run.path)))
@@ -258,14 +290,14 @@ def budget_epochs_of(column: Column) -> float | None:
 
 
 def sgd_baseline(row: Row, column: Column) -> Column | None:
-    """The row's SGD column of exactly the same budget B as ``column``: SWA 1.5B (45 ep) is set against SGD 1B
+    """The row's SGD column (or, for a row of a method's other settings, that of the row it shares all else with)
+    of exactly the same budget B as ``column``: SWA 1.5B (45 ep) is set against SGD 1B
     (30 ep), never against an SGD run of another length (SWA 1.5B (8 ep), B = 5.33, has no SGD twin at 6 ep).
     Epochs are whole, so B matches exactly when the column's epochs are the SGD run's epochs times its budget,
     rounded by the rule that made them (``swalab.config.budget_epochs``: 1.25 x 150 = 188)."""
     from swalab.config import budget_epochs
 
-    candidates = [c for c in row.cells if c.method == "sgd" and c.budget == 1
-                  and budget_epochs(column.budget, c.epochs) == column.epochs]
+    candidates = [c for c in row.sgd_cells() if c.budget == 1 and budget_epochs(column.budget, c.epochs) == column.epochs]
     return min(candidates, key=lambda c: abs(c.epochs - budget_epochs_of(column))) if candidates else None
 
 
@@ -279,7 +311,7 @@ def paired_differences(row: Row, metric: str = "acc") -> dict[Column, list[float
         baseline = sgd_baseline(row, column)
         if baseline is None:
             continue
-        base, mine = row.cells[baseline].by_seed(metric), cell.by_seed(metric)
+        base, mine = row.sgd_cells()[baseline].by_seed(metric), cell.by_seed(metric)
         shared = [s for s in mine if s in base]
         if shared:
             out[column] = [mine[s] - base[s] for s in sorted(shared, key=str)]

@@ -19,7 +19,8 @@ PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 def section35_markdown(table: Table) -> list[str]:
     lines = []
     for row in table.rows:
-        for fge_label, block in section35_of(row).items():
+        kin = [r for r in table.rows if r.shares_with is row]
+        for fge_label, block in section35_of(row, kin).items():
             if block["consecutive_l2"]:
                 lines.append([row.name, f"{fge_label}: consecutive members", fmt_cell(block["consecutive_l2"], 4),
                               fmt_cell(block["max_agreement"])])
@@ -128,7 +129,9 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
         pair = f" ({example[0].label} − {example[1].label})" if example else ""
         out += ["## Paired differences against SGD (accuracy points, per seed)", "",
                 f"Each seed's accuracy minus the SGD run of the same seed, row and budget B{pair}; mean ± sample std "
-                "over the seeds both hold. A column is paired only with an SGD run of exactly its B.", "",
+                "over the seeds both hold. A column is paired only with an SGD run of exactly its B; a row of a method's own "
+                "other settings (SWA's pre-schedule, its lr) with the SGD of the row it shares every other setting with.",
+                "",
                 *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
     out += section35_markdown(table)
     out += wall_time_markdown(costs)

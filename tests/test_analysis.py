@@ -333,3 +333,19 @@ def test_the_analysis_command_lists_its_commands_with_a_line_each(capsys):
     with pytest.raises(SystemExit) as done:
         main(["planes"])
     assert done.value.code == 2 and "unknown command 'planes'" in capsys.readouterr().err
+
+
+def test_a_segment_between_runs_of_two_architectures_is_one_line_naming_the_solution(tmp_path, capsys):
+    from swalab.cli import run_command
+
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states)
+    wider = {name: (torch.zeros(10, 200) if name == "4.weight" else value) for name, value in states["sgd"].items()}
+    other = fake_run(tmp_path / "other", SMALL_BN, 1e-3, {"sgd": wider, "swa": wider})  # same names, other shapes
+    with pytest.raises(SystemExit) as exit_:
+        run_command(segment.main, ["--run", str(run_dir), "--sgd", str(other), "--out", str(tmp_path / "seg"),
+                                   "--quiet"], prog="swalab.analysis")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err == [
+        f"[swalab.analysis] --sgd {other}: parameter 4.weight has shape [10, 200] there but [10, 144] in this network "
+        f"(1 parameters differ): weights of another architecture; every solution must be a network of --run {run_dir}"]

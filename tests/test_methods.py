@@ -334,3 +334,13 @@ def test_swa_start_and_fge_pretraining_scale_with_the_run(make_cfg, epochs, star
     swa = validate(make_cfg("method=swa", f"trainer.epochs={epochs}"))  # digits: start 0.8125 of B, budget 1.5
     fge = validate(make_cfg("method=fge", f"trainer.epochs={epochs}"))  # pretrain 0.8 of B, budget 1
     assert (swa.swa_start, fge.pretrain_epochs) == (start, pretrain)
+
+
+def test_the_swa_average_is_in_every_epochs_line_with_score_every_budget_marks_included(tmp_path):
+    method = SWA(PaperSGD(lr=0.1, horizon=4), 4, swa_start=0.25, swa_lr=0.05, score_every=1, score_at_budgets=[0.75])
+    trainer = make_trainer(method, tmp_path, epochs=4)
+    metrics = trainer.fit().metrics
+    scored = {row["epoch"]: row["swa_test_acc"] for row in trainer.history if "swa_test_acc" in row}
+    assert sorted(scored) == [1, 2, 3, 4]                              # epoch 3 is the 0.75 mark: its line has it too
+    assert scored[3] == pytest.approx(metrics["swa@0.75"]["acc"])      # the same scoring, once
+    assert scored[4] == pytest.approx(metrics["swa"]["acc"])

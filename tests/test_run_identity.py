@@ -351,3 +351,10 @@ def test_a_run_records_what_sets_it_apart_from_its_defaults_in_the_keys_typed(tm
     assert apart["model.swa.start_epoch"] == 1 and apart["method.pre_schedule"] == "base"
     assert apart["trainer.epochs"] == 2 and apart["dataset.train_size"] == 128
     assert "seed" not in apart and not any(k.startswith("data.") for k in apart)
+
+
+def test_a_key_given_twice_names_the_run_once_with_the_value_applied(tmp_path):
+    twice = plan_of(tmp_path, *QUIET, "trainer.epochs=4", "trainer.epochs=6")
+    once = plan_of(tmp_path, *QUIET, "trainer.epochs=6")
+    assert twice.run_dir == once.run_dir and "trainer.epochs-6" in str(twice.run_dir)
+    assert "trainer.epochs-4" not in str(twice.run_dir)

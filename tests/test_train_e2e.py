@@ -139,3 +139,12 @@ def test_the_resident_loader_folds_only_a_last_training_batch_of_one():
     assert sizes(10, train=True) == [4, 4, 2]
     assert sizes(9, train=False) == [4, 4, 1]      # evaluation keeps every batch as it is
     assert sizes(1, train=True) == [1]
+
+
+def test_config_yaml_records_the_budget_the_run_trained_with(make_cfg, tmp_path):
+    import yaml
+
+    train(make_cfg("method=swa", "trainer.epochs=3", "model.swa.start_epoch=1", *TINY[:1]), run_dir=tmp_path)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["trainer"]["epochs"] == 3 and config["method"]["budget"] == 1.5
+    assert config["model"]["budget_epochs"] == 2  # B = 3 / 1.5, not the model's 16 or 150

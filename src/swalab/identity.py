@@ -246,11 +246,12 @@ def name_items(overrides: Sequence[str] | None, choices: Mapping[str, Any],
             text, ok = _safe(f"{g}-{choices[g]}")
             items.append(text)
             exact &= ok
+    last: dict[str, str] = {}  # a key given twice counts once, with the value Hydra applies (the last)
     for override in overrides or ():
         parts = split_override(override)
-        if parts is None:
-            continue
-        _, key, value = parts
+        if parts is not None:
+            last[parts[1]] = parts[2]
+    for key, value in last.items():
         if key in choices or key == "seed" or _under(key, NON_RESULT):
             continue
         rendered, ok = _render_value(value)

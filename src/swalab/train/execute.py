@@ -118,11 +118,19 @@ def execute(plan: RunPlan) -> dict:
             lock.release()
 
 
+def as_run(resolved: dict, method) -> dict:
+    """The resolved config as the run used it: ``model.budget_epochs`` is the B the run trained with, which
+    follows ``trainer.epochs`` when that was set (``trainer.epochs=3`` of SWA 1.5B is B = 2, not the model's 150)."""
+    b = method.budget_epochs
+    model = {**resolved.get("model", {}), "budget_epochs": int(b) if float(b).is_integer() else round(b, 6)}
+    return {**resolved, "model": model}
+
+
 def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = None) -> None:
     if not distributed.is_main():
         return
     run_dir = plan.run_dir
-    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
+    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(as_run(plan.resolved, plan.method))))
     write_json(run_dir / IDENTITY_FILE, record(plan.identity, plan.settings))
     if plan.overrides is not None:
         write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))

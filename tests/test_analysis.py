@@ -348,4 +348,4 @@ def test_a_segment_between_runs_of_two_architectures_is_one_line_naming_the_solu
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and err == [
         f"[swalab.analysis] --sgd {other}: parameter 4.weight has shape [10, 200] there but [10, 144] in this network "
-        f"(1 parameters differ): weights of another architecture; every solution must be a network of --run {run_dir}"]
+        f"(1 of 6 parameters differ): weights of another architecture; every solution must be a network of --run {run_dir}"]

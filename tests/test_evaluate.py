@@ -63,3 +63,40 @@ def test_checkpoints_and_files_written_with_probabilities_still_load():
     [log_probs] = member_log_probs_of({"member_probs": [probs], "member_epochs": [3]})  # an earlier version's file
     torch.testing.assert_close(log_probs.exp(), probs)
     assert torch.isfinite(log_probs).all()  # a probability rounded to 0 is the smallest float, never -inf
+
+
+def test_accuracy_nll_ece_and_top5_equal_a_hand_computation():
+    from swalab.evaluate import expected_calibration_error, metrics_from_probs
+
+    # six classes, four images (rows sum to 1; no ties)
+    probs = torch.tensor([[0.50, 0.20, 0.12, 0.09, 0.05, 0.04],    # label 0: right, conf 0.50, label 1st
+                          [0.02, 0.90, 0.03, 0.025, 0.015, 0.01],  # label 2: wrong, conf 0.90, label 2nd
+                          [0.35, 0.05, 0.06, 0.20, 0.30, 0.04],    # label 5: wrong, conf 0.35, label 6th (last)
+                          [0.10, 0.09, 0.60, 0.11, 0.05, 0.05]],   # label 2: right, conf 0.60, label 1st
+                         dtype=torch.float64)
+    labels = torch.tensor([0, 2, 5, 2])
+    m = metrics_from_probs(probs, labels)
+    assert m["acc"] == pytest.approx(50.0)                          # 2 of 4
+    assert m["top5"] == pytest.approx(75.0)                         # all but image 2
+    assert m["nll"] == pytest.approx(-(math.log(0.5) + math.log(0.03) + math.log(0.04) + math.log(0.6)) / 4, rel=1e-5)
+    # 15 equal bins of width 1/15: 0.35 -> bin 5 (acc 0), 0.5 -> bin 7 (acc 1), 0.6 -> bin 8 (acc 1), 0.9 -> bin 13 (acc 0)
+    expected_ece = (abs(0 - 0.35) + abs(1 - 0.5) + abs(1 - 0.6) + abs(0 - 0.9)) / 4  # = 0.5375
+    assert m["ece"] == pytest.approx(expected_ece, rel=1e-5)
+    assert expected_calibration_error(probs.float(), labels) == pytest.approx(0.5375, rel=1e-5)
+
+
+def test_two_images_in_one_ece_bin_are_averaged_before_the_gap_is_taken():
+    from swalab.evaluate import metrics_from_probs
+
+    probs = torch.tensor([[0.62, 0.38], [0.64, 0.36]])  # both in bin 9 (0.6 .. 0.667): one right, one wrong
+    m = metrics_from_probs(probs, torch.tensor([0, 1]))
+    assert m["ece"] == pytest.approx(abs(0.5 - 0.63), rel=1e-5)  # |mean acc - mean conf| weighted by 2/2, not 0.5
+
+
+def test_an_ensemble_is_the_mean_of_its_members_probabilities():
+    from swalab.evaluate import ensemble_mean
+
+    a = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+    b = torch.tensor([[0.5, 0.5], [0.6, 0.4]])
+    torch.testing.assert_close(ensemble_mean([a, b]), torch.tensor([[0.7, 0.3], [0.4, 0.6]]))
+    torch.testing.assert_close(ensemble_log_mean([a.log(), b.log()]).exp(), torch.tensor([[0.7, 0.3], [0.4, 0.6]]))

@@ -8,6 +8,8 @@ form, and a resumed run against an uninterrupted one.
 
 from __future__ import annotations
 
+import copy
+
 import json
 import shutil
 
@@ -180,6 +182,19 @@ def test_scoring_swa_leaves_the_live_models_bn_buffers_bit_identical(tmp_path):
     swa_model = method.averaged_for_eval(trainer.ctx)
     for name, buf in trainer.model.named_buffers():
         assert torch.equal(before[name], buf), name
+    # the average's statistics are one pass of its own weights over the BN-update data (epoch 0's batches)
+    fresh = copy.deepcopy(method.averaged.module)
+    for m in fresh.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None
+    trainer.bn_loader.set_epoch(0)
+    fresh.train()
+    with torch.no_grad():
+        for x, _ in trainer.bn_loader:
+            fresh(x)
+    torch.testing.assert_close(swa_model[1].running_mean, fresh[1].running_mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(swa_model[1].running_var, fresh[1].running_var, rtol=0, atol=1e-6)
     assert not torch.equal(swa_model[1].running_mean, trainer.model[1].running_mean)
     assert {"swa", "sgd", "swa@0.75"} <= set(metrics)
     assert (method.swa_start, metrics["swa@0.75"]["epoch"], metrics["swa@0.75"]["budget"]) == (2, 3, 0.75)

@@ -549,3 +549,27 @@ def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, re
     monkeypatch.undo()  # space freed: the same command continues from epoch 2
     train(make_cfg(), run_dir=run)
     assert_same_run(run, reference)
+
+
+# -- a resume restores every random number generator -----------------------------------------------
+RANDOM_MODELS = {  # networks that draw from torch's global RNG in every training step
+    "shake-shake": ["model=shakeshake26_2x64d", "model.arch.depth=8", "model.arch.base_width=4"],
+    "dropout": ["model=wrn28_10", "model.arch.depth=10", "model.arch.widen_factor=1", "model.arch.dropout=0.3"],
+}
+
+
+@pytest.mark.parametrize("model", list(RANDOM_MODELS))
+def test_a_run_whose_model_draws_random_numbers_resumes_bit_equal(tmp_path, monkeypatch, model):
+    """Shake-Shake's branch weights and dropout masks come from the global RNG after the restore, and the random
+    crops and flips from the loader's (seed, epoch) stream: a resume must restore the RNG state to end equal."""
+    overrides = ["dataset=digits", "method=sgd", "trainer.epochs=3", "trainer.channels_last=false", *RANDOM_MODELS[model]]
+    straight, paused = tmp_path / "straight", tmp_path / "paused"
+    train(make_cfg(*overrides), run_dir=straight)
+    monkeypatch.setenv(faults.ENV, "train_step:6:TERM")  # a checkpoint at step 2 of epoch 2
+    faults.reset()
+    with pytest.raises(Preempted):
+        train(make_cfg(*overrides), run_dir=paused)
+    monkeypatch.delenv(faults.ENV)
+    torch.manual_seed(12345)  # whatever the RNG holds when the run is launched again
+    train(make_cfg(*overrides), run_dir=paused)
+    assert_same_run(paused, straight)

@@ -358,3 +358,42 @@ def test_a_key_given_twice_names_the_run_once_with_the_value_applied(tmp_path):
     once = plan_of(tmp_path, *QUIET, "trainer.epochs=6")
     assert twice.run_dir == once.run_dir and "trainer.epochs-6" in str(twice.run_dir)
     assert "trainer.epochs-4" not in str(twice.run_dir)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("seed=1", "seed: 0 there, 1 here"),                                        # the seed
+    ("schedule=cosine", "schedule._target_"),                                   # a group choice
+    ("model.swa.lr=0.05", "method.swa_lr: 0.02 there, 0.05 here"),              # a key only the method reads
+    ("method.bn_update=false", "method.bn_update: True there, False here"),     # a method key
+    ("dataset.train_size=64", "dataset.train_size: 128 there, 64 here"),        # a data key
+    ("trainer.batch_size=32", "trainer.batch_size: 64 there, 32 here"),         # a trainer key
+])
+def test_a_run_directory_refuses_every_kind_of_other_config_naming_the_key(tmp_path, make_cfg, override, key):
+    base = [*TINY, "method=swa", "model.swa.start_epoch=1", "method.pre_schedule=base"]  # follows the schedule group
+    run_dir = tmp_path / "run"
+    train(make_cfg(*base), run_dir=run_dir)
+    with pytest.raises(ConfigError, match="holds a run of another config") as refused:
+        prepare(make_cfg(*base, override), run_dir=run_dir)
+    assert key in str(refused.value)
+    assert prepare(make_cfg(*base), run_dir=run_dir).finished is not None  # its own config: skipped, not refused
+
+
+def test_a_lock_taken_over_from_a_killed_run_is_written_to_its_run_log(tmp_path):
+    args = [*TINY, "method=sgd", f"run.dir={tmp_path / 'run'}"]
+    env_kill = {**os.environ, "OMP_NUM_THREADS": "1", "SWALAB_FAULT": "train_step:3:KILL"}
+    killed = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=env_kill,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    again = cli(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert re.search(r"took over the lock of PID \d+ on host .*, which no longer holds it", log)
+
+
+def test_a_grid_whose_record_cannot_be_written_stops_before_its_first_job(tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the outputs should go")
+    done = cli("-m", *TINY, "method=sgd,swa", f"paths.output_dir={blocked}/out", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "cannot write the grid's record" in done.stderr and "paths.output_dir=<dir>" in done.stderr
+    assert "training" not in done.stdout and sorted(p.name for p in tmp_path.iterdir()) == ["blocked"]

@@ -28,6 +28,7 @@ def test_tiny_sgd_run_writes_a_self_describing_run_dir(make_cfg, tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "seconds"} <= set(rows[-1])
     assert rows[-1]["test_acc"] == pytest.approx(metrics["sgd"]["acc"], abs=1e-4)
+    assert rows[-1]["test_loss"] == pytest.approx(metrics["sgd"]["nll"], rel=1e-6)  # one NLL: the epoch's line
     assert (tmp_path / "config.yaml").read_text().count("num_classes: 10") >= 1
     assert "commit" in json.loads((tmp_path / "git.json").read_text())
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "complete"

@@ -114,8 +114,9 @@ class GridSummary(Callback):
             sys.exit(2)
         self.grid_dir = Path(str(config.hydra.sweep.dir))
         parent = next((p for p in [self.grid_dir, *self.grid_dir.parents] if p.exists()), None)
-        if parent is not None and not os.access(parent, os.W_OK):
-            print(f"[swalab] cannot write the grid's record {self.grid_dir}: {parent} is not writable. Point the "
+        if parent is not None and not (parent.is_dir() and os.access(parent, os.W_OK)):
+            why = "is not writable" if parent.is_dir() else "is a file, not a folder"
+            print(f"[swalab] cannot write the grid's record {self.grid_dir}: {parent} {why}. Point the "
                   "outputs somewhere writable with paths.output_dir=<dir>", file=sys.stderr)
             sys.exit(2)
 

@@ -46,7 +46,7 @@ class ParamSpace:
         if misfit:
             name, theirs, ours = misfit[0]
             raise ValueError(f"parameter {name} has shape {list(theirs)} there but {list(ours)} in this network "
-                             f"({len(misfit)} parameters differ): weights of another architecture")
+                             f"({len(misfit)} of {len(self.names)} parameters differ): weights of another architecture")
         return torch.cat([state[n].detach().reshape(-1).to("cpu", torch.float64) for n in self.names])
 
     def buffers(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -43,7 +43,8 @@ def run(overrides: list[str], out: Path) -> dict:
     if done.returncode:
         raise SystemExit(f"[bench] {shlex.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     [metrics] = list(out.rglob("metrics.json"))
-    history = [json.loads(line) for line in (metrics.parent / "history.jsonl").read_text().splitlines()]
+    path = metrics.parent / "history.jsonl"  # method=pretrained trains no epoch and writes none
+    history = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return {"command": "python run.py " + shlex.join(overrides), "wall_seconds": round(seconds, 1),
             "metrics": json.loads(metrics.read_text()), "history": history}
 

@@ -99,4 +99,10 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    from swalab.config import moved_keys
+
+    moved = moved_keys(sys.argv[1:])  # before Hydra, which would say only that the key is not in the config
+    if moved:
+        print("[swalab] " + "; ".join(moved), file=sys.stderr)
+        sys.exit(REFUSED_EXIT_CODE)
     main()

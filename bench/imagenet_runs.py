@@ -59,7 +59,7 @@ def main() -> None:
     args = p.parse_args()
     common = ["logger=none", "dataset=imagenet", f"dataset.root={args.data}", "model=timm",
               "model.name=tf_efficientnet_lite0", f"model.pretrained_file={args.weights}",
-              f"dataset.test_size={args.test_size}", "trainer.eval_batch_size=64", "trainer.progress=false"]
+              f"dataset.test_size={args.test_size}", "run.eval_batch_size=64", "run.progress=false"]
     machine = machine_info(torch.device("cpu"))
     with tempfile.TemporaryDirectory() as tmp:
         before = run([*common, "method=pretrained"], Path(tmp) / "pretrained")
@@ -68,7 +68,7 @@ def main() -> None:
             "data": f"{args.test_size} of imagenette/val's 3,925 ImageNet validation images (class-stratified, "
                     "seed 0), scored 1000-way; the model's pretrained transforms", **before})
         swa = run([*common, "method=swa", f"dataset.train_size={args.train_size}", f"trainer.epochs={args.epochs}",
-                   "trainer.batch_size=32", "trainer.eval_every=0", "trainer.bn_update_fraction=0.25"],
+                   "trainer.batch_size=32", "run.eval_every=0", "trainer.bn_update_fraction=0.25"],
                   Path(tmp) / "swa")
         write_result("imagenet_finetune", torch.device("cpu"), {
             "benchmark": "imagenet_swa_finetune", "machine": machine,

@@ -20,7 +20,7 @@ CIFAR10_JPG = Path(os.environ.get("SWALAB_CIFAR10_JPG", REPO.parent / "shared" /
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="swalab-tests-cache-")
 
 # settings that keep a test run small, quiet and offline
-QUIET = ["logger=none", "trainer.progress=false"]
+QUIET = ["logger=none", "run.progress=false"]
 
 
 @pytest.fixture

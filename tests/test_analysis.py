@@ -313,13 +313,13 @@ def test_figure_experiments_compose(experiment):
                       return_hydra_config=True)
     sweep = cfg.hydra.sweeper.params
     assert sweep, "the experiment defines a multirun sweep"
-    assert cfg.method.score_every == 1  # the SWA curve lands in history.jsonl as swa_test_acc
+    assert cfg.model.swa.score_every == 1  # the SWA curve lands in history.jsonl as swa_test_acc
     if experiment == "fig6_swa_lr_study":
-        assert cfg.method.name == "swa" and cfg.method.swa_start_epoch == 0 and cfg.method.cycle_epochs == 5
+        assert cfg.method.name == "swa" and cfg.model.swa.start_epoch == 0 and cfg.model.swa.cycle_epochs == 5
         assert sweep.swa_schedule.count("phase:cyclic") == 4 and sweep.swa_schedule.count("phase:constant") == 4
     else:
         assert sweep.method == "swa,sgd" and cfg.schedule._target_.endswith("PaperSGD")
-        assert cfg.method.swa_lr == cfg.model.lr == 0.05  # reference pre-schedule from 0.05 to 0.05: constant
+        assert cfg.model.swa.lr == cfg.model.lr == 0.05  # reference pre-schedule from 0.05 to 0.05: constant
 
 
 def test_the_analysis_command_lists_its_commands_with_a_line_each(capsys):

@@ -15,7 +15,7 @@ from swalab.evaluate import metrics_from_log_probs
 from swalab.results.runs import load_weights, open_run
 from swalab.train import train
 
-TINY = ["dataset.train_size=64", "trainer.batch_size=32", "trainer.eval_every=0", "trainer.epochs=6"]
+TINY = ["dataset.train_size=64", "trainer.batch_size=32", "run.eval_every=0", "trainer.epochs=6"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def runs(tmp_path_factory):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=4"])
         fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "model.fge.pretrain_epochs=2",
-                                                        "method.save_members=true"])
+                                                        "model.fge.save_members=true"])
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -163,7 +163,7 @@ def test_missing_data_without_download_explains_how_to_get_it(tmp_path):
         load_cifar("cifar10", root, download=False)
     msg = str(info.value)
     for needle in ("dataset.root", str(root.resolve()), "cifar-10-batches-py", "data_batch_1", "test_batch",
-                   "batches.meta", "train/<class>", "test/<class>", "dataset.download=true", "copy"):
+                   "batches.meta", "train/<class>", "test/<class>", "run.download=true", "copy"):
         assert needle in msg, f"{needle!r} missing from: {msg}"
 
 
@@ -178,7 +178,7 @@ def test_failed_download_gives_a_clear_error(tmp_path, monkeypatch):
         load_cifar("cifar100", tmp_path, download=True)
     msg = str(info.value)
     assert "downloading it failed" in msg and "name resolution" in msg
-    assert "dataset.root" in msg and "cifar-100-python" in msg and "dataset.download=true" in msg
+    assert "dataset.root" in msg and "cifar-100-python" in msg and "run.download=true" in msg
 
 
 def test_failed_download_removes_only_the_folders_it_created(tmp_path, monkeypatch):

@@ -349,7 +349,7 @@ def test_unset_or_missing_root_says_to_set_dataset_root(tmp_path):
 def test_folder_config_builds_the_data_set(make_cfg, tmp_path):
     root = write_folder(tmp_path / "data", ["a", "b", "c"], n_train=4, n_test=2, size=(12, 12), grey=True)
     cfg = make_cfg("dataset=folder", f"dataset.root={root}", "dataset.train_size=6", "dataset.test_size=3",
-                   f"dataset.cache_dir={tmp_path / 'cache'}", "dataset.image_size=8", "dataset.mean=[0.5]", "seed=3")
+                   f"run.cache_dir={tmp_path / 'cache'}", "dataset.image_size=8", "dataset.mean=[0.5]", "seed=3")
     data = instantiate(cfg.dataset.source)
     assert data.name == "data" and data.num_classes == 3  # named after its folder
     assert data.channels == 1 and data.mean == [0.5]

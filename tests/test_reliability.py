@@ -37,7 +37,7 @@ from swalab.trainer import PREEMPTED_EXIT_CODE, NonFiniteLossError, Preempted
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-TINY = ["logger=none", "trainer.progress=false", "trainer.epochs=4", "model.swa.start_epoch=2",
+TINY = ["logger=none", "run.progress=false", "trainer.epochs=4", "model.swa.start_epoch=2",
         "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8"]
 STEPS_PER_EPOCH = 4
 
@@ -257,19 +257,19 @@ def test_a_launchers_own_signal_handler_runs_after_the_checkpoint(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["schedule.lr=0"], "schedule.lr=0 must be > 0"),
     (["schedule.lr=-0.1"], "schedule.lr=-0.1 must be > 0"),
-    (["method.swa_lr=-1"], "method.swa_lr=-1 must be > 0"),
+    (["model.swa.lr=-1"], "model.swa.lr=-1 must be > 0"),
     (["schedule.lr=fast"], "schedule.lr='fast' must be a finite number"),
     (["trainer.epochs=-1"], "trainer.epochs=-1 must be >= 0"),
     (["trainer.epochs=2.5"], "trainer.epochs=2.5 must be an integer"),
     (["seed=abc"], "seed='abc' must be an integer"),
     (["dataset.train_size=2.5"], "dataset.train_size=2.5 must be an integer or null"),
-    (["model.swa.start_epoch=4"], "SWA would start averaging at epoch 4 (method.swa_start_epoch) but the run has "
+    (["model.swa.start_epoch=4"], "SWA would start averaging at epoch 4 (model.swa.start_epoch) but the run has "
                                   "trainer.epochs=4"),
     (["model.swa.start_epoch=9"], "set model.swa.start, a fraction of the budget"),
     (["trainer.batch_size=300"], "trainer.batch_size=300 is larger than dataset.train_size=256"),
     (["trainer.batch_size=0"], "trainer.batch_size=0 must be >= 1"),
     (["trainer.nonfinite=ignore"], "trainer.nonfinite='ignore' must be 'stop' or 'skip'"),
-    (["trainer.device=tpu"], "trainer.device='tpu' must be auto, cpu or cuda[:N]"),
+    (["run.device=tpu"], "run.device='tpu' must be auto, cpu or cuda[:N]"),
     (["run.resume=sometimes"], "run.resume='sometimes' must be auto, true or false"),
 ])
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, overrides, message):
@@ -326,7 +326,7 @@ def image_folder(root: Path, classes: int = 10, train: int = 3, test: int = 1) -
 
 
 def folder_cfg(root: Path, *overrides: str):
-    return make_cfg("dataset=cifar10", f"dataset.root={root}", "dataset.download=false", "dataset.train_size=null",
+    return make_cfg("dataset=cifar10", f"dataset.root={root}", "run.download=false", "dataset.train_size=null",
                     "trainer.batch_size=10", "trainer.epochs=2", "model.swa.start_epoch=1", *overrides)
 
 
@@ -562,7 +562,7 @@ RANDOM_MODELS = {  # networks that draw from torch's global RNG in every trainin
 def test_a_run_whose_model_draws_random_numbers_resumes_bit_equal(tmp_path, monkeypatch, model):
     """Shake-Shake's branch weights and dropout masks come from the global RNG after the restore, and the random
     crops and flips from the loader's (seed, epoch) stream: a resume must restore the RNG state to end equal."""
-    overrides = ["dataset=digits", "method=sgd", "trainer.epochs=3", "trainer.channels_last=false", *RANDOM_MODELS[model]]
+    overrides = ["dataset=digits", "method=sgd", "trainer.epochs=3", "run.channels_last=false", *RANDOM_MODELS[model]]
     straight, paused = tmp_path / "straight", tmp_path / "paused"
     train(make_cfg(*overrides), run_dir=straight)
     monkeypatch.setenv(faults.ENV, "train_step:6:TERM")  # a checkpoint at step 2 of epoch 2

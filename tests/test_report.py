@@ -125,8 +125,8 @@ def test_a_second_grid_never_double_counts_a_run_of_the_first(grid, tmp_path, ca
     assert sgd["n"] == "2" and sgd["seeds"] == "0 1"
     assert "repeats" in capsys.readouterr().out  # the duplicates are listed, not silently merged
     rows = [line.split(" | ")[0] for line in table_lines(tmp_path / "out")[2:]]
-    assert rows == ["| cifar10 / preresnet20", "| cifar10 / preresnet20 · method.swa_lr=0.05"]
-    [swa_05] = cell_values(tmp_path / "out", "SWA 1.5B (6 ep)", row="cifar10 / preresnet20 · method.swa_lr=0.05")
+    assert rows == ["| cifar10 / preresnet20", "| cifar10 / preresnet20 · model.swa.lr=0.05"]
+    [swa_05] = cell_values(tmp_path / "out", "SWA 1.5B (6 ep)", row="cifar10 / preresnet20 · model.swa.lr=0.05")
     assert swa_05["values"] == "95.000000 96.000000"
 
 

@@ -146,7 +146,7 @@ def test_prenormalized_eval_batches_do_not_alias_the_resident_split():
 
 
 def test_channels_last_training_takes_the_same_steps_as_the_default_layout(tmp_path):
-    """The trainer's trainer.channels_last only changes the memory layout: an epoch trained with it ends with the
+    """The trainer's run.channels_last only changes the memory layout: an epoch trained with it ends with the
     weights of the same epoch trained without it (to float rounding of another convolution order)."""
     from swalab.methods import SGD
     from swalab.models import PreResNet

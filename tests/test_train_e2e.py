@@ -91,7 +91,7 @@ def test_bad_init_weights_name_the_missing_keys(make_cfg, tmp_path):
     bad = tmp_path / "bad.pt"
     torch.save({"conv.weight": torch.zeros(1)}, bad)
     with pytest.raises(CheckpointError, match="missing keys"):
-        train(make_cfg("method=sgd", *TINY, f"run.init_from={bad}"), run_dir=tmp_path / "run")
+        train(make_cfg("method=sgd", *TINY, f"model.init_from={bad}"), run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before training: nothing left behind
 
 
@@ -106,14 +106,14 @@ def test_fge_and_ema_runs_score_their_own_predictors(make_cfg, tmp_path):
 def test_real_cifar10_jpeg_subset_learns(make_cfg, tmp_path, cifar10_jpg):
     """PreResNet-20 on 2,000 real CIFAR-10 training images beats chance clearly after 3 epochs."""
     cache_root = tmp_path / "data"
-    metrics = train(make_cfg("dataset=cifar10", f"dataset.root={cifar10_jpg}", f"dataset.cache_dir={cache_root}",
+    metrics = train(make_cfg("dataset=cifar10", f"dataset.root={cifar10_jpg}", f"run.cache_dir={cache_root}",
                              "dataset.train_size=2000", "model=preresnet20", "method=sgd", "trainer.epochs=3",
-                             "trainer.eval_every=0"), run_dir=tmp_path / "run")
+                             "run.eval_every=0"), run_dir=tmp_path / "run")
     assert metrics["sgd"]["acc"] > 20.0  # chance is 10%
 
 
 BN1D = ["model=custom", "model.arch._target_=bn1d_net.FlatBN", "trainer.epochs=2", "method=swa",
-        "model.swa.start_epoch=1", "trainer.channels_last=false"]
+        "model.swa.start_epoch=1", "run.channels_last=false"]
 
 
 def test_a_last_batch_of_one_image_is_folded_so_batchnorm1d_trains_and_updates(make_cfg, tmp_path):

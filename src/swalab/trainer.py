@@ -94,9 +94,9 @@ def select_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name != "cpu" and not name.startswith("cuda"):
-        raise ConfigError(f"trainer.device={name!r} must be auto, cpu or cuda[:N]")
+        raise ConfigError(f"run.device={name!r} must be auto, cpu or cuda[:N]")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device={name} but no CUDA device is visible; use trainer.device=auto or cpu")
+        raise ConfigError(f"run.device={name} but no CUDA device is visible; use run.device=auto or cpu")
     return torch.device(name)
 
 

@@ -73,7 +73,7 @@ def main(argv=None) -> list:
     curves = [c for h, label in zip(histories, labels) for c in error_curves(h, label, args.only)]
     if not curves:
         what = {"swa": "swa_test_acc (the SWA average scored during training: model.swa.score_every=1)",
-                "sgd": "test_acc (trainer.eval_every=1)"}.get(args.only, "test_acc or swa_test_acc")
+                "sgd": "test_acc (run.eval_every=1)"}.get(args.only, "test_acc or swa_test_acc")
         raise FileNotFoundError(f"none of the runs logged {what}: nothing to draw")
     plots.curves_figure(args.out, curves, title=args.title)
     print(f"[curves] wrote {args.out} ({len(curves)} curves)")

@@ -3,7 +3,7 @@
 Decoding the 60,000 JPEGs of CIFAR-10 takes far longer than reading the same pixels back from one
 tensor file, so the first load saves its result to ``<cache>/<name>-<root key>-<layout>-v1.pt`` (a subset
 or another decode setting to ``<name>-<root key>-<layout>-<hash>-v1.pt``) and later loads read that
-instead. ``<cache>`` is ``dataset.cache_dir`` when set, else :func:`default_cache_dir`
+instead. ``<cache>`` is ``run.cache_dir`` when set, else :func:`default_cache_dir`
 (``$XDG_CACHE_HOME/swalab``, ``~/.cache/swalab`` by default): never the data folder itself, which is often
 read-only or shared. ``<root key>`` is a hash of the data folder's absolute path, so two folders of the
 same name never share a file. The file is written to a temporary name in the same folder and then renamed with
@@ -29,13 +29,13 @@ CACHE_KEYS = ("format_version", "source", "train_images", "train_labels", "test_
 
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/swalab``, or ``~/.cache/swalab``: where decoded images and file digests are cached
-    unless ``dataset.cache_dir`` says otherwise."""
+    unless ``run.cache_dir`` says otherwise."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / CACHE_DIR
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """``cache_dir`` (``dataset.cache_dir``) when given, else :func:`default_cache_dir`."""
+    """``cache_dir`` (``run.cache_dir``) when given, else :func:`default_cache_dir`."""
     return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
 
@@ -118,7 +118,7 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
     except OSError as err:
         warnings.warn(
             f"cannot write decode cache {path} ({type(err).__name__}: {err}); continuing without it, so the "
-            f"images will be decoded again on the next load. Point dataset.cache_dir at a writable folder to "
+            f"images will be decoded again on the next load. Point run.cache_dir at a writable folder to "
             f"cache them",
             stacklevel=3,
         )
@@ -146,5 +146,5 @@ def cached(path: Path | None, source: dict[str, Any], build: Callable[[], dict[s
             return hit, None
     payload = build()
     if path is not None and save_cache(path, {"source": source, **payload}):
-        return payload, f"decoded images cached in {path} (dataset.cache_dir moves the cache)"
+        return payload, f"decoded images cached in {path} (run.cache_dir moves the cache)"
     return payload, None

@@ -76,7 +76,7 @@ def _layout_help(spec: _CifarSpec, root_arg: str | Path, root: Path) -> str:
         f"  (a) torchvision's pickle layout: {root / spec.pickle_dir}/{{{pickle_files}}}\n"
         f"  (b) an image folder: {root}/train/<class>/*.{{{exts},...}} and {root}/test/<class>/*, "
         f"{spec.num_classes} class folders whose sorted names give the label order\n"
-        f"To get them: set dataset.download=true on a machine with internet access (torchvision fetches "
+        f"To get them: set run.download=true on a machine with internet access (torchvision fetches "
         f"the pickles into dataset.root), or copy either layout from a machine that has it and point "
         f"dataset.root at the folder holding it."
     )
@@ -276,7 +276,7 @@ def load_cifar(
             atomically, rebuilt with a warning when stale or unreadable, skipped with a warning when the
             cache directory is not writable; :mod:`swalab.data.cache`). The pickle layout is never cached: it
             already stores decoded pixels and reads as fast as the cache.
-        cache_dir: write the cache here instead of the user's cache directory (``dataset.cache_dir``). The
+        cache_dir: write the cache here instead of the user's cache directory (``run.cache_dir``). The
             cache records the files it was built from, so a changed folder is decoded again.
         test_size: keep only this many test images: a class-stratified subset drawn with the fixed seed
             0, never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
@@ -296,7 +296,7 @@ def load_cifar(
     if pickle_dir is None and not has_image_folder(root):
         if not download:
             raise FileNotFoundError(
-                f"No {spec.title} data found under dataset.root (and dataset.download is false).\n"
+                f"No {spec.title} data found under dataset.root (and run.download is false).\n"
                 + _layout_help(spec, root_arg, root)
             )
         _download(root, spec, root_arg)

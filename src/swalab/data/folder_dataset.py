@@ -134,7 +134,7 @@ def load_folder(
         cache: keep the decoded tensors and measured statistics in
             ``<cache_dir>/<name>-<root key>-folder-<hash>-v1.pt`` (``swalab.data.cache``), the hash naming the
             chosen files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
-        cache_dir: where the cache goes (``dataset.cache_dir``); None: the user's cache directory.
+        cache_dir: where the cache goes (``run.cache_dir``); None: the user's cache directory.
         name: the data set's name in :class:`ImageData` and in the cache file name.
 
     Raises:

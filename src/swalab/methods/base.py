@@ -63,6 +63,9 @@ class Method:
     """
 
     name = "method"
+    # The model's recipe block this method takes its settings from (``model.swa`` for SWA), or None: its settings
+    # are then the method's own config keys (``method.decay`` for EMA).
+    recipe: str | None = None
     # Settings that only add measurements (scoring the method's model during training) and never change a weight
     # or a final number: a report does not set runs apart by them.
     scoring_settings: tuple[str, ...] = ()
@@ -73,6 +76,11 @@ class Method:
         self.budget = require("method.budget", budget, "number", 0)
         if name is not None:
             self.name = name
+
+    def setting(self, name: str) -> str:
+        """The config key of this method's setting ``name``, as a user types it: ``model.swa.lr`` for SWA's ``lr``
+        (its recipe block), ``method.decay`` for EMA's ``decay``."""
+        return f"model.{self.recipe}.{name}" if self.recipe else f"method.{name}"
 
     @property
     def budget_epochs(self) -> float:
@@ -87,7 +95,7 @@ class Method:
     def validate(self, initialized: bool) -> None:
         """Raise ``ValueError`` (``ConfigError``) naming the config key when the settings cannot work.
 
-        ``initialized`` says whether the run starts from trained weights (``run.init_from``,
+        ``initialized`` says whether the run starts from trained weights (``model.init_from``,
         ``run.branch_from`` or a pretrained model). Called before anything is written, so a bad
         value costs nothing. Subclasses call ``super().validate(initialized)`` first.
         """
@@ -161,13 +169,25 @@ class Method:
         pass
 
 
-def check_pre_schedule(name: str, schedule: Schedule, method: str) -> None:
-    """``method.pre_schedule`` of SWA and FGE: ``reference`` (the paper's shape, from ``schedule.lr`` alone) or
-    ``base`` (the schedule group). ``reference`` with a schedule group other than the paper's would ignore
-    that schedule without a word, so it is refused, naming the key that makes the schedule count."""
+def check_pre_schedule(name: str, schedule: Schedule, method: str, key: str) -> None:
+    """``pre_schedule`` of SWA and FGE (``key``: ``model.swa.pre_schedule``): ``reference`` (the paper's shape,
+    from ``schedule.lr`` alone) or ``base`` (the schedule group). ``reference`` with a schedule group other than the
+    paper's would ignore that schedule without a word, so it is refused, naming the key that makes it count."""
     if name not in ("reference", "base"):
-        raise ConfigError(f"method.pre_schedule={name!r} must be 'reference' or 'base'")
+        raise ConfigError(f"{key}={name!r} must be 'reference' or 'base'")
     if name == "reference" and not isinstance(schedule, PaperSGD):
-        raise ConfigError(f"method={method} with method.pre_schedule=reference follows the paper's schedule (from "
+        raise ConfigError(f"method={method} with {key}=reference follows the paper's schedule (from "
                           f"schedule.lr only) and would ignore the chosen schedule ({type(schedule).__name__}): "
-                          "set method.pre_schedule=base to train with it")
+                          f"set {key}=base to train with it")
+
+
+def known_recipes() -> tuple[str, ...]:
+    """The recipe blocks of every method class defined so far (``Method.recipe``: ``swa``, ``fge``, a method of
+    one's own once imported): a run's identity counts only its own method's block."""
+    found, stack = set(), list(Method.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls.recipe:
+            found.add(cls.recipe)
+    return tuple(sorted(found))

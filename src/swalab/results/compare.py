@@ -7,7 +7,7 @@ Each run's predictors are rebuilt from its directory (``swalab.results.runs.open
 * ``sgd``: the live weights of ``final.pt`` (not for FGE runs, whose last iterate is mid-cycle);
 * ``swa`` / ``ema``: the method's weights in ``final.pt`` (BN statistics as they were scored);
 * ``fge``: the ensemble, from the member weights in ``members/`` when the run saved them
-  (``method.save_members=true``), otherwise from the cached member probabilities
+  (``model.fge.save_members=true``), otherwise from the cached member probabilities
   (``fge_member_probs.pt``); with saved members also ``fge_avg``, the average of the members'
   weights with BN statistics recomputed: the paper's "SWA of the FGE proposals" (section 3.5).
 

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.config import ConfigError
 from swalab.train import build_method, locate
-from swalab.train.plan import identity_for
+from swalab.train.plan import apart_from_defaults, identity_for
 from swalab.train.records import DamagedRecord, final_metrics, write_text
 
 REPO = Path(__file__).resolve().parents[3]
@@ -81,9 +81,14 @@ def compose_run(overrides: list[str]) -> DictConfig:
 
 
 def run_dir_of(cfg: DictConfig, overrides: list[str]) -> Path:
-    """Where ``python run.py <overrides>`` trains: the directory ``swalab.train`` names from the config."""
+    """Where ``python run.py <overrides>`` trains: the directory ``swalab.train`` names from the config (what sets it
+    apart from its defaults, composed as run.py composes them)."""
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    return locate(cfg, identity_for(task)[0], overrides, dict(cfg.hydra.runtime.choices)).resolve()
+    choices = dict(cfg.hydra.runtime.choices)
+    identity = identity_for(task)[0]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        settings = apart_from_defaults(task, identity, choices)
+    return locate(task, identity, settings, choices).resolve()
 
 
 def method_of(cfg: DictConfig):
@@ -137,7 +142,7 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     budgets = sorted(float(b) for b in swa_budgets)
 
     def swa_overrides(budget: float, marks: list[float]) -> list[str]:
-        out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "method.pre_schedule=base"]
+        out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "model.swa.pre_schedule=base"]
         if "model.swa.score_every" not in keys:  # the average's own test error each epoch, for test_error.png
             out.append("model.swa.score_every=1")
         if marks:

@@ -29,7 +29,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.config import build
+from swalab.config import build, upgraded_config
 from swalab.data import ImageData, subset
 from swalab.data.splits import cap_test_split
 from swalab.identity import identity_of, stored_identity
@@ -60,7 +60,7 @@ class Run:
     def config(self) -> dict:
         """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged)."""
         try:
-            return yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+            return upgraded_config(yaml.safe_load((self.path / "config.yaml").read_text()) or {})
         except (OSError, yaml.YAMLError):
             return {}
 
@@ -218,7 +218,7 @@ class Run:
             if final.exists() else []
 
     def member_paths(self) -> list[Path]:
-        """FGE members saved with ``method.save_members=true``, in the order they were collected."""
+        """FGE members saved with ``model.fge.save_members=true``, in the order they were collected."""
         return sorted((self.path / "members").glob("member_*.pt"))
 
     def cached_member_log_probs(self) -> list[torch.Tensor] | None:

@@ -22,14 +22,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
-from swalab.identity import differences, group_hash, identity_hash, label_of
+from swalab.identity import differences, group_hash, identity_hash, label_of, method_part, recipe_of
 from swalab.results.runs import Run
 
 # The paper's column order (SGD, FGE, SWA, EMA); a method of one's own comes after these, by name.
 METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "ema": 4}
 METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 bins)"))
-# What only the method decides: left out of a row's key so that SGD, FGE, SWA and EMA share a row.
-METHOD_KEYS = ("method", "trainer.epochs", "schedule.horizon")
 
 
 @dataclass(frozen=True)
@@ -89,8 +87,8 @@ def entries_of(run: Run) -> list[Entry]:
 
 def context_of(run: Run) -> dict:
     """The identity minus the seed and what only the method decides: the key of a table row."""
-    return {k: v for k, v in run.identity.items()
-            if k != "seed" and not any(k == p or k.startswith(p + ".") for p in METHOD_KEYS)}
+    recipe = recipe_of(run.identity)
+    return {k: v for k, v in run.identity.items() if k != "seed" and not method_part(k, recipe)}
 
 
 @dataclass

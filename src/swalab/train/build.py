@@ -76,24 +76,24 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
         if epoch:
             found = store.find(int(epoch))
             if found is None:
-                raise FileNotFoundError(f"run.init_from={spec}: no checkpoint of epoch {epoch} in {store.dir} "
+                raise FileNotFoundError(f"model.init_from={spec}: no checkpoint of epoch {epoch} in {store.dir} "
                                         f"(keep it with run.save_at=[{epoch}] in the parent run)")
             state = read_checkpoint(found)
         else:
             why = unfinished(path)
             if why is not None:
-                raise FileNotFoundError(f"run.init_from={spec}: {why}")
+                raise FileNotFoundError(f"model.init_from={spec}: {why}")
             state = store.latest()
             if state is None:
-                raise FileNotFoundError(f"run.init_from={spec}: {store.dir} holds no checkpoint")
+                raise FileNotFoundError(f"model.init_from={spec}: {store.dir} holds no checkpoint")
             found = Path(state["path"])
         return state["model"], {"parent": str(path), "checkpoint": str(found), "epoch": state["epoch"]}
     if not path.exists():
-        raise FileNotFoundError(f"run.init_from={spec}: no such file or run directory")
+        raise FileNotFoundError(f"model.init_from={spec}: no such file or run directory")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise CheckpointError(f"run.init_from={spec}: cannot read it ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(f"model.init_from={spec}: cannot read it ({type(exc).__name__}: {exc})") from exc
     if isinstance(state, dict) and state.get("format") == "swalab-checkpoint":
         return state["model"], {"parent": str(path.parent.parent), "checkpoint": str(path), "epoch": state["epoch"]}
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
@@ -113,9 +113,9 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
 
 
 def eval_batch_size(cfg: DictConfig, device: torch.device) -> int:
-    """``trainer.eval_batch_size``, or by device: large batches fill a GPU, but on a CPU a PreResNet-20 scores
+    """``run.eval_batch_size``, or by device: large batches fill a GPU, but on a CPU a PreResNet-20 scores
     10,000 images in 5.7 s at batch 128 and 10.2 s at batch 1000 (cache misses; bench/eval_batch.py)."""
-    size = cfg.trainer.get("eval_batch_size")
+    size = cfg.run.get("eval_batch_size")
     return int(size) if size is not None else (1000 if device.type == "cuda" else 128)
 
 
@@ -137,8 +137,8 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     if batch_size > len(data.train):
         raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
                           "(lower it, or raise dataset.train_size)")
-    common = dict(num_workers=int(cfg.dataset.num_workers), pin_memory=device.type == "cuda",
-                  prefetch_factor=cfg.dataset.get("prefetch_factor"))
+    common = dict(num_workers=int(cfg.run.num_workers), pin_memory=device.type == "cuda",
+                  prefetch_factor=cfg.run.get("prefetch_factor"))
     train = StreamLoader(data.train.with_transform(train_tf), batch_size, train=True, seed=int(cfg.seed), **common)
     test = StreamLoader(data.test.with_transform(test_tf), eval_batch_size(cfg, device), train=False, **common)
     keep = bn_subset_indices(len(data.train), float(cfg.trainer.bn_update_fraction), batch_size, int(cfg.seed) + 1)
@@ -174,7 +174,7 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     if batch_size > len(data.train):
         raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
                           "(lower it, or raise dataset.train_size)")
-    channels_last = bool(cfg.trainer.channels_last)
+    channels_last = bool(cfg.run.channels_last)
     common = dict(device=device, mean=mean, std=std, channels_last=channels_last)
     ranks = distributed.info()  # torchrun: batch_size is the global batch, each rank takes its slice
     if batch_size % ranks.world_size:
@@ -209,13 +209,40 @@ def check_batches_of_one(model: torch.nn.Module, train_loader, device: torch.dev
                           "give it one: raise trainer.batch_size (and dataset.train_size) above 1") from None
 
 
+def method_recipe(cfg: DictConfig) -> tuple[str | None, dict]:
+    """The model's recipe block the chosen method takes its settings from (``Method.recipe``: ``swa`` for SWA), and
+    its settings; ``(None, {})`` for a method whose settings are its own config keys."""
+    from hydra.utils import get_class
+
+    recipe = getattr(get_class(str(cfg.method._target_)), "recipe", None)
+    if recipe is None:
+        return None, {}
+    block = cfg.model.get(recipe)
+    if block is None:
+        raise ConfigError(f"method={cfg.method.get('name')} takes its settings from model.{recipe}, which "
+                          f"model={cfg.model.get('name')} lacks: start the model's yaml from conf/recipe/paper.yaml")
+    return recipe, OmegaConf.to_container(block, resolve=True)
+
+
 def build_method(cfg: DictConfig, epochs: int):
-    """The base schedule and the method, from their config groups (each checks its own arguments)."""
+    """The base schedule and the method, from their config groups, with the model's recipe block for a method that
+    has one (``model.swa`` for SWA); each checks its own arguments, and a setting the method does not take is
+    refused by the key a user typed (``model.swa.foo``)."""
     kwargs = {}
     if "horizon" in cfg.schedule and cfg.schedule.horizon is None:  # null: the schedule spans the run
         kwargs["horizon"] = max(epochs, 1)
     schedule = build(cfg.schedule, "schedule", **kwargs)
-    return build(cfg.method, "method", schedule=schedule, epochs=epochs)
+    recipe, settings = method_recipe(cfg)
+    if recipe is not None:
+        from hydra.utils import get_method
+
+        takes = inspect.signature(get_method(str(cfg.method._target_))).parameters
+        unknown = [k for k in settings if k not in takes or k in ("schedule", "epochs", "budget", "name")]
+        if unknown:
+            allowed = [p for p in takes if p not in ("self", "schedule", "epochs", "budget", "name")]
+            raise ConfigError(f"model.{recipe}.{unknown[0]} is not a setting of {cfg.method._target_}; model.{recipe} "
+                              f"takes: {', '.join(allowed)}")
+    return build(cfg.method, "method", schedule=schedule, epochs=epochs, **settings)
 
 
 def trainer_options(cfg: DictConfig, epochs: int) -> TrainerOptions:

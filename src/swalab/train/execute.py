@@ -64,9 +64,9 @@ def build_run(plan: RunPlan) -> Built:
     model = build_model(cfg, data)
     check_batches_of_one(model, train_loader, device)
     lineage = None
-    if cfg.run.get("init_from"):
-        weights, lineage = load_init_weights(cfg.run.init_from)
-        load_into(model, weights, str(cfg.run.init_from))
+    if cfg.model.get("init_from"):
+        weights, lineage = load_init_weights(cfg.model.init_from)
+        load_into(model, weights, str(cfg.model.init_from))
     resume_state = CheckpointStore(run_dir).latest(plan.identity) if cfg.run.resume is not False else None
     branched = False
     if cfg.run.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
@@ -89,7 +89,7 @@ def execute(plan: RunPlan) -> dict:
     if plan.finished is not None:
         log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
         return plan.finished
-    distributed.init_distributed(str(plan.cfg.trainer.device))  # no-op unless launched by torchrun
+    distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun
     lock = RunLock(plan.run_dir) if distributed.is_main() else None
     if lock is not None:
         lock.acquire()

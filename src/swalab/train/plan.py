@@ -8,6 +8,7 @@ with the keys that differ.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError, check_config, check_overrides, default_choices
 from swalab.data.fingerprint import changes
-from swalab.identity import (DATA_FINGERPRINT, differences, group_hash, identity_of, name_items, run_name,
-                             settings_apart, stored_identity)
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
+                             run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
 from swalab.train.build import build_method, data_files_record
 from swalab.train.records import DamagedRecord, final_metrics, read_data_record
@@ -46,38 +47,43 @@ class RunPlan:
     started: bool = False                 # set once training starts: an error before it is a refusal
 
 
-def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, choices: dict | None) -> Path:
-    """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes."""
+def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
+    """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the
+    run apart from its defaults. A run of the same config made by an earlier swalab under another name is
+    refused with the command that moves it (:func:`earlier_run_dir`)."""
     if cfg.run.get("dir"):
         return Path(str(cfg.run.dir))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
-    name = run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
-    named = Path(str(cfg.paths.output_dir)) / name
-    return same_run_elsewhere(named, identity) or named
+    named = Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {}, group_hash(identity))
+    earlier = earlier_run_dir(named, identity)
+    if earlier is not None:
+        raise ConfigError(f"the run of this config is in {earlier}, named by an earlier swalab; its name today is "
+                          f"{named}. Move it there (mv {earlier} {named}) and run the same command again to continue "
+                          "or skip it, or give this run a directory of its own with run.dir=<dir>")
+    return named
 
 
-def same_run_elsewhere(named: Path, identity: dict) -> Path | None:
-    """A run directory beside ``named`` (same dataset, model, method and seed) that already holds this
-    identity, when ``named`` does not; None otherwise.
-
-    Names follow the command line, identities follow what the run consumes: ``model.swa.lr=0.05`` in a
-    grid over methods names the SGD job ``.../sgd/model.swa.lr-0.05/seed0`` though SGD never reads it.
-    That job is the SGD run the previous grid made, so it continues or skips that run instead of
-    training a copy (one config, one run).
-    """
-    stored = stored_identity(named)
-    if stored is not None and not differences(identity, stored):
+def earlier_run_dir(named: Path, identity: dict) -> Path | None:
+    """A run directory beside ``named`` (same dataset, model, method and seed) that an earlier swalab named from the
+    command line (its ``identity.json`` has no ``version``) and that holds this config, when ``named`` does not."""
+    if named.exists():
         return None
     method_dir, seed_dir = named.parent.parent, named.name
     if not method_dir.is_dir():
         return None
     for candidate in sorted(method_dir.glob(f"*/{seed_dir}")):
+        record = json_of(candidate / IDENTITY_FILE)
         theirs = stored_identity(candidate)
-        if candidate != named and theirs is not None and not differences(identity, theirs):
-            get_logger().info(f"[swalab] {named.relative_to(method_dir)} is the run already in {candidate} "
-                              "(the same config: the overrides that differ do not reach this method); using it")
+        if record.get("version") is None and theirs is not None and not differences(identity, theirs):
             return candidate
     return None
+
+
+def json_of(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
@@ -141,9 +147,9 @@ def validate(cfg: DictConfig):
     their own arguments when built and their combination in ``validate``.
     """
     check_config(cfg)
-    select_device(str(cfg.trainer.device))
+    select_device(str(cfg.run.device))
     method = build_method(cfg, int(cfg.trainer.epochs))
-    method.validate(initialized=bool(cfg.run.get("init_from") or cfg.run.get("branch_from")
+    method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
                                      or cfg.model.get("pretrained")))
     return method
 
@@ -199,12 +205,12 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     method = validate(cfg)
     for caveat in method.caveats():
         get_logger().warning(f"[swalab] {caveat}")
-    device = select_device(str(cfg.trainer.device))
+    device = select_device(str(cfg.run.device))
     identity, resolved, data_record = identity_for(cfg)
-    run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
-    apart = tuple(name_items(overrides, choices or {}, default_choices())[0])
-    finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
     settings = apart_from_defaults(cfg, identity, choices)
+    run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, settings, choices)
+    apart = tuple(name_items(settings)[0])
+    finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
                    apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished,

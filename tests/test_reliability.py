@@ -266,7 +266,7 @@ def test_a_launchers_own_signal_handler_runs_after_the_checkpoint(tmp_path):
     (["model.swa.start_epoch=4"], "SWA would start averaging at epoch 4 (model.swa.start_epoch) but the run has "
                                   "trainer.epochs=4"),
     (["model.swa.start_epoch=9"], "set model.swa.start, a fraction of the budget"),
-    (["trainer.batch_size=300"], "trainer.batch_size=300 is larger than dataset.train_size=256"),
+    (["trainer.batch_size=300"], "trainer.batch_size=300 is larger than the 256 training images"),
     (["trainer.batch_size=0"], "trainer.batch_size=0 must be >= 1"),
     (["trainer.nonfinite=ignore"], "trainer.nonfinite='ignore' must be 'stop' or 'skip'"),
     (["run.device=tpu"], "run.device='tpu' must be auto, cpu or cuda[:N]"),

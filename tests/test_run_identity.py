@@ -164,7 +164,7 @@ def test_a_refused_config_never_touches_an_interrupted_run_in_its_directory(tmp_
 def test_the_cli_refuses_in_one_line_with_exit_2_and_creates_nothing(tmp_path):
     done = cli(*QUIET, "trainer.epochs=2.5", f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["[swalab] invalid config:", "  - trainer.epochs=2.5 must be an integer"]
+    assert done.stderr.strip().splitlines() == ["[swalab] trainer.epochs=2.5 must be an integer"]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no outputs/, no .hydra/, no run.log
 
 
@@ -413,3 +413,29 @@ def test_a_grid_whose_record_cannot_be_written_stops_before_its_first_job(tmp_pa
     assert done.returncode == 2
     assert "cannot write the grid's record" in done.stderr and "paths.output_dir=<dir>" in done.stderr
     assert "training" not in done.stdout and sorted(p.name for p in tmp_path.iterdir()) == ["blocked"]
+
+
+def test_every_key_of_conf_is_classified_by_where_it_is_declared():
+    """Each top-level key of every composed config is a group of what a run computes (it counts) or of how and where
+    it runs (it never counts); an experiment's own helper key must reach the run through an interpolation."""
+    from swalab.identity import READ_THROUGH, RESULT_GROUPS, RUN_GROUPS
+
+    experiments = [p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")]
+    for experiment in [None, *experiments]:
+        cfg = compose_hydra(*QUIET, *([f"experiment={experiment}"] if experiment else []))
+        raw = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg if k in RESULT_GROUPS]))
+        for key in cfg:
+            if key in RESULT_GROUPS or key in RUN_GROUPS:
+                continue
+            assert f"${{{key}." in raw, f"{experiment}: top-level key {key!r} is classified nowhere"
+    text = "".join(p.read_text() for p in CONF_DIR.rglob("*.yaml"))
+    for key in READ_THROUGH:  # each is read through an interpolation where identity.py says
+        if key == "dataset.source":
+            for option in ("cifar10", "digits", "folder", "imagenet"):
+                dataset = compose_hydra(*QUIET, f"dataset={option}", *(["dataset.root=x"] if option == "folder" else [])
+                                        ).dataset
+                for k in dataset.source:  # each an interpolation, or the data set's key of that name as it is
+                    raw = str(dataset.source._get_node(k)._value())
+                    assert k == "_target_" or raw.startswith("${") or raw == str(dataset.get(k)), (option, k, raw)
+        else:
+            assert f"${{{key}}}" in text or f"${{{key}," in text or f",${{{key}}}" in text, key

@@ -121,7 +121,6 @@ def require(key: str, value: Any, kind: str, low: float | None = None, high: flo
 # The keys swalab.train reads itself, with their kind (see kind_error) and range.
 KEYS: dict[str, tuple] = {
     "seed": ("int", 0, None),
-    "trainer.epochs": ("int", 0, None),
     "trainer.batch_size": ("int", 1, None),
     "run.eval_batch_size": ("int?", 1, None),
     "run.eval_every": ("int", 0, None),
@@ -147,7 +146,6 @@ KEYS: dict[str, tuple] = {
     "dataset.flip": ("bool", None, None),
     "run.num_workers": ("int", 0, None),
     "model.budget_epochs": ("int", 0, None),
-    "method.budget": ("number", 0, None),
     "dataset.mean": ("numbers?", None, None),
     "dataset.std": ("numbers?", 0, None),
     "model.mean": ("numbers?", None, None),
@@ -185,10 +183,6 @@ def check_config(cfg: DictConfig) -> None:
         errors.append("paths.output_dir is empty: give the directory that holds the runs (paths.output_dir=outputs)")
     if cfg.model.get("init_from") and cfg.run.get("branch_from"):
         errors.append("set model.init_from (weights only) or run.branch_from (full state), not both")
-    train_size, batch_size = cfg.dataset.get("train_size"), cfg.trainer.batch_size
-    if is_int(train_size) and is_int(batch_size) and batch_size > train_size >= 1:
-        errors.append(f"trainer.batch_size={batch_size} is larger than dataset.train_size={train_size}: "
-                      "lower the batch size or raise the training set size")
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 

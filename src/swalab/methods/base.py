@@ -72,8 +72,8 @@ class Method:
 
     def __init__(self, schedule: Schedule, epochs: int, budget: float = 1.0, name: str | None = None):
         self.schedule = schedule
+        self.budget = require("method.budget", budget, "number", 0)  # the owner of both: one message each
         self.epochs = require("trainer.epochs", epochs, "int", 0)
-        self.budget = require("method.budget", budget, "number", 0)
         if name is not None:
             self.name = name
 

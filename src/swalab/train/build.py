@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
 from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
-from swalab.config import ConfigError, build
+from swalab.config import ConfigError, build, is_number
 from swalab.data import ResidentLoader, subset
 from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer import TrainerOptions
@@ -112,6 +112,16 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
                               f"missing keys {result.missing_keys[:8]}, unexpected keys {result.unexpected_keys[:8]}")
 
 
+def batch_size_for(cfg: DictConfig, images: int) -> int:
+    """``trainer.batch_size``, refused when the training set holds fewer images (the one check of it against the
+    data, made once the data are loaded, before anything is written)."""
+    batch_size = int(cfg.trainer.batch_size)
+    if batch_size > images:
+        raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {images} training images "
+                          "(lower it, or raise dataset.train_size)")
+    return batch_size
+
+
 def eval_batch_size(cfg: DictConfig, device: torch.device) -> int:
     """``run.eval_batch_size``, or by device: large batches fill a GPU, but on a CPU a PreResNet-20 scores
     10,000 images in 5.7 s at batch 128 and 10.2 s at batch 1000 (cache misses; bench/eval_batch.py)."""
@@ -133,10 +143,7 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     train_tf, test_tf, _ = imagenet_transforms(model_name, image_size=cfg.dataset.get("image_size"), mean=mean,
                                                std=std, interpolation=cfg.dataset.get("interpolation"),
                                                crop_pct=cfg.dataset.get("crop_pct"), flip=bool(cfg.dataset.flip))
-    batch_size = int(cfg.trainer.batch_size)
-    if batch_size > len(data.train):
-        raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
-                          "(lower it, or raise dataset.train_size)")
+    batch_size = batch_size_for(cfg, len(data.train))
     common = dict(num_workers=int(cfg.run.num_workers), pin_memory=device.type == "cuda",
                   prefetch_factor=cfg.run.get("prefetch_factor"))
     train = StreamLoader(data.train.with_transform(train_tf), batch_size, train=True, seed=int(cfg.seed), **common)
@@ -170,10 +177,7 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     pad = cfg.dataset.get("pad")
     if pad is None:  # crop padding scaled to the image size: 4 pixels for 32
         pad = int(round(data.train.images.shape[-1] / 8))
-    batch_size = int(cfg.trainer.batch_size)
-    if batch_size > len(data.train):
-        raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
-                          "(lower it, or raise dataset.train_size)")
+    batch_size = batch_size_for(cfg, len(data.train))
     channels_last = bool(cfg.run.channels_last)
     common = dict(device=device, mean=mean, std=std, channels_last=channels_last)
     ranks = distributed.info()  # torchrun: batch_size is the global batch, each rank takes its slice
@@ -230,7 +234,7 @@ def build_method(cfg: DictConfig, epochs: int):
     refused by the key a user typed (``model.swa.foo``)."""
     kwargs = {}
     if "horizon" in cfg.schedule and cfg.schedule.horizon is None:  # null: the schedule spans the run
-        kwargs["horizon"] = max(epochs, 1)
+        kwargs["horizon"] = max(epochs, 1) if is_number(epochs) else 1  # (a bad trainer.epochs: the method says so)
     schedule = build(cfg.schedule, "schedule", **kwargs)
     recipe, settings = method_recipe(cfg)
     if recipe is not None:

@@ -148,7 +148,7 @@ def validate(cfg: DictConfig):
     """
     check_config(cfg)
     select_device(str(cfg.run.device))
-    method = build_method(cfg, int(cfg.trainer.epochs))
+    method = build_method(cfg, cfg.trainer.epochs)  # the method checks trainer.epochs (an integer >= 0)
     method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
                                      or cfg.model.get("pretrained")))
     return method

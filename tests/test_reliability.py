@@ -573,3 +573,33 @@ def test_a_run_whose_model_draws_random_numbers_resumes_bit_equal(tmp_path, monk
     torch.manual_seed(12345)  # whatever the RNG holds when the run is launched again
     train(make_cfg(*overrides), run_dir=paused)
     assert_same_run(paused, straight)
+
+
+def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_path, reference):
+    """A run interrupted under an earlier swalab (SWA's settings in method.* with its own spellings, init_from in run,
+    probabilities instead of log-probabilities in the method state) resumes and ends equal to today's run."""
+    from swalab.checkpoint import checkpoint_paths
+    from swalab.identity import RECIPE_SETTINGS
+
+    run = tmp_path / "run"
+    killed = run_cli(run, fault="train_step:13")  # after epoch 3's checkpoint
+    assert killed.returncode == -signal.SIGKILL
+
+    def earlier(identity: dict) -> dict:
+        old = {("run.init_from" if k == "model.init_from" else k): v for k, v in identity.items()}
+        for old_name, name in RECIPE_SETTINGS["swa"].items():
+            old[f"method.{old_name}"] = old.pop(f"model.swa.{name}")
+        return old
+
+    record = json.loads((run / "identity.json").read_text())
+    (run / "identity.json").write_text(json.dumps({"hash": record["hash"], "group": record["group"],
+                                                   "identity": earlier(record["identity"])}))
+    for path in checkpoint_paths(run / "checkpoints"):
+        state = torch.load(path, weights_only=False)
+        state["identity"] = earlier(state["identity"])
+        state["method"]["budget_probs"] = {k: v.exp() for k, v in state["method"].pop("budget_log_probs").items()}
+        torch.save(state, path)
+    resumed = run_cli(run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stdout
+    assert_same_run(run, reference)

@@ -76,7 +76,7 @@ RETIRED_KEYS = ("dataset.root", "dataset.root_is_data", "run.eval_every")
 ADDED_KEYS = (DATA_FINGERPRINT,)
 # Settings an earlier swalab recorded under other names: SWA's and FGE's lived in method.* (SWA's with a swa_
 # prefix) and init_from in run. An identity of a run made then is read under today's names (:func:`upgraded`).
-RENAMED = {"model.init_from": "model.init_from"}
+RENAMED = {"run.init_from": "model.init_from"}
 RECIPE_SETTINGS = {
     "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
             **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
@@ -95,6 +95,8 @@ def upgraded(identity: Mapping[str, Any]) -> dict[str, Any]:
         if f"method.{old}" in out:
             out[f"model.{method}.{new}"] = out.pop(f"method.{old}")
     return dict(sorted(out.items()))
+
+
 SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 MAX_REST = 100  # characters of <rest> before the group hash replaces the tail
 

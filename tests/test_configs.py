@@ -51,7 +51,8 @@ def test_every_dataset_config_composes(make_cfg, dataset):
 @pytest.mark.parametrize("method", options("method"))
 @pytest.mark.parametrize("schedule", options("schedule"))
 def test_every_method_and_schedule_instantiates(make_cfg, method, schedule):
-    base = [f"model.{method}.pre_schedule=base"] if method in ("swa", "fge") else []  # the schedule group is the one used
+    recipe = {"swa": "swa", "swag": "swa", "fge": "fge"}.get(method)  # the model's recipe block the method reads
+    base = [f"model.{recipe}.pre_schedule=base"] if recipe else []  # the schedule group is the one used
     cfg = make_cfg(f"method={method}", f"schedule={schedule}", "model.init_from=some/run", *base)
     m = validate(cfg)
     assert m.name == method

@@ -100,3 +100,12 @@ def test_an_ensemble_is_the_mean_of_its_members_probabilities():
     b = torch.tensor([[0.5, 0.5], [0.6, 0.4]])
     torch.testing.assert_close(ensemble_mean([a, b]), torch.tensor([[0.7, 0.3], [0.4, 0.6]]))
     torch.testing.assert_close(ensemble_log_mean([a.log(), b.log()]).exp(), torch.tensor([[0.7, 0.3], [0.4, 0.6]]))
+
+
+def test_the_brier_score_equals_a_hand_computation():
+    from swalab.evaluate import metrics_from_probs
+
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]])
+    m = metrics_from_probs(probs, torch.tensor([0, 1]))
+    # image 0: (0.7-1)^2 + 0.2^2 + 0.1^2 = 0.14; image 1: 0.1^2 + (0.3-1)^2 + 0.6^2 = 0.86
+    assert m["brier"] == pytest.approx((0.14 + 0.86) / 2, rel=1e-6)

@@ -477,3 +477,24 @@ def test_the_decode_cache_lives_in_the_users_cache_directory_and_the_run_names_i
     assert len(cached) == 1 and not (root / ".swalab_cache").exists()
     assert f"decoded images cached in {cached[0]}" in caplog.text
     assert f"decoded images cached in {cached[0]}" in (tmp_path / "run" / "run.log").read_text()
+
+
+def test_a_32_bit_integer_image_of_8_bit_values_is_read_as_8_bit(tmp_path):
+    values = (np.arange(64).reshape(8, 8) * 4).astype(np.int32)  # 0 .. 252 in a mode-I image
+    for split in ("train", "test"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        Image.fromarray(values, mode="I").save(tmp_path / split / "a" / "0.tif")
+    data = load_folder(tmp_path)
+    assert torch.equal(data.train.images[0, 0], torch.from_numpy(values.astype(np.uint8)))  # not squashed to ~0
+
+
+def test_the_plan_hands_its_record_of_the_files_to_the_loader(make_cfg, tmp_path, monkeypatch):
+    import swalab.data.fingerprint as fingerprint
+    from swalab.train import train
+
+    root = write_folder(tmp_path / "ds", ["cat", "dog"], n_train=4, n_test=2, size=(8, 8), grey=True)
+    made = []
+    real = fingerprint._class_folders
+    monkeypatch.setattr(fingerprint, "_class_folders", lambda d: made.append(d) or real(d))
+    train(folder_run_cfg(make_cfg, root), run_dir=tmp_path / "run")
+    assert len(made) == 2  # train/ and test/ listed once, by the plan: the loader reads the same record

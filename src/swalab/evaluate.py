@@ -165,8 +165,8 @@ def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_
 
 
 def metrics_from_log_probs(log_probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Accuracy (%), mean NLL, ECE (and top-5 accuracy when there are more than 5 classes) of one predictor's
-    log-probabilities: every metric of every predictor comes from here."""
+    """Accuracy (%), mean NLL, ECE, Brier score (and top-5 accuracy when there are more than 5 classes) of one
+    predictor's log-probabilities: every metric of every predictor comes from here."""
     log_probs = log_probs.float()
     labels = labels.long()
     probs = log_probs.exp()
@@ -174,11 +174,18 @@ def metrics_from_log_probs(log_probs: torch.Tensor, labels: torch.Tensor) -> dic
         "acc": 100.0 * float(log_probs.argmax(dim=1).eq(labels).float().mean()),
         "nll": float(F.nll_loss(log_probs, labels, reduction="mean")),
         "ece": expected_calibration_error(probs, labels),
+        "brier": brier_score(probs, labels),
     }
     if probs.shape[1] > 5:
         top5 = probs.topk(5, dim=1).indices.eq(labels[:, None]).any(dim=1)
         out["top5"] = 100.0 * float(top5.float().mean())
     return out
+
+
+def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """The mean over images of sum_k (p_k - 1[y = k])^2 (Brier 1950; 0 is perfect, 2 the worst)."""
+    onehot = F.one_hot(labels.long(), probs.shape[1]).to(torch.float64)
+    return float((probs.double() - onehot).pow(2).sum(dim=1).mean())
 
 
 def metrics_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -198,12 +205,13 @@ def recompute_bn(model: nn.Module, loader, device: torch.device, amp: bool = Fal
 
 
 def metrics_table(metrics: dict[str, dict]) -> str:
-    """``predictor  acc %  nll  ece`` lines: the table a run and ``swalab.results.compare`` print."""
+    """``predictor  acc %  nll  ece  brier`` lines: the table a run and ``swalab.results.compare`` print."""
     width = max([len(name) for name in metrics] + [12])
-    lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8}"]
+    lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8} {'brier':>8}"]
     for name, m in metrics.items():
         if "acc" in m:
-            lines.append(f"{name:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f}")
+            brier = f"{m['brier']:8.4f}" if "brier" in m else f"{'–':>8}"
+            lines.append(f"{name:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f} {brier}")
     return "\n".join(lines)
 
 

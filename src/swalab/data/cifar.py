@@ -206,8 +206,8 @@ def files_record(name: str, root: str | Path, cache_dir: str | Path | None = Non
 
 
 def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Path | None = None,
-                       train_size: int | None = None, test_size: int | None = None,
-                       seed: int = 0) -> tuple[DataSplit, DataSplit, list[str], dict, str | None]:
+                       train_size: int | None = None, test_size: int | None = None, seed: int = 0,
+                       record: dict | None = None) -> tuple[DataSplit, DataSplit, list[str], dict, str | None]:
     """Decode the chosen files of a CIFAR image folder (through the decode cache).
 
     Subsets are chosen from the file listing (:func:`~swalab.data.folder.select_files`) before anything
@@ -222,7 +222,7 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
             f"{spec.num_classes}: is dataset.root pointing at the right data set?"
         )
     chosen = select_files(files, train_size, test_size, seed)
-    record = folder_record(root, SPLITS, IMAGE_EXTENSIONS, cache_dir)
+    record = record or folder_record(root, SPLITS, IMAGE_EXTENSIONS, cache_dir)
     source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": record["fingerprint"]}
     variant = None
     if any(chosen[split] is not files[split] for split in files):  # a subset: its own cache file
@@ -255,6 +255,7 @@ def load_cifar(
     cache: bool = True,
     cache_dir: str | Path | None = None,
     test_size: int | None = None,
+    record: dict | None = None,
 ) -> ImageData:
     """Load CIFAR-10 (``name="cifar10"``) or CIFAR-100 (``"cifar100"``, fine labels) into memory.
 
@@ -280,6 +281,7 @@ def load_cifar(
             cache records the files it was built from, so a changed folder is decoded again.
         test_size: keep only this many test images: a class-stratified subset drawn with the fixed seed
             0, never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
+        record: the record of the files read (:func:`files_record`) when the caller has just made it.
 
     Raises:
         FileNotFoundError: neither layout is present (and ``download`` is off), or a file or split is
@@ -310,9 +312,9 @@ def load_cifar(
     if pickle_dir is not None:
         train, test, classes = read_cifar_pickles(pickle_dir, name)
         train, test = subset(train, train_size, seed), cap_test_split(test, test_size)
-        record = files_record(name, root, cache_dir)
+        record = record or files_record(name, root, cache_dir)
     else:
         train, test, classes, record, note = _load_image_folder(
-            root, spec, cache, None if cache_dir is None else Path(cache_dir), train_size, test_size, seed)
+            root, spec, cache, None if cache_dir is None else Path(cache_dir), train_size, test_size, seed, record)
     return ImageData(name=spec.name, train=train, test=test, num_classes=spec.num_classes, classes=classes,
                      channels=3, record=record, cache_note=note)

@@ -166,16 +166,18 @@ def infer_channels(paths: list[str], workers: int | None = None) -> int:
 
 
 def _to_8bit(im: Image.Image) -> Image.Image:
-    """``im`` with 8 bits per channel. Deep grey images (16-bit PNG/TIFF: PIL modes ``I;16*``, and ``I`` holding
-    16-bit values) are scaled by their full range, ``round(v * 255 / 65535)``, so every grey level keeps its
-    place; PIL's own ``convert`` clips them to 0 or 255. Other modes are left to ``convert``."""
+    """``im`` with 8 bits per channel. 16-bit grey images (PIL modes ``I;16*``) are scaled by their full range,
+    ``round(v * 255 / 65535)``, so every grey level keeps its place; PIL's own ``convert`` clips them to 0 or 255.
+    A 32-bit integer image (mode ``I``) is read as 8-bit when its values fit 0..255 and as 16-bit when they fit
+    0..65535; wider values are refused. Other modes are left to ``convert``."""
     if not (im.mode.startswith("I;16") or im.mode == "I"):
         return im
     values = np.asarray(im).astype(np.float64)
+    top = 65535.0 if im.mode.startswith("I;16") or values.max() > 255 else 255.0
     if values.min() < 0 or values.max() > 65535:
         raise ValueError(f"a {im.mode} image with values in [{values.min():g}, {values.max():g}]: swalab reads grey "
                          "images of up to 16 bits (0..65535)")
-    return Image.fromarray(np.rint(values * (255.0 / 65535.0)).astype(np.uint8), mode="L")
+    return Image.fromarray(np.rint(values * (255.0 / top)).astype(np.uint8), mode="L")
 
 
 def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None) -> np.ndarray:

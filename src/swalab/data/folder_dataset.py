@@ -106,6 +106,7 @@ def load_folder(
     cache: bool = True,
     cache_dir: str | Path | None = None,
     name: str = "folder",
+    record: dict | None = None,
 ) -> ImageData:
     """Load ``root/train/<class>/*`` and ``root/test/<class>/*`` as ``uint8`` tensors ``[N, C, H, W]``.
 
@@ -136,6 +137,8 @@ def load_folder(
             chosen files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
         cache_dir: where the cache goes (``run.cache_dir``); None: the user's cache directory.
         name: the data set's name in :class:`ImageData` and in the cache file name.
+        record: the record of the folder's files (:func:`files_record`) when the caller has just made it (a run's
+            plan), so that it is not made twice.
 
     Raises:
         ValueError: ``root`` not set; a bad ``image_size``, ``channels``, ``mean``, ``std``, ``train_size``
@@ -149,7 +152,7 @@ def load_folder(
     channels = _check_channels(channels)
     classes, files = list_image_folder(root)
     chosen = select_files(files, train_size, test_size, seed)
-    record = files_record(root, cache_dir)
+    record = record or files_record(root, cache_dir)
     options = {"chosen": selection_digest(chosen, root), "channels": channels, "image_size": image_size}
     source = {"layout": "folder", "loader": "load_folder", **options,
               "num_files": sum(len(v) for v in files.values()), "fingerprint": record["fingerprint"]}

@@ -145,22 +145,24 @@ class FolderData:
     cache_note: str | None = None     # nothing is cached: images are decoded from disk every epoch
 
 
-def files_record(root: str | Path, **_) -> dict:
+def files_record(root: str | Path, cache_dir: str | Path | None = None, **_) -> dict:
     """The record of the files :func:`load_imagenet` reads (``swalab.data.fingerprint``); the first time a
     1.28M-image folder is read whole, later starts only ``stat`` the files."""
     from .fingerprint import folder_record
 
-    return folder_record(root, (TRAIN_SPLIT, EVAL_SPLIT), IMAGE_EXTENSIONS)
+    return folder_record(root, (TRAIN_SPLIT, EVAL_SPLIT), IMAGE_EXTENSIONS, cache_dir)
 
 
 def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0,
-                  test_size: int | None = None) -> FolderData:
+                  test_size: int | None = None, cache_dir: str | Path | None = None,
+                  record: dict | None = None) -> FolderData:
     """List ``root/train`` and ``root/val`` (see the module docstring); decode nothing yet.
 
     ``train_size`` keeps a fixed random subset of that many training images (chosen by ``seed``, kept in
     folder order), for quick fine-tuning runs. ``test_size`` keeps that many validation images, a
     class-stratified subset drawn with the fixed seed 0, never ``seed``, so every run seed is scored on
-    the same images (kept in folder order); ``None`` keeps the whole split.
+    the same images (kept in folder order); ``None`` keeps the whole split. ``cache_dir`` is where the files'
+    digests are cached (``run.cache_dir``); ``record`` their record when the caller has just made it.
     """
     root = Path(root)
     train = list_imagenet_split(root / TRAIN_SPLIT)
@@ -176,7 +178,7 @@ def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0
     from timm.data import ImageNetInfo
 
     return FolderData(name="imagenet", train=ImageFolderSplit(train), test=ImageFolderSplit(test),
-                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()), record=files_record(root))
+                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()), record=record or files_record(root, cache_dir))
 
 
 def imagenet_transforms(model_name: str | None, image_size: int | None = None, mean: Sequence[float] | None = None,

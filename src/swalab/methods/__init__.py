@@ -6,5 +6,6 @@ from swalab.methods.fge import FGE
 from swalab.methods.sgd import SGD
 from swalab.methods.pretrained import Pretrained
 from swalab.methods.swa import SWA
+from swalab.methods.swag import SWAG
 
-__all__ = ["Method", "TrainContext", "SGD", "SWA", "FGE", "EMA", "Pretrained"]
+__all__ = ["Method", "TrainContext", "SGD", "SWA", "FGE", "EMA", "Pretrained", "SWAG"]

@@ -101,7 +101,7 @@ class SWA(Method):
         key, epochs = self.setting, self.epochs
         if self.phase not in PHASES:
             raise ConfigError(f"{key('phase')}={self.phase!r} is not one of {PHASES}")
-        check_pre_schedule(self.pre_schedule, self.schedule, "swa", key("pre_schedule"))
+        check_pre_schedule(self.pre_schedule, self.schedule, self.name, key("pre_schedule"))
         if self.anneal_strategy not in ("cos", "linear"):
             raise ConfigError(f"{key('anneal_strategy')}={self.anneal_strategy!r} must be 'cos' or 'linear'")
         if not 0 <= self.start_epoch < epochs:

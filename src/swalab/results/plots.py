@@ -176,8 +176,10 @@ def plot_reliability(table: Table, path: Path) -> bool:
             color = f"C{i}"
             dense = [b for b in bins if b["count"] >= SPARSE * total]
             sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]
+            brier = cell.values("brier")
+            tail = f", Brier {statistics.fmean(brier):.3f}" if brier else ""
             ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], "-o", ms=4, color=color,
-                    label=f"{column.label} (n={len(cell.entries)})")
+                    label=f"{column.label} (n={len(cell.entries)}{tail})")
             ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)

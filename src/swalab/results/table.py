@@ -26,8 +26,9 @@ from swalab.identity import differences, group_hash, identity_hash, label_of, me
 from swalab.results.runs import Run
 
 # The paper's column order (SGD, FGE, SWA, EMA); a method of one's own comes after these, by name.
-METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "ema": 4}
-METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 bins)"))
+METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "swag": 4, "swag_diag": 5, "ema": 6}
+METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 bins)"),
+           ("brier", "Test Brier score (mean per image)"))
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Column:
 
     @property
     def label(self) -> str:
-        return f"{self.method.upper()} {self.budget:g}B ({self.epochs} ep)"
+        return f"{self.method.upper().replace('_DIAG', '-diag')} {self.budget:g}B ({self.epochs} ep)"
 
     @property
     def order(self) -> tuple:
@@ -78,9 +79,10 @@ def entries_of(run: Run) -> list[Entry]:
     for name, m in run.metrics.items():
         if not isinstance(m, dict) or "acc" not in m:
             continue
-        if name != run.method and not (run.method == "swa" and name.startswith("swa@")):
+        own = name == run.method or name.startswith(f"{run.method}_") or name.startswith(f"{run.method}@")
+        if not own:
             continue  # e.g. the last iterate of a SWA run is not the SGD baseline
-        column = Column(run.method, float(m.get("budget", budget)), int(m.get("epoch", epochs)))
+        column = Column(name.split("@")[0], float(m.get("budget", budget)), int(m.get("epoch", epochs)))
         out.append(Entry(run, name, column, m))
     return out
 

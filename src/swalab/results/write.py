@@ -88,7 +88,10 @@ def cell_text(row, column, metric: str, digits: int) -> str:
     cell = row.cells.get(column)
     if cell is None:
         return "not run"
-    text = fmt_cell(cell.values(metric), digits)
+    values = cell.values(metric)
+    if not values:
+        return "not recorded (runs of an earlier swalab)"
+    text = fmt_cell(values, digits)
     members = {e.metrics.get("members") for e in cell.entries if column.method == "fge"}
     if members == {1}:
         text += " · 1 member: one SGD snapshot, not an ensemble"

@@ -213,6 +213,19 @@ def check_batches_of_one(model: torch.nn.Module, train_loader, device: torch.dev
                           "give it one: raise trainer.batch_size (and dataset.train_size) above 1") from None
 
 
+def arguments_of(cls) -> list[str]:
+    """The named arguments a method class takes, its bases' included when it hands the rest on (``**kwargs``)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters
+        names += [p for p, v in params.items() if v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL) and p not in names]
+        if not any(v.kind == v.VAR_KEYWORD for v in params.values()):
+            break
+    return names
+
+
 def method_recipe(cfg: DictConfig) -> tuple[str | None, dict]:
     """The model's recipe block the chosen method takes its settings from (``Method.recipe``: ``swa`` for SWA), and
     its settings; ``(None, {})`` for a method whose settings are its own config keys."""
@@ -240,7 +253,7 @@ def build_method(cfg: DictConfig, epochs: int):
     if recipe is not None:
         from hydra.utils import get_method
 
-        takes = inspect.signature(get_method(str(cfg.method._target_))).parameters
+        takes = arguments_of(get_method(str(cfg.method._target_)))
         unknown = [k for k in settings if k not in takes or k in ("schedule", "epochs", "budget", "name")]
         if unknown:
             allowed = [p for p in takes if p not in ("self", "schedule", "epochs", "budget", "name")]

@@ -8,6 +8,7 @@ equal the straight-through run) removes what it created and leaves an existing r
 
 from __future__ import annotations
 
+import inspect
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -34,6 +35,14 @@ from swalab.trainer import Preempted, Trainer
 log = get_logger()
 
 
+def given_record(cfg, record: dict | None) -> dict:
+    """``{"record": record}`` for a loader that takes the record of its files (the plan has just made it), else {}."""
+    from hydra.utils import get_method
+
+    takes = inspect.signature(get_method(str(cfg.dataset.source._target_))).parameters
+    return {"record": record} if record is not None and "record" in takes else {}
+
+
 @dataclass
 class Built:
     """Everything a run trains with, built after its lock is held."""
@@ -51,7 +60,7 @@ def build_run(plan: RunPlan) -> Built:
     cfg, run_dir, method = plan.cfg, plan.run_dir, plan.method
     seed_everything(int(cfg.seed))
     device = distributed.local_device(plan.device)
-    data = build(cfg.dataset.source, "dataset.source")
+    data = build(cfg.dataset.source, "dataset.source", **given_record(cfg, plan.data_record))
     expected = cfg.dataset.get("num_classes")
     if expected is not None and data.num_classes != expected:
         raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")

@@ -160,6 +160,9 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
     same config on data that changed since (naming the class folders that did)."""
     theirs = stored_identity(run_dir)
     diffs = differences(identity, theirs) if theirs is not None else []
+    if theirs is not None and DATA_FINGERPRINT in identity and DATA_FINGERPRINT not in theirs:
+        get_logger().warning(f"[swalab] {run_dir} was made by a swalab that did not fingerprint its data: whether its "
+                             "data changed since cannot be checked; from now on they are (data.json)")
     if [d for d in diffs if d.startswith(DATA_FINGERPRINT + ":")] and len(diffs) == 1:
         then = read_data_record(run_dir)
         what = changes(then["record"], data_record) if then and data_record else "its files differ"

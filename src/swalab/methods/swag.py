@@ -1,0 +1,138 @@
+"""SWA-Gaussian (Maddox et al., NeurIPS 2019, "A Simple Baseline for Bayesian Uncertainty in Deep Learning").
+
+SWAG trains exactly as SWA does (the same schedule, the same captures, ``model.swa``), and keeps, beside
+the average, what a Gaussian over the SWA iterates needs: the running mean of the squared weights (a
+diagonal covariance, ``var = E[w^2] - E[w]^2``, clamped at ``1e-30`` as the authors' code does) and the
+deviations ``D_i = w_i - mean_i`` of the last ``rank`` captures (a low-rank covariance; K = 20 in the
+paper). At test time it draws ``samples`` weight vectors (S = 30 in the paper),
+
+    w = mean + sqrt(scale) * (sqrt(var) * z1 + D^T z2 / sqrt(K - 1)),   z1 ~ N(0, I_d), z2 ~ N(0, I_K),
+
+recomputes each sample's BatchNorm statistics on the training data, and averages the samples' class
+probabilities (Bayesian model averaging). ``scale = 0.5`` is the paper's covariance
+``1/2 (Sigma_diag + D D^T / (K - 1))``; the authors' code multiplies the draw by ``sqrt(scale)`` the same
+way. SWAG-diagonal (``swag_diag``) drops the ``D`` term. With ``scale = 0`` every sample is the SWA
+average itself.
+
+Predictors: ``swag`` and ``swag_diag`` (each the mean of ``samples`` samples' probabilities), ``swa`` (the
+average, as an SWA run of this config scores it) and ``sgd`` (the last iterate): one run gives SWA and
+SWAG together. Memory: the moments take ``(2 + rank)`` copies of the parameters, on
+``moments_device`` (``cpu`` keeps WRN-28-10's 36.5M x 22 x 4 bytes = 3.2 GB off the GPU).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+import torch
+from torch import nn
+
+from swalab.config import ConfigError, require
+from swalab.evaluate import CachedEnsemble, Predictor
+from swalab.methods.base import TrainContext
+from swalab.methods.swa import SWA
+from swalab.schedules import Schedule
+
+VAR_CLAMP = 1e-30
+
+
+def flat_parameters(model: nn.Module, device: torch.device | str) -> torch.Tensor:
+    """All parameters of ``model`` as one float32 vector on ``device`` (buffers left out: BN statistics are
+    recomputed for every sample)."""
+    return torch.cat([p.detach().reshape(-1).to(device, torch.float32) for p in model.parameters()])
+
+
+def load_flat(model: nn.Module, vector: torch.Tensor) -> None:
+    """Write ``vector`` (as :func:`flat_parameters` made it) into ``model``'s parameters."""
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(vector[offset:offset + n].view_as(p).to(p.device, p.dtype))
+            offset += n
+
+
+class SWAG(SWA):
+    """SWAG (module doc): SWA's training and captures from ``model.swa``; its own settings ``method.*``."""
+
+    name = "swag"
+
+    def __init__(self, schedule: Schedule, epochs: int, lr: float, rank: int = 20, samples: int = 30,
+                 scale: float = 0.5, moments_device: str = "cpu", **swa):
+        super().__init__(schedule, epochs, lr, **swa)
+        self.rank = require("method.rank", rank, "int", 2)
+        self.samples = require("method.samples", samples, "int", 1)
+        self.scale = float(require("method.scale", scale, "number", 0))
+        self.moments_device = moments_device
+        self.sq_mean: torch.Tensor | None = None
+        self.deviations: deque[torch.Tensor] = deque(maxlen=self.rank)
+
+    def validate(self, initialized: bool) -> None:
+        super().validate(initialized)
+        if self.moments_device not in ("cpu", "train"):
+            raise ConfigError(f"method.moments_device={self.moments_device!r} must be 'cpu' or 'train' (the training "
+                              "device)")
+
+    def _device(self, ctx: TrainContext) -> torch.device:
+        return torch.device("cpu") if self.moments_device == "cpu" else ctx.device
+
+    # -- capture: SWA's average, plus the second moment and the deviations --------------------------
+    def capture(self, ctx: TrainContext) -> None:
+        super().capture(ctx)
+        n = self.n_averaged  # captures so far, this one included
+        w = flat_parameters(ctx.model, self._device(ctx))
+        mean = flat_parameters(self.averaged.module, w.device)
+        self.sq_mean = w * w if self.sq_mean is None else self.sq_mean + (w * w - self.sq_mean) / n
+        self.deviations.append(w - mean)
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def sample(self, mean: torch.Tensor, generator: torch.Generator, low_rank: bool) -> torch.Tensor:
+        """One draw of the weights (module doc); ``low_rank=False`` is SWAG-diagonal."""
+        var = (self.sq_mean - mean * mean).clamp_min(VAR_CLAMP)
+        z1 = torch.randn(mean.shape, generator=generator).to(mean.device)
+        draw = var.sqrt() * z1
+        k = len(self.deviations)
+        if low_rank and k > 1:
+            z2 = torch.randn(k, generator=generator).to(mean.device)
+            draw = draw + torch.stack(list(self.deviations)).T.matmul(z2) / (k - 1) ** 0.5
+        return mean + self.scale ** 0.5 * draw
+
+    def sampled_log_probs(self, ctx: TrainContext, low_rank: bool, generator: torch.Generator) -> CachedEnsemble:
+        """The test log-probabilities of ``samples`` draws, each with its BN statistics recomputed."""
+        base = self.averaged.module
+        mean = flat_parameters(base, self._device(ctx))
+        model = copy.deepcopy(base)
+        members = CachedEnsemble()
+        for _ in range(self.samples):
+            load_flat(model, self.sample(mean, generator, low_rank))
+            ctx.update_bn(model)
+            members.add(ctx.test_log_probs(model))
+        return members
+
+    def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
+        if self.sq_mean is None:
+            raise RuntimeError(f"SWAG has captured no model yet: check {self.setting('start')} and trainer.epochs")
+        out = super().predictors(ctx)
+        # one draw from torch's RNG (restored on a resume) seeds the samples: a run and its resume sample alike
+        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+        out["swag"] = self.sampled_log_probs(ctx, low_rank=True, generator=generator)
+        out["swag_diag"] = self.sampled_log_probs(ctx, low_rank=False, generator=generator)
+        return out
+
+    def describe(self, predictor: str) -> dict[str, float]:
+        return super().describe("swa" if predictor.startswith("swag") else predictor)
+
+    def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
+        common = {"n_averaged": self.n_averaged, "samples": self.samples, "scale": self.scale}
+        return {**super().extra_metrics(ctx, labels), "swag": {**common, "rank": len(self.deviations)},
+                "swag_diag": common}
+
+    # -- checkpointing ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "sq_mean": self.sq_mean, "deviations": list(self.deviations)}
+
+    def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
+        super().load_state_dict(state, ctx)
+        self.sq_mean = state.get("sq_mean")
+        self.deviations = deque(state.get("deviations") or [], maxlen=self.rank)

@@ -1,0 +1,82 @@
+"""SWAG: SWA's training with a Gaussian over its iterates; samples averaged, each with its own BN statistics."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from swalab.methods import SWA, SWAG
+from swalab.methods.swag import flat_parameters
+from swalab.schedules import PaperSGD
+
+from test_methods import make_trainer, toy_net
+
+
+def swag(scale=0.5, samples=3, **kw):
+    return SWAG(PaperSGD(lr=0.1, horizon=6), 6, lr=0.05, start_epoch=2, pre_schedule="base", scale=scale,
+                samples=samples, **kw)
+
+
+def test_a_swag_sample_of_zero_scale_is_the_swa_model_exactly(tmp_path):
+    method = swag(scale=0.0, samples=1)
+    trainer = make_trainer(method, tmp_path, epochs=6)
+    trainer.fit()
+    ctx = trainer.ctx
+    swa_log_probs = ctx.test_log_probs(method.averaged_for_eval(ctx))
+    generator = torch.Generator().manual_seed(0)
+    sample = method.sample(flat_parameters(method.averaged.module, "cpu"), generator, low_rank=True)
+    assert torch.equal(sample, flat_parameters(method.averaged.module, "cpu"))
+    torch.testing.assert_close(method.sampled_log_probs(ctx, True, generator).log_probs(), swa_log_probs,
+                               rtol=0, atol=1e-6)
+
+
+def test_the_moments_are_the_mean_square_and_the_last_deviations_of_the_captured_weights():
+    method = SWAG(PaperSGD(lr=0.1, horizon=4), 4, lr=0.05, start_epoch=0, rank=2, samples=1)
+    model = nn.Linear(2, 1, bias=False)
+    ctx = SimpleNamespace(model=model, device=torch.device("cpu"))
+    method.averaged = torch.optim.swa_utils.AveragedModel(model)
+    captured = [torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 0.0]]), torch.tensor([[5.0, 4.0]])]
+    for w in captured:
+        with torch.no_grad():
+            model.weight.copy_(w)
+        method.capture(ctx)
+    ws = torch.cat(captured)
+    torch.testing.assert_close(flat_parameters(method.averaged.module, "cpu"), ws.mean(0))     # 3, 2
+    torch.testing.assert_close(method.sq_mean, (ws ** 2).mean(0))                             # 35/3, 20/3
+    # deviations from the running mean after each capture: (3,0)-(2,1) and (5,4)-(3,2); only the last rank=2 kept
+    assert len(method.deviations) == 2
+    torch.testing.assert_close(method.deviations[0], torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(method.deviations[1], torch.tensor([2.0, 2.0]))
+
+
+def test_diagonal_samples_spread_by_scale_times_the_variance():
+    method = SWAG(PaperSGD(lr=0.1, horizon=4), 4, lr=0.05, start_epoch=0, scale=0.5)
+    mean = torch.tensor([1.0, -2.0])
+    method.sq_mean = mean ** 2 + torch.tensor([4.0, 0.25])  # variances 4 and 0.25
+    generator = torch.Generator().manual_seed(3)
+    draws = torch.stack([method.sample(mean, generator, low_rank=False) for _ in range(20000)])
+    torch.testing.assert_close(draws.mean(0), mean, atol=0.05, rtol=0)
+    torch.testing.assert_close(draws.var(0), 0.5 * torch.tensor([4.0, 0.25]), rtol=0.05, atol=0)
+
+
+def test_swag_trains_exactly_as_swa_and_scores_swag_and_swag_diag_beside_it(tmp_path):
+    swa_metrics = make_trainer(SWA(PaperSGD(lr=0.1, horizon=6), 6, lr=0.05, start_epoch=2, pre_schedule="base"),
+                               tmp_path / "swa", epochs=6).fit().metrics
+    metrics = make_trainer(swag(), tmp_path / "swag", epochs=6).fit().metrics
+    assert metrics["swa"]["acc"] == swa_metrics["swa"]["acc"] and metrics["swa"]["nll"] == swa_metrics["swa"]["nll"]
+    assert metrics["swag"]["samples"] == 3 and metrics["swag"]["rank"] == 5 and metrics["swag_diag"]["scale"] == 0.5
+    assert math.isfinite(metrics["swag"]["nll"]) and "brier" in metrics["swag"]
+
+
+def test_swag_resumes_mid_run_to_the_same_samples(tmp_path):
+    straight = make_trainer(swag(), tmp_path / "straight", epochs=6).fit().metrics
+    first = make_trainer(swag(), tmp_path / "paused", epochs=6)
+    first.opts.epochs = 4  # stop after epoch 4 as a killed run would
+    first.fit()
+    state = first.store.latest()
+    resumed = make_trainer(swag(), tmp_path / "paused", epochs=6)
+    assert resumed.fit(state).metrics == straight

@@ -15,6 +15,6 @@ def test_the_slurm_launcher_config_composes_over_the_plugins_own(tmp_path):
         cfg = compose(config_name="config", return_hydra_config=True,
                       overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "logger=none"])
     launcher = cfg.hydra.launcher
-    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher._target_ == "hydra_plugins.swalab_slurm.SlurmLauncher"  # the plugin's, quiet without sacct
     assert (launcher.partition, launcher.gpus_per_node, launcher.timeout_min) == ("gpu", 1, 720)
     assert launcher.max_num_timeout > 0  # a job that reaches its time limit is requeued and resumes

@@ -40,6 +40,24 @@ from swalab.methods.base import Method, TrainContext
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
 
 
+@dataclass(frozen=True)
+class Stop:
+    """What a handled signal means for a run: the ``status.json`` state it leaves and the exit code of
+    ``run.py``. A run stopped by any of them has a checkpoint written at the signal and continues when the
+    same command is launched again (``swalab.slurm.stop_status`` refines the state under SLURM)."""
+
+    status: str
+    exit_code: int
+
+
+# The signals the trainer turns into "checkpoint now, then stop" (Preempted), and what each leaves.
+STOP_SIGNALS: dict[signal.Signals, Stop] = {
+    signal.SIGTERM: Stop("preempted", PREEMPTED_EXIT_CODE),  # scheduler preemption, scancel, a time limit
+    signal.SIGUSR1: Stop("preempted", PREEMPTED_EXIT_CODE),  # sbatch --signal=USR1, SUBMITIT_PREEMPT_SIGNAL=USR1
+    signal.SIGUSR2: Stop("preempted", PREEMPTED_EXIT_CODE),  # submitit's default time-limit/preemption signal
+}
+
+
 def format_seconds(seconds: float) -> str:
     """``75`` -> ``1m15s``, ``3725`` -> ``1h02m``: an ETA that reads at a glance."""
     seconds = int(round(seconds))
@@ -55,11 +73,21 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Preempted(RuntimeError):
-    """A SIGTERM / SIGUSR1 arrived; a checkpoint was written and the run should be re-launched."""
+    """A signal of ``STOP_SIGNALS`` arrived; a checkpoint was written and the run should be re-launched.
+
+    ``status`` and ``exit_code`` start as the signal's entry in ``STOP_SIGNALS``; ``swalab.train`` refines the
+    status from what the scheduler says (requeued, cancelled) before it records it."""
 
     def __init__(self, message: str, signum: int | None = None):
         super().__init__(message)
         self.signum = signum  # run.py hands the signal on to a launcher's own handler (submitit)
+        stop = STOP_SIGNALS.get(signum, Stop("preempted", PREEMPTED_EXIT_CODE))
+        self.status, self.exit_code = stop.status, stop.exit_code
+
+    def __str__(self) -> str:
+        then = ("the job is requeued and resumes from it" if self.status == "requeued"
+                else "re-launch the same command to continue")
+        return f"{self.args[0]}; {then}"
 
 
 def select_device(name: str) -> torch.device:
@@ -189,7 +217,7 @@ class Trainer:
             self._signal = signum
         previous = {}
         try:
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
+            for sig in STOP_SIGNALS:
                 previous[sig] = signal.signal(sig, handler)
         except ValueError:  # not in the main thread: leave signals alone
             yield
@@ -289,7 +317,7 @@ class Trainer:
             if self._signal is not None and step + 1 < steps:
                 self.save(epoch, step + 1, tally.partial())
                 raise Preempted(f"signal {self._signal} received: checkpoint written at epoch {epoch}, "
-                                f"step {step + 1}; re-launch the same command to continue", self._signal)
+                                f"step {step + 1}", self._signal)
         if bar is not None:
             bar.close()
         if int(bad_step) >= 0:
@@ -321,8 +349,7 @@ class Trainer:
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
         if self._signal is not None and not last:
-            raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {done}; "
-                            "re-launch the same command to continue", self._signal)
+            raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {done}", self._signal)
 
     def _finite(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
         """In ``skip`` mode, drop a non-finite step (syncs each step); ``stop`` checks per epoch."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from swalab import distributed
+from swalab import distributed, slurm
 from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointStore, atomic_save
 from swalab.config import ConfigError, build
@@ -206,7 +206,9 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
                     atomic_save(obj, run_dir / name)
             write_json(run_dir / "metrics.json", metrics)
         except Preempted as exc:
-            write_status(run_dir, {"status": "preempted", "message": str(exc)})
+            exc.status = slurm.stop_status(exc.signum, exc.status)  # under SLURM: requeued, cancelled or preempted
+            write_status(run_dir, {"status": exc.status, "message": str(exc)})
+            log.info(f"[swalab] {run_dir} {exc.status}: {exc}")
             tracker.finish(exit_code=1)
             raise
         except BaseException as exc:

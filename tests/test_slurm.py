@@ -92,3 +92,24 @@ def test_without_accounting_jobs_are_followed_with_squeue():
     assert info["7_0"]["State"] == info["8"]["State"] == launcher.GONE  # left the queue: finished
     watcher._info_dict.update(info)
     assert watcher.is_done("7_0", mode="cache") and not watcher.is_done("7_2", mode="cache")
+
+
+def test_a_slow_fault_sleeps_at_every_step_while_its_file_exists(tmp_path, monkeypatch):
+    import time
+
+    from swalab import faults
+
+    gate = tmp_path / "slow"
+    gate.touch()
+    monkeypatch.setenv(faults.ENV, f"train_step:slow:0.2:{gate}")
+
+    def seconds() -> float:
+        start = time.perf_counter()
+        faults.hit("train_step")
+        return time.perf_counter() - start
+
+    assert seconds() >= 0.2 and seconds() >= 0.2
+    gate.unlink()
+    assert seconds() < 0.1
+    monkeypatch.setenv(faults.ENV, "train_step:slow:0.2")  # no file named: always
+    assert seconds() >= 0.2

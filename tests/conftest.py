@@ -54,6 +54,11 @@ def slurm_unavailable() -> str | None:
             return f"tests/cluster/slurm-up could not start SLURM: {failed.read_text().strip()}"
         return "SLURM is not installed: start a local cluster with tests/cluster/slurm-up (as root; apt-installs it)"
     conf = os.environ.get("SLURM_CONF") or str(SLURM_DIR / "slurm.conf")
+    if not Path(conf).is_file():
+        failed = SLURM_DIR / "failed"
+        if failed.is_file():
+            return f"tests/cluster/slurm-up could not start SLURM: {failed.read_text().strip()}"
+        return f"no SLURM cluster is running here (no {conf}): start one with tests/cluster/slurm-up"
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30,
                              env={**os.environ, "SLURM_CONF": conf})

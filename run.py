@@ -9,10 +9,11 @@
   with the traceback unless the error says all there is to say (a NaN loss, a full disk).
 * In a grid (``-m``) each job writes a record to the grid's directory (``swalab.grid``) and the grid
   goes on; at its end a summary lists every job, and the command exits 1 if any did not finish.
-* A run stopped by a signal (``swalab.trainer.STOP_SIGNALS``: SIGTERM, SIGUSR1, SIGUSR2) writes a checkpoint,
-  records why in ``status.json`` (``preempted``; under SLURM ``requeued`` or ``cancelled``, ``swalab.slurm``)
-  and exits 75; re-launching the same command continues it. Under submitit (``hydra/launcher=slurm``) its
-  handler then requeues the job, and a cancelled job ends normally so that the grid's summary can list it.
+* A paused run writes a checkpoint at the step it is on: preempted (SIGTERM/SIGUSR1/SIGUSR2) it exits 75,
+  interrupted (Ctrl-C) 130; re-launching the same command continues it. A paused grid prints its summary
+  and stops. Under SLURM ``status.json`` says ``requeued`` or ``cancelled`` where SLURM says so
+  (``swalab.slurm``); with ``hydra/launcher=slurm`` submitit's handler then requeues the job, and a job that
+  will not come back ends normally so that the grid's summary lists it.
 """
 
 import os
@@ -27,11 +28,11 @@ from omegaconf import DictConfig
 import swalab  # noqa: F401  (registers the config resolvers before Hydra composes)
 from swalab import distributed
 from swalab.checkpoint import CheckpointError
-from swalab.grid import record_job
+from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
 from swalab.train import execute, message, one_line, prepare
 from swalab.train.records import write_status
-from swalab.trainer import NonFiniteLossError, Preempted
+from swalab.trainer import INTERRUPTED_EXIT_CODE, NonFiniteLossError, Preempted
 
 # Errors during training whose message says all a user needs: shown as one line, without a traceback.
 SELF_EXPLAINED = (NonFiniteLossError, OSError, CheckpointError)
@@ -55,6 +56,12 @@ def main(cfg: DictConfig) -> float | None:
         if multirun and distributed.is_main():  # a job of several processes: rank 0 keeps the record
             record_job(hydra_cfg.sweep.dir, job, overrides, run_dir, state, error)
 
+    def stop_grid(code: int) -> None:
+        """A pause ends the whole command: a grid prints its summary (every job so far) before it exits."""
+        if multirun:
+            close_grid(hydra_cfg.sweep.dir, interrupted=True)
+        sys.exit(code)
+
     record("running")
     plan = None
     try:
@@ -65,17 +72,24 @@ def main(cfg: DictConfig) -> float | None:
         metrics = execute(plan)
     except Preempted as exc:
         record(exc.status, str(exc))
-        print(f"[swalab] {exc.status}: {exc}", file=sys.stderr)
+        print(f"[swalab] {exc}", file=sys.stderr)
         try:
             hand_on(exc)
         except Exception as err:  # submitit declined to requeue (e.g. "timed-out too many times")
             exc.status = "preempted"
             write_status(run_dir, {"status": exc.status, "message": f"{exc}; not requeued: {one_line(err)}"})
             record(exc.status, f"not requeued: {one_line(err)}")
-            print(f"[swalab] not requeued: {one_line(err)}; re-launch the same command to continue", file=sys.stderr)
-        if multirun and SUBMITIT_JOB in os.environ and exc.status != "requeued":
-            return None  # this process is one job, which will not come back: it ends, and the grid's summary says why
-        sys.exit(exc.exit_code)
+            print(f"[swalab] not requeued: {one_line(err)}; re-run the same command to continue", file=sys.stderr)
+        if multirun and SUBMITIT_JOB in os.environ:  # this process is one job of the grid, which goes on
+            if exc.status == "requeued":
+                sys.exit(exc.exit_code)  # the job comes back and resumes
+            return None  # the job will not come back: it ends here, and the grid's summary says why
+        stop_grid(exc.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C before the run started training or while it was scored at the end
+        record("interrupted", "KeyboardInterrupt: Ctrl-C")
+        print("[swalab] interrupted (Ctrl-C): nothing of the run is lost; re-run the same command to continue",
+              file=sys.stderr)
+        stop_grid(INTERRUPTED_EXIT_CODE)
     except Exception as exc:
         refused = plan is None or not plan.started
         record("locked" if isinstance(exc, RunLocked) else "refused" if refused else "failed", one_line(exc))
@@ -95,11 +109,18 @@ def main(cfg: DictConfig) -> float | None:
 def hand_on(exc: Preempted) -> None:
     """Give the signal to the launcher's own handler, now that the checkpoint is written: submitit's
     (``hydra/launcher=slurm``) checkpoints the Hydra job and requeues it, then exits the process. A plain
-    launch has none and exits 75 (EX_TEMPFAIL) for a requeue wrapper."""
-    handler = signal.getsignal(exc.signum) if exc.signum else None
-    if callable(handler) and handler is not signal.default_int_handler:  # Python's own SIGINT handler raises
+    launch has none and exits 75 (EX_TEMPFAIL) for a requeue wrapper; Ctrl-C's own handler would only raise
+    KeyboardInterrupt: the pause is complete without it."""
+    handler = signal.getsignal(exc.signum) if exc.signum and exc.signum != signal.SIGINT else None
+    if callable(handler):
         handler(exc.signum, None)
 
 
 if __name__ == "__main__":
+    from swalab.config import moved_keys
+
+    moved = moved_keys(sys.argv[1:])  # before Hydra, which would say only that the key is not in the config
+    if moved:
+        print("[swalab] " + "; ".join(moved), file=sys.stderr)
+        sys.exit(REFUSED_EXIT_CODE)
     main()

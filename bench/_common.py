@@ -1,7 +1,11 @@
 """Shared pieces of the benchmarks: machine description, models from conf/model, data, timing.
 
 Every benchmark prints one JSON object and writes it to ``bench/results/<name>_<device>.json`` together
-with the machine it ran on, so committed numbers always say where they came from. Timings on a shared
+with the machine it ran on and its provenance (``provenance``: the commit, whether the working tree had
+changes to tracked files when it started, the exact command line, the load average at start and the CPU
+model), so committed numbers always say where they came from. A benchmark started from a tree with
+uncommitted changes refuses to write its result (the commit would not be the code that ran) unless
+``SWALAB_BENCH_ALLOW_DIRTY=1`` says so, and then the file records ``"dirty": true``. Timings on a shared
 machine are noisy: the benchmarks interleave what they compare (A, B, A, B, ...) inside one process and
 report medians, so a burst of load from another job hits both sides alike.
 """
@@ -11,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +54,35 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _start() -> dict:
+    """What is true when a benchmark starts (this module is imported first): commit, tree, command, load."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    argv = [Path(sys.argv[0]).as_posix(), *sys.argv[1:]] if sys.argv and sys.argv[0] else []
+    return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+            "command": "python " + shlex.join(argv) if argv else None, "load_average_at_start": load,
+            "cpu": cpu_model()}
+
+
+START = _start()
+
+
+def provenance() -> dict:
+    """Where the numbers came from (module doc): taken when the benchmark started."""
+    return dict(START)
+
+
 def machine_info(device: torch.device) -> dict:
     """What the numbers depend on: CPU, cores, load, library versions, accelerator."""
     import torchvision
@@ -56,18 +91,11 @@ def machine_info(device: torch.device) -> dict:
             "env_OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
             "device": str(device), "device_name": "cpu"}
-    try:
-        info["load_average_at_start"] = list(os.getloadavg())
-    except OSError:
-        pass
+    info["load_average_at_start"] = START["load_average_at_start"]
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
-    try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                            timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        info["git_commit"] = None
+    info["git_commit"], info["git_dirty"] = START["commit"], START["dirty"]
     return info
 
 
@@ -89,13 +117,23 @@ def portable(value):
     return value
 
 
+class DirtyTree(SystemExit):
+    """A benchmark run from a working tree with uncommitted changes: its numbers belong to no commit."""
+
+
 def write_result(name: str, device: torch.device, payload: dict, out: str | None = None) -> Path:
-    """Print ``payload`` as JSON and write it to ``bench/results/<name>_<device type>.json`` (or ``out``)."""
+    """Print ``payload`` (with its ``provenance``) as JSON and write it to ``bench/results/<name>_<device type>.json``
+    (or ``out``); refused from a dirty tree unless ``SWALAB_BENCH_ALLOW_DIRTY=1`` (module doc)."""
+    payload = {**payload, "provenance": provenance()}
+    text = json.dumps(portable(payload), indent=2, default=float)
+    print(text)
+    if START["dirty"] and os.environ.get("SWALAB_BENCH_ALLOW_DIRTY") != "1":
+        raise DirtyTree(f"[bench] not written: the working tree had uncommitted changes when {name} started, so "
+                        f"commit {START['commit']} is not the code that ran. Commit first, or set "
+                        "SWALAB_BENCH_ALLOW_DIRTY=1 to write it marked dirty")
     path = Path(out) if out else RESULTS / f"{name}_{device.type}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(portable(payload), indent=2, default=float)
     path.write_text(text + "\n")
-    print(text)
     return path
 
 

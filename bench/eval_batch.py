@@ -1,4 +1,4 @@
-"""Test-pass time against the evaluation batch size (what ``trainer.eval_batch_size: null`` picks per device).
+"""Test-pass time against the evaluation batch size (what ``run.eval_batch_size: null`` picks per device).
 
 The scoring passes (``swalab.evaluate.predict_logits``: eval mode, no grad, channels_last as the trainer runs
 them) over the same images at several batch sizes, interleaved rounds, medians, reported as seconds per

@@ -8,7 +8,7 @@ per-step / per-batch times measured on a subset, so the CPU numbers finish in mi
 * SWA: one ``AveragedModel.update_parameters`` per epoch (the paper's capture rule).
 * EMA: ``timm.utils.ModelEmaV3.update`` after every step, i.e. steps-per-epoch updates per epoch.
 * BN update: ``Trainer.update_bn`` (one no-grad train-mode pass over the training data).
-* FGE member: one test pass (``Trainer.test_probs``) when a member is collected.
+* FGE member: one test pass (``Trainer.test_log_probs``) when a member is collected.
 * FGE ensemble of 20 cached members: ``CachedEnsemble.curve`` + ``probs``; a global forward hook
   checks that it runs no module forward at all.
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     ema = ModelEmaV3(model, decay=0.999, use_warmup=True)
     labels = torch.randint(0, 10, (TEST_IMAGES,))
     steps_per_epoch = TRAIN_IMAGES // args.batch_size
-    members = [torch.randn(TEST_IMAGES, 10).softmax(1) for _ in range(args.members)]
+    members = [torch.randn(TEST_IMAGES, 10).log_softmax(1) for _ in range(args.members)]
     ensemble_forwards = []
     rows = []
     for r in range(args.rounds):
@@ -100,14 +100,14 @@ def main(argv: list[str] | None = None) -> dict:
         ema_s = t / args.ema_updates
         bn_s = timed(lambda: trainer.update_bn(averaged.module), device) / bn_n
         with ForwardCounter() as member_count:
-            # what Trainer.test_probs does, on this test loader
-            test_s = timed(lambda: predict_logits(model, test_loader, device, trainer.amp).softmax(1),
+            # what Trainer.test_log_probs does, on this test loader
+            test_s = timed(lambda: predict_logits(model, test_loader, device, trainer.amp).log_softmax(1),
                            device) / len(test_split)
         ens = CachedEnsemble(members)
         with ForwardCounter() as counter:
             t0 = time.perf_counter()
             ens.curve(labels)
-            ens.probs()
+            ens.log_probs()
             ens_s = time.perf_counter() - t0
         ensemble_forwards.append(counter.calls)
         epoch_s = step_s * steps_per_epoch

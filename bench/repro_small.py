@@ -44,21 +44,21 @@ METHODS = ("sgd", "swa", "fge", "ema")
 def method_overrides(method: str, epochs: int, swa_lr: float) -> list[str]:
     start = max(1, round(0.75 * epochs))
     if method == "swa":
-        return [f"method.swa_start_epoch={start}", f"method.swa_lr={swa_lr}"]
+        return [f"model.swa.start_epoch={start}", f"model.swa.lr={swa_lr}"]
     if method == "fge":
-        return [f"method.pretrain_epochs={start}", "method.cycle_epochs=2", f"method.lr_max={swa_lr}",
-                f"method.lr_min={swa_lr / 10:g}", "method.save_members=true"]
+        return [f"model.fge.pretrain_epochs={start}", "model.fge.cycle_epochs=2", f"model.fge.lr_max={swa_lr}",
+                f"model.fge.lr_min={swa_lr / 10:g}", "model.fge.save_members=true"]
     return []
 
 
 def run_one(method: str, seed: int, args) -> Path:
     run_dir = Path(args.out) / f"seed{seed}" / method
-    overrides = ["logger=none", "trainer.progress=false", "dataset=cifar10", f"dataset.root={args.root}",
-                 "dataset.download=false", f"dataset.train_size={args.train_size}", f"model={args.model}",
-                 f"method={method}", f"trainer.epochs={args.epochs}", "trainer.eval_every=0", f"seed={seed}",
+    overrides = ["logger=none", "run.progress=false", "dataset=cifar10", f"dataset.root={args.root}",
+                 "run.download=false", f"dataset.train_size={args.train_size}", f"model={args.model}",
+                 f"method={method}", f"trainer.epochs={args.epochs}", "run.eval_every=0", f"seed={seed}",
                  *method_overrides(method, args.epochs, args.swa_lr)]
     if args.cache_dir:
-        overrides.append(f"dataset.cache_dir={args.cache_dir}")
+        overrides.append(f"run.cache_dir={args.cache_dir}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     t0 = time.perf_counter()

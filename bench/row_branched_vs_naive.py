@@ -43,8 +43,8 @@ def subset_folder(source: Path, target: Path, train_per_class: int, test_per_cla
 
 def run_mode(args, naive: bool) -> tuple[dict, float]:
     out = Path(args.out) / ("naive" if naive else "branched")
-    overrides = ["logger=none", "trainer.progress=false", f"dataset.root={args.root}", f"model.budget_epochs={args.budget}",
-                 f"model.swa.start_epoch={round(0.75 * args.budget)}", "model.fge.pretrain=0.5", "trainer.eval_every=0",
+    overrides = ["logger=none", "run.progress=false", f"dataset.root={args.root}", f"model.budget_epochs={args.budget}",
+                 f"model.swa.start_epoch={round(0.75 * args.budget)}", "model.fge.pretrain=0.5", "run.eval_every=0",
                  f"paths.output_dir={out}"]
     argv = ["--dataset", "cifar10", "--model", "preresnet20", "--seeds", str(args.seed), *overrides]
     if naive:
@@ -93,7 +93,7 @@ def main() -> None:
         f"CIFAR-10 JPEG copy ({args.data}): the first {args.train_per_class} training and {args.test_per_class} "
         f"test images of each class ({10 * args.train_per_class} / {10 * args.test_per_class} images); PreResNet-20; "
         f"budget B = {args.budget} epochs; SWA from epoch {round(0.75 * args.budget)} at lr 0.01; FGE pretrain "
-        f"0.5 B then cycle 2; trainer.eval_every=0; seed {args.seed}.",
+        f"0.5 B then cycle 2; run.eval_every=0; seed {args.seed}.",
         f"Machine: {platform.machine()} CPU, {args.threads} torch thread(s) per run, shared with other engineers' "
         "jobs (load average 8-15 on 2 cores while this ran: seconds are noisy, epoch counts exact). The branched "
         "row ran first, then the naive one.",

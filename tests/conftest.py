@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 CIFAR10_JPG = Path(os.environ.get("SWALAB_CIFAR10_JPG", REPO.parent / "shared" / "data" / "cifar10-jpg"))
 
+# Decoded images and file digests are cached below $XDG_CACHE_HOME/swalab (swalab.data.cache): the tests keep theirs
+# in a folder of their own, shared by every test of the session (and the processes they start), never the user's.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="swalab-tests-cache-")
+
 # settings that keep a test run small, quiet and offline
-QUIET = ["logger=none", "trainer.progress=false"]
+QUIET = ["logger=none", "run.progress=false"]
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ def fake_run(root: Path, arch: dict, weight_decay: float, states: dict, checkpoi
     root.mkdir(parents=True)
     (root / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
     torch.save({"model": states["sgd"], "methods": {"swa": states["swa"]}}, root / "final.pt")
+    (root / "metrics.json").write_text('{"swa": {"acc": 0.0}, "sgd": {"acc": 0.0}}')  # finished, as train() leaves it
     for epoch, state in (checkpoints or {}).items():
         save_checkpoint({"model": state, "epoch": epoch}, root / "checkpoints", epoch, keep=100)
     return root
@@ -312,13 +313,13 @@ def test_figure_experiments_compose(experiment):
                       return_hydra_config=True)
     sweep = cfg.hydra.sweeper.params
     assert sweep, "the experiment defines a multirun sweep"
-    assert cfg.method.score_every == 1  # the SWA curve lands in history.jsonl as swa_test_acc
+    assert cfg.model.swa.score_every == 1  # the SWA curve lands in history.jsonl as swa_test_acc
     if experiment == "fig6_swa_lr_study":
-        assert cfg.method.name == "swa" and cfg.method.swa_start_epoch == 0 and cfg.method.cycle_epochs == 5
+        assert cfg.method.name == "swa" and cfg.model.swa.start_epoch == 0 and cfg.model.swa.cycle_epochs == 5
         assert sweep.swa_schedule.count("phase:cyclic") == 4 and sweep.swa_schedule.count("phase:constant") == 4
     else:
         assert sweep.method == "swa,sgd" and cfg.schedule._target_.endswith("PaperSGD")
-        assert cfg.method.swa_lr == cfg.model.lr == 0.05  # reference pre-schedule from 0.05 to 0.05: constant
+        assert cfg.model.swa.lr == cfg.model.lr == 0.05  # reference pre-schedule from 0.05 to 0.05: constant
 
 
 def test_the_analysis_command_lists_its_commands_with_a_line_each(capsys):
@@ -332,3 +333,19 @@ def test_the_analysis_command_lists_its_commands_with_a_line_each(capsys):
     with pytest.raises(SystemExit) as done:
         main(["planes"])
     assert done.value.code == 2 and "unknown command 'planes'" in capsys.readouterr().err
+
+
+def test_a_segment_between_runs_of_two_architectures_is_one_line_naming_the_solution(tmp_path, capsys):
+    from swalab.cli import run_command
+
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states)
+    wider = {name: (torch.zeros(10, 200) if name == "4.weight" else value) for name, value in states["sgd"].items()}
+    other = fake_run(tmp_path / "other", SMALL_BN, 1e-3, {"sgd": wider, "swa": wider})  # same names, other shapes
+    with pytest.raises(SystemExit) as exit_:
+        run_command(segment.main, ["--run", str(run_dir), "--sgd", str(other), "--out", str(tmp_path / "seg"),
+                                   "--quiet"], prog="swalab.analysis")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err == [
+        f"[swalab.analysis] --sgd {other}: parameter 4.weight has shape [10, 200] there but [10, 144] in this network "
+        f"(1 of 6 parameters differ): weights of another architecture; every solution must be a network of --run {run_dir}"]

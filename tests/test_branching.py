@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 import swalab  # noqa: F401  (registers resolvers)
 from swalab.branching import BranchError, check_branch, load_branch_state, read_lineage
+from swalab.train.build import data_files_record
 from swalab.identity import identity_of
 from swalab.methods import FGE, SGD, SWA
 from swalab.results.report import report
@@ -32,11 +33,11 @@ from swalab.train import train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 B = 4  # the budget in epochs
-TINY = ["logger=none", "trainer.progress=false", "dataset=digits", "model=preresnet20", "model.arch.depth=8",
-        "dataset.train_size=128", "trainer.batch_size=64", "trainer.eval_every=0", "trainer.eval_batch_size=512",
+TINY = ["logger=none", "run.progress=false", "dataset=digits", "model=preresnet20", "model.arch.depth=8",
+        "dataset.train_size=128", "trainer.batch_size=64", "run.eval_every=0", "run.eval_batch_size=512",
         f"model.budget_epochs={B}", "model.swa.start_epoch=3", "seed=0"]
 # SWA that branches off the SGD run "without modifying the learning rate schedule": the SGD run's schedule
-SWA_BASE = ["method=swa", "method.pre_schedule=base", f"schedule.horizon={B}"]
+SWA_BASE = ["method=swa", "model.swa.pre_schedule=base", f"schedule.horizon={B}"]
 
 
 def cfg_of(*overrides: str):
@@ -109,7 +110,7 @@ def test_a_swa_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
 
 @pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_a_fge_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
-    fge = ["method=fge", "method.pretrain_epochs=2", "method.cycle_epochs=2"]
+    fge = ["method=fge", "model.fge.pretrain_epochs=2", "model.fge.cycle_epochs=2"]
     branch_metrics = run(tmp_path / "branch", *fge, f"run.branch_from={trunk}@2")
     straight_metrics = run(tmp_path / "straight", *fge)
     assert branch_metrics["fge"]["member_epochs"] == [3] and branch_metrics["fge"]["members"] == 1
@@ -128,7 +129,9 @@ def test_the_lineage_is_written_and_read_back(trunk, tmp_path):
 
 
 def identity(*overrides: str) -> dict:
-    return identity_of(OmegaConf.to_container(cfg_of(*overrides), resolve=True))
+    """The identity a run of these overrides has (``swalab.train.prepare``), data fingerprint included."""
+    cfg = cfg_of(*overrides)
+    return identity_of(OmegaConf.to_container(cfg, resolve=True), data_files_record(cfg)["fingerprint"])
 
 
 def test_a_branch_from_another_seed_or_model_is_refused(trunk):
@@ -153,14 +156,14 @@ def synthetic_state(lrs: list[float], momentum: float = 0.9, weight_decay: float
 def test_a_branch_that_would_miss_a_capture_or_use_another_lr_is_refused():
     sgd_schedule = PaperSGD(lr=0.1, horizon=8)  # constant to epoch 4, then decaying
     trunk_lrs = [sgd_schedule.at(e, 0, 10) for e in range(7)]
-    swa = SWA(sgd_schedule, 12, swa_start_epoch=7, swa_lr=0.01, pre_schedule="base")
+    swa = SWA(sgd_schedule, 12, start_epoch=7, lr=0.01, pre_schedule="base")
     check_branch(swa, synthetic_state(trunk_lrs[:6]), 10, 0.9, 5e-4, False)  # swa_start - 1: fine
     with pytest.raises(BranchError, match="branch at epoch 6 or earlier"):
         check_branch(swa, synthetic_state(trunk_lrs), 10, 0.9, 5e-4, False)
-    reference = SWA(sgd_schedule, 12, swa_start_epoch=7, swa_lr=0.01, pre_schedule="reference")  # paper shape
+    reference = SWA(sgd_schedule, 12, start_epoch=7, lr=0.01, pre_schedule="reference")  # paper shape
     with pytest.raises(BranchError, match="schedules differ before the branch point"):
         check_branch(reference, synthetic_state(trunk_lrs[:6]), 10, 0.9, 5e-4, False)
-    longer_horizon = SWA(PaperSGD(lr=0.1, horizon=12), 12, swa_start_epoch=7, swa_lr=0.01, pre_schedule="base")
+    longer_horizon = SWA(PaperSGD(lr=0.1, horizon=12), 12, start_epoch=7, lr=0.01, pre_schedule="base")
     with pytest.raises(BranchError, match="schedule.horizon"):
         check_branch(longer_horizon, synthetic_state(trunk_lrs[:6]), 10, 0.9, 5e-4, False)
     with pytest.raises(BranchError, match="weight_decay"):
@@ -186,10 +189,10 @@ def test_a_row_plans_one_trunk_and_two_branches():
     assert "run.save_at=[5,6]" in sgd.overrides  # SWA branches at swa_start - 1, FGE at pretrain_epochs = 6
     assert (swa.branch_epoch, fge.branch_epoch) == (5, 6)
     assert f"run.branch_from={sgd.run_dir}@5" in swa.overrides  # a run directory needs no quoting
-    assert {"method.budget=1.5", "method.pre_schedule=base", "model.swa.score_at_budgets=[1,1.25]",
+    assert {"method.budget=1.5", "model.swa.pre_schedule=base", "model.swa.score_at_budgets=[1,1.25]",
             "schedule.horizon=8"} <= set(swa.overrides)
     assert swa.columns == {"SWA 1B": "swa@1", "SWA 1.25B": "swa@1.25", "SWA 1.5B": "swa"}
-    assert sgd.run_dir.parts[-3:] == ("sgd", "model.budget_epochs-8+model.swa.start_epoch-6", "seed0")  # save_at not in the name
+    assert sgd.run_dir.parts[-3:] == ("sgd", "trainer.epochs-8", "seed0")  # B = 8: its length; save_at is not a setting
 
 
 def test_a_rows_record_moves_with_its_output_directory_and_its_wall_time_comes_from_the_runs(tmp_path):

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from swalab.results.compare import compare, main, score_run
-from swalab.evaluate import metrics_from_probs
+from swalab.evaluate import metrics_from_log_probs
 from swalab.results.runs import load_weights, open_run
 from swalab.train import train
 
-TINY = ["dataset.train_size=64", "trainer.batch_size=32", "trainer.eval_every=0", "trainer.epochs=6"]
+TINY = ["dataset.train_size=64", "trainer.batch_size=32", "run.eval_every=0", "trainer.epochs=6"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def runs(tmp_path_factory):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=4"])
         fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "model.fge.pretrain_epochs=2",
-                                                        "method.save_members=true"])
+                                                        "model.fge.save_members=true"])
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -48,8 +48,9 @@ def test_a_run_reopens_with_its_model_weights_and_loaders(runs):
     for key, value in swa.state_dict().items():
         assert torch.equal(value, final["methods"]["swa"][key]), key
     assert run.method == "swa" and len(scored.test_labels()) == 360 and run.method_weights() == ["swa"]
-    metrics = metrics_from_probs(scored.probs(swa), scored.test_labels())
+    metrics = metrics_from_log_probs(scored.log_probs(swa), scored.test_labels())
     assert metrics["acc"] == pytest.approx(run.metrics["swa"]["acc"], abs=1e-6)
+    assert metrics["nll"] == pytest.approx(run.metrics["swa"]["nll"], abs=1e-6)
     with pytest.raises(KeyError, match="ema"):
         run.weights("ema")
     assert all(torch.equal(load_weights(f"{runs[0]}:swa")[k], v) for k, v in final["methods"]["swa"].items())
@@ -102,3 +103,60 @@ def test_a_path_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, command):
     assert done.stderr.strip().splitlines() == [f"[{command[0]}] not_a_run is not a swalab run directory: "
                                                 "no config.yaml there"]
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--device", "cuda"], "--device cuda: no such device here"),
+    (["--out", "afile/x.json"], "--out afile/x.json lies below afile, which is a file"),
+])
+def test_bad_flags_are_one_line_before_any_scoring(runs, tmp_path, args, line):
+    if args[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    (tmp_path / "afile").write_text("")
+    done = subprocess.run([sys.executable, "-m", "swalab.results.compare", str(runs[0]), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"[swalab.results.compare] {line}")
+
+
+def test_compare_refuses_a_run_that_has_not_finished(runs, tmp_path):
+    import shutil
+
+    copy = tmp_path / "swa"
+    shutil.copytree(runs[0], copy)
+    (copy / "metrics.json").unlink()  # as while it still trains
+    with pytest.raises(FileNotFoundError, match=r"has not finished \(its newest kept checkpoint is epoch 6 of 6\)"):
+        compare([copy], device="cpu")
+    (copy / "metrics.json").write_text("")  # damaged
+    with pytest.raises(FileNotFoundError, match=r"metrics.json cannot be read"):
+        compare([copy], device="cpu")
+
+
+def fake_run(path, method="swa", seed=0, dataset="digits", epochs=8, apart=None):
+    import yaml
+
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "dataset": {"name": dataset},
+                                                      "method": {"name": method}, "trainer": {"epochs": epochs}}))
+    (path / "identity.json").write_text(json.dumps({"identity": {"seed": seed}, **({"apart": apart} if apart else {})}))
+    return path
+
+
+def test_compare_labels_runs_by_what_sets_them_apart_and_says_what_differs(tmp_path):
+    from types import SimpleNamespace
+
+    from swalab.results.compare import differences_between, unique_labels
+    from swalab.results.runs import Run
+
+    runs = [SimpleNamespace(run=Run(fake_run(tmp_path / name, **kw))) for name, kw in [
+        ("a", {"apart": {"model.swa.lr": 0.05}}), ("b", {}), ("c", {"dataset": "cifar10", "epochs": 30}),
+        ("d", {})]]
+    assert unique_labels(runs) == ["swa/seed0[model.swa.lr=0.05]",  # not swa/seed0 and swa/seed0#2
+                                   f"swa/seed0[{tmp_path / 'b'}]", f"swa/seed0[{tmp_path / 'c'}]",
+                                   f"swa/seed0[{tmp_path / 'd'}]"]  # alike by their settings: told apart by place
+    labels = [torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([1, 1, 0]), torch.tensor([0, 1])]
+    notes = differences_between(runs, labels)
+    assert notes == ["the runs are on different data sets (cifar10, digits): their numbers are not comparable",
+                     "the runs were scored on different test sets (other images or test_size): their numbers are "
+                     "not comparable, and no section 3.5 pair crosses them",
+                     "the runs trained for different lengths (8, 30 epochs)"]

@@ -26,9 +26,13 @@ def test_every_model_config_composes_and_builds(make_cfg, model):
     assert cfg.trainer.epochs == round(1.5 * cfg.model.budget_epochs)  # SWA's default budget is 1.5 B
     for key in ("lr", "weight_decay", "budget_epochs", "swa", "fge"):
         assert key in cfg.model, f"conf/model/{model}.yaml lacks the recipe key {key!r}"
-    recipe = {"swa": ("start", "start_epoch", "lr", "phase", "lr_min", "cycle_epochs", "score_every", "score_at_budgets"),
-              "fge": ("lr_max", "lr_min", "cycle_epochs", "pretrain", "pretrain_epochs")}
-    for block, keys in recipe.items():  # every key a grid may set through model.<block>.* exists in every model
+    import inspect
+
+    from swalab.methods import FGE, SWA
+
+    recipe = {cls.recipe: [p for p in inspect.signature(cls).parameters if p not in ("schedule", "epochs", "budget",
+                                                                                  "name")] for cls in (SWA, FGE)}
+    for block, keys in recipe.items():  # every argument of SWA/FGE is a key of every model's block, and no other
         assert sorted(cfg.model[block]) == sorted(keys), f"conf/model/{model}.yaml {block}: {sorted(cfg.model[block])}"
     net = instantiate(cfg.model.arch, num_classes=100, in_channels=3)  # as train.build_model passes the data's
     head = [m for m in net.modules() if isinstance(m, torch.nn.Linear)][-1]
@@ -47,8 +51,8 @@ def test_every_dataset_config_composes(make_cfg, dataset):
 @pytest.mark.parametrize("method", options("method"))
 @pytest.mark.parametrize("schedule", options("schedule"))
 def test_every_method_and_schedule_instantiates(make_cfg, method, schedule):
-    base = ["method.pre_schedule=base"] if method in ("swa", "fge") else []  # the schedule group is the one used
-    cfg = make_cfg(f"method={method}", f"schedule={schedule}", "run.init_from=some/run", *base)
+    base = [f"model.{method}.pre_schedule=base"] if method in ("swa", "fge") else []  # the schedule group is the one used
+    cfg = make_cfg(f"method={method}", f"schedule={schedule}", "model.init_from=some/run", *base)
     m = validate(cfg)
     assert m.name == method
     if method != "pretrained":
@@ -57,11 +61,11 @@ def test_every_method_and_schedule_instantiates(make_cfg, method, schedule):
 
 @pytest.mark.parametrize("method", ["swa", "fge"])
 def test_a_schedule_the_reference_pre_schedule_would_ignore_is_refused(make_cfg, method):
-    """``schedule=cosine`` with SWA's default ``method.pre_schedule=reference`` trained the paper's schedule and
+    """``schedule=cosine`` with SWA's default ``model.swa.pre_schedule=reference`` trained the paper's schedule and
     gave the same numbers as the default run, in a directory of its own: now refused, naming the fix."""
-    with pytest.raises(ConfigError, match="would ignore the chosen schedule .*set method.pre_schedule=base"):
-        validate(make_cfg(f"method={method}", "schedule=cosine", "method.pre_schedule=reference"))
-    validate(make_cfg(f"method={method}", "schedule=paper_sgd", "method.pre_schedule=reference"))
+    with pytest.raises(ConfigError, match=f"would ignore the chosen schedule .*set model.{method}.pre_schedule=base"):
+        validate(make_cfg(f"method={method}", "schedule=cosine", f"model.{method}.pre_schedule=reference"))
+    validate(make_cfg(f"method={method}", "schedule=paper_sgd", f"model.{method}.pre_schedule=reference"))
 
 
 def test_digits_data_instantiates_from_config(make_cfg):
@@ -81,17 +85,17 @@ def test_loggers_instantiate(make_cfg, tmp_path):
 def test_paper_recipes_reach_the_config(make_cfg):
     """Per-model values from reference.md section 2, and the per-(dataset, model) specialisation."""
     wrn = make_cfg("method=swa", "model=wrn28_10", "dataset=cifar100", "method.budget=1.5")
-    assert (wrn.trainer.epochs, build_method(wrn, 300).swa_start, wrn.method.swa_lr, wrn.schedule.lr) == (300, 161, 0.05, 0.1)
+    assert (wrn.trainer.epochs, build_method(wrn, 300).start_epoch, wrn.model.swa.lr, wrn.schedule.lr) == (300, 161, 0.05, 0.1)
     assert wrn.trainer.weight_decay == 5e-4 and wrn.trainer.batch_size == 128 and wrn.trainer.momentum == 0.9
-    assert make_cfg("model=preresnet164", "dataset=cifar100", "method=swa").method.swa_lr == 0.05
-    assert make_cfg("model=preresnet164", "dataset=cifar10", "method=swa").method.swa_lr == 0.01
+    assert make_cfg("model=preresnet164", "dataset=cifar100", "method=swa").model.swa.lr == 0.05
+    assert make_cfg("model=preresnet164", "dataset=cifar10", "method=swa").model.swa.lr == 0.01
     vgg = make_cfg("model=vgg16", "method=sgd", "dataset=cifar10")
     assert (vgg.trainer.epochs, vgg.schedule.lr, vgg.trainer.weight_decay) == (200, 0.05, 5e-4)
     assert list(vgg.model.mean) == [0.485, 0.456, 0.406]
     fge = make_cfg("model=preresnet164", "method=fge", "dataset=cifar100")
-    assert (fge.trainer.epochs, build_method(fge, 150).pretrain_epochs, fge.method.cycle_epochs) == (150, 120, 2)
+    assert (fge.trainer.epochs, build_method(fge, 150).pretrain_epochs, fge.model.fge.cycle_epochs) == (150, 120, 2)
     swa = make_cfg("model=preresnet164", "method=swa", "dataset=cifar10")  # reference.md section 2: 126 of 225
-    assert (swa.trainer.epochs, build_method(swa, 225).swa_start) == (225, 126)
+    assert (swa.trainer.epochs, build_method(swa, 225).start_epoch) == (225, 126)
 
 
 def test_sgd_baseline_config_is_the_papers(make_cfg):
@@ -117,3 +121,12 @@ def test_a_training_method_refuses_a_budget_of_zero(make_cfg):
     """``method.budget=0 trainer.epochs=2`` used to train and report a column "SGD 0B (2 ep)"."""
     with pytest.raises(ConfigError, match=r"method.budget=0 must be > 0 for method=sgd"):
         validate(make_cfg("method=sgd", "method.budget=0", "trainer.epochs=2"))
+
+
+@pytest.mark.parametrize("model, dataset", [("wrn28_10", "cifar100"), ("vgg16", "cifar100"), ("preresnet164", "cifar100"),
+                                            ("pyramidnet272", "cifar100"), ("shakeshake26_2x64d", "cifar10"),
+                                            ("resnet50", "imagenet"), ("preresnet20", "digits")])
+def test_a_paper_model_trains_on_its_paper_data_set_unless_another_is_named(make_cfg, model, dataset):
+    assert make_cfg(f"model={model}").dataset.name == dataset  # `run.py method=swa model=wrn28_10` as in the paper
+    assert make_cfg(f"model={model}", "dataset=digits").dataset.name == "digits"  # a dataset= typed wins
+    assert make_cfg("dataset=cifar10", f"model={model}").dataset.name == "cifar10"  # in either order

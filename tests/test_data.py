@@ -6,7 +6,6 @@ One test reads the JPEG copy of CIFAR-10 when it is present and is skipped other
 
 from __future__ import annotations
 
-import os
 import pickle
 import urllib.error
 import warnings
@@ -20,6 +19,7 @@ from PIL import Image
 
 import swalab.data.cache as cache_mod
 import swalab.data.folder as folder_mod
+from swalab.data.cache import cache_path
 from swalab.data import (
     DataSplit,
     ImageData,
@@ -163,7 +163,7 @@ def test_missing_data_without_download_explains_how_to_get_it(tmp_path):
         load_cifar("cifar10", root, download=False)
     msg = str(info.value)
     for needle in ("dataset.root", str(root.resolve()), "cifar-10-batches-py", "data_batch_1", "test_batch",
-                   "batches.meta", "train/<class>", "test/<class>", "dataset.download=true", "copy"):
+                   "batches.meta", "train/<class>", "test/<class>", "run.download=true", "copy"):
         assert needle in msg, f"{needle!r} missing from: {msg}"
 
 
@@ -178,7 +178,7 @@ def test_failed_download_gives_a_clear_error(tmp_path, monkeypatch):
         load_cifar("cifar100", tmp_path, download=True)
     msg = str(info.value)
     assert "downloading it failed" in msg and "name resolution" in msg
-    assert "dataset.root" in msg and "cifar-100-python" in msg and "dataset.download=true" in msg
+    assert "dataset.root" in msg and "cifar-100-python" in msg and "run.download=true" in msg
 
 
 def test_failed_download_removes_only_the_folders_it_created(tmp_path, monkeypatch):
@@ -228,7 +228,7 @@ def test_image_folder_loads_exact_pixels_and_caches(tmp_path, monkeypatch):
     assert torch.equal(data.train.images, torch.from_numpy(written["train"]).permute(0, 3, 1, 2))
     assert torch.equal(data.test.images, torch.from_numpy(written["test"]).permute(0, 3, 1, 2))
 
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     assert path.is_file() and not list(path.parent.glob("*.tmp"))
     saved = torch.load(path, weights_only=True)
     assert saved["format_version"] == 1 and saved["classes"] == written["classes"]
@@ -248,7 +248,7 @@ def test_image_folder_loads_exact_pixels_and_caches(tmp_path, monkeypatch):
 def test_cache_with_other_format_version_is_rebuilt(tmp_path):
     write_png_folder(tmp_path)
     first = load_cifar("cifar10", tmp_path, download=False)
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     saved = torch.load(path, weights_only=True)
     saved["format_version"] = 0
     saved["train_images"] = torch.zeros_like(saved["train_images"])  # would show if the stale cache were used
@@ -262,7 +262,7 @@ def test_cache_with_other_format_version_is_rebuilt(tmp_path):
 def test_unreadable_or_stale_cache_is_rebuilt(tmp_path):
     write_png_folder(tmp_path)
     load_cifar("cifar10", tmp_path, download=False)
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     path.write_bytes(b"\x00garbage")
     with pytest.warns(UserWarning, match="could not be loaded"):
         load_cifar("cifar10", tmp_path, download=False)
@@ -275,16 +275,16 @@ def test_unreadable_or_stale_cache_is_rebuilt(tmp_path):
 
 def test_unwritable_cache_location_warns_and_still_loads(tmp_path):
     write_png_folder(tmp_path)
-    (tmp_path / ".swalab_cache").write_text("a file where the cache folder should be")
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
     with pytest.warns(UserWarning, match="cannot write decode cache"):
-        data = load_cifar("cifar10", tmp_path, download=False)
+        data = load_cifar("cifar10", tmp_path, download=False, cache_dir=tmp_path / "cache")
     assert len(data.train) == 20
 
 
 def test_failed_cache_write_keeps_the_old_cache_and_leaves_no_temp_file(tmp_path, monkeypatch):
     write_png_folder(tmp_path)
     load_cifar("cifar10", tmp_path, download=False)
-    path = tmp_path / ".swalab_cache" / "cifar10-folder-v1.pt"
+    path = cache_path(tmp_path, "cifar10", "folder")
     before = path.read_bytes()
 
     def disk_full(obj, f):
@@ -300,7 +300,7 @@ def test_failed_cache_write_keeps_the_old_cache_and_leaves_no_temp_file(tmp_path
 def test_cache_false_writes_nothing(tmp_path):
     write_png_folder(tmp_path)
     load_cifar("cifar10", tmp_path, download=False, cache=False)
-    assert not (tmp_path / ".swalab_cache").exists()
+    assert not cache_path(tmp_path, "cifar10", "folder").exists()
 
 
 def test_corrupt_image_is_named(tmp_path):
@@ -571,16 +571,8 @@ def test_loader_gives_the_same_batches_on_cuda_and_cpu():
 # ----------------------------------------------------------------------------------------------- real data
 
 
-def _cifar10_jpg_root() -> Path | None:
-    env = os.environ.get("SWALAB_CIFAR10_JPG")
-    candidate = Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10-jpg"
-    return candidate if (candidate / "train").is_dir() else None
-
-
-def test_real_cifar10_jpeg_folder_subset():
-    root = _cifar10_jpg_root()
-    if root is None:
-        pytest.skip("no CIFAR-10 JPEG copy: set SWALAB_CIFAR10_JPG or place it at ../shared/data/cifar10-jpg")
+def test_real_cifar10_jpeg_folder_subset(cifar10_jpg):
+    root = cifar10_jpg  # the one fixture that finds the copy, and the one skip message that names where it looked
     train, test, classes = read_image_folder(root, max_per_class=20, size=(32, 32))
     assert classes == CIFAR10_NAMES
     assert train.images.shape == (200, 3, 32, 32) and test.images.shape == (200, 3, 32, 32)

@@ -45,7 +45,7 @@ def train_swa(run_dir, rank: int = 0, world_size: int = 1) -> dict[str, torch.Te
     train = ResidentLoader(data, GLOBAL_BATCH // world_size, train=True, pad=1, flip=False, seed=3,
                            rank=rank, world_size=world_size, **common)
     test = ResidentLoader(data, 64, train=False, **common)
-    method = SWA(Constant(lr=0.05), EPOCHS, swa_start_epoch=2, swa_lr=0.02, bn_update=False)
+    method = SWA(Constant(lr=0.05), EPOCHS, start_epoch=2, lr=0.02, bn_update=False)
     trainer = Trainer(toy_model(), method, train, test, test, cpu, run_dir,
                       TrainerOptions(epochs=EPOCHS, weight_decay=1e-4, progress=False, handle_signals=False))
     trainer.fit()

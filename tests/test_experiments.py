@@ -18,8 +18,8 @@ EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
 TABLE1 = [e for e in EXPERIMENTS if e.startswith("table1_")]
 # what the experiments' own comments say must be given on the command line
-REQUIRED = {"fig6_swa_lr_study": ["run.init_from=some/sgd/run@125"],
-            "sec35_fge_vs_swa": ["run.init_from=some/sgd/run@120"],
+REQUIRED = {"fig6_swa_lr_study": ["model.init_from=some/sgd/run@125"],
+            "sec35_fge_vs_swa": ["model.init_from=some/sgd/run@120"],
             "cifar10jpg_small": ["dataset.root=some/cifar10-jpg"]}
 
 
@@ -56,7 +56,7 @@ def test_every_job_of_every_experiment_and_sweep_builds_its_method_and_validates
 def test_the_figure_7_grid_runs_both_of_its_methods():
     assert sorted(job[0] for job in jobs_of("experiment=fig7_constant_vs_decay")) == ["method=sgd", "method=swa"]
     swa = validate(compose_with_hydra("experiment=fig7_constant_vs_decay", "method=swa"))
-    assert (swa.swa_start, swa.swa_lr, swa.eval_every, swa.epochs) == (140, 0.05, 1, 300)
+    assert (swa.start_epoch, swa.lr, swa.score_every, swa.epochs) == (140, 0.05, 1, 300)
 
 
 def test_every_experiment_config_names_itself_and_is_global():
@@ -85,21 +85,21 @@ def test_table1_experiment_sweeps_sgd_fge_swa_at_the_papers_budgets(experiment):
         m = validate(job)
         budgets[method] = job.trainer.epochs / job.model.budget_epochs
         if method == "swa":
-            assert list(m.eval_at_budgets) == [1.0, 1.25]
-            assert m.swa_start == {"vgg16": 161, "wrn28_10": 161, "preresnet164": 126}[model]  # reference.md 2
+            assert list(m.score_at_budgets) == [1.0, 1.25]
+            assert m.start_epoch == {"vgg16": 161, "wrn28_10": 161, "preresnet164": 126}[model]  # reference.md 2
     assert budgets == {"sgd": 1.0, "fge": 1.0, "swa": 1.5}
 
 
 def test_sec35_experiment_runs_fge_from_a_required_pretrained_start():
     cfg = compose_with_hydra("experiment=sec35_fge_vs_swa")
     assert (cfg.dataset.name, cfg.model.name, cfg.method.name) == ("cifar100", "preresnet164", "fge")
-    assert cfg.trainer.epochs == 20 and cfg.method.pretrain_epochs == 0 and cfg.method.save_members
-    with pytest.raises(ConfigError, match="run.init_from"):  # the start must be given on the command line
+    assert cfg.trainer.epochs == 20 and cfg.model.fge.pretrain_epochs == 0 and cfg.model.fge.save_members
+    with pytest.raises(ConfigError, match="model.init_from"):  # the start must be given on the command line
         validate(cfg)
     text = (CONF_DIR / "experiment" / "sec35_fge_vs_swa.yaml").read_text()
     for number in ("0.126", "0.079", "87.33%", "95.26%"):
         assert number in text
-    m = validate(compose_with_hydra("experiment=sec35_fge_vs_swa", "run.init_from=some/run@120"))
+    m = validate(compose_with_hydra("experiment=sec35_fge_vs_swa", "model.init_from=some/run@120"))
     assert sum(m.is_collection_epoch(e) for e in range(20)) == 10
 
 
@@ -108,4 +108,4 @@ def test_table2_scores_the_pretrained_weights_and_swa_at_5_and_10_epochs(model):
     pretrained = validate(compose_with_hydra(f"experiment=table2_{model}", "method=pretrained"))
     assert pretrained.epochs == 0  # nothing trains, whatever the experiment says for its other methods
     swa = validate(compose_with_hydra(f"experiment=table2_{model}"))
-    assert (swa.epochs, swa.swa_start, [swa.epoch_of(b) for b in swa.eval_at_budgets]) == (10, 0, [5])
+    assert (swa.epochs, swa.start_epoch, [swa.epoch_of(b) for b in swa.score_at_budgets]) == (10, 0, [5])

@@ -6,6 +6,8 @@ sizes; class counts other than 10 or 100). One test reads the JPEG copy of CIFAR
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
@@ -20,7 +22,8 @@ import swalab.data.folder as folder_mod
 from swalab.config import ConfigError
 from swalab.train import validate
 from swalab.data import ImageData, cap_test_split, load_cifar, load_folder, subset
-from swalab.identity import identity_of
+from swalab.data.cache import cache_path, root_key
+from swalab.train import prepare
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -230,9 +233,10 @@ def test_subset_and_full_caches_are_separate_files(tmp_path, monkeypatch):
     part = load_cifar("cifar10", root, download=False, train_size=10)
     other_seed = load_cifar("cifar10", root, download=False, train_size=10, seed=1)
     folder = load_folder(root, train_size=10)
-    names = sorted(p.name for p in (root / ".swalab_cache").glob("*.pt"))
-    assert len(names) == 4 and "cifar10-folder-v1.pt" in names  # the full set keeps its own name
-    assert not list((root / ".swalab_cache").glob("*.tmp"))
+    full_cache = cache_path(root, "cifar10", "folder")
+    names = sorted(p.name for p in full_cache.parent.glob(f"*-{root_key(root)}-*.pt"))
+    assert len(names) == 4 and full_cache.name in names  # the full set keeps its own name
+    assert not list(full_cache.parent.glob("*.tmp")) and not (root / ".swalab_cache").exists()
 
     forbid_reading_images(monkeypatch)  # every load below is served by its own file, never another's
     assert len(load_cifar("cifar10", root, download=False).train) == 20
@@ -345,11 +349,12 @@ def test_unset_or_missing_root_says_to_set_dataset_root(tmp_path):
 def test_folder_config_builds_the_data_set(make_cfg, tmp_path):
     root = write_folder(tmp_path / "data", ["a", "b", "c"], n_train=4, n_test=2, size=(12, 12), grey=True)
     cfg = make_cfg("dataset=folder", f"dataset.root={root}", "dataset.train_size=6", "dataset.test_size=3",
-                   f"dataset.cache_dir={tmp_path / 'cache'}", "dataset.image_size=8", "dataset.mean=[0.5]", "seed=3")
+                   f"run.cache_dir={tmp_path / 'cache'}", "dataset.image_size=8", "dataset.mean=[0.5]", "seed=3")
     data = instantiate(cfg.dataset.source)
-    assert data.name == "data" and data.num_classes == 3  # named after its folder and data.channels == 1 and data.mean == [0.5]
+    assert data.name == "data" and data.num_classes == 3  # named after its folder
+    assert data.channels == 1 and data.mean == [0.5]
     assert data.train.images.shape == (6, 1, 8, 8) and len(data.test) == 3
-    assert len(list((tmp_path / "cache").glob("data-folder-*-v1.pt"))) == 1 and not (root / ".swalab_cache").exists()
+    assert len(list((tmp_path / "cache").glob(f"data-{root_key(root)}-folder-*-v1.pt"))) == 1
 
 
 def test_folder_config_requires_a_root(make_cfg):
@@ -380,11 +385,14 @@ def test_real_cifar10_jpeg_subset_decodes_only_what_it_uses(cifar10_jpg, tmp_pat
     assert torch.equal(cifar.train.images, data.train.images) and torch.equal(cifar.test.labels, data.test.labels)
 
 
-def test_a_folder_is_one_data_set_however_its_path_is_typed(make_cfg, tmp_path, monkeypatch):
-    """``dataset.root=ds/good`` from two working directories is two data sets (two identities); the same
-    folder typed relative or absolute is one."""
+def test_a_folder_is_the_images_it_holds_wherever_it_lies_and_however_its_path_is_typed(make_cfg, tmp_path,
+                                                                                        monkeypatch):
+    """A data set's identity is its files' fingerprint, not its path: the same images in two places, or one folder
+    typed relative or absolute, are one data set; one image rewritten (even to the same size and modification
+    time) or added makes another."""
     def identity(root):
-        return identity_of(OmegaConf.to_container(make_cfg("dataset=folder", f"dataset.root={root}"), resolve=True))
+        return prepare(make_cfg("dataset=folder", f"dataset.root={root}", "trainer.epochs=2"),
+                       run_dir=tmp_path / "nowhere").identity
 
     for place in ("one", "two"):
         write_folder(tmp_path / place / "ds" / "good", ["a", "b"], n_train=2, n_test=1, size=(8, 8), grey=True)
@@ -392,5 +400,80 @@ def test_a_folder_is_one_data_set_however_its_path_is_typed(make_cfg, tmp_path, 
     relative_here, absolute = identity("ds/good"), identity(tmp_path / "one" / "ds" / "good")
     monkeypatch.chdir(tmp_path / "two")
     relative_there = identity("ds/good")
-    assert relative_here == absolute and relative_here != relative_there
-    assert relative_there["dataset.root"] == str(tmp_path / "two" / "ds" / "good")
+    assert relative_here == absolute == relative_there and "dataset.root" not in absolute
+    image = tmp_path / "two" / "ds" / "good" / "train" / "a" / "000.png"
+    stat = image.stat()
+    Image.fromarray(np.full((8, 8), 99, np.uint8)).save(image)  # rewritten in place ...
+    os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))     # ... its size and mtime set back
+    rewritten = identity("ds/good")
+    assert rewritten["data.fingerprint"] != relative_there["data.fingerprint"]
+    assert not (tmp_path / "nowhere").exists()
+
+
+# ----------------------------------------------------------------------------------------------- what a run read
+
+
+def folder_run_cfg(make_cfg, root, *extra):
+    return make_cfg("dataset=folder", f"dataset.root={root}", "method=sgd", "trainer.epochs=2", "trainer.batch_size=4",
+                    "model.arch.depth=8", *extra)
+
+
+def test_a_run_refuses_to_resume_or_skip_on_a_data_set_that_changed_naming_what_did(make_cfg, tmp_path):
+    from swalab.train import train
+
+    root = write_folder(tmp_path / "ds", ["cat", "dog"], n_train=4, n_test=2, size=(8, 8), grey=True)
+    run = tmp_path / "run"
+    train(folder_run_cfg(make_cfg, root), run_dir=run)
+    facts = json.loads((run / "data.json").read_text())  # what the run trained on, in its own words
+    assert facts["classes"] == ["cat", "dog"] and facts["channels"] == 1 and facts["image_size"] == [8, 8]
+    assert facts["train_images"] == 8 and facts["test_images"] == 4 and len(facts["measured_mean"]) == 1
+    assert facts["record"]["files"]["train/cat"][0] == 4
+    write_images(root / "train" / "cat", 3, size=(8, 8), grey=True, first=50)   # images added ...
+    (root / "test" / "dog" / "000.png").unlink()                                # ... and one removed
+    with pytest.raises(ConfigError, match=r"the data set changed since it was made \(test/dog: 2 files then, 1 now; "
+                                          r"train/cat: 4 files then, 7 now\)"):
+        train(folder_run_cfg(make_cfg, root), run_dir=run)
+
+
+def test_a_run_of_an_earlier_version_without_a_data_fingerprint_still_resumes(make_cfg, tmp_path):
+    from swalab.train import train
+
+    root = write_folder(tmp_path / "ds", ["cat", "dog"], n_train=4, n_test=2, size=(8, 8), grey=True)
+    run = tmp_path / "run"
+    first = train(folder_run_cfg(make_cfg, root), run_dir=run)
+    stored = json.loads((run / "identity.json").read_text())
+    old = {k: v for k, v in stored["identity"].items() if k != "data.fingerprint"}
+    old["dataset.root"], old["dataset.root_is_data"] = str(root), True  # what an earlier swalab recorded
+    (run / "identity.json").write_text(json.dumps({**stored, "identity": old}))
+    (run / "metrics.json").unlink()                                      # and it was interrupted after its last epoch
+    assert train(folder_run_cfg(make_cfg, root), run_dir=run) == first
+
+
+def test_16_bit_grey_images_keep_every_grey_level(tmp_path):
+    levels = (np.arange(64).reshape(8, 8) * 1000).astype(np.uint16)  # 0 .. 63000 of 65535
+    for split in ("train", "test"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        Image.fromarray(levels).save(tmp_path / split / "a" / "0.png")
+        assert Image.open(tmp_path / split / "a" / "0.png").mode == "I;16"
+    data = load_folder(tmp_path)
+    expected = torch.from_numpy(np.rint(levels.astype(np.float64) * 255 / 65535).astype(np.uint8))
+    assert data.channels == 1 and torch.equal(data.train.images[0, 0], expected)  # PIL's convert left 2 levels
+    assert data.train.images.unique().numel() == 64
+
+
+def test_the_decode_cache_lives_in_the_users_cache_directory_and_the_run_names_it(make_cfg, tmp_path, monkeypatch,
+                                                                                   caplog):
+    from swalab.train import train
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = write_folder(tmp_path / "ds", ["cat", "dog"], n_train=4, n_test=2, size=(8, 8), grey=True)
+    root.chmod(0o555)  # a read-only data folder, as shared data sets are
+    try:
+        with caplog.at_level("INFO", logger="swalab"):
+            train(folder_run_cfg(make_cfg, root), run_dir=tmp_path / "run")
+    finally:
+        root.chmod(0o755)
+    cached = list((tmp_path / "xdg" / "swalab").glob(f"ds-{root_key(root)}-folder-*-v1.pt"))
+    assert len(cached) == 1 and not (root / ".swalab_cache").exists()
+    assert f"decoded images cached in {cached[0]}" in caplog.text
+    assert f"decoded images cached in {cached[0]}" in (tmp_path / "run" / "run.log").read_text()

@@ -198,16 +198,16 @@ def test_timm_model_config_is_pretrained_on_imagenet_and_fresh_on_cifar(make_cfg
     imagenet = make_cfg("dataset=imagenet", "model=resnet50")
     assert imagenet.model.pretrained is True and imagenet.model.arch.model_name == "resnet50.tv_in1k"
     table2 = make_cfg("experiment=table2_densenet161")
-    assert table2.trainer.epochs == 10 and table2.method.phase == "cyclic" and table2.method.swa_lr == 1e-3
-    assert table2.method.swa_lr_min == 1e-5 and table2.method.cycle_epochs == 1
+    assert table2.trainer.epochs == 10 and table2.model.swa.phase == "cyclic" and table2.model.swa.lr == 1e-3
+    assert table2.model.swa.lr_min == 1e-5 and table2.model.swa.cycle_epochs == 1
     assert table2.model.swa.score_at_budgets == [0.5]
 
 
 # -- the run paths -----------------------------------------------------------------------------------------
 def tiny_run(make_cfg, root: Path, *overrides: str):
-    return make_cfg("dataset=imagenet", f"dataset.root={root}", "dataset.image_size=32", "dataset.num_workers=0",
-                    "model=timm", "model.name=test_resnet", "trainer.batch_size=4", "trainer.eval_batch_size=4",
-                    "trainer.device=cpu", *overrides)
+    return make_cfg("dataset=imagenet", f"dataset.root={root}", "dataset.image_size=32", "run.num_workers=0",
+                    "model=timm", "model.name=test_resnet", "trainer.batch_size=4", "run.eval_batch_size=4",
+                    "run.device=cpu", *overrides)
 
 
 def test_zero_epochs_scores_the_pretrained_weights_top1_and_top5(make_cfg, tiny_imagenet, tmp_path):
@@ -229,7 +229,7 @@ def test_cyclic_swa_fine_tunes_from_the_start_with_a_bn_update_on_a_fraction(mak
     path = tmp_path / "weights.pth"
     torch.save(create_timm_model("test_resnet").state_dict(), path)
     cfg = tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={path}", "trainer.epochs=2",
-                   "trainer.bn_update_fraction=0.5", "trainer.eval_every=0", "method=swa")
+                   "trainer.bn_update_fraction=0.5", "run.eval_every=0", "method=swa")
     metrics = train(cfg, run_dir=tmp_path / "swa")
     assert metrics["swa"]["n_averaged"] == 2 and "top5" in metrics["swa"] and "sgd" in metrics
     history = [json.loads(line) for line in (tmp_path / "swa" / "history.jsonl").read_text().splitlines()]

@@ -8,6 +8,8 @@ form, and a resumed run against an uninterrupted one.
 
 from __future__ import annotations
 
+import copy
+
 import json
 import shutil
 
@@ -102,7 +104,7 @@ def assert_average_is_mean(method: SWA, captured) -> None:
 def test_constant_swa_average_is_the_mean_of_the_weights_at_the_reference_capture_epochs(
         tmp_path, swa_start, c_epochs):
     epochs = 7
-    method = SWA(PaperSGD(lr=0.1, horizon=epochs), epochs, swa_start_epoch=swa_start, swa_lr=0.03,
+    method = SWA(PaperSGD(lr=0.1, horizon=epochs), epochs, start_epoch=swa_start, lr=0.03,
                  capture_every=c_epochs)
     trainer = make_trainer(method, tmp_path, epochs)
     captured = record_captures(method, trainer)
@@ -114,7 +116,7 @@ def test_constant_swa_average_is_the_mean_of_the_weights_at_the_reference_captur
 
 def test_cyclic_swa_captures_at_every_cycle_end_and_averages_them(tmp_path):
     # 48 images / batch 8 = 6 steps per epoch; cycle 1.5 epochs = 9 iterations; 4 epochs of SWA = 24 iterations
-    method = SWA(PaperSGD(lr=0.1, horizon=6), 6, swa_start_epoch=2, swa_lr=0.05, phase="cyclic", swa_lr_min=0.005,
+    method = SWA(PaperSGD(lr=0.1, horizon=6), 6, start_epoch=2, lr=0.05, phase="cyclic", lr_min=0.005,
                  cycle_epochs=1.5)
     trainer = make_trainer(method, tmp_path, epochs=6)
     captured = record_captures(method, trainer)
@@ -135,7 +137,7 @@ def test_cyclic_swa_captures_at_every_cycle_end_and_averages_them(tmp_path):
 def test_bn_update_gives_the_exact_statistics_of_the_training_data(tmp_path):
     """A model that is only a BatchNorm layer: one pass gives the data's mean and unbiased variance."""
     bn = nn.BatchNorm2d(2)
-    trainer = make_trainer(SWA(Constant(lr=0.1), 1, swa_start_epoch=0, swa_lr=0.1), tmp_path, epochs=1,
+    trainer = make_trainer(SWA(Constant(lr=0.1), 1, start_epoch=0, lr=0.1), tmp_path, epochs=1,
                            model=toy_net(), n_train=48, bn_batch_size=48)
     bn.running_mean.fill_(5.0)
     trainer.ctx.update_bn(bn)
@@ -149,7 +151,7 @@ def test_bn_update_gives_the_exact_statistics_of_the_training_data(tmp_path):
 
 def test_bn_update_over_several_batches_is_the_cumulative_average_of_batch_moments(tmp_path):
     bn = nn.BatchNorm2d(2)
-    trainer = make_trainer(SWA(Constant(lr=0.1), 1, swa_start_epoch=0, swa_lr=0.1), tmp_path, epochs=1,
+    trainer = make_trainer(SWA(Constant(lr=0.1), 1, start_epoch=0, lr=0.1), tmp_path, epochs=1,
                            n_train=48, bn_batch_size=12)
     trainer.ctx.update_bn(bn)
     trainer.bn_loader.set_epoch(0)
@@ -161,7 +163,7 @@ def test_bn_update_over_several_batches_is_the_cumulative_average_of_batch_momen
 
 
 def test_scoring_swa_leaves_the_live_models_bn_buffers_bit_identical(tmp_path):
-    method = SWA(PaperSGD(lr=0.1, horizon=4), 4, swa_start=0.5, swa_lr=0.05, score_every=1, score_at_budgets=[0.75])
+    method = SWA(PaperSGD(lr=0.1, horizon=4), 4, start=0.5, lr=0.05, score_every=1, score_at_budgets=[0.75])
     trainer = make_trainer(method, tmp_path, epochs=4)
     live_buffers = []
     on_epoch = method.on_epoch_end
@@ -180,9 +182,22 @@ def test_scoring_swa_leaves_the_live_models_bn_buffers_bit_identical(tmp_path):
     swa_model = method.averaged_for_eval(trainer.ctx)
     for name, buf in trainer.model.named_buffers():
         assert torch.equal(before[name], buf), name
+    # the average's statistics are one pass of its own weights over the BN-update data (epoch 0's batches)
+    fresh = copy.deepcopy(method.averaged.module)
+    for m in fresh.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None
+    trainer.bn_loader.set_epoch(0)
+    fresh.train()
+    with torch.no_grad():
+        for x, _ in trainer.bn_loader:
+            fresh(x)
+    torch.testing.assert_close(swa_model[1].running_mean, fresh[1].running_mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(swa_model[1].running_var, fresh[1].running_var, rtol=0, atol=1e-6)
     assert not torch.equal(swa_model[1].running_mean, trainer.model[1].running_mean)
     assert {"swa", "sgd", "swa@0.75"} <= set(metrics)
-    assert (method.swa_start, metrics["swa@0.75"]["epoch"], metrics["swa@0.75"]["budget"]) == (2, 3, 0.75)
+    assert (method.start_epoch, metrics["swa@0.75"]["epoch"], metrics["swa@0.75"]["budget"]) == (2, 3, 0.75)
     assert (metrics["swa"]["epoch"], metrics["sgd"]["budget"]) == (4, 1.0)  # predictors carry what stands behind them
     history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert "swa_test_acc" in history[-1] and "swa_test_acc" not in history[0]
@@ -214,9 +229,9 @@ def test_fge_cached_ensemble_equals_the_mean_softmax_of_the_saved_members(tmp_pa
         net.load_state_dict(torch.load(path, weights_only=False)["model"])
         member_probs.append(predict_logits(net, trainer.test_loader, CPU).softmax(1))
     fresh = torch.stack(member_probs).mean(0)
-    torch.testing.assert_close(method.ensemble.probs(), fresh)
+    torch.testing.assert_close(method.ensemble.log_probs().exp(), fresh)
     saved = method.artifacts(trainer.ctx)[MEMBER_PROBS_FILE]  # train.py writes it to the run directory
-    torch.testing.assert_close(torch.stack(saved["member_probs"]).mean(0), fresh)
+    torch.testing.assert_close(torch.stack(saved["member_log_probs"]).exp().mean(0), fresh)
     assert saved["member_epochs"] == [3, 5, 7] and torch.equal(saved["labels"], trainer.test_labels)
     ensemble_metrics = metrics_from_probs(fresh, trainer.test_labels)
     last = metrics["fge"]["curve"][-1]
@@ -230,7 +245,7 @@ def test_fge_cached_ensemble_equals_the_mean_softmax_of_the_saved_members(tmp_pa
 
 def scalar_ctx(model: nn.Module, tmp_path, steps: int) -> TrainContext:
     return TrainContext(model=model, device=CPU, epochs=1, steps_per_epoch=steps, run_dir=tmp_path,
-                        update_bn=lambda m: None, test_probs=lambda m: torch.zeros(1, 2),
+                        update_bn=lambda m: None, test_log_probs=lambda m: torch.zeros(1, 2),
                         test_labels=torch.zeros(1, dtype=torch.long))
 
 
@@ -284,7 +299,7 @@ def test_ema_updates_only_every_n_steps(tmp_path):
 @pytest.mark.slow
 def test_resume_in_the_middle_of_averaging_gives_the_same_swa_weights(make_cfg, tmp_path):
     overrides = ["method=swa", "dataset.train_size=64", "model.budget_epochs=4", "model.swa.start_epoch=3",
-                 "trainer.batch_size=32", "run.keep_checkpoints=20", "trainer.eval_every=0"]
+                 "trainer.batch_size=32", "run.keep_checkpoints=20", "run.eval_every=0"]
     straight = tmp_path / "straight"
     train(make_cfg(*overrides), run_dir=straight)  # 6 epochs, captures after epochs 3, 4, 5, 6
     resumed_dir = tmp_path / "resumed"
@@ -310,13 +325,13 @@ def test_resume_in_the_middle_of_averaging_gives_the_same_swa_weights(make_cfg, 
 @pytest.mark.parametrize("overrides, key", [
     (["method=swa", "model.swa.start_epoch=30", "trainer.epochs=24"], "model.swa.start"),
     (["method=swa", "model.swa.start=1.6", "trainer.epochs=24"], "model.swa.start"),
-    (["method=fge", "model.fge.cycle_epochs=3", "run.init_from=x"], "model.fge.cycle_epochs"),
+    (["method=fge", "model.fge.cycle_epochs=3", "model.init_from=x"], "model.fge.cycle_epochs"),
     (["method=swa", "model.swa.phase=cyclic", "model.swa.lr_min=0.001", "model.swa.cycle_epochs=20",
       "model.swa.start_epoch=10", "trainer.epochs=24"], "model.swa.cycle_epochs"),
-    (["method=fge", "model.fge.pretrain=0"], "run.init_from"),
-    (["method=swa", "model.swa.start_epoch=0", "method.capture_every=30", "trainer.epochs=24"],
-     "method.capture_every"),
-    (["method=swa", "method.capture_every=1.5"], "method.capture_every"),
+    (["method=fge", "model.fge.pretrain=0"], "model.init_from"),
+    (["method=swa", "model.swa.start_epoch=0", "model.swa.capture_every=30", "trainer.epochs=24"],
+     "model.swa.capture_every"),
+    (["method=swa", "model.swa.capture_every=1.5"], "model.swa.capture_every"),
     (["method=ema", "method.decay=1.5"], "method.decay"),
 ])
 def test_bad_settings_fail_before_training_naming_the_key(make_cfg, tmp_path, overrides, key):
@@ -324,7 +339,7 @@ def test_bad_settings_fail_before_training_naming_the_key(make_cfg, tmp_path, ov
         validate(make_cfg(*overrides))
     run_dir = tmp_path / "run"  # train() checks the same before anything is written
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        train(make_cfg(*[o for o in overrides if not o.startswith("run.init_from")]), run_dir=run_dir)
+        train(make_cfg(*[o for o in overrides if not o.startswith("model.init_from")]), run_dir=run_dir)
     assert not run_dir.exists()
 
 
@@ -333,4 +348,14 @@ def test_swa_start_and_fge_pretraining_scale_with_the_run(make_cfg, epochs, star
     """Fractions of the budget B = trainer.epochs / method.budget: a short grid works for every method."""
     swa = validate(make_cfg("method=swa", f"trainer.epochs={epochs}"))  # digits: start 0.8125 of B, budget 1.5
     fge = validate(make_cfg("method=fge", f"trainer.epochs={epochs}"))  # pretrain 0.8 of B, budget 1
-    assert (swa.swa_start, fge.pretrain_epochs) == (start, pretrain)
+    assert (swa.start_epoch, fge.pretrain_epochs) == (start, pretrain)
+
+
+def test_the_swa_average_is_in_every_epochs_line_with_score_every_budget_marks_included(tmp_path):
+    method = SWA(PaperSGD(lr=0.1, horizon=4), 4, start=0.25, lr=0.05, score_every=1, score_at_budgets=[0.75])
+    trainer = make_trainer(method, tmp_path, epochs=4)
+    metrics = trainer.fit().metrics
+    scored = {row["epoch"]: row["swa_test_acc"] for row in trainer.history if "swa_test_acc" in row}
+    assert sorted(scored) == [1, 2, 3, 4]                              # epoch 3 is the 0.75 mark: its line has it too
+    assert scored[3] == pytest.approx(metrics["swa@0.75"]["acc"])      # the same scoring, once
+    assert scored[4] == pytest.approx(metrics["swa"]["acc"])

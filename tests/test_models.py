@@ -251,7 +251,14 @@ def test_other_models_bad_depth(factory, pattern):
         factory()
 
 
-def test_models_are_on_cpu_and_plain_modules():
+def test_models_never_choose_a_device_themselves(monkeypatch):
+    """Device and dtype live in the trainer: building a model or running it never moves a tensor to CUDA by itself."""
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a model moved itself to CUDA")
+
+    monkeypatch.setattr(torch.Tensor, "cuda", no_cuda)
+    monkeypatch.setattr(nn.Module, "cuda", no_cuda)
     for model in (VGG16(), PreResNet(20), WideResNet(16, 2), PyramidNet(20, 48, bottleneck=False), ShakeShake(8, 16)):
-        assert isinstance(model, nn.Module)
-        assert all(p.device.type == "cpu" for p in model.parameters())
+        out = model.eval()(torch.randn(2, 3, 32, 32))
+        assert out.shape == (2, 10) and out.device.type == "cpu"
+        assert {p.device.type for p in [*model.parameters(), *model.buffers()]} == {"cpu"}

@@ -37,7 +37,7 @@ from swalab.trainer import PREEMPTED_EXIT_CODE, NonFiniteLossError, Preempted
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-TINY = ["logger=none", "trainer.progress=false", "trainer.epochs=4", "model.swa.start_epoch=2",
+TINY = ["logger=none", "run.progress=false", "trainer.epochs=4", "model.swa.start_epoch=2",
         "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8"]
 STEPS_PER_EPOCH = 4
 
@@ -122,6 +122,35 @@ def test_sigkill_at_each_point_then_same_command_resumes_exactly(tmp_path, refer
     assert_same_run(run, reference)
 
 
+def test_a_kill_right_after_the_final_record_leaves_a_finished_run_that_reports_and_skips(tmp_path, reference):
+    from swalab.results.report import report
+
+    run = tmp_path / "out" / "run"
+    killed = run_cli(run, fault="final_record:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert json.loads((run / "status.json").read_text())["status"] == "running"  # the kill came before this rename
+    again = run_cli(run)
+    assert again.returncode == 0 and "already holds a finished run" in again.stdout
+    found = report([tmp_path / "out"], tmp_path / "report")
+    assert [r.path for r in found["finished"]] == [run]  # not left out as 'running' for good
+    assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("damage", [b"", b'{"swa": {"acc": 5'])
+def test_a_damaged_metrics_file_is_named_and_the_same_command_scores_the_run_again(tmp_path, reference, damage):
+    from swalab.results.runs import Run
+
+    run = tmp_path / "run"
+    train(make_cfg(), run_dir=run)
+    (run / "metrics.json").write_bytes(damage)
+    assert Run(run).status == "damaged" and "metrics.json cannot be read" in Run(run).error
+    again = run_cli(run)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "metrics.json cannot be read" in again.stdout + again.stderr
+    assert f"resuming {run} from {run / 'checkpoints' / 'epoch0004.pt'}" in again.stdout  # no epoch trained again
+    assert_same_run(run, reference)
+
+
 def test_truncated_newest_checkpoint_falls_back_to_previous_with_warning(tmp_path, reference):
     run = tmp_path / "run"
     train(make_cfg(), run_dir=run)
@@ -169,11 +198,39 @@ def test_preempted_command_exits_75_and_the_same_command_continues(tmp_path, ref
     run = tmp_path / "run"
     preempted = run_cli(run, fault=f"train_step:9:{sig}")  # step 1 of epoch 3, during averaging
     assert preempted.returncode == PREEMPTED_EXIT_CODE, preempted.stderr[-2000:]
-    assert "re-launch the same command" in preempted.stderr
+    assert "re-run the same command to continue" in preempted.stderr
     resumed = run_cli(run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "epoch0002_step000001.pt" in resumed.stdout
     assert_same_run(run, reference)
+
+
+def test_ctrl_c_is_a_pause_one_line_exit_130_and_the_same_command_continues_exactly(tmp_path, reference):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="train_step:6:INT")  # Ctrl-C during step 2 of epoch 2
+    assert paused.returncode == 130, paused.stderr[-2000:]
+    assert "Traceback" not in paused.stderr
+    assert paused.stderr.strip().splitlines()[-1] == ("[swalab] Ctrl-C (SIGINT) received: checkpoint written at "
+                                                      "epoch 1, step 2; re-run the same command to continue")
+    assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
+    resumed = run_cli(run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "epoch0001_step000002.pt" in resumed.stdout
+    assert "took over the lock" not in resumed.stdout  # the paused process handed its lock over in order
+    assert_same_run(run, reference)
+
+
+def test_ctrl_c_in_a_grid_prints_its_summary_closes_its_records_and_exits_130(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}, faults.ENV: "train_step:6:INT"}
+    done = subprocess.run([PYTHON, "run.py", "-m", *TINY, "method=sgd,swa", f"paths.output_dir={tmp_path}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert "grid summary: 0 of 1 jobs finished; 1 did not: interrupted" in done.stdout
+    assert "re-run the same command to continue it" in done.stdout
+    [grid] = (tmp_path / "grids").iterdir()
+    [job] = [json.loads(p.read_text()) for p in (grid / "jobs").glob("*.json")]
+    assert job["state"] == "interrupted" and job["run_dir"] is not None
+    assert (grid / "summary.txt").read_text().startswith("[swalab] grid summary: 0 of 1")
 
 
 @pytest.mark.slow
@@ -227,19 +284,19 @@ def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_r
 @pytest.mark.parametrize("overrides, message", [
     (["schedule.lr=0"], "schedule.lr=0 must be > 0"),
     (["schedule.lr=-0.1"], "schedule.lr=-0.1 must be > 0"),
-    (["method.swa_lr=-1"], "method.swa_lr=-1 must be > 0"),
-    (["schedule.lr=fast"], "schedule.lr='fast' must be a number"),
+    (["model.swa.lr=-1"], "model.swa.lr=-1 must be > 0"),
+    (["schedule.lr=fast"], "schedule.lr='fast' must be a finite number"),
     (["trainer.epochs=-1"], "trainer.epochs=-1 must be >= 0"),
     (["trainer.epochs=2.5"], "trainer.epochs=2.5 must be an integer"),
     (["seed=abc"], "seed='abc' must be an integer"),
     (["dataset.train_size=2.5"], "dataset.train_size=2.5 must be an integer or null"),
-    (["model.swa.start_epoch=4"], "SWA would start averaging at epoch 4 (method.swa_start_epoch) but the run has "
+    (["model.swa.start_epoch=4"], "SWA would start averaging at epoch 4 (model.swa.start_epoch) but the run has "
                                   "trainer.epochs=4"),
     (["model.swa.start_epoch=9"], "set model.swa.start, a fraction of the budget"),
-    (["trainer.batch_size=300"], "trainer.batch_size=300 is larger than dataset.train_size=256"),
+    (["trainer.batch_size=300"], "trainer.batch_size=300 is larger than the 256 training images"),
     (["trainer.batch_size=0"], "trainer.batch_size=0 must be >= 1"),
     (["trainer.nonfinite=ignore"], "trainer.nonfinite='ignore' must be 'stop' or 'skip'"),
-    (["trainer.device=tpu"], "trainer.device='tpu' must be auto, cpu or cuda[:N]"),
+    (["run.device=tpu"], "run.device='tpu' must be auto, cpu or cuda[:N]"),
     (["run.resume=sometimes"], "run.resume='sometimes' must be auto, true or false"),
 ])
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, overrides, message):
@@ -296,7 +353,7 @@ def image_folder(root: Path, classes: int = 10, train: int = 3, test: int = 1) -
 
 
 def folder_cfg(root: Path, *overrides: str):
-    return make_cfg("dataset=cifar10", f"dataset.root={root}", "dataset.download=false", "dataset.train_size=null",
+    return make_cfg("dataset=cifar10", f"dataset.root={root}", "run.download=false", "dataset.train_size=null",
                     "trainer.batch_size=10", "trainer.epochs=2", "model.swa.start_epoch=1", *overrides)
 
 
@@ -345,7 +402,7 @@ def test_labels_out_of_range_are_a_clear_error(tmp_path):
 def test_cache_written_by_another_version_is_rebuilt(tmp_path):
     root = image_folder(tmp_path / "data")
     cache = cache_path(root, "cifar10", "folder")
-    cache.parent.mkdir(parents=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format_version": CACHE_FORMAT_VERSION + 1, "train_images": "from the future"}, cache)
     with pytest.warns(UserWarning, match="format_version .* rebuilding it"):
         train(folder_cfg(root), run_dir=tmp_path / "run")
@@ -518,4 +575,58 @@ def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, re
     assert "\n" not in status["error"]  # one line, naming the file and the cause
     monkeypatch.undo()  # space freed: the same command continues from epoch 2
     train(make_cfg(), run_dir=run)
+    assert_same_run(run, reference)
+
+
+# -- a resume restores every random number generator -----------------------------------------------
+RANDOM_MODELS = {  # networks that draw from torch's global RNG in every training step
+    "shake-shake": ["model=shakeshake26_2x64d", "model.arch.depth=8", "model.arch.base_width=4"],
+    "dropout": ["model=wrn28_10", "model.arch.depth=10", "model.arch.widen_factor=1", "model.arch.dropout=0.3"],
+}
+
+
+@pytest.mark.parametrize("model", list(RANDOM_MODELS))
+def test_a_run_whose_model_draws_random_numbers_resumes_bit_equal(tmp_path, monkeypatch, model):
+    """Shake-Shake's branch weights and dropout masks come from the global RNG after the restore, and the random
+    crops and flips from the loader's (seed, epoch) stream: a resume must restore the RNG state to end equal."""
+    overrides = ["dataset=digits", "method=sgd", "trainer.epochs=3", "run.channels_last=false", *RANDOM_MODELS[model]]
+    straight, paused = tmp_path / "straight", tmp_path / "paused"
+    train(make_cfg(*overrides), run_dir=straight)
+    monkeypatch.setenv(faults.ENV, "train_step:6:TERM")  # a checkpoint at step 2 of epoch 2
+    faults.reset()
+    with pytest.raises(Preempted):
+        train(make_cfg(*overrides), run_dir=paused)
+    monkeypatch.delenv(faults.ENV)
+    torch.manual_seed(12345)  # whatever the RNG holds when the run is launched again
+    train(make_cfg(*overrides), run_dir=paused)
+    assert_same_run(paused, straight)
+
+
+def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_path, reference):
+    """A run interrupted under an earlier swalab (SWA's settings in method.* with its own spellings, init_from in run,
+    probabilities instead of log-probabilities in the method state) resumes and ends equal to today's run."""
+    from swalab.checkpoint import checkpoint_paths
+    from swalab.identity import RECIPE_SETTINGS
+
+    run = tmp_path / "run"
+    killed = run_cli(run, fault="train_step:13")  # after epoch 3's checkpoint
+    assert killed.returncode == -signal.SIGKILL
+
+    def earlier(identity: dict) -> dict:
+        old = {("run.init_from" if k == "model.init_from" else k): v for k, v in identity.items()}
+        for old_name, name in RECIPE_SETTINGS["swa"].items():
+            old[f"method.{old_name}"] = old.pop(f"model.swa.{name}")
+        return old
+
+    record = json.loads((run / "identity.json").read_text())
+    (run / "identity.json").write_text(json.dumps({"hash": record["hash"], "group": record["group"],
+                                                   "identity": earlier(record["identity"])}))
+    for path in checkpoint_paths(run / "checkpoints"):
+        state = torch.load(path, weights_only=False)
+        state["identity"] = earlier(state["identity"])
+        state["method"]["budget_probs"] = {k: v.exp() for k, v in state["method"].pop("budget_log_probs").items()}
+        torch.save(state, path)
+    resumed = run_cli(run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stdout
     assert_same_run(run, reference)

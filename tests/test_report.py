@@ -125,8 +125,8 @@ def test_a_second_grid_never_double_counts_a_run_of_the_first(grid, tmp_path, ca
     assert sgd["n"] == "2" and sgd["seeds"] == "0 1"
     assert "repeats" in capsys.readouterr().out  # the duplicates are listed, not silently merged
     rows = [line.split(" | ")[0] for line in table_lines(tmp_path / "out")[2:]]
-    assert rows == ["| cifar10 / preresnet20", "| cifar10 / preresnet20 · method.swa_lr=0.05"]
-    [swa_05] = cell_values(tmp_path / "out", "SWA 1.5B (6 ep)", row="cifar10 / preresnet20 · method.swa_lr=0.05")
+    assert rows == ["| cifar10 / preresnet20", "| cifar10 / preresnet20 · model.swa.lr=0.05"]
+    [swa_05] = cell_values(tmp_path / "out", "SWA 1.5B (6 ep)", row="cifar10 / preresnet20 · model.swa.lr=0.05")
     assert swa_05["values"] == "95.000000 96.000000"
 
 
@@ -139,7 +139,7 @@ def test_runs_of_different_lengths_or_settings_are_never_pooled(tmp_path):
     lines = table_lines(tmp_path / "out")
     assert lines[0] == "| row | SGD 1B (2 ep) | SGD 1B (4 ep) |"
     assert lines[2:] == ["| cifar10 / preresnet20 · trainer.batch_size=– | 40.00 (n=1) | 80.00 (n=1) |",
-                         "| cifar10 / preresnet20 · trainer.batch_size=64 | – | 60.00 (n=1) |"]
+                         "| cifar10 / preresnet20 · trainer.batch_size=64 | not run | 60.00 (n=1) |"]
 
 
 def test_failed_runs_are_listed_not_dropped(grid, tmp_path, capsys):
@@ -201,8 +201,11 @@ def test_a_directory_without_finished_runs_says_so(tmp_path, capsys):
 
 
 def test_a_missing_directory_is_an_error_not_an_empty_table(tmp_path, capsys):
-    assert main([str(tmp_path / "nowhere")]) == 2
-    assert "no such directory" in capsys.readouterr().err
+    from swalab.cli import run_command
+
+    with pytest.raises(SystemExit) as exit_:
+        run_command(main, [str(tmp_path / "nowhere")], prog="swalab.results.report")
+    assert exit_.value.code == 2 and "no such directory" in capsys.readouterr().err
 
 
 def test_section_35_compares_swa_with_the_fge_ensemble_per_seed_from_saved_probabilities(tmp_path):
@@ -280,3 +283,92 @@ def test_a_report_into_a_folder_of_an_earlier_one_leaves_none_of_its_files(grid,
     written = report([root], tmp_path / "out")["written"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(written)
     assert not (tmp_path / "out" / "fge_curve.png").exists()
+
+
+def test_a_report_that_fails_midway_leaves_the_earlier_report_whole(grid, tmp_path, monkeypatch):
+    import swalab.results.report as report_mod
+
+    out = tmp_path / "report"
+    report([grid], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # what a kill or Ctrl-C while the plots are drawn does to the command
+    monkeypatch.setattr(report_mod, "plot_reliability", killed)
+    with pytest.raises(KeyboardInterrupt):
+        report([grid], out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing half-written, nothing deleted
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]  # no work folder left behind
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--out", "afile"], "--out afile is a file: give a folder"),
+    (["--out", "afile/sub"], "--out afile/sub lies below afile, which is a file: give a folder"),
+])
+def test_bad_flags_of_report_and_row_are_one_line(grid, tmp_path, args, line):
+    import subprocess
+
+    (tmp_path / "afile").write_text("")
+    done = subprocess.run([sys.executable, "-m", "swalab.results.report", str(grid), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"[swalab.results.report] {line}"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--dataset", "digits", "--model", "preresnet20", "--swa-budgets", "-1"],
+     "--swa-budgets -1: every SWA budget must be a number > 0"),
+    (["--dataset", "nosuch", "--model", "preresnet20"],
+     "In 'config': Could not find 'dataset/nosuch'; available options in 'dataset': cifar10, cifar100, digits"),
+])
+def test_bad_arguments_of_row_are_one_line(tmp_path, args, line):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "swalab.results.row", *args, f"paths.output_dir={tmp_path}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"[swalab.results.row] {line}")
+
+
+def test_a_damaged_metrics_file_is_listed_by_name(grid, tmp_path, capsys):
+    damaged = grid / "cifar10" / "preresnet20" / "ema" / "default" / "seed1" / "metrics.json"
+    damaged.write_text("")
+    found = report([grid], tmp_path / "report")
+    assert any(n.startswith(f"damaged: {damaged.parent}") and "metrics.json cannot be read" in n
+               for n in found["notes"])
+
+
+def with_apart(run, apart):
+    """What run.py records of a run launched with overrides: what sets it apart from its defaults."""
+    from swalab.identity import identity_of
+
+    identity = identity_of(yaml.safe_load((run / "config.yaml").read_text()))
+    (run / "identity.json").write_text(json.dumps({"identity": identity, "apart": apart}))
+    return run
+
+
+def test_the_plain_row_holds_the_defaults_and_every_other_row_names_its_settings_as_typed(tmp_path):
+    root = tmp_path / "g"
+    with_apart(make_run(root, "swa", 0, {"swa": m(97.5)}, budget=1.5, name="lr05",
+                        extra={"method": {"swa_lr": 0.05}}), {"model.swa.lr": 0.05, "model.swa.start_epoch": 3})
+    with_apart(make_run(root, "swa", 0, {"swa": m(91.0)}, budget=1.5, name="lr005",
+                        extra={"method": {"swa_lr": 0.005}}), {"model.swa.lr": 0.005, "model.swa.start_epoch": 5})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, budget=1.5, name="default"), {})
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}, name="default"), {})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[2:] == [
+        "| cifar10 / preresnet20 | 90.00 (n=1) | 93.00 (n=1) |",  # the defaults, though lr 0.05 was run first
+        "| cifar10 / preresnet20 · model.swa.lr=0.005, model.swa.start_epoch=5 | not run | 91.00 (n=1) |",
+        "| cifar10 / preresnet20 · model.swa.lr=0.05, model.swa.start_epoch=3 | not run | 97.50 (n=1) |"]
+
+
+def test_a_column_is_paired_only_with_sgd_of_exactly_its_budget_and_says_so_otherwise(tmp_path):
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(90.0)}, extra={"trainer": {"epochs": 6}})
+    make_run(root, "swa", 0, {"swa": m(95.0)}, budget=1.5, extra={"trainer": {"epochs": 8}})  # B = 5.33, not 6
+    make_run(root, "swa", 0, {"swa": m(94.0)}, budget=1.5, name="b6", extra={"trainer": {"epochs": 9}})  # B = 6
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
+    assert lines[0] == "| row | SWA 1.5B (8 ep) − SGD | SWA 1.5B (9 ep) − SGD |"
+    assert lines[2].endswith("| no SGD run of B = 5.33 ep | +4.00 (+4.00) |")
+    text = (tmp_path / "out" / "table.md").read_text()
+    assert "(SWA 1.5B (9 ep) − SGD 1B (6 ep))" in text  # the caption's example is a pair of this table

@@ -24,9 +24,9 @@ from swalab.identity import group_hash, identity_of, run_name
 from swalab.runlock import RunLock, RunLocked
 from swalab.train import one_line, prepare, train
 
-QUIET = ["logger=none", "trainer.progress=false"]
+QUIET = ["logger=none", "run.progress=false"]
 TINY = [*QUIET, "dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=2", "model.arch.depth=8",
-        "trainer.eval_every=0"]
+        "run.eval_every=0"]
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+\-/]+$")
 
 
@@ -36,12 +36,14 @@ def compose_hydra(*overrides: str):
 
 
 def plan_of(output_dir: Path, *overrides: str):
-    """What ``python run.py <overrides>`` would do, decided without writing anything."""
+    """What ``python run.py <overrides>`` would do, decided without writing anything (inside a Hydra application,
+    as run.py decides it: the defaults a run is named against are composed there)."""
     overrides = [*overrides, f"paths.output_dir={output_dir}"]
-    cfg = compose_hydra(*overrides)
-    choices = dict(cfg.hydra.runtime.choices)
-    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    return prepare(task, overrides=overrides, choices=choices)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        choices = dict(cfg.hydra.runtime.choices)
+        task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        return prepare(task, overrides=overrides, choices=choices)
 
 
 def cli(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -55,7 +57,7 @@ def cli(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.Complete
 def test_a_run_is_named_by_its_group_choices_and_overrides_that_can_change_results(tmp_path):
     default = plan_of(tmp_path, *QUIET).run_dir
     cosine = plan_of(tmp_path, *QUIET, "method=sgd", "schedule=cosine").run_dir
-    short = plan_of(tmp_path, *QUIET, "trainer.epochs=6", "trainer.device=cpu", "trainer.progress=true").run_dir
+    short = plan_of(tmp_path, *QUIET, "trainer.epochs=6", "run.device=cpu", "run.progress=true").run_dir
     assert default.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/default/seed0"
     assert cosine.relative_to(tmp_path).as_posix() == "digits/preresnet20/sgd/schedule-cosine/seed0"
     assert short.relative_to(tmp_path).as_posix() == "digits/preresnet20/swa/trainer.epochs-6/seed0"  # device: not a result
@@ -72,27 +74,27 @@ def test_a_schedule_switched_on_the_command_line_is_another_run_not_a_skip(tmp_p
 def test_names_use_only_characters_a_shell_and_an_override_take_unquoted():
     choices = {"dataset": "digits", "model": "preresnet20", "method": "swa", "schedule": "paper_sgd"}
     names = {"dataset": "digits", "model": "preresnet20", "method": "swa"}
-    odd = run_name(names, 0, ["model.swa.score_at_budgets=[1.0,1.25]", "run.init_from=/a b/c@3",
-                              "model.arch.widths={a:1}"], choices, choices, "0123456789ab")
+    odd = run_name(names, 0, {"model.swa.score_at_budgets": [1.0, 1.25], "model.init_from": "/a b/c@3",
+                              "model.arch.widths": {"a": 1}}, choices, "0123456789ab")
     assert SAFE_NAME.match(odd) and "=" not in odd and "," not in odd
     assert odd.endswith("+id-01234567/seed0")  # a name that had to drop characters carries the group hash
-    clean = run_name(names, 1, ["model.swa.score_at_budgets=[1.0,1.25]"], choices, choices, "0123456789ab")
-    assert clean == "digits/preresnet20/swa/model.swa.score_at_budgets-1.0_1.25/seed1"
-    unknown = run_name(names, 1, None, choices, choices, "0123456789ab")  # composed in Python: overrides unknown
+    clean = run_name(names, 1, {"model.swa.score_at_budgets": [1.0, 1.25]}, choices, "0123456789ab")
+    assert clean == "digits/preresnet20/swa/model.swa.score_at_budgets-1_1.25/seed1"
+    unknown = run_name(names, 1, None, choices, "0123456789ab")  # composed in Python: its defaults unknown
     assert unknown == "digits/preresnet20/swa/default+id-01234567/seed1"
 
 
 def test_a_run_directory_passes_unquoted_as_run_init_from(tmp_path):
     run_dir = plan_of(tmp_path, *QUIET, "method=sgd", "model.swa.score_at_budgets=[1.0,1.25]",
                       "trainer.epochs=3").run_dir
-    cfg = compose_hydra(*QUIET, f"run.init_from={run_dir}@2")  # Hydra parses it as written
-    assert cfg.run.init_from == f"{run_dir}@2"
+    cfg = compose_hydra(*QUIET, f"model.init_from={run_dir}@2")  # Hydra parses it as written
+    assert cfg.model.init_from == f"{run_dir}@2"
 
 
 def test_the_identity_leaves_out_only_what_cannot_change_results():
     base = identity_of(OmegaConf.to_container(compose_hydra(*QUIET), resolve=True))
-    for harmless in ("trainer.device=cpu", "trainer.eval_batch_size=10", "run.keep_checkpoints=5",
-                     "paths.output_dir=/elsewhere", "logger=wandb", "trainer.progress=true"):
+    for harmless in ("run.device=cpu", "run.eval_batch_size=10", "run.keep_checkpoints=5",
+                     "paths.output_dir=/elsewhere", "logger=wandb", "run.progress=true"):
         assert identity_of(OmegaConf.to_container(compose_hydra(*QUIET, harmless), resolve=True)) == base, harmless
     for result in ("trainer.epochs=3", "schedule=cosine", "model.swa.lr=0.05", "dataset.train_size=100", "seed=1",
                    "trainer.batch_size=64", "model.arch.depth=8"):
@@ -120,9 +122,33 @@ def test_bad_keys_and_values_are_refused_naming_them(tmp_path, override, message
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["model.lr=nan"], "lr=nan must be a finite number"),
+    (["model.swa.lr=nan"], "model.swa.lr=nan must be a finite number"),
+    (["trainer.momentum=nan"], "trainer.momentum=nan must be a finite number"),
+    (["model.weight_decay=nan"], "trainer.weight_decay=nan must be a finite number"),
+    (["dataset.std=[nan]"], "dataset.std=[nan] must be a list of finite numbers"),
+    (["dataset.mean=[inf]"], "dataset.mean=[inf] must be a list of finite numbers"),
+    (["method=ema", "method.warmup_gamma=nan"], "method.warmup_gamma=nan must be a finite number"),
+    (["method=ema", "method.decay=nan"], "method.decay=nan must be a finite number"),
+    (["method.budget=inf"], "method.budget=inf must be a finite number"),
+    (["method=fge", "model.fge.lr_min=0.1", "model.fge.lr_max=0.01"], "model.fge.lr_min=0.1 is above model.fge.lr_max"),
+])
+def test_nan_inf_and_upside_down_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_of(tmp_path, *QUIET, *overrides)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_an_ema_that_would_never_update_is_refused_once_the_steps_are_known(tmp_path, make_cfg):
+    with pytest.raises(ConfigError, match=r"method.update_every=100000 but the run has only 4 optimizer steps"):
+        train(make_cfg(*TINY, "method=ema", "method.update_every=100000"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_setting_the_chosen_method_does_not_have_is_refused_even_with_plus(tmp_path):
-    with pytest.raises(ConfigError, match=r"method\.swa_start is not a setting of method .*it takes: .*budget"):
-        plan_of(tmp_path, *QUIET, "method=sgd", "+method.swa_start=3")
+    with pytest.raises(ConfigError, match=r"method\.start is not a setting of method .*it takes: .*budget"):
+        plan_of(tmp_path, *QUIET, "method=sgd", "+method.start=3")
 
 
 def test_a_refused_config_never_touches_an_interrupted_run_in_its_directory(tmp_path, make_cfg):
@@ -130,15 +156,15 @@ def test_a_refused_config_never_touches_an_interrupted_run_in_its_directory(tmp_
     train(make_cfg(*TINY), run_dir=run_dir)
     (run_dir / "metrics.json").unlink()  # now it looks interrupted
     before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    with pytest.raises(ConfigError, match="trainer.device='tpu'"):
-        train(make_cfg(*TINY, "trainer.device=tpu"), run_dir=run_dir)
+    with pytest.raises(ConfigError, match="run.device='tpu'"):
+        train(make_cfg(*TINY, "run.device=tpu"), run_dir=run_dir)
     assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 def test_the_cli_refuses_in_one_line_with_exit_2_and_creates_nothing(tmp_path):
     done = cli(*QUIET, "trainer.epochs=2.5", f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["[swalab] invalid config:", "  - trainer.epochs=2.5 must be an integer"]
+    assert done.stderr.strip().splitlines() == ["[swalab] trainer.epochs=2.5 must be an integer"]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no outputs/, no .hydra/, no run.log
 
 
@@ -215,21 +241,35 @@ def test_the_same_command_started_twice_trains_once(tmp_path):
 
 
 
-def test_an_override_a_method_never_reads_reuses_that_methods_finished_run(tmp_path):
-    """A second grid with an SWA-only override (``model.swa.lr``) names its SGD job differently, but it is
-    the SGD run of the first grid: it is skipped, not trained again; the SWA job is a new run."""
+def test_an_override_a_method_never_reads_names_the_same_run(tmp_path):
+    """A second grid with an SWA-only override (``model.swa.lr``) gives its SGD job the name of the SGD run of the
+    first grid (one config, one name): it is skipped, not trained again; the SWA job is a new run."""
     out = tmp_path / "out"
     first = cli(*TINY, "method=sgd", f"paths.output_dir={out}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    sgd_run = out / "digits/preresnet20/sgd" / plan_of(out, *TINY, "method=sgd").run_dir.parent.name / "seed0"
-    assert (sgd_run / "metrics.json").exists()
-
     again = cli(*TINY, "method=sgd", "model.swa.lr=0.05", f"paths.output_dir={out}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert f"is the run already in {sgd_run}" in again.stdout and "skipping" in again.stdout.lower()
+    assert "skipping" in again.stdout.lower()
     assert len(list((out / "digits/preresnet20/sgd").rglob("metrics.json"))) == 1
+    assert plan_of(out, *TINY, "method=sgd", "model.swa.lr=0.05").run_dir == plan_of(out, *TINY, "method=sgd").run_dir
     swa = plan_of(out, *TINY, "method=swa", "model.swa.lr=0.05")
     assert "model.swa.lr-0.05" in swa.run_dir.as_posix() and swa.finished is None
+
+
+def test_a_run_named_by_an_earlier_swalab_is_refused_with_the_command_that_moves_it(tmp_path):
+    out = tmp_path / "out"
+    assert cli(*TINY, "method=sgd", f"paths.output_dir={out}", cwd=tmp_path).returncode == 0
+    [today] = [p.parent for p in out.rglob("metrics.json")]
+    record = json.loads((today / "identity.json").read_text())
+    old_name = today.parent.parent / f"{today.parent.name}+run.eval_every-0" / "seed0"  # named from the command line
+    old_name.parent.mkdir()
+    today.rename(old_name)
+    record.pop("version")
+    (old_name / "identity.json").write_text(json.dumps(record))
+    again = cli(*TINY, "method=sgd", f"paths.output_dir={out}", cwd=tmp_path)
+    assert again.returncode == 2 and f"mv {old_name} {today}" in again.stderr
+    old_name.rename(today)
+    assert "skipping" in cli(*TINY, "method=sgd", f"paths.output_dir={out}", cwd=tmp_path).stdout
 
 
 # -- grids -----------------------------------------------------------------------------------------------
@@ -244,7 +284,7 @@ def test_a_refusal_that_lists_problems_keeps_them_on_its_one_line():
 
 
 def test_a_grid_with_a_failed_job_prints_a_summary_and_exits_non_zero(tmp_path):
-    done = cli("-m", *TINY, "method=sgd", "run.init_from=null,/nonexistent/weights.pt",
+    done = cli("-m", *TINY, "method=sgd", "model.init_from=null,/nonexistent/weights.pt",
                f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
     summary = done.stdout[done.stdout.index("[swalab] grid summary"):].splitlines()
@@ -274,3 +314,128 @@ def test_hydra_run_dir_is_refused_naming_run_dir(tmp_path):
     done = cli(*QUIET, f"hydra.run.dir={tmp_path / 'mine'}", f"paths.output_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode == 2 and "Use run.dir=<dir> to place this run" in done.stderr
     assert not (tmp_path / "out").exists()  # nothing trained (Hydra itself made the empty folder it was given)
+
+
+def test_an_unfinished_run_is_never_started_from_or_scored_as_if_finished(tmp_path, make_cfg):
+    from swalab.results.compare import score_run
+    from swalab.results.runs import load_weights
+
+    parent = tmp_path / "parent"
+    train(make_cfg(*TINY, "method=sgd", "run.save_at=[1]"), run_dir=parent)
+    (parent / "metrics.json").unlink()  # as if it were still training (or had stopped) after its last epoch
+    with pytest.raises(FileNotFoundError, match=r"model.init_from=.*parent has not finished \(its newest kept "
+                                                r"checkpoint is epoch 2 of 2\): name an epoch explicitly"):
+        train(make_cfg(*TINY, "method=sgd", f"model.init_from={parent}"), run_dir=tmp_path / "child")
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        score_run(parent, device="cpu")
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        load_weights(str(parent))
+    assert load_weights(f"{parent}@1")  # an explicit epoch is always there to start from
+    train(make_cfg(*TINY, "method=sgd", f"model.init_from={parent}@1"), run_dir=tmp_path / "child")
+    assert json.loads((tmp_path / "child" / "lineage.json").read_text())["epoch"] == 1
+
+
+def test_a_grid_record_finds_its_runs_from_any_directory_and_after_a_move(tmp_path):
+    from swalab.results.report import report
+
+    work = tmp_path / "work"
+    work.mkdir()
+    done = cli("-m", *TINY, "method=sgd", "seed=0,1", "paths.output_dir=out", cwd=work)  # relative, as by default
+    assert done.returncode == 0, done.stderr[-2000:]
+    (tmp_path / "moved").mkdir()
+    (work / "out").rename(tmp_path / "moved" / "out")
+    [grid] = (tmp_path / "moved" / "out" / "grids").iterdir()
+    found = report([grid], tmp_path / "report")  # read from the repository's directory, not the grid's
+    assert len(found["finished"]) == 2
+    assert all(Path(job["run_dir"]).is_dir() for job in read_jobs(grid))
+
+
+def test_an_empty_output_directory_is_refused_before_a_grid_writes_its_record(tmp_path):
+    done = cli("-m", *TINY, "method=sgd", "paths.output_dir=", cwd=tmp_path)
+    assert done.returncode == 2 and "paths.output_dir is empty" in done.stderr
+    assert not Path("/grids").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_run_records_what_sets_it_apart_from_its_defaults_in_the_keys_typed(tmp_path):
+    done = cli(*TINY, "method=swa", "model.swa.lr=0.05", "model.swa.start_epoch=1", "schedule=cosine",
+               "model.swa.pre_schedule=base", f"paths.output_dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [record] = [json.loads(p.read_text()) for p in tmp_path.rglob("identity.json")]
+    apart = record["apart"]
+    assert list(apart)[0] == "schedule" and apart["schedule"] == "cosine"  # a group choice, first
+    assert apart["model.swa.lr"] == 0.05  # the key typed, which is the name SWA takes it by
+    assert apart["model.swa.start_epoch"] == 1 and apart["model.swa.pre_schedule"] == "base"
+    assert apart["trainer.epochs"] == 2 and apart["dataset.train_size"] == 128
+    assert "seed" not in apart and not any(k.startswith("data.") for k in apart)
+
+
+def test_a_key_given_twice_names_the_run_once_with_the_value_applied(tmp_path):
+    twice = plan_of(tmp_path, *QUIET, "trainer.epochs=4", "trainer.epochs=6")
+    once = plan_of(tmp_path, *QUIET, "trainer.epochs=6")
+    assert twice.run_dir == once.run_dir and "trainer.epochs-6" in str(twice.run_dir)
+    assert "trainer.epochs-4" not in str(twice.run_dir)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("seed=1", "seed: 0 there, 1 here"),                                        # the seed
+    ("schedule=cosine", "schedule._target_"),                                   # a group choice
+    ("model.swa.lr=0.05", "model.swa.lr: 0.02 there, 0.05 here"),              # a key only the method reads
+    ("model.swa.bn_update=false", "model.swa.bn_update: True there, False here"),     # a method key
+    ("dataset.train_size=64", "dataset.train_size: 128 there, 64 here"),        # a data key
+    ("trainer.batch_size=32", "trainer.batch_size: 64 there, 32 here"),         # a trainer key
+])
+def test_a_run_directory_refuses_every_kind_of_other_config_naming_the_key(tmp_path, make_cfg, override, key):
+    base = [*TINY, "method=swa", "model.swa.start_epoch=1", "model.swa.pre_schedule=base"]  # follows the schedule group
+    run_dir = tmp_path / "run"
+    train(make_cfg(*base), run_dir=run_dir)
+    with pytest.raises(ConfigError, match="holds a run of another config") as refused:
+        prepare(make_cfg(*base, override), run_dir=run_dir)
+    assert key in str(refused.value)
+    assert prepare(make_cfg(*base), run_dir=run_dir).finished is not None  # its own config: skipped, not refused
+
+
+def test_a_lock_taken_over_from_a_killed_run_is_written_to_its_run_log(tmp_path):
+    args = [*TINY, "method=sgd", f"run.dir={tmp_path / 'run'}"]
+    env_kill = {**os.environ, "OMP_NUM_THREADS": "1", "SWALAB_FAULT": "train_step:3:KILL"}
+    killed = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=env_kill,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    again = cli(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert re.search(r"took over the lock of PID \d+ on host .*, which no longer holds it", log)
+
+
+def test_a_grid_whose_record_cannot_be_written_stops_before_its_first_job(tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the outputs should go")
+    done = cli("-m", *TINY, "method=sgd,swa", f"paths.output_dir={blocked}/out", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "cannot write the grid's record" in done.stderr and "paths.output_dir=<dir>" in done.stderr
+    assert "training" not in done.stdout and sorted(p.name for p in tmp_path.iterdir()) == ["blocked"]
+
+
+def test_every_key_of_conf_is_classified_by_where_it_is_declared():
+    """Each top-level key of every composed config is a group of what a run computes (it counts) or of how and where
+    it runs (it never counts); an experiment's own helper key must reach the run through an interpolation."""
+    from swalab.identity import READ_THROUGH, RESULT_GROUPS, RUN_GROUPS
+
+    experiments = [p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")]
+    for experiment in [None, *experiments]:
+        cfg = compose_hydra(*QUIET, *([f"experiment={experiment}"] if experiment else []))
+        raw = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, [k for k in cfg if k in RESULT_GROUPS]))
+        for key in cfg:
+            if key in RESULT_GROUPS or key in RUN_GROUPS:
+                continue
+            assert f"${{{key}." in raw, f"{experiment}: top-level key {key!r} is classified nowhere"
+    text = "".join(p.read_text() for p in CONF_DIR.rglob("*.yaml"))
+    for key in READ_THROUGH:  # each is read through an interpolation where identity.py says
+        if key == "dataset.source":
+            for option in ("cifar10", "digits", "folder", "imagenet"):
+                dataset = compose_hydra(*QUIET, f"dataset={option}", *(["dataset.root=x"] if option == "folder" else [])
+                                        ).dataset
+                for k in dataset.source:  # each an interpolation, or the data set's key of that name as it is
+                    raw = str(dataset.source._get_node(k)._value())
+                    assert k == "_target_" or raw.startswith("${") or raw == str(dataset.get(k)), (option, k, raw)
+        else:
+            assert f"${{{key}}}" in text or f"${{{key}," in text or f",${{{key}}}" in text, key

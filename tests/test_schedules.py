@@ -214,7 +214,7 @@ def test_swalr_rejects_unknown_strategy():
 
 def swa(**kw):
     base = PaperSGD(lr=0.1, horizon=kw.pop("horizon", 20))
-    return SWA(schedule=base, epochs=20, **{"swa_start_epoch": 12, "swa_lr": 0.02, **kw})
+    return SWA(schedule=base, epochs=20, **{"start_epoch": 12, "lr": 0.02, **kw})
 
 
 def test_swa_reference_pre_schedule_is_the_reference_schedule_then_constant():
@@ -234,7 +234,7 @@ def test_swa_base_pre_schedule_keeps_the_sgd_schedule_until_swa_start():
 
 
 def test_swa_cyclic_phase_is_the_per_iteration_sawtooth_from_swa_start():
-    method = swa(phase="cyclic", swa_lr_min=0.001, cycle_epochs=2)
+    method = swa(phase="cyclic", lr_min=0.001, cycle_epochs=2)
     spe = 5
     for epoch in range(12, 20):
         for step in range(spe):
@@ -252,8 +252,8 @@ def test_swa_swalr_phase_anneals_from_the_lr_in_force():
 
 
 def test_swa_shake_shake_phase_counts_epochs_from_swa_start():
-    method = SWA(schedule=Cosine(lr=0.2, horizon=1800, per_iteration=True), epochs=2000, swa_start_epoch=1800,
-                 swa_lr=0.2, phase="shake_shake", pre_schedule="base")
+    method = SWA(schedule=Cosine(lr=0.2, horizon=1800, per_iteration=True), epochs=2000, start_epoch=1800,
+                 lr=0.2, phase="shake_shake", pre_schedule="base")
     assert method.lr_at(1799, 0, 10) == pytest.approx(Cosine(lr=0.2, horizon=1800)(1799))
     assert method.lr_at(1800, 7, 10) == pytest.approx(shake_shake_swa_lr(0))
     assert method.lr_at(1937, 0, 10) == pytest.approx(shake_shake_swa_lr(37))

@@ -105,13 +105,18 @@ def test_swalab_and_torchvision_offsets_come_from_the_same_distribution():
 
 
 def test_shifted_windows_match_torchvision_pixel_for_pixel():
-    """For one fixed offset and flip, the batched crop is exactly torchvision's crop of the padded image."""
+    """For fixed offsets and flips, swalab's batched crop is exactly torchvision's crop (and flip) of the padded image."""
+    from swalab.data.loader import _gather_windows
+
     T = pytest.importorskip("torchvision.transforms.functional")
     image = probe_image()
-    padded = F.pad(image, (PAD,) * 4)
-    for oy, ox in [(0, 0), (8, 8), (3, 7)]:
-        expected = T.hflip(T.crop(T.pad(image, PAD), oy, ox, SIZE, SIZE))
-        assert torch.equal(padded[:, oy:oy + SIZE, ox:ox + SIZE].flip(-1), expected)
+    padded = F.pad(image, (PAD,) * 4)[None]  # a batch of one
+    for oy, ox, flip in [(0, 0, False), (8, 8, True), (3, 7, True), (5, 1, False)]:
+        crop = T.crop(T.pad(image, PAD), oy, ox, SIZE, SIZE)
+        expected = T.hflip(crop) if flip else crop
+        got = _gather_windows(padded, torch.tensor([0]), torch.tensor([oy]), torch.tensor([ox]), torch.tensor([flip]),
+                              (SIZE, SIZE))[0]
+        assert torch.equal(got, expected), (oy, ox, flip)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -140,28 +145,35 @@ def test_prenormalized_eval_batches_do_not_alias_the_resident_split():
     assert torch.allclose(again, torch.full_like(again, (128 / 255 - 0.5) / 0.5), atol=1e-6)
 
 
-def test_channels_last_training_takes_the_same_steps_as_the_default_layout():
+def test_channels_last_training_takes_the_same_steps_as_the_default_layout(tmp_path):
+    """The trainer's run.channels_last only changes the memory layout: an epoch trained with it ends with the
+    weights of the same epoch trained without it (to float rounding of another convolution order)."""
+    from swalab.methods import SGD
     from swalab.models import PreResNet
+    from swalab.schedules import Constant
+    from swalab.trainer import Trainer, TrainerOptions
 
-    def three_sgd_steps(layout: torch.memory_format) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    split = DataSplit(torch.randint(0, 256, (48, 3, 16, 16), generator=g, dtype=torch.uint8), torch.arange(48) % 10)
+
+    def one_epoch(channels_last: bool) -> list[torch.Tensor]:
         torch.manual_seed(0)
-        model = PreResNet(depth=8, num_classes=10, in_channels=3).to(memory_format=layout)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-        data = torch.Generator().manual_seed(1)
-        for _ in range(3):
-            x = torch.randn(16, 3, 16, 16, generator=data).contiguous(memory_format=layout)
-            y = torch.randint(0, 10, (16,), generator=data)
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-        return [p.detach().contiguous() for p in model.parameters()]
+        kw = dict(device="cpu", mean=(0.5,) * 3, std=(0.25,) * 3, channels_last=channels_last)
+        train_loader = ResidentLoader(split, 16, train=True, seed=0, pad=2, **kw)
+        test_loader = ResidentLoader(split, 16, train=False, **kw)
+        trainer = Trainer(PreResNet(depth=8, num_classes=10, in_channels=3), SGD(Constant(lr=0.01), 1), train_loader,
+                          test_loader, test_loader, torch.device("cpu"), tmp_path / str(channels_last),
+                          TrainerOptions(epochs=1, channels_last=channels_last, handle_signals=False, progress=False,
+                                         eval_every=0, weight_decay=5e-4))
+        trainer.fit()
+        return [p.detach().contiguous() for p in trainer.model.parameters()]
 
     torch.manual_seed(0)
     initial = [p.detach().clone() for p in PreResNet(depth=8, num_classes=10, in_channels=3).parameters()]
-    default, channels_last = three_sgd_steps(torch.contiguous_format), three_sgd_steps(torch.channels_last)
+    default, channels_last = one_epoch(False), one_epoch(True)
     assert all(not torch.equal(a, w0) for a, w0 in zip(default, initial))  # every weight moved
     for a, b in zip(default, channels_last):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=2e-5)  # three steps apart only by convolution order
 
 
 def test_trainer_uses_channels_last_on_cpu(tmp_path):
@@ -186,12 +198,11 @@ def test_compiled_and_eager_models_agree_on_a_forward_pass():
     torch.manual_seed(0)
     model = PreResNet(depth=20, num_classes=10, in_channels=3).eval()
     x = torch.randn(4, 3, 32, 32)
+    import shutil
+
+    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        pytest.skip("torch.compile's CPU backend needs a C++ compiler, and none is on PATH")
     with torch.no_grad():
         eager = model(x)
-        try:
-            compiled = torch.compile(model)(x)
-        except Exception as exc:  # inductor needs a working C++ compiler on CPU
-            if any(w in str(exc).lower() for w in ("compiler", "cc1plus", "g++", "gcc", "cpp", "invalidcxx")):
-                pytest.skip(f"torch.compile cannot initialise here (no usable C++ compiler): {type(exc).__name__}")
-            raise
+        compiled = torch.compile(model)(x)  # any failure with a compiler present is a failure, not a skip
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)

@@ -16,8 +16,8 @@ import pytest
 from conftest import REPO
 from swalab.grid import read_jobs
 
-TINY = ["logger=none", "trainer.progress=false", "dataset=digits", "dataset.train_size=128",
-        "trainer.batch_size=64", "trainer.epochs=1", "trainer.eval_every=0", "trainer.eval_batch_size=512"]
+TINY = ["logger=none", "run.progress=false", "dataset=digits", "dataset.train_size=128",
+        "trainer.batch_size=64", "trainer.epochs=1", "run.eval_every=0", "run.eval_batch_size=512"]
 
 
 def multirun(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
@@ -32,8 +32,8 @@ def test_grid_jobs_get_their_own_directories_and_a_relaunch_skips_them(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     runs = sorted(p.parent for p in (tmp_path / "outputs").rglob("metrics.json"))
     assert [r.relative_to(tmp_path / "outputs").as_posix() for r in runs] == [
-        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+trainer.eval_every-0/seed0",
-        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+trainer.eval_every-0/seed1"]
+        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+run.eval_every-0/seed0",
+        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+run.eval_every-0/seed1"]
     for run in runs:
         assert json.loads((run / "status.json").read_text())["status"] == "complete"
         assert (run / "config.yaml").exists() and (run / "history.jsonl").exists()

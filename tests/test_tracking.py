@@ -26,10 +26,10 @@ from swalab.train.execute import wandb_run
 from swalab.trainer import Preempted
 from wandb_records import complete_records, read_runs
 
-wandb = pytest.importorskip("wandb")
+import wandb  # a dependency of swalab (pyproject.toml): its absence is a broken install, not a reason to skip
 
 TINY = ["dataset=digits", "dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=1", "method=sgd",
-        "trainer.eval_every=0", "trainer.progress=false", "logger=wandb"]
+        "run.eval_every=0", "run.progress=false", "logger=wandb"]
 
 
 def tiny_cfg(*overrides):
@@ -142,11 +142,11 @@ GRID = "2026-11-23_15-00-00"
 def labels_of(tmp_path, *overrides, grid=GRID):
     """What the W&B run of ``python run.py -m <overrides>`` would be called, decided without training."""
     overrides = [*overrides, "logger=wandb", f"paths.output_dir={tmp_path}"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # run.py's Hydra application
         cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    choices = dict(cfg.hydra.runtime.choices)
-    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    plan = prepare(task, overrides=overrides, choices=choices, grid=tmp_path / "grids" / grid if grid else None)
+        choices = dict(cfg.hydra.runtime.choices)
+        task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        plan = prepare(task, overrides=overrides, choices=choices, grid=tmp_path / "grids" / grid if grid else None)
     return wandb_run(plan)
 
 
@@ -254,7 +254,7 @@ def child_env() -> dict:
 
 
 GRID_2X2 = ["dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=2", "model.arch.depth=8",
-            "trainer.eval_every=0", "trainer.progress=false", "logger=wandb", "method=sgd,swa", "seed=0,1"]
+            "run.eval_every=0", "run.progress=false", "logger=wandb", "method=sgd,swa", "seed=0,1"]
 
 
 @pytest.mark.slow
@@ -269,7 +269,7 @@ def test_a_2x2_grid_read_back_from_its_offline_files(tmp_path):
         [(run_id, run)] = read_runs(record.parent / "wandb").items()
         assert run_id == json.loads(record.read_text())["id"]
         runs[run.name] = run
-    rest = "dataset.train_size-128 model.arch.depth-8 trainer.batch_size-64 trainer.epochs-2 trainer.eval_every-0"
+    rest = "dataset.train_size-128 model.arch.depth-8 trainer.batch_size-64 trainer.epochs-2 run.eval_every-0"
     assert sorted(runs) == [f"{method} {rest} seed{seed}" for method in ("sgd", "swa") for seed in (0, 1)]
     assert len({r.group for r in runs.values()}) == 2
     assert all(r.tags[-1] == f"grid:{grid.name}" and r.job_type == r.name.split()[0] for r in runs.values())

@@ -28,6 +28,7 @@ def test_tiny_sgd_run_writes_a_self_describing_run_dir(make_cfg, tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "seconds"} <= set(rows[-1])
     assert rows[-1]["test_acc"] == pytest.approx(metrics["sgd"]["acc"], abs=1e-4)
+    assert rows[-1]["test_loss"] == pytest.approx(metrics["sgd"]["nll"], rel=1e-6)  # one NLL: the epoch's line
     assert (tmp_path / "config.yaml").read_text().count("num_classes: 10") >= 1
     assert "commit" in json.loads((tmp_path / "git.json").read_text())
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "complete"
@@ -90,7 +91,7 @@ def test_bad_init_weights_name_the_missing_keys(make_cfg, tmp_path):
     bad = tmp_path / "bad.pt"
     torch.save({"conv.weight": torch.zeros(1)}, bad)
     with pytest.raises(CheckpointError, match="missing keys"):
-        train(make_cfg("method=sgd", *TINY, f"run.init_from={bad}"), run_dir=tmp_path / "run")
+        train(make_cfg("method=sgd", *TINY, f"model.init_from={bad}"), run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before training: nothing left behind
 
 
@@ -105,7 +106,46 @@ def test_fge_and_ema_runs_score_their_own_predictors(make_cfg, tmp_path):
 def test_real_cifar10_jpeg_subset_learns(make_cfg, tmp_path, cifar10_jpg):
     """PreResNet-20 on 2,000 real CIFAR-10 training images beats chance clearly after 3 epochs."""
     cache_root = tmp_path / "data"
-    metrics = train(make_cfg("dataset=cifar10", f"dataset.root={cifar10_jpg}", f"dataset.cache_dir={cache_root}",
+    metrics = train(make_cfg("dataset=cifar10", f"dataset.root={cifar10_jpg}", f"run.cache_dir={cache_root}",
                              "dataset.train_size=2000", "model=preresnet20", "method=sgd", "trainer.epochs=3",
-                             "trainer.eval_every=0"), run_dir=tmp_path / "run")
+                             "run.eval_every=0"), run_dir=tmp_path / "run")
     assert metrics["sgd"]["acc"] > 20.0  # chance is 10%
+
+
+BN1D = ["model=custom", "model.arch._target_=bn1d_net.FlatBN", "trainer.epochs=2", "method=swa",
+        "model.swa.start_epoch=1", "run.channels_last=false"]
+
+
+def test_a_last_batch_of_one_image_is_folded_so_batchnorm1d_trains_and_updates(make_cfg, tmp_path):
+    # 129 images in batches of 128 left a last batch of 1: BatchNorm1d failed in epoch 1 (and in the BN update)
+    metrics = train(make_cfg(*BN1D, "dataset.train_size=129", "trainer.batch_size=128"), run_dir=tmp_path)
+    assert set(metrics) == {"swa", "sgd"}
+
+
+def test_a_model_that_cannot_train_on_one_image_is_refused_before_training(make_cfg, tmp_path):
+    with pytest.raises(ConfigError, match=r"FlatBN cannot train on a batch of one image .*raise trainer.batch_size"):
+        train(make_cfg(*BN1D, "dataset.train_size=16", "trainer.batch_size=1"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_resident_loader_folds_only_a_last_training_batch_of_one():
+    from swalab.data import DataSplit, ResidentLoader
+
+    def sizes(n, train):
+        split = DataSplit(torch.zeros(n, 1, 4, 4, dtype=torch.uint8), torch.zeros(n, dtype=torch.int64))
+        loader = ResidentLoader(split, 4, "cpu", [0.0], [1.0], train=train, pad=0, drop_last=False)
+        return [len(y) for _, y in loader]
+
+    assert sizes(9, train=True) == [4, 5]          # 4 + 4 + 1: the single image joins the batch before it
+    assert sizes(10, train=True) == [4, 4, 2]
+    assert sizes(9, train=False) == [4, 4, 1]      # evaluation keeps every batch as it is
+    assert sizes(1, train=True) == [1]
+
+
+def test_config_yaml_records_the_budget_the_run_trained_with(make_cfg, tmp_path):
+    import yaml
+
+    train(make_cfg("method=swa", "trainer.epochs=3", "model.swa.start_epoch=1", *TINY[:1]), run_dir=tmp_path)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["trainer"]["epochs"] == 3 and config["method"]["budget"] == 1.5
+    assert config["model"]["budget_epochs"] == 2  # B = 3 / 1.5, not the model's 16 or 150

@@ -21,7 +21,7 @@ from swalab.tracking import RECORD_FILE
 from test_report import m, make_run
 
 GRID = ["dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=6", "model.arch.depth=8",
-        "trainer.eval_every=1", "trainer.progress=false", "logger=wandb", "model.fge.pretrain=0.34",
+        "run.eval_every=1", "run.progress=false", "logger=wandb", "model.fge.pretrain=0.34",
         "model.swa.score_every=1",  # SWA scores its average each epoch: the training panel plots it beside the live model
         "method=sgd,swa,fge", "seed=0,1"]
 

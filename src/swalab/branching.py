@@ -18,9 +18,9 @@ straight-through run of the child's config holds at that epoch provided that
 
 Both are checked before training, so a branch either equals the straight-through run or is
 refused with the reason. The trunk checkpoint's identity (``swalab.identity``) must equal the
-child's on every key but ``identity.BRANCH_MAY_DIFFER`` (the method, the run's length and the
-schedule, whose effect before the branch point the lr replay checks): another data set, model,
-seed, batch size or training subset is refused, naming the keys. Plain ``run.init_from`` is different: it copies weights only (momentum and
+child's on every key but what only the method decides (``identity.method_part``: the method, its recipe block,
+the run's length) and the schedule, whose effect before the branch point the lr replay checks: another data set, model,
+seed, batch size or training subset is refused, naming the keys. Plain ``model.init_from`` is different: it copies weights only (momentum and
 RNG are lost) and suits fine-tuning, not reproducing a straight-through run.
 
 ``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` reads it back.
@@ -33,7 +33,7 @@ import math
 from pathlib import Path
 
 from swalab.checkpoint import CheckpointStore, read_checkpoint
-from swalab.identity import BRANCH_MAY_DIFFER, differences
+from swalab.identity import differences, method_part, recipe_of
 
 LINEAGE_FILE = "lineage.json"
 
@@ -63,7 +63,7 @@ def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:
     """The trunk's checkpoint as a resume state for the child, and the child's lineage record.
 
     The method state is dropped (``None``), so the child's method starts fresh; the identities must
-    match on everything but ``BRANCH_MAY_DIFFER``.
+    match on everything but what only the method decides and the schedule (module doc).
     """
     parent, epoch = parse_spec(spec)
     path = find_checkpoint(parent, epoch)
@@ -71,10 +71,13 @@ def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:
     if int(state.get("step", 0)) != 0 or int(state["epoch"]) != epoch:
         raise BranchError(f"{path} was written mid-epoch; a branch starts at an epoch boundary")
     trunk = dict(state.get("identity") or {})
-    diffs = differences(identity, trunk, ignore=BRANCH_MAY_DIFFER)
+    mine = recipe_of(identity)
+    free = [k for k in {*identity, *trunk} if method_part(k, mine) or k == "schedule" or k.startswith("schedule.")]
+    diffs = differences(identity, trunk, ignore=free)
     if diffs:
         raise BranchError(f"run.branch_from={spec}: {path} belongs to another experiment (" + "; ".join(diffs[:8])
-                          + "). A branch may change only " + ", ".join(BRANCH_MAY_DIFFER))
+                          + "). A branch may change only what its method decides (the method, its recipe block, the "
+                          "run's length) and the schedule")
     state = {**state, "method": None, "path": str(path)}
     lineage = {"kind": "branch", "parent": str(parent), "checkpoint": str(path), "epoch": epoch,
                "parent_method": trunk.get("method.name"), "parent_epochs": trunk.get("trainer.epochs")}
@@ -98,7 +101,7 @@ def check_branch(method, state: dict, steps_per_epoch: int, momentum: float, wei
         if not math.isclose(mine, float(row["lr"]), rel_tol=1e-9, abs_tol=1e-12):
             raise BranchError(f"the trunk trained epoch {e + 1} at lr {row['lr']:.6g} but this run would use "
                               f"{mine:.6g}: the schedules differ before the branch point. For SWA use "
-                              "method.pre_schedule=base and schedule.horizon=<the trunk's trainer.epochs>")
+                              "model.swa.pre_schedule=base and schedule.horizon=<the trunk's trainer.epochs>")
     group = state["optimizer"]["param_groups"][0]
     for key, mine in (("momentum", momentum), ("weight_decay", weight_decay), ("nesterov", nesterov)):
         if not math.isclose(float(group[key]), float(mine), rel_tol=1e-12):

@@ -1,23 +1,70 @@
-"""The command-line entry of the after-training tools (``swalab.results.compare``, ``swalab.analysis``).
+"""The command-line entry of the after-training tools (``swalab.results.report``, ``compare``, ``row``,
+``wandb_report``, ``swalab.analysis``).
 
-When it matters: a path that is not a run, or a run that is missing a file, is the user's to fix, so it is
-said in one line (exit 2) instead of a traceback; every other error keeps its traceback, since it is a bug
-to report. ``run.py`` has its own, richer handling (``swalab.train``).
+When it matters: a path that is not a run, a run that is missing a file, an output path that cannot be
+written, a flag or config value out of range, an unknown data set or model: each is the user's to fix, so
+it is said in one line naming the file or flag (exit 2) instead of a traceback, and before any work is done
+where it can be known before. Every other error keeps its traceback, since it is a bug to report. ``run.py``
+has its own, richer handling (``swalab.train``).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
-USER_ERRORS = (FileNotFoundError, NotADirectoryError)
 USAGE_EXIT_CODE = 2
 
 
-def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab") -> None:
-    """Call ``main(argv)``; a missing or wrong path ends in one line on stderr and exit 2."""
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The errors that are the user's to fix: paths, permissions, config values, unknown config options."""
+    from hydra.errors import HydraException
+
+    from swalab.config import ConfigError
+
+    return (FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError, ConfigError,
+            HydraException)
+
+
+def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab") -> object:
+    """Call ``main(argv)`` and return what it returns; a user's error ends in one line on stderr and exit 2."""
     try:
-        main(argv)
-    except USER_ERRORS as exc:
-        print(f"[{prog}] {exc}", file=sys.stderr)
+        return main(argv)
+    except user_errors() as exc:
+        text = one_line(str(exc)) or type(exc).__name__
+        print(f"[{prog}] {text}", file=sys.stderr)
         raise SystemExit(USAGE_EXIT_CODE) from None
+
+
+def one_line(message: str) -> str:
+    """A message on one line: Hydra's list of available options kept (``Could not find 'dataset/nosuch'; available
+    options in 'dataset': cifar10, cifar100, ...``), its config search path left out."""
+    lines = [line.strip() for line in message.split("Config search path")[0].splitlines() if line.strip()]
+    if len(lines) > 1 and lines[1].lower().startswith("available options"):
+        return f"{lines[0]}; {lines[1][0].lower()}{lines[1][1:]} {', '.join(lines[2:])}"
+    return lines[0] if lines else ""
+
+
+def output_folder(path: str | Path, flag: str) -> Path:
+    """``path`` as a folder a command may write into (``--out``), checked before any work: refused, naming the flag,
+    when it is a file or lies below one."""
+    path = Path(path)
+    for part in [path, *path.parents]:
+        if part.exists():
+            if not part.is_dir():
+                where = "is a file" if part == path else f"lies below {part}, which is a file"
+                raise NotADirectoryError(f"{flag} {path} {where}: give a folder")
+            break
+    return path
+
+
+def output_file(path: str | Path, flag: str) -> Path:
+    """``path`` as a file a command may write (``--out x.json``), checked before any work."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a folder: give a file name")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise NotADirectoryError(f"{flag} {path} lies below {blocking}, which is a file: give a path in a folder")
+    return path

@@ -18,6 +18,7 @@ Checks, all before any file or folder is created:
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +30,10 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def budget_epochs(budget: float, base: float) -> int:
-    """``budget`` budgets of ``base`` epochs, rounded to whole epochs (1.25 x 150 = 188)."""
-    return int(round(float(budget) * float(base)))
+    """``budget`` budgets of ``base`` epochs, rounded to whole epochs (1.25 x 150 = 188). A non-finite product
+    (``method.budget=inf``) is returned as it is, for :func:`check_config` to refuse by name."""
+    epochs = float(budget) * float(base)
+    return int(round(epochs)) if math.isfinite(epochs) else epochs
 
 
 def folder_name(path: str) -> str:
@@ -60,22 +63,31 @@ def is_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float: NaN and inf are not numbers a setting can take (``nan <= low`` is False, so a
+    range check alone would let them through)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_numbers(value: Any) -> bool:
+    """A non-empty list of finite numbers (a per-channel ``mean`` or ``std``)."""
+    return (isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
+            and all(is_number(v) for v in value))
 
 
 def kind_error(key: str, value: Any, kind: str) -> str | None:
-    """The message for ``key=value`` when ``value`` is not of ``kind`` (``int``, ``int?``, ``number``,
-    ``bool``, ``bool?``, ``str``); ``?`` allows null. None when it fits."""
+    """The message for ``key=value`` when ``value`` is not of ``kind`` (``int``, ``number`` (finite),
+    ``numbers`` (a list of finite numbers), ``bool``, ``str``); a trailing ``?`` allows null. None when it fits."""
     nullable = kind.endswith("?")
     if nullable:
         if value is None:
             return None
         kind = kind[:-1]
-    ok = {"int": is_int, "number": is_number, "bool": lambda v: isinstance(v, bool),
+    ok = {"int": is_int, "number": is_number, "numbers": is_numbers, "bool": lambda v: isinstance(v, bool),
           "str": lambda v: isinstance(v, str)}[kind](value)
     if ok:
         return None
-    wanted = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string"}[kind]
+    wanted = {"int": "an integer", "number": "a finite number", "numbers": "a list of finite numbers",
+              "bool": "true or false", "str": "a string"}[kind]
     return f"{key}={value!r} must be {wanted}" + (" or null" if nullable else "")
 
 
@@ -89,6 +101,10 @@ def require(key: str, value: Any, kind: str, low: float | None = None, high: flo
     if error:
         raise ConfigError(error)
     if value is not None and (low is not None or high is not None):
+        if isinstance(value, Sequence) and not isinstance(value, str):  # a per-channel list: every item in range
+            for item in value:
+                require(key, item, "number", low, high, low_open, high_open)
+            return value
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
         if too_low or too_high:
@@ -105,20 +121,19 @@ def require(key: str, value: Any, kind: str, low: float | None = None, high: flo
 # The keys swalab.train reads itself, with their kind (see kind_error) and range.
 KEYS: dict[str, tuple] = {
     "seed": ("int", 0, None),
-    "trainer.epochs": ("int", 0, None),
     "trainer.batch_size": ("int", 1, None),
-    "trainer.eval_batch_size": ("int?", 1, None),
-    "trainer.eval_every": ("int", 0, None),
+    "run.eval_batch_size": ("int?", 1, None),
+    "run.eval_every": ("int", 0, None),
     "trainer.momentum": ("number", 0, 1),
     "trainer.weight_decay": ("number", 0, None),
     "trainer.nesterov": ("bool", None, None),
     "trainer.amp": ("bool", None, None),
-    "trainer.channels_last": ("bool", None, None),
-    "trainer.compile": ("bool", None, None),
-    "trainer.progress": ("bool?", None, None),
+    "run.channels_last": ("bool", None, None),
+    "run.compile": ("bool", None, None),
+    "run.progress": ("bool?", None, None),
     "trainer.max_skips": ("int", 0, None),
     "trainer.bn_update_fraction": ("number", 0, 1),
-    "trainer.device": ("str", None, None),
+    "run.device": ("str", None, None),
     "trainer.nonfinite": ("str", None, None),
     "run.checkpoint_every": ("int", 1, None),
     "run.keep_checkpoints": ("int", 1, None),
@@ -129,16 +144,21 @@ KEYS: dict[str, tuple] = {
     "dataset.num_classes": ("int?", 1, None),
     "dataset.pad": ("int?", 0, None),
     "dataset.flip": ("bool", None, None),
-    "dataset.num_workers": ("int", 0, None),
+    "run.num_workers": ("int", 0, None),
     "model.budget_epochs": ("int", 0, None),
-    "method.budget": ("number", 0, None),
+    "dataset.mean": ("numbers?", None, None),
+    "dataset.std": ("numbers?", 0, None),
+    "model.mean": ("numbers?", None, None),
+    "model.std": ("numbers?", 0, None),
 }
+# keys whose lower bound is excluded (a value of exactly ``low`` is refused)
+OPEN_LOW = ("trainer.bn_update_fraction", "dataset.std", "model.std")
 
 
 def check_config(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first)."""
     errors: list[str] = []
-    missing = [k for k in ("dataset.root", "model.arch._target_", "run.init_from")
+    missing = [k for k in ("dataset.root", "model.arch._target_", "model.init_from")
                if OmegaConf.is_missing(OmegaConf.select(cfg, k.rpartition(".")[0]), k.rpartition(".")[2])]
     if missing:  # '???' in a config: a value the user must give
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(f"{k} is required: set {k}=..." for k in missing))
@@ -147,7 +167,7 @@ def check_config(cfg: DictConfig) -> None:
             continue
         value = OmegaConf.select(cfg, key)
         try:
-            require(key, value, kind, low, high, low_open=key == "trainer.bn_update_fraction",
+            require(key, value, kind, low, high, low_open=key in OPEN_LOW,
                     high_open=key == "trainer.momentum")
         except ConfigError as exc:
             errors.append(str(exc))
@@ -159,14 +179,77 @@ def check_config(cfg: DictConfig) -> None:
     save_at = cfg.run.get("save_at") or []
     if not all(is_int(e) and e >= 1 for e in save_at):
         errors.append(f"run.save_at={list(save_at)!r} must be a list of epochs >= 1")
-    if cfg.run.get("init_from") and cfg.run.get("branch_from"):
-        errors.append("set run.init_from (weights only) or run.branch_from (full state), not both")
-    train_size, batch_size = cfg.dataset.get("train_size"), cfg.trainer.batch_size
-    if is_int(train_size) and is_int(batch_size) and batch_size > train_size >= 1:
-        errors.append(f"trainer.batch_size={batch_size} is larger than dataset.train_size={train_size}: "
-                      "lower the batch size or raise the training set size")
+    if not str(OmegaConf.select(cfg, "paths.output_dir", default="outputs") or "").strip():
+        errors.append("paths.output_dir is empty: give the directory that holds the runs (paths.output_dir=outputs)")
+    if cfg.model.get("init_from") and cfg.run.get("branch_from"):
+        errors.append("set model.init_from (weights only) or run.branch_from (full state), not both")
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+# -- keys that moved ----------------------------------------------------------------------------
+
+# Keys of earlier versions and where they live now: how and where a run runs moved to the run group, SWA's and
+# FGE's settings to the model's recipe blocks (under the names their methods take), init_from to the model.
+MOVED_KEYS = {
+    **{f"trainer.{k}": f"run.{k}" for k in ("device", "progress", "eval_batch_size", "compile", "channels_last",
+                                           "eval_every")},
+    **{f"dataset.{k}": f"run.{k}" for k in ("cache_dir", "download", "num_workers", "prefetch_factor")},
+    "run.init_from": "model.init_from",
+    "method.swa_start": "model.swa.start", "method.swa_start_epoch": "model.swa.start_epoch",
+    "method.swa_lr": "model.swa.lr", "method.swa_lr_min": "model.swa.lr_min",
+    **{f"method.{k}": f"model.swa.{k} (SWA) or model.fge.{k} (FGE)" for k in ("cycle_epochs", "pre_schedule",
+                                                                            "bn_update")},
+    **{f"method.{k}": f"model.swa.{k}" for k in ("phase", "capture_every", "anneal_epochs", "anneal_strategy",
+                                                 "score_every", "score_at_budgets")},
+    **{f"method.{k}": f"model.fge.{k}" for k in ("lr_max", "pretrain", "pretrain_epochs", "save_members")},
+}
+
+
+def upgraded_config(config: dict) -> dict:
+    """A resolved config written by an earlier swalab (a run's ``config.yaml``) with its moved keys in their places
+    today (``MOVED_KEYS``; SWA's and FGE's settings into the recipe block of the run's method), so that the run can
+    be rebuilt and scored again as it was trained. A config of today comes back unchanged."""
+    import copy
+
+    out = copy.deepcopy(config)
+    method = (out.get("method") or {}).get("name")
+
+    def pop(dotted: str):
+        group, _, key = dotted.partition(".")
+        node = out.get(group)
+        return node.pop(key) if isinstance(node, dict) and key in node else _MISSING
+
+    def put(dotted: str, value) -> None:
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, value)
+
+    for old, new in MOVED_KEYS.items():
+        if " or " in new:  # a setting both SWA and FGE had: it moves into the run's own method's block
+            new = f"model.{method}.{old.split('.', 1)[1]}" if method in ("swa", "fge") else None
+        elif new.startswith("model.swa.") and method != "swa" or new.startswith("model.fge.") and method != "fge":
+            new = None
+        value = pop(old)
+        if value is not _MISSING and new is not None:
+            put(new, value)
+    return out
+
+
+_MISSING = object()
+
+
+def moved_keys(args: Sequence[str]) -> list[str]:
+    """For each ``key=value`` among ``args`` whose key moved (``MOVED_KEYS``), a line saying where it lives now."""
+    lines = []
+    for arg in args:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if "=" in arg and key in MOVED_KEYS:
+            lines.append(f"{key} is now {MOVED_KEYS[key]}: write {MOVED_KEYS[key].split(' ')[0]}={arg.split('=', 1)[1]}"
+                         if " or " not in MOVED_KEYS[key] else f"{key} is now {MOVED_KEYS[key]}")
+    return lines
 
 
 # -- keys added on the command line ------------------------------------------------------------

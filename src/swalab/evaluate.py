@@ -1,17 +1,21 @@
 """Score any predictor the same way: accuracy, mean NLL and ECE from probabilities computed once.
 
-A *predictor* is anything that turns a loader into class probabilities ``[N, C]``: a single
+A *predictor* is anything that turns a loader into class log-probabilities ``[N, C]``: a single
 network (``ModelPredictor``: SGD's last iterate, the SWA average, the EMA) or an ensemble of
-cached member probabilities (``CachedEnsemble``: FGE). Because all of them end in the same
-``metrics_from_probs``, a single model and an ensemble stand in one table on equal terms.
+cached member log-probabilities (``CachedEnsemble``: FGE). Because all of them end in the same
+``metrics_from_log_probs``, a single model and an ensemble stand in one table on equal terms.
 
 NLL is the *mean* negative log-likelihood per test example (not a sum, a frequent source of
-confusion in the reference code's users), ECE uses 15 equal-width confidence bins.
+confusion in the reference code's users), computed one way: from log-probabilities, which a single
+network gives as the log-softmax of its logits (the same number as the cross-entropy of the per-epoch
+test line) and an ensemble as the log of its members' mean probability (a log-mean-exp, so no
+probability is ever rounded to 0 and clamped). ECE uses 15 equal-width confidence bins.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
@@ -24,9 +28,9 @@ ECE_BINS = 15
 
 
 class Predictor(Protocol):
-    """Anything that maps a loader of (x, y) batches to probabilities [N, C] on the CPU."""
+    """Anything that maps a loader of (x, y) batches to log-probabilities [N, C] (float32, on the CPU)."""
 
-    def predict_proba(self, loader: Iterable) -> torch.Tensor: ...
+    def predict_log_proba(self, loader: Iterable) -> torch.Tensor: ...
 
 
 def autocast_for(device: torch.device, enabled: bool = True):
@@ -67,57 +71,77 @@ def labels_of(loader: Iterable) -> torch.Tensor:
     return torch.cat([y.cpu() for _, y in loader])
 
 
+def predict_log_probs(model: nn.Module, loader: Iterable, device: torch.device, amp: bool = True) -> torch.Tensor:
+    """Log-probabilities of ``model`` on ``loader``: the log-softmax of its float32 logits (CPU)."""
+    return predict_logits(model, loader, device, amp).log_softmax(dim=1)
+
+
+def log_of(probs: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of probabilities that were stored as such (files written before swalab kept
+    log-probabilities): a probability rounded to 0 becomes the smallest float32, not -inf."""
+    return probs.float().clamp_min(torch.finfo(torch.float32).tiny).log()
+
+
 class ModelPredictor:
-    """A single network as a predictor (softmax of its logits)."""
+    """A single network as a predictor (log-softmax of its logits)."""
 
     def __init__(self, model: nn.Module, device: torch.device, amp: bool = True):
         self.model, self.device, self.amp = model, device, amp
 
-    def predict_proba(self, loader: Iterable) -> torch.Tensor:
-        return predict_logits(self.model, loader, self.device, self.amp).softmax(dim=1)
+    def predict_log_proba(self, loader: Iterable) -> torch.Tensor:
+        return predict_log_probs(self.model, loader, self.device, self.amp)
 
 
-class CachedProbs:
-    """Probabilities scored earlier (e.g. the SWA average at a budget mark), kept as a predictor."""
+class CachedLogProbs:
+    """Log-probabilities scored earlier (e.g. the SWA average at a budget mark), kept as a predictor."""
 
-    def __init__(self, probs: torch.Tensor):
-        self.probs = probs.float().cpu()
+    def __init__(self, log_probs: torch.Tensor):
+        self.log_probs = log_probs.float().cpu()
 
-    def predict_proba(self, loader: Iterable | None = None) -> torch.Tensor:
-        return self.probs
+    def predict_log_proba(self, loader: Iterable | None = None) -> torch.Tensor:
+        return self.log_probs
 
 
 class CachedEnsemble:
-    """The mean of member softmax probabilities computed once per member (FGE).
+    """The mean of member probabilities, from log-probabilities computed once per member (FGE).
 
     Adding a member costs one forward pass over the test set when it is collected; scoring the
     ensemble of the first k members afterwards costs no forward pass at all.
     """
 
-    def __init__(self, member_probs: Sequence[torch.Tensor] = ()):
-        self.member_probs: list[torch.Tensor] = list(member_probs)
+    def __init__(self, member_log_probs: Sequence[torch.Tensor] = ()):
+        self.member_log_probs: list[torch.Tensor] = [p.float().cpu() for p in member_log_probs]
 
-    def add(self, probs: torch.Tensor) -> None:
-        self.member_probs.append(probs.float().cpu())
+    def add(self, log_probs: torch.Tensor) -> None:
+        self.member_log_probs.append(log_probs.float().cpu())
 
     def __len__(self) -> int:
-        return len(self.member_probs)
+        return len(self.member_log_probs)
 
-    def probs(self, k: int | None = None) -> torch.Tensor:
-        """Ensemble probabilities of the first ``k`` members (all by default)."""
-        return ensemble_mean(self.member_probs[: k or len(self.member_probs)])
+    def log_probs(self, k: int | None = None) -> torch.Tensor:
+        """Ensemble log-probabilities of the first ``k`` members (all by default)."""
+        return ensemble_log_mean(self.member_log_probs[: k or len(self.member_log_probs)])
 
-    def predict_proba(self, loader: Iterable | None = None) -> torch.Tensor:
-        return self.probs()
+    def predict_log_proba(self, loader: Iterable | None = None) -> torch.Tensor:
+        return self.log_probs()
 
     def curve(self, labels: torch.Tensor) -> list[dict]:
         """Metrics of the ensemble of the first k members, for k = 1 .. n (no forward pass)."""
-        return [{"members": k, **metrics_from_probs(self.probs(k), labels)}
-                for k in range(1, len(self.member_probs) + 1)]
+        return [{"members": k, **metrics_from_log_probs(self.log_probs(k), labels)}
+                for k in range(1, len(self.member_log_probs) + 1)]
+
+
+def ensemble_log_mean(member_log_probs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """An ensemble's prediction as log-probabilities: the log of its members' mean probability, computed as a
+    log-mean-exp in float64 (exact where a member's probability underflows float32)."""
+    if not member_log_probs:
+        raise ValueError("the ensemble has no members yet: nothing to score")
+    stacked = torch.stack([p.double() for p in member_log_probs])
+    return (torch.logsumexp(stacked, dim=0) - math.log(len(member_log_probs))).float()
 
 
 def ensemble_mean(member_probs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """An ensemble's prediction: the mean of its members' class probabilities (summed in float64)."""
+    """An ensemble's class probabilities from its members' probabilities (summed in float64)."""
     if not member_probs:
         raise ValueError("the ensemble has no members yet: nothing to score")
     return torch.stack([p.double() for p in member_probs]).mean(dim=0).to(member_probs[0].dtype)
@@ -145,20 +169,26 @@ def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_
     return rows
 
 
-def metrics_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Accuracy (%), mean NLL, ECE (and top-5 accuracy when there are more than 5 classes)."""
-    probs = probs.float()
+def metrics_from_log_probs(log_probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Accuracy (%), mean NLL, ECE (and top-5 accuracy when there are more than 5 classes) of one predictor's
+    log-probabilities: every metric of every predictor comes from here."""
+    log_probs = log_probs.float()
     labels = labels.long()
-    nll = F.nll_loss(probs.clamp_min(1e-12).log(), labels, reduction="mean")
+    probs = log_probs.exp()
     out = {
-        "acc": 100.0 * float(probs.argmax(dim=1).eq(labels).float().mean()),
-        "nll": float(nll),
+        "acc": 100.0 * float(log_probs.argmax(dim=1).eq(labels).float().mean()),
+        "nll": float(F.nll_loss(log_probs, labels, reduction="mean")),
         "ece": expected_calibration_error(probs, labels),
     }
     if probs.shape[1] > 5:
         top5 = probs.topk(5, dim=1).indices.eq(labels[:, None]).any(dim=1)
         out["top5"] = 100.0 * float(top5.float().mean())
     return out
+
+
+def metrics_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """:func:`metrics_from_log_probs` for predictions known only as probabilities (files of earlier versions)."""
+    return metrics_from_log_probs(log_of(probs), labels)
 
 
 def recompute_bn(model: nn.Module, loader, device: torch.device, amp: bool = False) -> None:

@@ -19,7 +19,8 @@ named: a run that lasts as long as a test needs in wall-clock time without using
 exactly what it would without the sleeps (the SLURM time-limit tests, ``tests/test_cluster_requeue.py``,
 remove the file once the job was requeued often enough). Points: ``train_step`` (after an optimizer step),
 ``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
-re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place).
+re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place), ``final_record`` (``metrics.json``
+written, ``status.json`` not yet updated).
 
 Without the variable :func:`hit` is one dictionary lookup and does nothing; never set it outside
 tests.
@@ -34,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 
 ENV = "SWALAB_FAULT"
-POINTS = ("train_step", "swa_average", "bn_update", "checkpoint_write")
+POINTS = ("train_step", "swa_average", "bn_update", "checkpoint_write", "final_record")
 _hits: Counter[str] = Counter()
 
 

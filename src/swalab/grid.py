@@ -34,24 +34,39 @@ def record_job(grid_dir: str | Path, number: int, overrides: list[str], run_dir:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{number:04d}.json"
     line = (error or "").strip().splitlines()[0] if error else None
+    where = None if run_dir is None else os.path.relpath(os.path.abspath(run_dir), os.path.abspath(grid_dir))
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump({"job": number, "overrides": list(overrides), "run_dir": None if run_dir is None else str(run_dir),
-                   "state": state, "error": line}, f)
+        json.dump({"job": number, "overrides": list(overrides), "run_dir": where, "state": state, "error": line}, f)
     os.replace(tmp, path)
     return path
 
 
 def read_jobs(grid_dir: str | Path) -> list[dict[str, Any]]:
-    """The job records of a grid, in job order (a job that died before writing one is absent)."""
+    """The job records of a grid, in job order (a job that died before writing one is absent), each
+    ``run_dir`` as a path that reaches the run from here: records name it relative to the record itself, so a
+    grid's record and its runs can be read from any directory and moved together."""
     folder = Path(grid_dir) / JOBS_DIR
     jobs = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            jobs.append(json.loads(path.read_text()))
+            job = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if job.get("run_dir"):
+            job["run_dir"] = str(job_run_dir(grid_dir, job["run_dir"]))
+        jobs.append(job)
     return jobs
+
+
+def job_run_dir(grid_dir: str | Path, stored: str) -> Path:
+    """A run directory named in a job record: relative to the record's directory (or, in records written before
+    that, absolute or relative to the working directory the grid ran in)."""
+    path = Path(stored)
+    if path.is_absolute():
+        return path
+    beside = Path(os.path.normpath(Path(grid_dir) / path))
+    return beside if beside.exists() or not path.exists() else path
 
 
 def summary_lines(jobs: list[dict[str, Any]]) -> list[str]:
@@ -69,6 +84,23 @@ def summary_lines(jobs: list[dict[str, Any]]) -> list[str]:
     return [f"[swalab] grid summary: {count}", *lines]
 
 
+def close_grid(grid_dir: str | Path, interrupted: bool = False) -> list[dict[str, Any]]:
+    """Print the grid's summary and write it to ``summary.txt``; return its job records. ``interrupted``: the
+    grid stopped before its last job (Ctrl-C, a preemption), which the summary says, with how to go on."""
+    jobs = read_jobs(grid_dir)
+    lines = summary_lines(jobs)
+    if interrupted:
+        lines.append("[swalab] the grid was stopped before its end: re-run the same command to continue it "
+                     "(finished runs are skipped, paused ones continue)")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    try:
+        (Path(grid_dir) / SUMMARY_FILE).write_text(text + "\n")
+    except OSError:
+        pass
+    return jobs
+
+
 class GridSummary(Callback):
     """Hydra callback: check the output directory before a grid starts; summarise the grid at its end."""
 
@@ -76,23 +108,21 @@ class GridSummary(Callback):
         self.grid_dir: Path | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not str(config.paths.output_dir).strip():
+            print("[swalab] paths.output_dir is empty: give the directory that holds the runs and the grid's record "
+                  "(paths.output_dir=outputs)", file=sys.stderr)
+            sys.exit(2)
         self.grid_dir = Path(str(config.hydra.sweep.dir))
         parent = next((p for p in [self.grid_dir, *self.grid_dir.parents] if p.exists()), None)
-        if parent is not None and not os.access(parent, os.W_OK):
-            print(f"[swalab] cannot write the grid's record {self.grid_dir}: {parent} is not writable. Point the "
+        if parent is not None and not (parent.is_dir() and os.access(parent, os.W_OK)):
+            why = "is not writable" if parent.is_dir() else "is a file, not a folder"
+            print(f"[swalab] cannot write the grid's record {self.grid_dir}: {parent} {why}. Point the "
                   "outputs somewhere writable with paths.output_dir=<dir>", file=sys.stderr)
             sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.grid_dir is None:
             return
-        jobs = read_jobs(self.grid_dir)
-        lines = summary_lines(jobs)
-        text = "\n".join(lines)
-        print(text, flush=True)
-        try:
-            (self.grid_dir / SUMMARY_FILE).write_text(text + "\n")
-        except OSError:
-            pass
+        jobs = close_grid(self.grid_dir)
         if any(j["state"] not in OK_STATES for j in jobs):
             sys.exit(1)

@@ -6,64 +6,97 @@ any identity key are different experiments, and nothing in swalab treats them as
 directory refuses a config of another identity (naming the keys that differ), a checkpoint of
 another identity is never resumed, and a report cell never pools them.
 
-What is *not* part of the identity (``NON_RESULT`` and ``READ_THROUGH``, both documented below):
+Whether a key counts follows from where it is declared: the groups of what a run computes
+(``RESULT_GROUPS``: seed, dataset, model, method, schedule, trainer) count, the groups of how and
+where it runs (``RUN_GROUPS``: conf/run with device, progress, evaluation cadence, checkpoints,
+caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, three rules:
 
-* ``NON_RESULT``: where things are and how they are shown or sped up: paths, the logger, the
-  device, progress bars, the evaluation batch size, ``torch.compile`` and memory layout, data
-  loader workers, run handling (resume, checkpoint cadence, ``run.save_at``, ``run.branch_from``:
-  a branch equals the straight-through run, see ``swalab.branching``);
-* ``READ_THROUGH``: recipe values that the run reads only through other keys, whose resolved values
-  are part of the identity (``model.lr`` is read as ``schedule.lr``, ``model.swa.*`` as
-  ``method.*``, the loader's ``dataset.source.*`` are copies of ``dataset.*`` and ``seed``).
+* a data set is what its files hold, ``data.fingerprint`` (``swalab.data.fingerprint``), never
+  where they lie (``LOCATION``: ``dataset.root``);
+* a value read only through another key that counts is held there (``READ_THROUGH``: ``model.lr``
+  as ``schedule.lr``, the loader's ``dataset.source.*`` copies of ``dataset.*``);
+* a method's recipe block counts for the method that reads it only (``model.swa`` for SWA), so a
+  setting of SWA's leaves an SGD run the same run.
 
-Keys outside the groups a run consumes (``seed``, ``dataset``, ``model``, ``method``, ``schedule``,
-``trainer``, ``run``) are left out too: an experiment's helper keys reach the run only through them.
-
-The identity is stored in the run directory (``identity.json``: the canonical form and a short hash)
-and in every checkpoint. ``group_hash`` is the identity minus the seed: the seeds of one config share
-it (a report cell, a W&B group).
+The identity is stored in the run directory (``identity.json``: the canonical form and a short hash,
+and what sets the run apart from its defaults) and in every checkpoint. ``group_hash`` is the
+identity minus the seed: the seeds of one config share it (a report cell, a W&B group). Identities
+written by earlier versions are read under today's names (:func:`upgraded`).
 
 Run directories are ``<paths.output_dir>/[<experiment>/][<sweep>/]<dataset>/<model>/<method>/<rest>/seed<N>``
-where ``<rest>`` names every group choice that differs from the default (``schedule-cosine``) and every
-command-line override of a key that can change results (``trainer.epochs-6``), joined by ``+``, or
-``default``. The name uses only characters a shell and a Hydra override take unquoted (letters,
-digits and ``_ - . +``), so a run directory can be passed as ``run.init_from=<dir>`` as it is. When
-an override's value needs other characters, or the name grows long, the group hash is appended
-(``+id-<hash>``) so that two configs never share a name.
-A name follows the command line, so one config can get two names (an override the method never
-reads); ``swalab.train.plan.same_run_elsewhere`` then finds the run already made under the other.
+where ``<rest>`` names what sets the run apart from the defaults of its data set, model and method
+(:func:`settings_apart`, the function the report's row labels come from too): the group choices
+that differ from the default (``schedule-cosine``), then every setting whose value differs, in the
+key a user types (``model.swa.lr-0.05``, ``trainer.epochs-6``), joined by ``+``, or ``default``. One
+config therefore has one name, however it was typed. The name uses only characters a shell and a Hydra
+override take unquoted (letters, digits and ``_ - . +``), so a run directory can be passed as
+``model.init_from=<dir>`` as it is. When a value needs other characters, or the name grows long, the
+group hash is appended (``+id-<hash>``) so that two configs never share a name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-CONSUMED = ("seed", "dataset", "model", "method", "schedule", "trainer", "run")
-
-# Keys (and subtrees) that cannot change a run's results.
-NON_RESULT = (
-    "run.dir", "run.resume", "run.branch_from", "run.save_at", "run.checkpoint_every", "run.keep_checkpoints",
-    "dataset.root", "dataset.download", "dataset.cache_dir", "dataset.num_workers", "dataset.prefetch_factor",
-    "trainer.device", "trainer.progress", "trainer.eval_batch_size", "trainer.compile", "trainer.channels_last",
-    "logger", "paths", "hydra",
-)
-# Keys whose values the run reads only through other identity keys (interpolations of them).
+# Where a key is declared says whether it counts: the groups of what a run computes, and the groups of how and
+# where it runs (conf/run: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
+# which never count. tests/test_run_identity.py fails when a key of conf/ lies in neither.
+RESULT_GROUPS = ("seed", "dataset", "model", "method", "schedule", "trainer")
+RUN_GROUPS = ("run", "logger", "paths", "hydra")
+# A data set is what its files hold (its fingerprint, ``data.fingerprint``), never where they lie.
+LOCATION = ("dataset.root",)
+# Values the run reads only through other keys of its identity, which hold them resolved: the loader's copies of
+# the data set's keys (dataset.source), and the model's recipe values the schedule (model.lr), the trainer
+# (model.weight_decay, model.budget_epochs) and the network (model.pretrained, model.pretrained_file) read.
+# tests/test_run_identity.py checks each is interpolated where this says. A method's recipe block (model.swa) counts
+# for the method that reads it only (``identity_of(recipe=...)``).
 READ_THROUGH = (
     "dataset.source",
-    "model.lr", "model.weight_decay", "model.budget_epochs", "model.swa", "model.fge",
-    "model.pretrained", "model.pretrained_file",
+    "model.lr", "model.weight_decay", "model.budget_epochs", "model.pretrained", "model.pretrained_file",
 )
-# Keys a branch (``run.branch_from``) may change; ``swalab.branching.check_branch`` checks the rest of
-# what matters (the learning rate of every epoch before the branch point, momentum, weight decay).
-BRANCH_MAY_DIFFER = ("method", "trainer.epochs", "schedule", "trainer.eval_every")
+
+
+def method_part(key: str, recipe: str | None) -> bool:
+    """Whether ``key`` is what only the method decides: its own keys, its recipe block (``model.swa``), the run's
+    length and the schedule's horizon. Rows of a report share everything else; a branch may change these."""
+    return _under(key, ("method", "trainer.epochs", "schedule.horizon", *((f"model.{recipe}",) if recipe else ())))
+
 
 IDENTITY_FILE = "identity.json"
+IDENTITY_VERSION = 2  # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks
+DATA_FINGERPRINT = "data.fingerprint"
+# Identities written by earlier versions of swalab: they held a data folder's absolute path (a data set is its
+# fingerprint now) and no fingerprint of the data. Comparing with one, these keys are not held against it.
+RETIRED_KEYS = ("dataset.root", "dataset.root_is_data", "run.eval_every")
+ADDED_KEYS = (DATA_FINGERPRINT,)
+# Settings an earlier swalab recorded under other names: SWA's and FGE's lived in method.* (SWA's with a swa_
+# prefix) and init_from in run. An identity of a run made then is read under today's names (:func:`upgraded`).
+RENAMED = {"run.init_from": "model.init_from"}
+RECIPE_SETTINGS = {
+    "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
+            **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
+                              "pre_schedule", "bn_update", "score_every", "score_at_budgets")}},
+    "fge": {k: k for k in ("lr_max", "lr_min", "cycle_epochs", "pretrain", "pretrain_epochs", "pre_schedule",
+                           "bn_update", "save_members")},
+}
+
+
+def upgraded(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """``identity`` under today's names (``RENAMED``, ``RECIPE_SETTINGS``): an identity written by an earlier swalab
+    compares equal to today's of the same config. Today's identities come back unchanged."""
+    out = {RENAMED.get(k, k): v for k, v in identity.items()}
+    method = out.get("method.name")
+    for old, new in RECIPE_SETTINGS.get(method, {}).items():
+        if f"method.{old}" in out:
+            out[f"model.{method}.{new}"] = out.pop(f"method.{old}")
+    return dict(sorted(out.items()))
+
+
 SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 MAX_REST = 100  # characters of <rest> before the group hash replaces the tail
 
@@ -92,23 +125,53 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def identity_of(resolved: Mapping[str, Any]) -> dict[str, Any]:
-    """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts.
+def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None,
+                recipes: Sequence[str] | None = None) -> dict[str, Any]:
+    """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
+    and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
+    known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
+    folder copied elsewhere is the same data set and a folder whose images changed is another one.
 
-    ``dataset.root`` only says where a copy of a named data set lives, except for a data set that is
-    its folder (``dataset.root_is_data``, ``conf/dataset/folder.yaml``): then the path counts, made absolute
-    (against the working directory), so that ``ds/good`` typed in two directories is two data sets and
-    ``ds/good`` and its absolute path are one.
+    ``recipes`` are the model's recipe blocks of every method (default: ``swalab.methods.base.known_recipes``):
+    only the block of the run's own method counts (``model.swa`` for SWA), so ``model.swa.lr=0.05`` leaves an SGD
+    run the same run.
     """
+    if recipes is None:
+        from swalab.methods.base import known_recipes
+
+        recipes = known_recipes()
     flat: dict[str, Any] = {}
-    for root in CONSUMED:
+    for root in RESULT_GROUPS:
         if root in resolved:
             _flatten(resolved[root], root, flat)
-    keep_root = bool(flat.get("dataset.root_is_data"))
-    if keep_root and isinstance(flat.get("dataset.root"), str):
-        flat["dataset.root"] = os.path.abspath(os.path.expanduser(flat["dataset.root"]))
-    return {k: v for k, v in sorted(flat.items())
-            if (keep_root and k == "dataset.root") or not (_under(k, NON_RESULT) or _under(k, READ_THROUGH))}
+    own = _own_recipe(resolved)
+    unread = tuple(f"model.{r}" for r in recipes if r != own)
+    identity = {k: v for k, v in flat.items() if not _under(k, (*LOCATION, *READ_THROUGH, *unread))}
+    if data_fingerprint is not None:
+        identity[DATA_FINGERPRINT] = data_fingerprint
+    return dict(sorted(identity.items()))
+
+
+def recipe_of(identity: Mapping[str, Any]) -> str | None:
+    """The recipe block (``swa``) the method of a flat identity reads: its class's, or, for an identity that names
+    no class, the block named after the method when there is one."""
+    recipe = _own_recipe({"method": {"_target_": identity.get("method._target_")}})
+    if recipe is None and any(k.startswith(f"model.{identity.get('method.name')}.") for k in identity):
+        recipe = str(identity.get("method.name"))
+    return recipe
+
+
+def _own_recipe(resolved: Mapping[str, Any]) -> str | None:
+    """The recipe block the run's method reads (its class's ``recipe``), found from ``method._target_``."""
+    target = (resolved.get("method") or {}).get("_target_")
+    if not target:
+        return None
+    try:
+        from hydra.utils import get_class
+
+        return getattr(get_class(str(target)), "recipe", None)
+    except Exception:  # noqa: BLE001  a method class that cannot be imported here reads no recipe block we know of
+        return None
 
 
 def canonical(identity: Mapping[str, Any]) -> str:
@@ -129,29 +192,71 @@ def group_hash(identity: Mapping[str, Any]) -> str:
 
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
-    """``key: <theirs> there, <ours> here`` for every key whose values differ (absent keys included)."""
+    """``key: <theirs> there, <ours> here`` for every key whose values differ (absent keys included, but for
+    the keys an earlier swalab recorded or did not: ``RETIRED_KEYS``, ``ADDED_KEYS``)."""
+    ours, theirs = upgraded(ours), upgraded(theirs)
     out = []
     for key in sorted(set(ours) | set(theirs)):
         if _under(key, ignore):
             continue
+        if (key in RETIRED_KEYS and key not in ours) or (key in ADDED_KEYS and key not in theirs):
+            continue  # an identity written by an earlier swalab (RETIRED_KEYS)
         a, b = ours.get(key, "<absent>"), theirs.get(key, "<absent>")
         if a != b:
             out.append(f"{key}: {b!r} there, {a!r} here")
     return out
 
 
-def record(identity: Mapping[str, Any]) -> dict[str, Any]:
-    """What ``identity.json`` holds: the hashes and the canonical identity."""
-    return {"hash": identity_hash(identity), "group": group_hash(identity), "identity": dict(identity)}
+def record(identity: Mapping[str, Any], apart: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What ``identity.json`` holds: the hashes, the canonical identity, and what sets the run apart from its
+    defaults (:func:`settings_apart`, when known; not part of the hashes)."""
+    out = {"version": IDENTITY_VERSION, "hash": identity_hash(identity), "group": group_hash(identity),
+           "identity": dict(identity)}
+    if apart is not None:
+        out["apart"] = dict(apart)
+    return out
+
+
+def settings_apart(identity: Mapping[str, Any], default: Mapping[str, Any], sources: Mapping[str, str],
+                   choices: Mapping[str, Any] = {}) -> dict[str, Any]:
+    """What sets a run apart from the default config of its data set, model and method, in the keys a user types.
+
+    ``default`` is the identity of the config composed with the run's own group choices and no other override;
+    ``sources`` names, for a key read through an interpolation (``model.swa.lr: ${model.swa.lr}``), the key it
+    reads (``model.swa.lr``), which is the one a user types and the one shown; ``choices`` are the group choices
+    that differ from the primary config's (``schedule: cosine``), shown first as ``schedule``. The data set's
+    fingerprint and the seed are not settings. Returns ``{key: value}`` in that order, sorted within each part.
+    """
+    out: dict[str, Any] = {str(g): v for g, v in sorted(choices.items())}
+    for key in sorted(set(identity) | set(default)):
+        if key == "seed" or key.startswith("data."):
+            continue
+        if identity.get(key, "<absent>") != default.get(key, "<absent>"):
+            out.setdefault(sources.get(key, key), identity.get(key, "<absent>"))
+    return out
+
+
+def label_of(apart: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:
+    """``schedule=cosine, model.swa.lr=0.05``: a settings-apart record (or the ``keys`` of it) as a label."""
+    return ", ".join(f"{k}={_shown(v)}" for k, v in apart.items() if keys is None or k in keys)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return str(value)
 
 
 def stored_identity(run_dir: str | Path) -> dict[str, Any] | None:
-    """The identity of the run in ``run_dir``: ``identity.json``, else computed from its ``config.yaml``."""
+    """The identity of the run in ``run_dir`` under today's names (:func:`upgraded`): ``identity.json``, else computed
+    from its ``config.yaml``."""
     run_dir = Path(run_dir)
     path = run_dir / IDENTITY_FILE
     if path.exists():
         try:
-            return dict(json.loads(path.read_text())["identity"])
+            return upgraded(json.loads(path.read_text())["identity"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
     config = run_dir / "config.yaml"
@@ -159,7 +264,7 @@ def stored_identity(run_dir: str | Path) -> dict[str, Any] | None:
         import yaml
 
         try:
-            return identity_of(yaml.safe_load(config.read_text()) or {})
+            return upgraded(identity_of(yaml.safe_load(config.read_text()) or {}))
         except yaml.YAMLError:
             return None
     return None
@@ -173,15 +278,12 @@ def _safe(text: str) -> tuple[str, bool]:
     return cleaned, cleaned == text
 
 
-def _render_value(value: str) -> tuple[str, bool]:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        value = value[1:-1]
-    if value.startswith("[") and value.endswith("]"):  # a list: its items joined by '_'
-        items = [v.strip() for v in value[1:-1].split(",") if v.strip()]
-        parts = [_safe(v) for v in items]
+def _name_value(value: Any) -> tuple[str, bool]:
+    """A setting's value as a directory name takes it: a list's items joined by ``_``; whether it was exact."""
+    if isinstance(value, (list, tuple)):
+        parts = [_name_value(v) for v in value]
         return "_".join(p for p, _ in parts) or "empty", all(ok for _, ok in parts)
-    return _safe(value)
+    return _safe(_shown(value))
 
 
 def split_override(override: str) -> tuple[str, str, str] | None:
@@ -192,45 +294,32 @@ def split_override(override: str) -> tuple[str, str, str] | None:
     return match.group(1) or "", match.group(2).strip(), match.group(3)
 
 
-def name_items(overrides: Sequence[str] | None, choices: Mapping[str, Any],
-               default_choices: Mapping[str, Any]) -> tuple[list[str], bool]:
-    """What sets a run apart in its name, sorted: every group choice that differs from the default
-    (``schedule-cosine``) and every command-line override of a key that can change results
-    (``trainer.epochs-6``); and whether those items render the overrides exactly (False when
-    ``overrides`` are unknown or a value needed other characters)."""
-    shown = [g for g in choices if g not in ("dataset", "model", "method", "experiment", "sweep", "dataset_model",
-                                            "logger", "paths") and not g.startswith("hydra")]
-    items, exact = [], overrides is not None
-    for g in sorted(shown):
-        if choices.get(g) != default_choices.get(g):
-            text, ok = _safe(f"{g}-{choices[g]}")
-            items.append(text)
-            exact &= ok
-    for override in overrides or ():
-        parts = split_override(override)
-        if parts is None:
-            continue
-        _, key, value = parts
-        if key in choices or key == "seed" or _under(key, NON_RESULT):
-            continue
-        rendered, ok = _render_value(value)
+def name_items(apart: Mapping[str, Any] | None) -> tuple[list[str], bool]:
+    """What sets a run apart (:func:`settings_apart`) as the items of its directory's name, in its order (group
+    choices first: ``schedule-cosine``, then settings: ``trainer.epochs-6``); and whether they render it exactly
+    (False when ``apart`` is unknown, a config composed in Python, or a value needed other characters)."""
+    if apart is None:
+        return [], False
+    items, exact = [], True
+    for key, value in apart.items():
+        text, ok = _name_value(value)
         key_text, key_ok = _safe(key)
-        items.append(f"{key_text}-{rendered}")
+        items.append(f"{key_text}-{text}")
         exact &= ok and key_ok
-    return sorted(items), exact
+    return items, exact
 
 
-def run_name(names: Mapping[str, str], seed: Any, overrides: Sequence[str] | None, choices: Mapping[str, Any],
-             default_choices: Mapping[str, Any], group: str) -> str:
+def run_name(names: Mapping[str, str], seed: Any, apart: Mapping[str, Any] | None, choices: Mapping[str, Any],
+             group: str) -> str:
     """The run directory below ``paths.output_dir`` (see the module doc).
 
-    ``names``: ``dataset``, ``model`` and ``method`` names (``cfg.<group>.name``); ``overrides``: the
-    command line's overrides as typed (None when they are unknown, e.g. a config composed in Python:
-    the name then carries the group hash); ``choices``: the chosen option of every config group;
-    ``default_choices``: the primary config's; ``group``: :func:`group_hash` of the run's identity.
+    ``names``: ``dataset``, ``model`` and ``method`` names (``cfg.<group>.name``); ``apart``: what sets the run
+    apart from its defaults (:func:`settings_apart`, the function the report's row labels come from; None when
+    unknown: the name then carries the group hash); ``choices``: the chosen option of every config group (an
+    experiment or sweep heads the path); ``group``: :func:`group_hash` of the run's identity.
     """
     head = [str(choices[g]) for g in ("experiment", "sweep") if choices.get(g) not in (None, "", "null")]
-    items, exact = name_items(overrides, choices, default_choices)
+    items, exact = name_items(apart)
     rest = "+".join(items) or "default"
     if not exact or len(rest) > MAX_REST:  # keep the whole items that fit, then the group hash
         kept = []

@@ -103,7 +103,13 @@ class RunLock:
         return None
 
     def release(self) -> None:
+        """Unlock, clearing the holder's record first: only a process that died holding the lock leaves one
+        behind, so the next holder's ``took_over`` names a real take-over, not an orderly hand-over."""
         if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            except OSError:
+                pass
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -33,28 +33,21 @@ from torch import nn
 from swalab import distributed, faults
 from swalab.checkpoint import CheckpointStore, checkpoint_name
 from swalab.config import ConfigError
-from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_probs, predict_logits,
-                             recompute_bn, reliability_bins)
+from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_log_probs,
+                             predict_log_probs, recompute_bn, reliability_bins)
 from swalab.methods.base import Method, TrainContext
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
-
-@dataclass(frozen=True)
-class Stop:
-    """What a handled signal means for a run: the ``status.json`` state it leaves and the exit code of
-    ``run.py``. A run stopped by any of them has a checkpoint written at the signal and continues when the
-    same command is launched again (``swalab.slurm.stop_status`` refines the state under SLURM)."""
-
-    status: str
-    exit_code: int
-
-
-# The signals the trainer turns into "checkpoint now, then stop" (Preempted), and what each leaves.
-STOP_SIGNALS: dict[signal.Signals, Stop] = {
-    signal.SIGTERM: Stop("preempted", PREEMPTED_EXIT_CODE),  # scheduler preemption, scancel, a time limit
-    signal.SIGUSR1: Stop("preempted", PREEMPTED_EXIT_CODE),  # sbatch --signal=USR1, SUBMITIT_PREEMPT_SIGNAL=USR1
-    signal.SIGUSR2: Stop("preempted", PREEMPTED_EXIT_CODE),  # submitit's default time-limit/preemption signal
+# The signals that pause a run: each makes the loop write a checkpoint at the step it is on and stop, leaving
+# this status in status.json and this exit code for run.py. Ctrl-C is a pause like a preemption. Under SLURM
+# swalab.slurm.stop_status names a preemption more exactly (requeued, cancelled).
+PAUSE_SIGNALS: dict[int, tuple[str, int]] = {
+    signal.SIGTERM: ("preempted", PREEMPTED_EXIT_CODE),     # scheduler preemption, scancel, scontrol requeue, a time limit
+    signal.SIGUSR1: ("preempted", PREEMPTED_EXIT_CODE),     # sbatch --signal=USR1, SUBMITIT_PREEMPT_SIGNAL=USR1
+    signal.SIGUSR2: ("preempted", PREEMPTED_EXIT_CODE),     # submitit's default time-limit/preemption signal
+    signal.SIGINT: ("interrupted", INTERRUPTED_EXIT_CODE),
 }
 
 
@@ -73,21 +66,30 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Preempted(RuntimeError):
-    """A signal of ``STOP_SIGNALS`` arrived; a checkpoint was written and the run should be re-launched.
+    """A pause signal (``PAUSE_SIGNALS``: SIGTERM, SIGUSR1, SIGUSR2, SIGINT) arrived; a checkpoint was written and
+    the same command continues the run.
 
-    ``status`` and ``exit_code`` start as the signal's entry in ``STOP_SIGNALS``; ``swalab.train`` refines the
-    status from what the scheduler says (requeued, cancelled) before it records it."""
+    ``status`` (what status.json records) and ``exit_code`` start as the signal's entry in ``PAUSE_SIGNALS``;
+    ``swalab.train`` refines the status from what SLURM says (``requeued``, ``cancelled``) before recording it.
+    The message ends with what happens next, which follows from the status."""
 
     def __init__(self, message: str, signum: int | None = None):
         super().__init__(message)
         self.signum = signum  # run.py hands the signal on to a launcher's own handler (submitit)
-        stop = STOP_SIGNALS.get(signum, Stop("preempted", PREEMPTED_EXIT_CODE))
-        self.status, self.exit_code = stop.status, stop.exit_code
+        self.status, self.exit_code = PAUSE_SIGNALS.get(signum, ("preempted", PREEMPTED_EXIT_CODE))
 
     def __str__(self) -> str:
         then = ("the job is requeued and resumes from it" if self.status == "requeued"
-                else "re-launch the same command to continue")
+                else "re-run the same command to continue")
         return f"{self.args[0]}; {then}"
+
+
+def signal_words(signum: int | None) -> str:
+    """``Ctrl-C (SIGINT)`` or ``SIGTERM``: how a line names the signal that paused a run."""
+    if signum is None:
+        return "a signal"
+    name = signal.Signals(signum).name
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
 
 
 def select_device(name: str) -> torch.device:
@@ -95,9 +97,9 @@ def select_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name != "cpu" and not name.startswith("cuda"):
-        raise ConfigError(f"trainer.device={name!r} must be auto, cpu or cuda[:N]")
+        raise ConfigError(f"run.device={name!r} must be auto, cpu or cuda[:N]")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device={name} but no CUDA device is visible; use trainer.device=auto or cpu")
+        raise ConfigError(f"run.device={name} but no CUDA device is visible; use run.device=auto or cpu")
     return torch.device(name)
 
 
@@ -194,7 +196,7 @@ class Trainer:
         self.test_labels = labels_of(test_loader)
         self.ctx = TrainContext(model=self.model, device=device, epochs=options.epochs,
                                 steps_per_epoch=len(train_loader), run_dir=self.run_dir,
-                                update_bn=self.update_bn, test_probs=self.test_probs,
+                                update_bn=self.update_bn, test_log_probs=self.test_log_probs,
                                 test_labels=self.test_labels, amp=self.amp, log=self._pending_log.update)
 
     # -- services lent to methods --------------------------------------------------------
@@ -204,8 +206,8 @@ class Trainer:
             self.bn_loader.set_epoch(0)
         recompute_bn(model, faults.watch(self.bn_loader, "bn_update"), self.device, self.amp)
 
-    def test_probs(self, model: nn.Module) -> torch.Tensor:
-        return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
+    def test_log_probs(self, model: nn.Module) -> torch.Tensor:
+        return predict_log_probs(model, self.test_loader, self.device, self.amp)
 
     # -- signals ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -217,7 +219,7 @@ class Trainer:
             self._signal = signum
         previous = {}
         try:
-            for sig in STOP_SIGNALS:
+            for sig in PAUSE_SIGNALS:
                 previous[sig] = signal.signal(sig, handler)
         except ValueError:  # not in the main thread: leave signals alone
             yield
@@ -316,7 +318,7 @@ class Trainer:
                 bar.update(1)
             if self._signal is not None and step + 1 < steps:
                 self.save(epoch, step + 1, tally.partial())
-                raise Preempted(f"signal {self._signal} received: checkpoint written at epoch {epoch}, "
+                raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch}, "
                                 f"step {step + 1}", self._signal)
         if bar is not None:
             bar.close()
@@ -349,7 +351,8 @@ class Trainer:
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
         if self._signal is not None and not last:
-            raise Preempted(f"signal {self._signal} received: checkpoint written after epoch {done}", self._signal)
+            raise Preempted(f"{signal_words(self._signal)} received: checkpoint written after epoch {done}",
+                            self._signal)
 
     def _finite(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
         """In ``skip`` mode, drop a non-finite step (syncs each step); ``stop`` checks per epoch."""
@@ -383,9 +386,10 @@ class Trainer:
     def evaluate(self) -> Evaluation:
         """Score every predictor the method hands back, the same way, on the test set."""
         predictors = self.method.predictors(self.ctx)
-        probs = {name: p.predict_proba(self.test_loader).float() for name, p in predictors.items()}
-        metrics = {name: {**metrics_from_probs(p, self.test_labels), **self.method.describe(name)}
-                   for name, p in probs.items()}
+        log_probs = {name: p.predict_log_proba(self.test_loader).float() for name, p in predictors.items()}
+        metrics = {name: {**metrics_from_log_probs(p, self.test_labels), **self.method.describe(name)}
+                   for name, p in log_probs.items()}
+        probs = {name: p.exp() for name, p in log_probs.items()}
         for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():
             metrics.setdefault(name, {}).update(extra)
         reliability = {name: reliability_bins(p.cpu(), self.test_labels.cpu()) for name, p in probs.items()}

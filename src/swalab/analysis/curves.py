@@ -1,8 +1,9 @@
 """Test error against epoch for several runs, from their ``history.jsonl`` (paper Figs. 6 and 7).
 
 For each run the live model's curve comes from ``test_acc`` (labelled ``<name>: SGD iterate``) and, where the
-run logged it (SWA with ``method.eval_every=1``), the average's curve from ``swa_test_acc``
-(``<name>: SWA average``). Errors are ``100 - accuracy``.
+run logged it (SWA with ``model.swa.score_every=1``), the average's curve from ``swa_test_acc``
+(``<name>: SWA average``). A SWA run that did not score its average says so (and how to have it scored);
+``--only swa`` over runs of which none did is an error naming the setting. Errors are ``100 - accuracy``.
 
 Usage::
 
@@ -40,6 +41,12 @@ def error_curves(history: list[dict], label: str, only: str | None = None) -> li
     return curves
 
 
+def _method(run_dir: str | Path) -> str | None:
+    from swalab.results.runs import Run
+
+    return Run(run_dir).get("method.name")
+
+
 def label_of(run_dir: str | Path) -> str:
     """A short name: the run directory's path below its ``seedN`` folder's grandparent, if any."""
     parts = Path(run_dir).resolve().parts
@@ -57,9 +64,17 @@ def main(argv=None) -> list:
     if args.labels and len(args.labels) != len(args.runs):
         p.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
     labels = args.labels or [label_of(r) for r in args.runs]
-    curves = [c for run, label in zip(args.runs, labels) for c in error_curves(read_history(run), label, args.only)]
+    histories = [read_history(run) for run in args.runs]
+    unscored = [run for run, h in zip(args.runs, histories)
+                if _method(run) == "swa" and not any(r.get("swa_test_acc") is not None for r in h)]
+    for run in unscored if args.only != "sgd" else ():
+        print(f"[curves] {run} did not score its SWA average during training: only its iterate is drawn "
+              "(train with model.swa.score_every=1 to have the average scored each epoch)")
+    curves = [c for h, label in zip(histories, labels) for c in error_curves(h, label, args.only)]
     if not curves:
-        raise SystemExit("none of the runs logged test_acc or swa_test_acc")
+        what = {"swa": "swa_test_acc (the SWA average scored during training: model.swa.score_every=1)",
+                "sgd": "test_acc (run.eval_every=1)"}.get(args.only, "test_acc or swa_test_acc")
+        raise FileNotFoundError(f"none of the runs logged {what}: nothing to draw")
     plots.curves_figure(args.out, curves, title=args.title)
     print(f"[curves] wrote {args.out} ({len(curves)} curves)")
     return curves

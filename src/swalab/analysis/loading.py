@@ -17,6 +17,7 @@ import torch
 
 from swalab.analysis.probe import Probe
 from swalab.analysis.weights import ParamSpace, has_batchnorm
+from swalab.config import ConfigError
 from swalab.results.runs import Run, load_weights, open_run, run_of
 from swalab.trainer import select_device
 
@@ -125,5 +126,9 @@ def load_solutions(args, space) -> tuple[dict[str, str], dict[str, tuple[torch.T
     solutions = {}
     for name, spec in specs.items():
         state = load_weights(spec)
-        solutions[name] = (space.flatten(state), space.buffers(state))
+        try:
+            solutions[name] = (space.flatten(state), space.buffers(state))
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(f"--{name} {spec}: {exc.args[0]}; every solution must be a network of "
+                              f"--run {args.run}") from None
     return specs, solutions

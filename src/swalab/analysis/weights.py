@@ -41,6 +41,12 @@ class ParamSpace:
         missing = [n for n in self.names if n not in state]
         if missing:
             raise KeyError(f"the state dict lacks parameters {missing[:5]} (another architecture?)")
+        misfit = [(n, tuple(state[n].shape), tuple(s)) for n, s in zip(self.names, self.shapes)
+                  if tuple(state[n].shape) != tuple(s)]
+        if misfit:
+            name, theirs, ours = misfit[0]
+            raise ValueError(f"parameter {name} has shape {list(theirs)} there but {list(ours)} in this network "
+                             f"({len(misfit)} of {len(self.names)} parameters differ): weights of another architecture")
         return torch.cat([state[n].detach().reshape(-1).to("cpu", torch.float64) for n in self.names])
 
     def buffers(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

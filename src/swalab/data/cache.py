@@ -1,9 +1,12 @@
-"""A decode cache for image data sets: decoded uint8 tensors saved next to the data they came from.
+"""A decode cache for image data sets: decoded uint8 tensors saved in the user's cache directory.
 
 Decoding the 60,000 JPEGs of CIFAR-10 takes far longer than reading the same pixels back from one
-tensor file, so the first load saves its result to ``<root>/.swalab_cache/<name>-<layout>-v1.pt`` (a
-subset or another decode setting to ``<name>-<layout>-<hash>-v1.pt``) and later loads read that
-instead. The file is written to a temporary name in the same folder and then renamed with
+tensor file, so the first load saves its result to ``<cache>/<name>-<root key>-<layout>-v1.pt`` (a subset
+or another decode setting to ``<name>-<root key>-<layout>-<hash>-v1.pt``) and later loads read that
+instead. ``<cache>`` is ``run.cache_dir`` when set, else :func:`default_cache_dir`
+(``$XDG_CACHE_HOME/swalab``, ``~/.cache/swalab`` by default): never the data folder itself, which is often
+read-only or shared. ``<root key>`` is a hash of the data folder's absolute path, so two folders of the
+same name never share a file. The file is written to a temporary name in the same folder and then renamed with
 ``os.replace`` (atomic on POSIX), so several jobs starting together on a shared file system either see
 no cache or a complete one, never half a file; at worst each of them decodes once.
 """
@@ -19,23 +22,40 @@ from typing import Any
 
 import torch
 
-CACHE_DIR = ".swalab_cache"
+CACHE_DIR = "swalab"  # below $XDG_CACHE_HOME (~/.cache)
 CACHE_FORMAT_VERSION = 1
 CACHE_KEYS = ("format_version", "source", "train_images", "train_labels", "test_images", "test_labels", "classes")
 
 
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/swalab``, or ``~/.cache/swalab``: where decoded images and file digests are cached
+    unless ``run.cache_dir`` says otherwise."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / CACHE_DIR
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir`` (``run.cache_dir``) when given, else :func:`default_cache_dir`."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
+def root_key(root: str | Path) -> str:
+    """A short hash of a data folder's absolute path: its files in the cache never meet another folder's."""
+    import hashlib
+
+    return hashlib.sha256(str(Path(root).expanduser().resolve()).encode()).hexdigest()[:10]
+
+
 def cache_path(root: Path, name: str, layout: str, cache_dir: str | Path | None = None,
                variant: str | None = None) -> Path:
-    """Where the cache for data set ``name`` read from ``layout`` under ``root`` lives.
+    """Where the cache for data set ``name`` read from ``layout`` under ``root`` lives (see the module doc).
 
-    ``cache_dir`` replaces ``root/.swalab_cache`` (for a read-only or shared ``root``). ``variant``, a
-    short hash of the chosen files and decode options, gives every subset (``train_size`` /
-    ``test_size``) and every decode setting its own file: ``<name>-<layout>-<variant>-v1.pt``. A subset
-    and the full set therefore never overwrite each other's cache when runs alternate between them.
+    ``variant``, a short hash of the chosen files and decode options, gives every subset (``train_size``
+    / ``test_size``) and every decode setting its own file: ``<name>-<root key>-<layout>-<variant>-v1.pt``.
+    A subset and the full set therefore never overwrite each other's cache when runs alternate.
     """
-    folder = Path(cache_dir) if cache_dir is not None else Path(root) / CACHE_DIR
-    stem = f"{name}-{layout}" + (f"-{variant}" if variant else "")
-    return folder / f"{stem}-v{CACHE_FORMAT_VERSION}.pt"
+    stem = f"{name}-{root_key(root)}-{layout}" + (f"-{variant}" if variant else "")
+    return cache_root(cache_dir) / f"{stem}-v{CACHE_FORMAT_VERSION}.pt"
 
 
 def load_cache(path: Path, source: dict[str, Any], keys: tuple[str, ...] = ()) -> dict[str, Any] | None:
@@ -98,8 +118,8 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
     except OSError as err:
         warnings.warn(
             f"cannot write decode cache {path} ({type(err).__name__}: {err}); continuing without it, so the "
-            f"images will be decoded again on the next load. Make dataset.root writable to cache them, or "
-            f"load with cache=False to skip caching",
+            f"images will be decoded again on the next load. Point run.cache_dir at a writable folder to "
+            f"cache them",
             stacklevel=3,
         )
         return False
@@ -112,8 +132,9 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
 
 
 def cached(path: Path | None, source: dict[str, Any], build: Callable[[], dict[str, Any]],
-           keys: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The payload cached at ``path`` for ``source``, or ``build()``'s, saved there for next time.
+           keys: tuple[str, ...] = ()) -> tuple[dict[str, Any], str | None]:
+    """The payload cached at ``path`` for ``source``, or ``build()``'s, saved there for next time; and a line
+    saying where the cache is when this call wrote it (None when it read it, or wrote nothing).
 
     ``path=None`` (caching off) always builds and saves nothing. The saved file holds ``source`` too,
     so :func:`load_cache` can tell later whether it still describes the files on disk; ``keys`` are the
@@ -122,8 +143,8 @@ def cached(path: Path | None, source: dict[str, Any], build: Callable[[], dict[s
     if path is not None:
         hit = load_cache(path, source, keys)
         if hit is not None:
-            return hit
+            return hit, None
     payload = build()
-    if path is not None:
-        save_cache(path, {"source": source, **payload})
-    return payload
+    if path is not None and save_cache(path, {"source": source, **payload}):
+        return payload, f"decoded images cached in {path} (run.cache_dir moves the cache)"
+    return payload, None

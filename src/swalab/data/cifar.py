@@ -7,7 +7,7 @@ Two layouts are accepted under ``dataset.root``; which one is used is decided by
     without building a torchvision ``Dataset``: the arrays already are the whole split.
 (b) an image folder, ``root/train/<class>/*`` and ``root/test/<class>/*``, such as the JPEG copy of
     CIFAR-10. Class indices follow the sorted folder names, which for CIFAR is the standard label order.
-    Decoding is slow, so the decoded tensors are cached under ``root/.swalab_cache/`` (see
+    Decoding is slow, so the decoded tensors are cached in the user's cache directory (see
     :mod:`swalab.data.cache`). JPEG copies are lossy: expect accuracies somewhat below the pickles'.
 
 If both are present the pickles win (exact pixels). If neither is, ``download=True`` asks torchvision
@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from .cache import cache_path, cached
-from .folder import (IMAGE_EXTENSIONS, decode_split, fingerprint, has_image_folder, list_image_folder, select_files,
+from . import fingerprint
+from .fingerprint import folder_record
+from .folder import (IMAGE_EXTENSIONS, SPLITS, decode_split, has_image_folder, list_image_folder, select_files,
                      selection_digest)
 from .splits import DataSplit, ImageData, cap_test_split, subset
 
@@ -74,7 +76,7 @@ def _layout_help(spec: _CifarSpec, root_arg: str | Path, root: Path) -> str:
         f"  (a) torchvision's pickle layout: {root / spec.pickle_dir}/{{{pickle_files}}}\n"
         f"  (b) an image folder: {root}/train/<class>/*.{{{exts},...}} and {root}/test/<class>/*, "
         f"{spec.num_classes} class folders whose sorted names give the label order\n"
-        f"To get them: set dataset.download=true on a machine with internet access (torchvision fetches "
+        f"To get them: set run.download=true on a machine with internet access (torchvision fetches "
         f"the pickles into dataset.root), or copy either layout from a machine that has it and point "
         f"dataset.root at the folder holding it."
     )
@@ -189,9 +191,23 @@ def _download(root: Path, spec: _CifarSpec, root_arg: str | Path) -> None:
         ) from err
 
 
+def files_record(name: str, root: str | Path, cache_dir: str | Path | None = None, **_) -> dict | None:
+    """The record of the files :func:`load_cifar` reads (``swalab.data.fingerprint``): its pickles, or its image
+    folder; None while neither is there (a download is still to come)."""
+    spec = _spec(name)
+    root = Path(root).expanduser().resolve()
+    pickle_dir = _find_pickle_dir(root, spec)
+    if pickle_dir is not None:
+        names = (*spec.train_files, spec.test_file, spec.meta_file)
+        return fingerprint.files_record({n: pickle_dir / n for n in names if (pickle_dir / n).is_file()}, cache_dir)
+    if has_image_folder(root):
+        return folder_record(root, SPLITS, IMAGE_EXTENSIONS, cache_dir)
+    return None
+
+
 def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Path | None = None,
                        train_size: int | None = None, test_size: int | None = None,
-                       seed: int = 0) -> tuple[DataSplit, DataSplit, list[str]]:
+                       seed: int = 0) -> tuple[DataSplit, DataSplit, list[str], dict, str | None]:
     """Decode the chosen files of a CIFAR image folder (through the decode cache).
 
     Subsets are chosen from the file listing (:func:`~swalab.data.folder.select_files`) before anything
@@ -206,7 +222,8 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
             f"{spec.num_classes}: is dataset.root pointing at the right data set?"
         )
     chosen = select_files(files, train_size, test_size, seed)
-    source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": fingerprint(files, root)}
+    record = folder_record(root, SPLITS, IMAGE_EXTENSIONS, cache_dir)
+    source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": record["fingerprint"]}
     variant = None
     if any(chosen[split] is not files[split] for split in files):  # a subset: its own cache file
         source["chosen"] = selection_digest(chosen, root)
@@ -219,11 +236,13 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
                 "test_images": test.images, "test_labels": test.labels, "classes": classes}
 
     path = cache_path(root, spec.name, "folder", cache_dir, variant) if cache else None
-    got = cached(path, source, decode)
+    got, note = cached(path, source, decode)
     return (
         DataSplit(images=got["train_images"], labels=got["train_labels"]),
         DataSplit(images=got["test_images"], labels=got["test_labels"]),
         list(got["classes"]),
+        record,
+        note,
     )
 
 
@@ -253,12 +272,12 @@ def load_cifar(
             files are decoded (the same images a subset of the whole split would give).
         seed: seeds the ``train_size`` subset.
         cache: for the image-folder layout, keep decoded tensors in
-            ``root/.swalab_cache/<name>-folder-v1.pt`` (a subset: ``<name>-folder-<hash>-v1.pt``; written
-            atomically, rebuilt with a warning when stale or unreadable, skipped with a warning when
-            ``root`` is not writable). The pickle layout is never cached: it already stores decoded
-            pixels and reads as fast as the cache.
-        cache_dir: write the cache here instead of ``root/.swalab_cache`` (for a read-only or shared
-            ``root``). The cache records the files it was built from, so one folder can serve several roots.
+            ``<cache_dir>/<name>-<root key>-folder-v1.pt`` (a subset: ``...-folder-<hash>-v1.pt``; written
+            atomically, rebuilt with a warning when stale or unreadable, skipped with a warning when the
+            cache directory is not writable; :mod:`swalab.data.cache`). The pickle layout is never cached: it
+            already stores decoded pixels and reads as fast as the cache.
+        cache_dir: write the cache here instead of the user's cache directory (``run.cache_dir``). The
+            cache records the files it was built from, so a changed folder is decoded again.
         test_size: keep only this many test images: a class-stratified subset drawn with the fixed seed
             0, never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
 
@@ -277,7 +296,7 @@ def load_cifar(
     if pickle_dir is None and not has_image_folder(root):
         if not download:
             raise FileNotFoundError(
-                f"No {spec.title} data found under dataset.root (and dataset.download is false).\n"
+                f"No {spec.title} data found under dataset.root (and run.download is false).\n"
                 + _layout_help(spec, root_arg, root)
             )
         _download(root, spec, root_arg)
@@ -287,11 +306,13 @@ def load_cifar(
                 f"torchvision reported a finished {spec.title} download, but {root / spec.pickle_dir} "
                 f"does not exist.\n" + _layout_help(spec, root_arg, root)
             )
+    note = None
     if pickle_dir is not None:
         train, test, classes = read_cifar_pickles(pickle_dir, name)
         train, test = subset(train, train_size, seed), cap_test_split(test, test_size)
+        record = files_record(name, root, cache_dir)
     else:
-        train, test, classes = _load_image_folder(root, spec, cache, None if cache_dir is None else Path(cache_dir),
-                                                  train_size, test_size, seed)
+        train, test, classes, record, note = _load_image_folder(
+            root, spec, cache, None if cache_dir is None else Path(cache_dir), train_size, test_size, seed)
     return ImageData(name=spec.name, train=train, test=test, num_classes=spec.num_classes, classes=classes,
-                     channels=3)
+                     channels=3, record=record, cache_note=note)

@@ -8,12 +8,26 @@ nothing about CIFAR-scale accuracy; use it to check that the machinery runs, not
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
+
+from .fingerprint import data_record
 
 from .splits import DataSplit, ImageData, cap_test_split, subset
 
 SPLIT_SEED = 0
+
+
+def files_record(**_) -> dict:
+    """The record of the digits (``swalab.data.fingerprint``): a hash of scikit-learn's arrays, so a
+    scikit-learn release that changed them would be another data set."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    text = hashlib.sha256(np.ascontiguousarray(bunch.images).tobytes() + bunch.target.astype(np.int64).tobytes())
+    return data_record(text.hexdigest())
 
 
 def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: float = 0.2,
@@ -54,4 +68,5 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
         num_classes=10,
         classes=[str(d) for d in range(10)],
         channels=1,
+        record=files_record(),
     )

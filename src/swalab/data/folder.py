@@ -95,22 +95,6 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     return classes, files
 
 
-def fingerprint(files: dict[str, list[tuple[str, int]]], root: Path) -> str:
-    """A hash of every listed file's path relative to ``root``, label, size and modification time.
-
-    Stored with the decode cache: if an image is added, removed, relabelled or rewritten, the hash
-    changes and the cache is rebuilt instead of silently serving stale pixels. Relative paths keep the
-    cache valid when the whole folder is moved or copied with its timestamps (``cp -a``, ``rsync -a``).
-    """
-    skip = len(os.path.join(root, ""))  # the listed paths all start with root/
-    lines = []
-    for split in SPLITS:
-        for path, label in files[split]:
-            st = os.stat(path)
-            lines.append(f"{path[skip:]}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
 def select_files(
     files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int
 ) -> dict[str, list[tuple[str, int]]]:
@@ -181,16 +165,30 @@ def infer_channels(paths: list[str], workers: int | None = None) -> int:
     return 1
 
 
+def _to_8bit(im: Image.Image) -> Image.Image:
+    """``im`` with 8 bits per channel. Deep grey images (16-bit PNG/TIFF: PIL modes ``I;16*``, and ``I`` holding
+    16-bit values) are scaled by their full range, ``round(v * 255 / 65535)``, so every grey level keeps its
+    place; PIL's own ``convert`` clips them to 0 or 255. Other modes are left to ``convert``."""
+    if not (im.mode.startswith("I;16") or im.mode == "I"):
+        return im
+    values = np.asarray(im).astype(np.float64)
+    if values.min() < 0 or values.max() > 65535:
+        raise ValueError(f"a {im.mode} image with values in [{values.min():g}, {values.max():g}]: swalab reads grey "
+                         "images of up to 16 bits (0..65535)")
+    return Image.fromarray(np.rint(values * (255.0 / 65535.0)).astype(np.uint8), mode="L")
+
+
 def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None) -> np.ndarray:
     """Decode one file to a ``uint8`` array ``[H, W, C]``, naming the file if it cannot be read.
 
     ``mode`` is the PIL mode converted to: ``"RGB"`` (C = 3; alpha dropped, grey replicated) or ``"L"``
-    (C = 1; colour becomes luma, ``L = 0.299 R + 0.587 G + 0.114 B``). ``resize``: scale to ``resize`` x
-    ``resize`` pixels with PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept).
+    (C = 1; colour becomes luma, ``L = 0.299 R + 0.587 G + 0.114 B``). Deep grey images are first scaled to
+    8 bits over their full range (:func:`_to_8bit`). ``resize``: scale to ``resize`` x ``resize`` pixels with
+    PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept).
     """
     try:
         with Image.open(path) as im:
-            converted = im.convert(mode)
+            converted = _to_8bit(im).convert(mode)
             if resize is not None and converted.size != (resize, resize):
                 converted = converted.resize((resize, resize), Image.Resampling.BILINEAR)
             arr = np.asarray(converted)

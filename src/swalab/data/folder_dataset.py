@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 
 from .cache import cache_path, cached
-from .folder import decode_images, fingerprint, infer_channels, list_image_folder, select_files, selection_digest
+from .fingerprint import folder_record
+from .folder import (IMAGE_EXTENSIONS, SPLITS, decode_images, infer_channels, list_image_folder, select_files,
+                     selection_digest)
 from .splits import DataSplit, ImageData, channel_stats
 
 STATS_KEYS = ("channels", "mean", "std")  # cached beside the pixels: measured once per set of chosen files
@@ -87,6 +89,11 @@ def _labels(pairs: list[tuple[str, int]]) -> torch.Tensor:
     return torch.tensor([label for _, label in pairs], dtype=torch.int64)
 
 
+def files_record(root: str | Path, cache_dir: str | Path | None = None, **_) -> dict:
+    """The record of the files :func:`load_folder` reads (``swalab.data.fingerprint``)."""
+    return folder_record(_check_root(root), SPLITS, IMAGE_EXTENSIONS, cache_dir)
+
+
 def load_folder(
     root: str | Path,
     image_size: int | None = None,
@@ -125,9 +132,9 @@ def load_folder(
             never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
         seed: the run seed; it picks the ``train_size`` subset only.
         cache: keep the decoded tensors and measured statistics in
-            ``<cache_dir or root/.swalab_cache>/<name>-folder-<hash>-v1.pt``, the hash naming the chosen
-            files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
-        cache_dir: where the cache goes instead of ``root/.swalab_cache`` (a read-only or shared root).
+            ``<cache_dir>/<name>-<root key>-folder-<hash>-v1.pt`` (``swalab.data.cache``), the hash naming the
+            chosen files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
+        cache_dir: where the cache goes (``run.cache_dir``); None: the user's cache directory.
         name: the data set's name in :class:`ImageData` and in the cache file name.
 
     Raises:
@@ -142,13 +149,14 @@ def load_folder(
     channels = _check_channels(channels)
     classes, files = list_image_folder(root)
     chosen = select_files(files, train_size, test_size, seed)
+    record = files_record(root, cache_dir)
     options = {"chosen": selection_digest(chosen, root), "channels": channels, "image_size": image_size}
     source = {"layout": "folder", "loader": "load_folder", **options,
-              "num_files": sum(len(v) for v in files.values()), "fingerprint": fingerprint(files, root)}
+              "num_files": sum(len(v) for v in files.values()), "fingerprint": record["fingerprint"]}
     variant = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_path(root, name, "folder", cache_dir, variant) if cache else None
-    got = cached(path, source, lambda: {**_decode(files, chosen, channels, image_size), "classes": classes},
-                 keys=STATS_KEYS)
+    got, note = cached(path, source, lambda: {**_decode(files, chosen, channels, image_size), "classes": classes},
+                       keys=STATS_KEYS)
     found = int(got["channels"])
     mean = _check_stat(mean, "dataset.mean", found) or [float(v) for v in got["mean"]]
     std = _check_stat(std, "dataset.std", found) or [float(v) for v in got["std"]]
@@ -165,4 +173,6 @@ def load_folder(
         channels=found,
         mean=mean,
         std=std,
+        record=record,
+        cache_note=note,
     )

@@ -141,6 +141,16 @@ class FolderData:
     test: ImageFolderSplit
     num_classes: int
     classes: list[str]
+    record: dict | None = None        # the files read (swalab.data.fingerprint)
+    cache_note: str | None = None     # nothing is cached: images are decoded from disk every epoch
+
+
+def files_record(root: str | Path, **_) -> dict:
+    """The record of the files :func:`load_imagenet` reads (``swalab.data.fingerprint``); the first time a
+    1.28M-image folder is read whole, later starts only ``stat`` the files."""
+    from .fingerprint import folder_record
+
+    return folder_record(root, (TRAIN_SPLIT, EVAL_SPLIT), IMAGE_EXTENSIONS)
 
 
 def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0,
@@ -166,7 +176,7 @@ def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0
     from timm.data import ImageNetInfo
 
     return FolderData(name="imagenet", train=ImageFolderSplit(train), test=ImageFolderSplit(test),
-                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()))
+                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()), record=files_record(root))
 
 
 def imagenet_transforms(model_name: str | None, image_size: int | None = None, mean: Sequence[float] | None = None,
@@ -242,8 +252,9 @@ class StreamLoader:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if drop_last is None:
-            drop_last = train and len(split) >= 2 * batch_size
+        if drop_last is None:  # in training, never a tiny last batch, and never one of a single image (BatchNorm)
+            n = len(split)
+            drop_last = train and (n >= 2 * batch_size or (n > batch_size and n % batch_size == 1))
         self.train = bool(train)
         self.sampler = SeededSampler(len(split), seed, shuffle=train)
         self._order_labels = None if train else split.labels

@@ -16,7 +16,6 @@ resumed at an epoch boundary (``set_epoch(e)``) sees exactly the batches of an u
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -228,7 +227,17 @@ class ResidentLoader:
         """Number of batches per pass."""
         if self.drop_last:
             return self._n // (self.batch_size * self.world_size)
-        return math.ceil(self._n / self.batch_size)
+        return len(self._bounds())
+
+    def _bounds(self) -> list[tuple[int, int]]:
+        """``(start, stop)`` of each batch of one process's pass. In training a last batch of a single sample is
+        folded into the batch before it: BatchNorm cannot normalise one sample in training mode (BatchNorm1d
+        fails on it; a BN update would weigh one image like a whole batch), so no training pass yields one
+        unless the split itself holds one image or ``batch_size`` is 1."""
+        bounds = [(start, min(start + self.batch_size, self._n)) for start in range(0, self._n, self.batch_size)]
+        if self.train and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+            bounds[-2:] = [(bounds[-2][0], self._n)]
+        return bounds
 
     @property
     def num_samples(self) -> int:
@@ -267,9 +276,13 @@ class ResidentLoader:
         order = torch.randperm(self._n, generator=g)
         draws = _draw_crop_flip(self._n, 2 * self.pad, 2 * self.pad, self.flip, g)
         order, oy, ox, fl = (t.to(self.device) for t in (order, *draws))  # one transfer per epoch
-        for i in range(len(self)):
-            start = (i * self.world_size + self.rank) * self.batch_size  # this rank's slice of global batch i
-            part = slice(start, start + self.batch_size)
+        if self.drop_last:  # this rank's slice of each global batch
+            bounds = [((i * self.world_size + self.rank) * self.batch_size,
+                       (i * self.world_size + self.rank + 1) * self.batch_size) for i in range(len(self))]
+        else:
+            bounds = self._bounds()
+        for start, stop in bounds:
+            part = slice(start, stop)
             index = order[part]
             pixels = _gather_windows(self._images, index, oy[part], ox[part], fl[part], self._size)
             yield self._normalize(pixels), self._labels[index]

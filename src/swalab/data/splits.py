@@ -62,6 +62,9 @@ class ImageData:
         mean, std: per-channel normalisation measured on the training images (pixels scaled to [0, 1]),
             for loaders that measure it (:func:`~swalab.data.folder_dataset.load_folder`); ``None`` when
             the loader leaves normalisation to the config.
+        record: the record of the files read (``swalab.data.fingerprint``: per class folder a count and a
+            hash, and one fingerprint), for the run's identity; ``None`` for data a loader cannot describe.
+        cache_note: a line saying where the decoded images were cached, when this load wrote the cache.
     """
 
     name: str
@@ -72,6 +75,8 @@ class ImageData:
     channels: int | None = None
     mean: list[float] | None = None
     std: list[float] | None = None
+    record: dict | None = None
+    cache_note: str | None = None
 
     def __post_init__(self) -> None:
         found = int(self.train.images.shape[1])

@@ -36,8 +36,8 @@ class TrainContext:
     """What the trainer lends to a method: the live model and the means to score and re-estimate.
 
     ``update_bn(model)`` recomputes a model's BatchNorm statistics with one pass over the
-    training data (train mode, exact cumulative average, no grad); ``test_probs(model)`` gives
-    its softmax probabilities on the test set (labels in ``test_labels``); ``log`` adds values to
+    training data (train mode, exact cumulative average, no grad); ``test_log_probs(model)`` gives
+    its log-probabilities on the test set (labels in ``test_labels``); ``log`` adds values to
     the current epoch's line of the run's history.
     """
 
@@ -47,7 +47,7 @@ class TrainContext:
     steps_per_epoch: int
     run_dir: Path
     update_bn: Callable[[nn.Module], None]
-    test_probs: Callable[[nn.Module], torch.Tensor]
+    test_log_probs: Callable[[nn.Module], torch.Tensor]
     test_labels: torch.Tensor
     amp: bool = True
     log: Callable[[dict], None] = field(default=lambda row: None)
@@ -63,13 +63,24 @@ class Method:
     """
 
     name = "method"
+    # The model's recipe block this method takes its settings from (``model.swa`` for SWA), or None: its settings
+    # are then the method's own config keys (``method.decay`` for EMA).
+    recipe: str | None = None
+    # Settings that only add measurements (scoring the method's model during training) and never change a weight
+    # or a final number: a report does not set runs apart by them.
+    scoring_settings: tuple[str, ...] = ()
 
     def __init__(self, schedule: Schedule, epochs: int, budget: float = 1.0, name: str | None = None):
         self.schedule = schedule
+        self.budget = require("method.budget", budget, "number", 0)  # the owner of both: one message each
         self.epochs = require("trainer.epochs", epochs, "int", 0)
-        self.budget = require("method.budget", budget, "number", 0)
         if name is not None:
             self.name = name
+
+    def setting(self, name: str) -> str:
+        """The config key of this method's setting ``name``, as a user types it: ``model.swa.lr`` for SWA's ``lr``
+        (its recipe block), ``method.decay`` for EMA's ``decay``."""
+        return f"model.{self.recipe}.{name}" if self.recipe else f"method.{name}"
 
     @property
     def budget_epochs(self) -> float:
@@ -84,7 +95,7 @@ class Method:
     def validate(self, initialized: bool) -> None:
         """Raise ``ValueError`` (``ConfigError``) naming the config key when the settings cannot work.
 
-        ``initialized`` says whether the run starts from trained weights (``run.init_from``,
+        ``initialized`` says whether the run starts from trained weights (``model.init_from``,
         ``run.branch_from`` or a pretrained model). Called before anything is written, so a bad
         value costs nothing. Subclasses call ``super().validate(initialized)`` first.
         """
@@ -95,6 +106,16 @@ class Method:
             raise ConfigError(f"method.budget={self.budget:g} must be > 0 for method={self.name}: a run is "
                               "method.budget budgets of B = model.budget_epochs epochs (B follows trainer.epochs when "
                               "that is set); method=pretrained trains nothing")
+
+    def caveats(self) -> list[str]:
+        """What a user should know before the run starts although it can run (an FGE "ensemble" of one member):
+        each line is shown once at launch, on every run of a grid. The default has none."""
+        return []
+
+    def validate_steps(self, steps_per_epoch: int) -> None:
+        """Raise ``ConfigError`` when, with ``steps_per_epoch`` optimizer steps an epoch (known once the data
+        are loaded), the method would never act (an EMA updated less often than the run has steps).
+        Called after the data are loaded and before anything is written; the default has nothing to check."""
 
     def describe(self, predictor: str) -> dict[str, float]:
         """What stands behind ``predictor``: its budget (in B) and the epochs trained, for reports."""
@@ -148,13 +169,25 @@ class Method:
         pass
 
 
-def check_pre_schedule(name: str, schedule: Schedule, method: str) -> None:
-    """``method.pre_schedule`` of SWA and FGE: ``reference`` (the paper's shape, from ``schedule.lr`` alone) or
-    ``base`` (the schedule group). ``reference`` with a schedule group other than the paper's would ignore
-    that schedule without a word, so it is refused, naming the key that makes the schedule count."""
+def check_pre_schedule(name: str, schedule: Schedule, method: str, key: str) -> None:
+    """``pre_schedule`` of SWA and FGE (``key``: ``model.swa.pre_schedule``): ``reference`` (the paper's shape,
+    from ``schedule.lr`` alone) or ``base`` (the schedule group). ``reference`` with a schedule group other than the
+    paper's would ignore that schedule without a word, so it is refused, naming the key that makes it count."""
     if name not in ("reference", "base"):
-        raise ConfigError(f"method.pre_schedule={name!r} must be 'reference' or 'base'")
+        raise ConfigError(f"{key}={name!r} must be 'reference' or 'base'")
     if name == "reference" and not isinstance(schedule, PaperSGD):
-        raise ConfigError(f"method={method} with method.pre_schedule=reference follows the paper's schedule (from "
+        raise ConfigError(f"method={method} with {key}=reference follows the paper's schedule (from "
                           f"schedule.lr only) and would ignore the chosen schedule ({type(schedule).__name__}): "
-                          "set method.pre_schedule=base to train with it")
+                          f"set {key}=base to train with it")
+
+
+def known_recipes() -> tuple[str, ...]:
+    """The recipe blocks of every method class defined so far (``Method.recipe``: ``swa``, ``fge``, a method of
+    one's own once imported): a run's identity counts only its own method's block."""
+    found, stack = set(), list(Method.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls.recipe:
+            found.add(cls.recipe)
+    return tuple(sorted(found))

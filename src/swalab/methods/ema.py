@@ -46,6 +46,13 @@ class EMA(Method):
         if self.bn not in ("average", "recompute"):
             raise ConfigError(f"method.bn must be 'average' or 'recompute', got {self.bn!r}")
 
+    def validate_steps(self, steps_per_epoch: int) -> None:
+        steps = self.epochs * steps_per_epoch
+        if self.update_every > steps:
+            raise ConfigError(f"method.update_every={self.update_every} but the run has only {steps} optimizer steps "
+                              f"({self.epochs} epochs of {steps_per_epoch}): the EMA would never be updated and "
+                              f"'ema' would score the initial weights. Set method.update_every to at most {steps}")
+
     def on_train_start(self, ctx: TrainContext) -> None:
         self.ema = ModelEmaV3(ctx.model, decay=self.decay, use_warmup=self.warmup,
                               warmup_gamma=self.warmup_gamma, warmup_power=self.warmup_power,

@@ -1,6 +1,6 @@
 """Fast Geometric Ensembling (Garipov et al., NeurIPS 2018), the paper's ensemble baseline.
 
-From a trained start (``run.init_from``, or SGD for ``pretrain`` of the budget B, or exactly
+From a trained start (``model.init_from``, or SGD for ``pretrain`` of the budget B, or exactly
 ``pretrain_epochs``), run a triangular
 cyclic learning rate ``lr_max -> lr_min -> lr_max`` with a period of ``cycle`` epochs and
 collect the weights at the middle of every cycle, where the lr is lowest. The ensemble's
@@ -23,70 +23,99 @@ import torch
 
 from swalab.checkpoint import atomic_save
 from swalab.config import ConfigError, require
-from swalab.evaluate import CachedEnsemble, Predictor
+from swalab.evaluate import CachedEnsemble, Predictor, log_of
 from swalab.methods.base import Method, TrainContext, check_pre_schedule
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 
-MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_probs", "member_epochs", "labels"}
+MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_log_probs", "member_epochs", "labels"}
+
+
+def member_log_probs_of(record: dict) -> list[torch.Tensor]:
+    """The members' log-probabilities in a checkpoint's FGE state or a ``fge_member_probs.pt``; files written
+    before swalab kept log-probabilities hold ``member_probs``, read through ``log_of``."""
+    if "member_log_probs" in record:
+        return list(record["member_log_probs"])
+    return [log_of(p) for p in record.get("member_probs", [])]
 
 
 class FGE(Method):
+    """FGE (module doc). Its arguments are the model's recipe block ``model.fge`` (``recipe``), one name each from
+    yaml to code to message."""
+
     name = "fge"
+    recipe = "fge"
 
     def __init__(self, schedule: Schedule, epochs: int, lr_max: float, lr_min: float, cycle_epochs: int = 2,
-                 pretrain: float | None = None, pretrain_epochs: int | None = None, pre_schedule: str = "reference",
+                 pretrain: float | None = None, pretrain_epochs: int | None = None, pre_schedule: str = "base",
                  bn_update: bool = False, save_members: bool = False, budget: float = 1.0, name: str | None = None):
         super().__init__(schedule, epochs, budget, name)
-        self.lr_max = float(require("method.lr_max", lr_max, "number", 0, low_open=True))
-        self.lr_min = float(require("method.lr_min", lr_min, "number", 0, low_open=True))
-        self.cycle = require("method.cycle_epochs", cycle_epochs, "int", 2)
-        require("method.pretrain", pretrain, "number?", 0)
-        require("method.pretrain_epochs", pretrain_epochs, "int?", 0)
+        key = self.setting
+        self.lr_max = float(require(key("lr_max"), lr_max, "number", 0, low_open=True))
+        self.lr_min = float(require(key("lr_min"), lr_min, "number", 0, low_open=True))
+        self.cycle_epochs = require(key("cycle_epochs"), cycle_epochs, "int", 2)
+        require(key("pretrain"), pretrain, "number?", 0)
+        require(key("pretrain_epochs"), pretrain_epochs, "int?", 0)
         self.pretrain_epochs = (pretrain_epochs if pretrain_epochs is not None else
                                 self.epoch_of(pretrain) if pretrain is not None else 0)
-        self.pre_schedule_name = pre_schedule
+        self.pre_schedule = pre_schedule
         self.bn_update, self.save_members = bn_update, save_members
-        self.pre_schedule = (PaperSGD(lr=schedule.lr, horizon=max(self.pretrain_epochs, 1))
-                             if pre_schedule == "reference" else schedule)
+        self.schedule_before_cycles = (PaperSGD(lr=schedule.lr, horizon=max(self.pretrain_epochs, 1))
+                                       if pre_schedule == "reference" else schedule)
         self.ensemble = CachedEnsemble()
         self.member_epochs: list[int] = []
 
     def validate(self, initialized: bool) -> None:
         super().validate(initialized)
         epochs = self.epochs
-        if self.cycle % 2:
-            raise ConfigError(f"model.fge.cycle_epochs must be an even number of epochs >= 2 (members are collected "
-                              f"at the middle of each cycle), got {self.cycle}")
-        check_pre_schedule(self.pre_schedule_name, self.schedule, "fge")
+        if self.cycle_epochs % 2:
+            raise ConfigError(f"{self.setting('cycle_epochs')} must be an even number of epochs >= 2 (members are "
+                              f"collected at the middle of each cycle), got {self.cycle_epochs}")
+        check_pre_schedule(self.pre_schedule, self.schedule, "fge", self.setting("pre_schedule"))
+        if self.lr_min > self.lr_max:
+            raise ConfigError(f"model.fge.lr_min={self.lr_min:g} is above model.fge.lr_max={self.lr_max:g}: members are "
+                              "collected where the cycle's lr is lowest (lr_min), so the cycle would be upside down and "
+                              "collect them at its peak. Swap the two values")
         if self.pretrain_epochs == 0 and not initialized:
-            raise ConfigError("FGE needs a trained starting point: set run.init_from=<checkpoint or run dir> or "
-                              "model.fge.pretrain > 0 (a fraction of the budget trained with SGD before the cycles)")
-        if epochs - self.pretrain_epochs < self.cycle // 2:
+            raise ConfigError("FGE needs a trained starting point: set model.init_from=<checkpoint or run dir> or "
+                              f"{self.setting('pretrain')} > 0 (a fraction of the budget trained with SGD before the "
+                              "cycles)")
+        if epochs - self.pretrain_epochs < self.cycle_epochs // 2:
             raise ConfigError(f"trainer.epochs={epochs} leaves {epochs - self.pretrain_epochs} epochs after "
                               f"{self.pretrain_epochs} epochs of pretraining: fewer than half a cycle "
-                              f"({self.cycle // 2}), so no member would be collected. Lower model.fge.pretrain (a "
+                              f"({self.cycle_epochs // 2}), so no member would be collected. Lower model.fge.pretrain (a "
                               "fraction of the budget) or model.fge.cycle_epochs")
 
+    def members_collected(self) -> int:
+        """How many members the run collects (one per cycle whose middle it reaches)."""
+        return sum(self.is_collection_epoch(e) for e in range(self.epochs))
+
+    def caveats(self) -> list[str]:
+        if self.members_collected() == 1:
+            return [f"FGE collects 1 member in trainer.epochs={self.epochs} ({self.pretrain_epochs} of pretraining, cycles "
+                    f"of {self.cycle_epochs}): its 'ensemble' is one SGD snapshot. Lengthen the run or lower model.fge.pretrain "
+                    "for 2 members or more"]
+        return []
+
     def last_branch_epoch(self) -> int:
-        return self.pretrain_epochs + self.cycle // 2 - 1  # the first member is collected after the next epoch
+        return self.pretrain_epochs + self.cycle_epochs // 2 - 1  # the first member is collected after the next epoch
 
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
         if epoch < self.pretrain_epochs:
-            return self.pre_schedule.at(epoch, step, steps_per_epoch)
+            return self.schedule_before_cycles.at(epoch, step, steps_per_epoch)
         return fge_cyclic_lr(epoch - self.pretrain_epochs, step / steps_per_epoch,
-                             self.lr_max, self.lr_min, self.cycle)
+                             self.lr_max, self.lr_min, self.cycle_epochs)
 
     def is_collection_epoch(self, epoch: int) -> bool:
         """Whether a member is collected at the end of (0-based) ``epoch``."""
         e = epoch - self.pretrain_epochs
-        return e >= 0 and (e % self.cycle) + 1 == self.cycle // 2
+        return e >= 0 and (e % self.cycle_epochs) + 1 == self.cycle_epochs // 2
 
     def on_epoch_end(self, ctx: TrainContext, epoch: int) -> None:
         if not self.is_collection_epoch(epoch):
             return
         if self.bn_update:
             ctx.update_bn(ctx.model)
-        self.ensemble.add(ctx.test_probs(ctx.model))
+        self.ensemble.add(ctx.test_log_probs(ctx.model))
         self.member_epochs.append(epoch)
         if self.save_members:
             path = Path(ctx.run_dir) / "members" / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
@@ -97,12 +126,12 @@ class FGE(Method):
         return {"fge": self.ensemble}
 
     def artifacts(self, ctx: TrainContext) -> dict[str, object]:
-        """The members' cached test probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.results.compare``,
+        """The members' cached test log-probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.results.compare``,
         the report's section 3.5 and the analyses score the ensemble (and each member) from them, without the
         members' weights (``save_members``)."""
         if not len(self.ensemble):
             return {}
-        return {MEMBER_PROBS_FILE: {"member_probs": self.ensemble.member_probs,
+        return {MEMBER_PROBS_FILE: {"member_log_probs": self.ensemble.member_log_probs,
                                     "member_epochs": [e + 1 for e in self.member_epochs],
                                     "labels": ctx.test_labels.cpu()}}
 
@@ -111,8 +140,8 @@ class FGE(Method):
                         "curve": self.ensemble.curve(labels)}}
 
     def state_dict(self) -> dict:
-        return {"member_probs": self.ensemble.member_probs, "member_epochs": self.member_epochs}
+        return {"member_log_probs": self.ensemble.member_log_probs, "member_epochs": self.member_epochs}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
-        self.ensemble = CachedEnsemble(state.get("member_probs", []))
+        self.ensemble = CachedEnsemble(member_log_probs_of(state))
         self.member_epochs = list(state.get("member_epochs", []))

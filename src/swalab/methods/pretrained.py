@@ -4,7 +4,7 @@
 and ``method.budget`` say (an experiment may set them for its other methods), and scores the starting
 weights through the same loaders and metrics (top-1, top-5, NLL, ECE) as the fine-tuned runs:
 ``python run.py experiment=table2_resnet50 method=pretrained``. The starting weights must be trained ones
-(``model.pretrained`` or ``run.init_from``): scoring a random initialisation is refused, since it is
+(``model.pretrained`` or ``model.init_from``): scoring a random initialisation is refused, since it is
 never what was meant.
 """
 
@@ -26,7 +26,7 @@ class Pretrained(Method):
     def validate(self, initialized: bool) -> None:
         if not initialized:
             raise ConfigError("method=pretrained scores the starting weights, but they are a random initialisation: "
-                              "set model.pretrained=true (timm models) or run.init_from=<run or weights file>")
+                              "set model.pretrained=true (timm models) or model.init_from=<run or weights file>")
 
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
         return 0.0

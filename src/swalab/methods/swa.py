@@ -1,18 +1,19 @@
 """Stochastic Weight Averaging (Izmailov et al., UAI 2018).
 
-Train with the usual schedule until ``swa_start``, then keep a high constant or cyclic learning
+Train with the usual schedule until epoch ``start_epoch``, then keep a high constant or cyclic learning
 rate and average the weights the iterates pass through. The average lives in torch's
 ``AveragedModel`` (multi-tensor running mean, ``n_averaged`` kept as a buffer), so only the
-capture rule and the schedules are written here.
+capture rule and the schedules are written here. Every setting is the model's recipe block
+``model.swa`` (``conf/recipe/paper.yaml``), named the same here and in every message.
 
 When to use which phase schedule (``phase``):
 
-* ``constant`` (the paper's default for VGG / PreResNet / WRN): lr ``swa_lr``, a capture at the
-  end of every ``capture_every``-th epoch from ``swa_start``, exactly the reference code's rule
-  ``(e + 1) >= swa_start and (e + 1 - swa_start) % capture_every == 0``.
-* ``cyclic`` (PyramidNet, ImageNet): per-iteration sawtooth from ``swa_lr`` down to
-  ``swa_lr_min`` over ``cycle_epochs`` epochs; a capture at the end of each cycle (lr minimum).
-* ``swalr``: torch's ``SWALR`` anneal from the lr in force to ``swa_lr`` over ``anneal_epochs``,
+* ``constant`` (the paper's default for VGG / PreResNet / WRN): lr ``lr``, a capture at the
+  end of every ``capture_every``-th epoch from ``start_epoch``, exactly the reference code's rule
+  ``(e + 1) >= start_epoch and (e + 1 - start_epoch) % capture_every == 0``.
+* ``cyclic`` (PyramidNet, ImageNet): per-iteration sawtooth from ``lr`` down to ``lr_min`` over
+  ``cycle_epochs`` epochs; a capture at the end of each cycle (lr minimum).
+* ``swalr``: torch's ``SWALR`` anneal from the lr in force to ``lr`` over ``anneal_epochs``,
   then constant; captures as for ``constant``. A different recipe from the paper's.
 * ``shake_shake``: the paper's 100-epoch cosine cycle for Shake-Shake; a capture at the end of
   each 100-epoch cycle.
@@ -22,14 +23,14 @@ single iterate). They are recomputed with one pass over the training data (``upd
 semantics) on the *average's own copy*, before it is scored or saved, so the live model's
 statistics are never touched.
 
-``swa_start`` is the epoch averaging starts: the config gives it as a fraction of the budget B
-(``model.swa.start``, 0.805 of B = 200 is the reference's epoch 161), so a short run scales it, or
-as an exact epoch (``model.swa.start_epoch``).
+The start is given as a fraction of the budget B (``start``: 0.805 of B = 200 is the reference's
+epoch 161), so a short run scales it, or as an exact epoch (``start_epoch``); either way
+``self.start_epoch`` is the epoch averaging starts.
 
-Before ``swa_start`` the lr follows ``pre_schedule``: ``reference`` is the reference code's
-schedule (the paper's SGD shape over ``swa_start`` epochs ending at ``swa_lr``); ``base`` keeps
-the base schedule untouched, i.e. SWA branches off the SGD run "without modifying the learning
-rate schedule" (paper section 4.1).
+Before it the lr follows ``pre_schedule``: ``reference`` is the reference code's schedule (the
+paper's SGD shape over ``start_epoch`` epochs ending at ``lr``); ``base`` keeps the base schedule
+untouched, i.e. SWA branches off the SGD run "without modifying the learning rate schedule"
+(paper section 4.1).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from swalab import faults
 from swalab.config import ConfigError, require
-from swalab.evaluate import CachedProbs, ModelPredictor, Predictor, metrics_from_probs
+from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, log_of, metrics_from_log_probs
 from swalab.methods.base import Method, TrainContext, check_pre_schedule
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 
@@ -55,102 +56,110 @@ def budget_predictor(budget: float) -> str:
 
 
 class SWA(Method):
-    name = "swa"
+    """SWA (module doc). Its arguments are the model's recipe block ``model.swa`` (``recipe``), one name each from
+    yaml to code to message: ``model.swa.lr`` is ``lr`` here and ``model.swa.lr`` in every error."""
 
-    def __init__(self, schedule: Schedule, epochs: int, swa_lr: float, swa_start: float | None = None,
-                 swa_start_epoch: int | None = None, phase: str = "constant", swa_lr_min: float | None = None,
+    name = "swa"
+    recipe = "swa"
+    scoring_settings = ("score_every", "score_at_budgets")
+
+    def __init__(self, schedule: Schedule, epochs: int, lr: float, start: float | None = None,
+                 start_epoch: int | None = None, phase: str = "constant", lr_min: float | None = None,
                  cycle_epochs: float = 1, capture_every: int = 1, anneal_epochs: int = 5,
                  anneal_strategy: str = "cos", pre_schedule: str = "reference", bn_update: bool = True,
                  score_every: int = 0, score_at_budgets: Sequence[float] = (), budget: float = 1.0,
                  name: str | None = None):
         super().__init__(schedule, epochs, budget, name)
-        require("method.swa_start", swa_start, "number?", 0)
-        require("method.swa_start_epoch", swa_start_epoch, "int?", 0)
-        if swa_start is None and swa_start_epoch is None:
-            raise ConfigError("SWA needs a start: set model.swa.start (a fraction of the budget B) or "
-                              "model.swa.start_epoch (an exact epoch)")
-        self.start_fraction = None if swa_start_epoch is not None else swa_start
-        self.swa_start = swa_start_epoch if swa_start_epoch is not None else self.epoch_of(swa_start)
-        self.swa_lr = float(require("method.swa_lr", swa_lr, "number", 0, low_open=True))
+        key = self.setting
+        require(key("start"), start, "number?", 0)
+        require(key("start_epoch"), start_epoch, "int?", 0)
+        if start is None and start_epoch is None:
+            raise ConfigError(f"SWA needs a start: set {key('start')} (a fraction of the budget B) or "
+                              f"{key('start_epoch')} (an exact epoch)")
+        self.start = None if start_epoch is not None else start  # the fraction of B, when the start was given so
+        self.start_epoch = start_epoch if start_epoch is not None else self.epoch_of(start)  # the epoch averaging starts
+        self.lr = float(require(key("lr"), lr, "number", 0, low_open=True))
         self.phase = phase
-        self.swa_lr_min = require("method.swa_lr_min", swa_lr_min, "number?", 0, low_open=True)
-        self.cycle = require("method.cycle_epochs", cycle_epochs, "number", 0, low_open=True)
-        self.c_epochs = require("method.capture_every", capture_every, "int", 1)
-        self.anneal_epochs = require("method.anneal_epochs", anneal_epochs, "int", 0)
+        self.lr_min = require(key("lr_min"), lr_min, "number?", 0, low_open=True)
+        self.cycle_epochs = require(key("cycle_epochs"), cycle_epochs, "number", 0, low_open=True)
+        self.capture_every = require(key("capture_every"), capture_every, "int", 1)
+        self.anneal_epochs = require(key("anneal_epochs"), anneal_epochs, "int", 0)
         self.anneal_strategy = anneal_strategy
-        self.pre_schedule_name, self.bn_update = pre_schedule, bn_update
-        self.eval_every = require("method.score_every", score_every, "int", 0)
+        self.pre_schedule, self.bn_update = pre_schedule, bn_update
+        self.score_every = require(key("score_every"), score_every, "int", 0)
         for b in score_at_budgets or ():
-            require("method.score_at_budgets[]", b, "number", 0, low_open=True)
-        self.eval_at_budgets = [float(b) for b in score_at_budgets or ()]
-        self.pre_schedule = (PaperSGD(lr=schedule.lr, horizon=max(self.swa_start, 1), final_lr=self.swa_lr)
-                             if pre_schedule == "reference" else schedule)
+            require(key("score_at_budgets") + "[]", b, "number", 0, low_open=True)
+        self.score_at_budgets = [float(b) for b in score_at_budgets or ()]
+        self.schedule_before_start = (PaperSGD(lr=schedule.lr, horizon=max(self.start_epoch, 1), final_lr=self.lr)
+                                      if pre_schedule == "reference" else schedule)
         self.averaged: AveragedModel | None = None
-        self.budget_probs: dict[str, torch.Tensor] = {}
+        self.budget_log_probs: dict[str, torch.Tensor] = {}
 
     # -- checks ------------------------------------------------------------------------
     def validate(self, initialized: bool) -> None:
         super().validate(initialized)
-        epochs = self.epochs
+        key, epochs = self.setting, self.epochs
         if self.phase not in PHASES:
-            raise ConfigError(f"method.phase={self.phase!r} is not one of {PHASES}")
-        check_pre_schedule(self.pre_schedule_name, self.schedule, "swa")
+            raise ConfigError(f"{key('phase')}={self.phase!r} is not one of {PHASES}")
+        check_pre_schedule(self.pre_schedule, self.schedule, "swa", key("pre_schedule"))
         if self.anneal_strategy not in ("cos", "linear"):
-            raise ConfigError(f"method.anneal_strategy={self.anneal_strategy!r} must be 'cos' or 'linear'")
-        if not 0 <= self.swa_start < epochs:
-            how = ("method.swa_start_epoch" if self.start_fraction is None else
-                   f"method.swa_start={self.start_fraction:g} of B={self.budget_epochs:g}")
-            raise ConfigError(f"SWA would start averaging at epoch {self.swa_start} ({how}) but the run has "
-                              f"trainer.epochs={epochs}: set model.swa.start, a fraction of the budget below "
-                              f"method.budget={self.budget:g}, or model.swa.start_epoch below {epochs}")
-        if self.phase in ("constant", "swalr") and self.swa_start == 0 and self.c_epochs > epochs:
-            raise ConfigError(f"method.capture_every={self.c_epochs} with averaging from epoch 0 captures first after "
-                              f"epoch {self.c_epochs}, beyond trainer.epochs={epochs}: no model to average")
+            raise ConfigError(f"{key('anneal_strategy')}={self.anneal_strategy!r} must be 'cos' or 'linear'")
+        if not 0 <= self.start_epoch < epochs:
+            how = (key("start_epoch") if self.start is None else
+                   f"{key('start')}={self.start:g} of B={self.budget_epochs:g}")
+            raise ConfigError(f"SWA would start averaging at epoch {self.start_epoch} ({how}) but the run has "
+                              f"trainer.epochs={epochs}: set {key('start')}, a fraction of the budget below "
+                              f"method.budget={self.budget:g}, or {key('start_epoch')} below {epochs}")
+        if self.phase in ("constant", "swalr") and self.start_epoch == 0 and self.capture_every > epochs:
+            raise ConfigError(f"{key('capture_every')}={self.capture_every} with averaging from epoch 0 captures first "
+                              f"after epoch {self.capture_every}, beyond trainer.epochs={epochs}: no model to average")
         if self.phase == "cyclic":
-            if self.swa_lr_min is None or not self.swa_lr_min <= self.swa_lr:
-                raise ConfigError(f"model.swa.lr_min must be in (0, model.swa.lr={self.swa_lr}] for a cyclic "
-                                  f"schedule, got {self.swa_lr_min}")
-            if self.cycle > epochs - self.swa_start:
-                raise ConfigError(f"model.swa.cycle_epochs={self.cycle} is longer than the {epochs - self.swa_start} "
-                                  "epochs after the averaging starts: the schedule leaves no model to average")
-        if self.phase == "shake_shake" and epochs - self.swa_start < 100:
-            raise ConfigError("phase=shake_shake captures once per 100-epoch cycle: the run leaves "
-                              f"{epochs - self.swa_start} epochs after the averaging starts, no model to average")
-        for b in self.eval_at_budgets:
+            if self.lr_min is None or not self.lr_min <= self.lr:
+                raise ConfigError(f"{key('lr_min')} must be in (0, {key('lr')}={self.lr}] for a cyclic "
+                                  f"schedule, got {self.lr_min}")
+            if self.cycle_epochs > epochs - self.start_epoch:
+                raise ConfigError(f"{key('cycle_epochs')}={self.cycle_epochs} is longer than the "
+                                  f"{epochs - self.start_epoch} epochs after the averaging starts: the schedule leaves "
+                                  "no model to average")
+        if self.phase == "shake_shake" and epochs - self.start_epoch < 100:
+            raise ConfigError(f"{key('phase')}=shake_shake captures once per 100-epoch cycle: the run leaves "
+                              f"{epochs - self.start_epoch} epochs after the averaging starts, no model to average")
+        for b in self.score_at_budgets:
             mark = self.epoch_of(b)
-            if not self.swa_start < mark <= epochs:
-                raise ConfigError(f"model.swa.score_at_budgets: budget {b:g} is epoch {mark}, outside (start="
-                                  f"{self.swa_start}, trainer.epochs={epochs}]")
+            if not self.start_epoch < mark <= epochs:
+                raise ConfigError(f"{key('score_at_budgets')}: budget {b:g} is epoch {mark}, outside (start="
+                                  f"{self.start_epoch}, trainer.epochs={epochs}]")
 
     def last_branch_epoch(self) -> int:
-        """A constant/swalr phase captures first after epoch ``swa_start`` (after ``capture_every`` when it is 0),
+        """A constant/swalr phase captures first after epoch ``start_epoch`` (after ``capture_every`` when it is 0),
         so a branch must start one epoch earlier; cyclic and Shake-Shake phases capture within later epochs."""
         if self.phase in ("cyclic", "shake_shake"):
-            return self.swa_start
-        return (self.swa_start if self.swa_start > 0 else self.c_epochs) - 1
+            return self.start_epoch
+        return (self.start_epoch if self.start_epoch > 0 else self.capture_every) - 1
 
     def describe(self, predictor: str) -> dict[str, float]:
-        for b in self.eval_at_budgets:
+        for b in self.score_at_budgets:
             if predictor == budget_predictor(b):
                 return {"budget": b, "epoch": self.epoch_of(b)}
         return super().describe(predictor)
 
     # -- learning rate -----------------------------------------------------------------
     def cycle_iterations(self, steps_per_epoch: int) -> int:
-        return max(1, int(round(self.cycle * steps_per_epoch)))
+        return max(1, int(round(self.cycle_epochs * steps_per_epoch)))
 
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
-        if epoch < self.swa_start:
-            return self.pre_schedule.at(epoch, step, steps_per_epoch)
+        if epoch < self.start_epoch:
+            return self.schedule_before_start.at(epoch, step, steps_per_epoch)
         if self.phase == "cyclic":
-            i = (epoch - self.swa_start) * steps_per_epoch + step + 1
-            return cyclic_swa_lr(i, self.swa_lr, self.swa_lr_min, self.cycle_iterations(steps_per_epoch))
+            i = (epoch - self.start_epoch) * steps_per_epoch + step + 1
+            return cyclic_swa_lr(i, self.lr, self.lr_min, self.cycle_iterations(steps_per_epoch))
         if self.phase == "swalr":
-            lr_prev = self.pre_schedule(float(self.swa_start - 1)) if self.swa_start > 0 else self.schedule.lr
-            return swalr_lr(epoch - self.swa_start, self.swa_lr, lr_prev, self.anneal_epochs, self.anneal_strategy)
+            lr_prev = (self.schedule_before_start(float(self.start_epoch - 1)) if self.start_epoch > 0
+                       else self.schedule.lr)
+            return swalr_lr(epoch - self.start_epoch, self.lr, lr_prev, self.anneal_epochs, self.anneal_strategy)
         if self.phase == "shake_shake":
-            return shake_shake_swa_lr(epoch - self.swa_start)
-        return self.swa_lr
+            return shake_shake_swa_lr(epoch - self.start_epoch)
+        return self.lr
 
     # -- hooks -------------------------------------------------------------------------
     def on_train_start(self, ctx: TrainContext) -> None:
@@ -165,39 +174,40 @@ class SWA(Method):
         return 0 if self.averaged is None else int(self.averaged.n_averaged)
 
     def on_step_end(self, ctx: TrainContext, epoch: int, step: int) -> None:
-        if self.phase == "cyclic" and epoch >= self.swa_start:
-            i = (epoch - self.swa_start) * ctx.steps_per_epoch + step + 1
+        if self.phase == "cyclic" and epoch >= self.start_epoch:
+            i = (epoch - self.start_epoch) * ctx.steps_per_epoch + step + 1
             if i % self.cycle_iterations(ctx.steps_per_epoch) == 0:
                 self.capture(ctx)
 
     def on_epoch_end(self, ctx: TrainContext, epoch: int) -> None:
         done = epoch + 1
         if self.phase in ("constant", "swalr"):
-            if done >= self.swa_start and (done - self.swa_start) % self.c_epochs == 0:
+            if done >= self.start_epoch and (done - self.start_epoch) % self.capture_every == 0:
                 self.capture(ctx)
         elif self.phase == "shake_shake":
-            if done > self.swa_start and (done - self.swa_start) % 100 == 0:
+            if done > self.start_epoch and (done - self.start_epoch) % 100 == 0:
                 self.capture(ctx)
-        scored = False
-        for b in self.eval_at_budgets:
+        scored = None  # the average's test log-probabilities, when this epoch end scores it
+        for b in self.score_at_budgets:
             if done == self.epoch_of(b) and self.n_averaged:
-                self.budget_probs[budget_predictor(b)] = ctx.test_probs(self.averaged_for_eval(ctx))
-                scored = True
-        if self.eval_every and done % self.eval_every == 0 and self.n_averaged and not scored:
-            metrics = metrics_from_probs(ctx.test_probs(self.averaged_for_eval(ctx)), ctx.test_labels)
+                scored = self.budget_log_probs[budget_predictor(b)] = ctx.test_log_probs(self.averaged_for_eval(ctx))
+        if self.score_every and done % self.score_every == 0 and self.n_averaged:
+            if scored is None:  # a budget mark's scoring serves the epoch's line too
+                scored = ctx.test_log_probs(self.averaged_for_eval(ctx))
+            metrics = metrics_from_log_probs(scored, ctx.test_labels)
             ctx.log({f"swa_test_{k}": v for k, v in metrics.items()})
 
     def averaged_for_eval(self, ctx: TrainContext) -> torch.nn.Module:
         """The average, with BatchNorm statistics recomputed on the training data (its own copy)."""
         if self.n_averaged == 0:
-            raise RuntimeError("SWA has averaged no model yet: check model.swa.start and trainer.epochs")
+            raise RuntimeError(f"SWA has averaged no model yet: check {self.setting('start')} and trainer.epochs")
         if self.bn_update:
             ctx.update_bn(self.averaged.module)
         return self.averaged.module
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         swa_model = self.averaged_for_eval(ctx)
-        out: dict[str, Predictor] = {name: CachedProbs(p) for name, p in self.budget_probs.items()}
+        out: dict[str, Predictor] = {name: CachedLogProbs(p) for name, p in self.budget_log_probs.items()}
         out["swa"] = ModelPredictor(swa_model, ctx.device, ctx.amp)
         out["sgd"] = ModelPredictor(ctx.model, ctx.device, ctx.amp)
         return out
@@ -211,9 +221,10 @@ class SWA(Method):
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"averaged": self.averaged.state_dict() if self.averaged is not None else None,
-                "budget_probs": self.budget_probs}
+                "budget_log_probs": self.budget_log_probs}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
         if state.get("averaged") is not None:
             self.averaged.load_state_dict(state["averaged"])
-        self.budget_probs = dict(state.get("budget_probs", {}))
+        self.budget_log_probs = dict(state.get("budget_log_probs", {}))
+        self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})  # older files

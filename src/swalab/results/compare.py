@@ -7,7 +7,7 @@ Each run's predictors are rebuilt from its directory (``swalab.results.runs.open
 * ``sgd``: the live weights of ``final.pt`` (not for FGE runs, whose last iterate is mid-cycle);
 * ``swa`` / ``ema``: the method's weights in ``final.pt`` (BN statistics as they were scored);
 * ``fge``: the ensemble, from the member weights in ``members/`` when the run saved them
-  (``method.save_members=true``), otherwise from the cached member probabilities
+  (``model.fge.save_members=true``), otherwise from the cached member probabilities
   (``fge_member_probs.pt``); with saved members also ``fge_avg``, the average of the members'
   weights with BN statistics recomputed: the paper's "SWA of the FGE proposals" (section 3.5).
 
@@ -30,9 +30,15 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from swalab.results.diagnostics import section35
-from swalab.evaluate import ensemble_mean, labels_of, metrics_from_probs, metrics_table, predict_logits, recompute_bn
+from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_probs, metrics_table, predict_log_probs,
+                             recompute_bn)
 from swalab.results.runs import Run, open_run
+from swalab.cli import output_file
+from swalab.config import ConfigError
+from swalab.identity import label_of
 from swalab.train import load_into
+from swalab.train.records import write_text
+from swalab.train.build import unfinished
 from swalab.trainer import select_device
 
 SINGLE_MODELS = ("swa", "fge_avg")  # predictors held against an FGE ensemble
@@ -59,9 +65,9 @@ class Scored:
         load_into(model, weights, source)
         return model.to(self.device)
 
-    def probs(self, model: torch.nn.Module) -> torch.Tensor:
-        """Softmax probabilities of ``model`` on the run's test set (CPU, float32)."""
-        return predict_logits(model, self.test_loader, self.device, self.amp).softmax(dim=1)
+    def log_probs(self, model: torch.nn.Module) -> torch.Tensor:
+        """Log-probabilities of ``model`` on the run's test set (CPU, float32)."""
+        return predict_log_probs(model, self.test_loader, self.device, self.amp)
 
     def test_labels(self) -> torch.Tensor:
         return labels_of(self.test_loader)
@@ -74,6 +80,9 @@ class Scored:
 def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
     """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device``."""
     run = open_run(run_dir)
+    why = unfinished(run.path)
+    if why is not None:  # its newest checkpoint is not its result
+        raise FileNotFoundError(why)
     dev = select_device(device)
     data = run.data()
     _, test_loader, bn_loader = run.loaders(data, dev)
@@ -98,34 +107,52 @@ def average_members(scored: Scored) -> torch.nn.Module:
 
 
 def run_predictions(scored: Scored) -> tuple[dict[str, torch.Tensor], list[torch.Tensor] | None]:
-    """Test probabilities of every predictor of one run, and its FGE member probabilities (if any)."""
+    """Test log-probabilities of every predictor of one run, and its FGE members' (if any)."""
     run = scored.run
-    probs: dict[str, torch.Tensor] = {}
+    log_probs: dict[str, torch.Tensor] = {}
     members = None
     if run.method == "fge":
         if run.member_paths():
-            members = [scored.probs(scored.model_for(torch.load(p, map_location="cpu", weights_only=False)["model"],
-                                                     str(p))) for p in run.member_paths()]
-            probs["fge_avg"] = scored.probs(average_members(scored))
+            members = [scored.log_probs(scored.model_for(torch.load(p, map_location="cpu", weights_only=False)["model"],
+                                                         str(p))) for p in run.member_paths()]
+            log_probs["fge_avg"] = scored.log_probs(average_members(scored))
         else:
-            members = run.cached_member_probs()
+            members = run.cached_member_log_probs()
         if not members:
             raise FileNotFoundError(f"{run.path}: an FGE run with neither members/ nor fge_member_probs.pt")
-        probs["fge"] = ensemble_mean(members)
+        log_probs["fge"] = ensemble_log_mean(members)
     else:
-        probs["sgd"] = scored.probs(scored.model)
+        log_probs["sgd"] = scored.log_probs(scored.model)
     for name in run.method_weights():
-        probs[name] = scored.probs(scored.model_for(run.weights(name), f"{run.path}/final.pt[{name}]"))
-    return probs, members
+        log_probs[name] = scored.log_probs(scored.model_for(run.weights(name), f"{run.path}/final.pt[{name}]"))
+    return log_probs, members
 
 
 def unique_labels(runs: Sequence[Scored]) -> list[str]:
-    labels, seen = [], {}
-    for run in runs:
-        label = run.label
-        seen[label] = seen.get(label, 0) + 1
-        labels.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
-    return labels
+    """``swa/seed0`` for a run of its method's defaults, ``swa/seed0[model.swa.lr=0.05]`` for one of other settings
+    (what sets it apart, in the keys a user types); two runs still alike are told apart by their directories."""
+    labels = []
+    for scored in runs:
+        run = scored.run
+        apart = {k: v for k, v in (run.apart or {}).items()}
+        labels.append(run.label + (f"[{label_of(apart)}]" if apart else ""))
+    repeated = {label for label in labels if labels.count(label) > 1}
+    return [f"{label}[{scored.run.path}]" if label in repeated else label for label, scored in zip(labels, runs)]
+
+
+def differences_between(runs: Sequence[Scored], test_labels: Sequence[torch.Tensor]) -> list[str]:
+    """What a reader must know before setting the runs side by side: other data sets, other test sets, other lengths."""
+    notes = []
+    datasets = sorted({s.run.dataset_name for s in runs})
+    if len(datasets) > 1:
+        notes.append(f"the runs are on different data sets ({', '.join(datasets)}): their numbers are not comparable")
+    if any(len(t) != len(test_labels[0]) or not torch.equal(t, test_labels[0]) for t in test_labels[1:]):
+        notes.append("the runs were scored on different test sets (other images or test_size): their numbers are not "
+                     "comparable, and no section 3.5 pair crosses them")
+    epochs = sorted({int(s.run.get("trainer.epochs", 0) or 0) for s in runs})
+    if len(epochs) > 1:
+        notes.append(f"the runs trained for different lengths ({', '.join(map(str, epochs))} epochs)")
+    return notes
 
 
 def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
@@ -135,11 +162,12 @@ def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
     table: dict[str, dict] = {}
     per_run = {}
     for label, run in zip(labels, runs):
-        probs, members = run_predictions(run)
+        log_probs, members = run_predictions(run)
         test_labels = run.test_labels()
-        for name, p in probs.items():
-            table[f"{label}/{name}"] = metrics_from_probs(p, test_labels)
-        per_run[label] = {"probs": probs, "members": members, "labels": test_labels}
+        for name, p in log_probs.items():
+            table[f"{label}/{name}"] = metrics_from_log_probs(p, test_labels)
+        per_run[label] = {"probs": {name: p.exp() for name, p in log_probs.items()},
+                          "members": None if members is None else [m.exp() for m in members], "labels": test_labels}
     diagnostics: dict[str, dict] = {}
     for label, info in per_run.items():
         if info["members"] is None:
@@ -149,14 +177,16 @@ def compare(run_dirs: Sequence[str | Path], device: str = "auto") -> dict:
             if other != label and torch.equal(oinfo["labels"], info["labels"]) and "swa" in oinfo["probs"]:
                 single[f"{other}/swa"] = oinfo["probs"]["swa"]
         diagnostics[f"{label}/fge"] = section35(info["members"], single)
+    notes = differences_between(runs, [info["labels"] for info in per_run.values()])
     return {"runs": {label: str(run.run.path) for label, run in zip(labels, runs)},
-            "predictors": table, "section35": diagnostics}
+            "predictors": table, "section35": diagnostics, "notes": notes}
 
 
 def format_report(result: dict) -> str:
-    lines = [metrics_table(result["predictors"])]
+    lines = [f"note: {n}" for n in result.get("notes", [])] + [metrics_table(result["predictors"])]
     for ens, d in result["section35"].items():
-        lines.append(f"\nsection 3.5, {ens} ({d['members']} members)    [paper: 0.126 / <= 87.33% consecutive; "
+        members = f"{d['members']} member" + ("s" if d["members"] != 1 else "")
+        lines.append(f"\nsection 3.5, {ens} ({members})    [paper: 0.126 / <= 87.33% consecutive; "
                      "0.079 / 95.26% SWA vs FGE]")
         if d["consecutive"] is not None:
             c = d["consecutive"]
@@ -173,12 +203,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     args = parser.parse_args(argv)
+    out = output_file(args.out, "--out") if args.out else None  # checked before any scoring
+    try:
+        select_device(args.device)
+    except ConfigError:
+        raise ConfigError(f"--device {args.device}: no such device here (CUDA visible: "
+                          f"{torch.cuda.is_available()}); use --device auto or cpu") from None
     result = compare(args.runs, device=args.device)
     print(format_report(result))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\n[swalab] wrote {args.out}")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text(out, json.dumps(result, indent=2) + "\n")
+        print(f"\n[swalab] wrote {out}")
     return result
 
 

@@ -89,18 +89,20 @@ def _load_probs(path: Path) -> dict | None:
         return None
 
 
-def section35_of(row: Row) -> dict[str, dict]:
+def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
     """Per FGE column of ``row``: the paper's section 3.5 numbers for each seed that has both an FGE run
-    (``fge_member_probs.pt``) and SWA runs (``predictions.pt``), scored on the same test labels.
+    (``fge_member_probs.pt``) and SWA runs (``predictions.pt``), scored on the same test labels. The SWA runs are
+    ``row``'s and those of ``kin``, rows that share every setting with it but SWA's own (named by their label).
 
     ``{fge column label: {"consecutive_l2": [...], "max_agreement": [...], "vs": {swa column label:
     {"l2": [...], "agreement": [...]}}}}``, one value per seed.
     """
-    from swalab.methods.fge import MEMBER_PROBS_FILE
+    from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
     from swalab.train import PREDICTIONS_FILE
 
     out: dict[str, dict] = {}
-    swa = [(c, cell) for c, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
+    swa = [(c, cell, f"{c.label} · {r.label}" if r is not row else c.label) for r in (row, *kin)
+           for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
     for fge_column, fge_cell in row.cells.items():
         if fge_column.method != "fge":
             continue
@@ -108,15 +110,16 @@ def section35_of(row: Row) -> dict[str, dict]:
                  "seeds": []}
         for entry in fge_cell.entries:
             members = _load_probs(entry.run.path / MEMBER_PROBS_FILE)
-            if not members or len(members.get("member_probs", [])) < 1:
+            member_probs = [p.exp() for p in member_log_probs_of(members)] if members else []
+            if not member_probs:
                 continue
             singles = {}
-            for swa_column, swa_cell in swa:
+            for swa_column, swa_cell, swa_label in swa:
                 twin = next((e for e in swa_cell.entries if e.run.seed == entry.run.seed), None)
                 saved = _load_probs(twin.run.path / PREDICTIONS_FILE) if twin else None
                 if saved and twin.predictor in saved["probs"] and saved["labels"].equal(members["labels"]):
-                    singles[swa_column.label] = saved["probs"][twin.predictor].float()
-            result = section35([p.float() for p in members["member_probs"]], singles)
+                    singles[swa_label] = saved["probs"][twin.predictor].float()
+            result = section35(member_probs, singles)
             block["seeds"].append(entry.run.seed)
             if result["consecutive"] is not None:
                 block["consecutive_l2"].append(result["consecutive"]["mean_l2"])

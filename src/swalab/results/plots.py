@@ -1,4 +1,9 @@
-"""The report's figures: test error against epoch, the FGE members curve beside SWA, reliability diagrams."""
+"""The report's figures: test error against epoch, the FGE members curve beside SWA, reliability diagrams.
+
+Each figure is written as PNG and PDF (vector, for a paper). A legend names the model a line draws: a method's
+own model (the SWA average, scored during training with ``model.swa.score_every``) apart from the iterate it
+trains (the SGD iterate of a SWA or EMA run), and a curve over seeds is their mean with a band from the lowest
+to the highest seed."""
 
 from __future__ import annotations
 
@@ -26,9 +31,22 @@ def _panels(plt, n: int, width: float, height: float):
 
 
 def _finish(plt, fig, path: Path) -> None:
+    """Save ``path`` (PNG) and the same figure as PDF beside it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150)
+    fig.savefig(path.with_suffix(".pdf"))
     plt.close(fig)
+
+
+def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color: str | None = None):
+    """The mean over seeds of ``{x: [value per seed]}``, with a band from the lowest to the highest seed."""
+    xs = sorted(points)
+    mean = [statistics.fmean(points[x]) for x in xs]
+    line, = ax.plot(xs, mean, style, marker="o", ms=3, label=label, color=color)
+    if any(len(points[x]) > 1 for x in xs):
+        ax.fill_between(xs, [min(points[x]) for x in xs], [max(points[x]) for x in xs], color=line.get_color(),
+                        alpha=0.15, lw=0)
+    return line
 
 
 def scored_during_training(runs) -> list[str]:
@@ -37,59 +55,83 @@ def scored_during_training(runs) -> list[str]:
     return sorted({k for run in runs for h in run.history for k in h if k.endswith("_test_acc") and k != "test_acc"})
 
 
+def iterate_label(method: str) -> str:
+    """What the live model of a run of ``method`` is: the run's own predictor (SGD), or the iterate its method
+    trains beside its own model (SWA's average, EMA's average, FGE's ensemble)."""
+    return "" if method in ("sgd", "pretrained") else " · SGD iterate"
+
+
 def plot_test_error(table: Table, path: Path) -> bool:
-    """Test error (%) against epoch: mean over seeds per column, the live model solid, a method's own models
-    scored during training (``<predictor>_test_acc``) dashed."""
+    """Test error (%) against epoch, log scale, per run of a row: the model a column scores where it was scored
+    during training (SGD's run; SWA's average with ``model.swa.score_every``, ``<predictor>_test_acc``) solid, the
+    iterate a method trains beside its own model dashed and named so; mean over seeds with a min-max band.
+    Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run) are drawn once, named together."""
     rows = [r for r in table.rows if any("test_acc" in h for run in r.runs() for h in run.history)]
     if not rows:
         return False
     plt = _pyplot()
-    fig, axes = _panels(plt, len(rows), 6, 4)
+    fig, axes = _panels(plt, len(rows), 6.5, 4.2)
     for ax, row in zip(axes, rows):
+        groups: dict[tuple, list] = {}  # the same runs (one SWA run's budget columns) drawn once
         for column in sorted(row.cells, key=lambda c: c.order):
-            runs = [e.run for e in row.cells[column].entries]
-            own = scored_during_training(runs)
-            series = [("test_acc", " (live model)" if own else "", "-")]
-            series += [(key, f" ({key.removesuffix('_test_acc')})", "--") for key in own]
+            runs = tuple(sorted({str(e.run.path): e.run for e in row.cells[column].entries}.items()))
+            groups.setdefault(runs, []).append(column)
+        for i, (runs, columns) in enumerate(groups.items()):
+            runs = [run for _, run in runs]
+            longest = max(columns, key=lambda c: c.epochs)
+            name = longest.label if len(columns) == 1 else (
+                f"{longest.method.upper()} {', '.join(f'{c.budget:g}B' for c in columns)} ({longest.epochs} ep)")
+            own = [k for k in scored_during_training(runs) if k == f"{longest.method}_test_acc"]
+            series = [(key, f" · {key.removesuffix('_test_acc').upper()} model", "-") for key in own]
+            iterate = longest.method not in ("sgd", "pretrained")
+            series.append(("test_acc", iterate_label(longest.method), "--" if iterate else "-"))
             for key, suffix, style in series:
                 points: dict[int, list[float]] = defaultdict(list)
                 for run in runs:
                     for h in run.history:
-                        if key in h and int(h["epoch"]) <= column.epochs:
-                            points[int(h["epoch"])].append(100.0 - float(h[key]))
+                        if key in h and int(h["epoch"]) <= longest.epochs:
+                            points[int(h["epoch"])].append(max(100.0 - float(h[key]), 1e-2))
                 if points:
-                    epochs = sorted(points)
-                    ax.plot(epochs, [statistics.fmean(points[e]) for e in epochs], style, marker="o", ms=3,
-                            label=f"{column.label}{suffix}")
-        ax.set(title=row.name, xlabel="epoch", ylabel="test error (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+                    _mean_band(ax, points, style, f"{name}{suffix} (n={len(runs)})", color=f"C{i}")
+        ax.set(title=row.name, xlabel="epoch", ylabel="test error (%, log scale)", yscale="log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
     _finish(plt, fig, path)
     return True
 
 
 def plot_fge_curve(table: Table, path: Path) -> bool:
-    """FGE ensemble accuracy against the number of members; each SWA column's accuracy as a line."""
+    """FGE ensemble accuracy against the number of members (whole numbers; min-max band over seeds); each SWA
+    column's accuracy as a line. One member is said on the figure: it is a single snapshot, not an ensemble."""
     rows = [r for r in table.rows if any(c.method == "fge" and any(e.metrics.get("curve") for e in cell.entries)
                                          for c, cell in r.cells.items())]
     if not rows:
         return False
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = _panels(plt, len(rows), 6, 4)
     for ax, row in zip(axes, rows):
+        most = 1
         for column, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order):
             if column.method == "fge":
                 points: dict[int, list[float]] = defaultdict(list)
                 for e in cell.entries:
                     for p in e.metrics.get("curve") or []:
                         points[int(p["members"])].append(float(p["acc"]))
-                ks = sorted(points)
-                ax.plot(ks, [statistics.fmean(points[k]) for k in ks], marker="o", label=f"{column.label} ensemble")
-        swa = [(c, cell) for c, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
-        for i, (column, cell) in enumerate(swa):
-            ax.axhline(statistics.fmean(cell.values("acc")), color=f"C{i + 1}", ls="--", label=f"{column.label} model")
-        ax.set(title=row.name, xlabel="ensemble members", ylabel="test accuracy (%)")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+                most = max([most, *points])
+                _mean_band(ax, points, "-", f"{column.label} ensemble (n={len(cell.entries)})")
+        kin = [(row, "")] + [(r, f" · {r.label}") for r in table.rows if r.shares_with is row]  # SWA of other settings
+        swa = [(c, cell, tail) for r, tail in kin for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order)
+               if c.method == "swa"]
+        for i, (column, cell, tail) in enumerate(swa):
+            ax.axhline(statistics.fmean(cell.values("acc")), color=f"C{i + 1}", ls="--",
+                       label=f"{column.label} average{tail} (n={len(cell.entries)})")
+        if most == 1:
+            ax.text(0.5, 0.05, "1 member: a single SGD snapshot, not an ensemble", transform=ax.transAxes,
+                    ha="center", fontsize=8, color="C3")
+        ax.set(title=row.name, xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     _finish(plt, fig, path)
@@ -110,21 +152,39 @@ def pooled_bins(entries: Sequence[Entry]) -> list[dict]:
             for _, (lo, hi, n, a, c) in sorted(acc.items())]
 
 
+SPARSE = 0.01  # a bin holding less than this share of the test images is drawn hollow and not joined
+
+
 def plot_reliability(table: Table, path: Path) -> bool:
-    """One panel per row: accuracy against confidence per column."""
+    """Reliability diagrams, one panel per row: accuracy against mean confidence per bin (bins pooled over seeds,
+    weighted by their counts); bins holding under 1% of the images hollow and left out of the line, so a handful
+    of images cannot make it jump; beneath, the share of images in each bin."""
     rows = [r for r in table.rows if any(run.reliability for run in r.runs())]
     if not rows:
         return False
     plt = _pyplot()
-    fig, axes = _panels(plt, len(rows), 5, 5)
-    for ax, row in zip(axes, rows):
+    fig, grid = plt.subplots(2, len(rows), figsize=(5 * len(rows), 6.5), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
+    for j, row in enumerate(rows):
+        ax, hist = grid[0][j], grid[1][j]
         ax.plot([0, 1], [0, 1], color="grey", lw=1, ls=":", label="perfect calibration")
-        for column, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order):
-            bins = [b for b in pooled_bins(cell.entries) if b["count"]]
-            if bins:
-                ax.plot([b["conf"] for b in bins], [b["acc"] for b in bins], marker="o", ms=3, label=column.label)
-        ax.set(title=row.name, xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        for i, (column, cell) in enumerate(sorted(row.cells.items(), key=lambda kv: kv[0].order)):
+            bins = pooled_bins(cell.entries)
+            total = sum(b["count"] for b in bins)
+            if not total:
+                continue
+            color = f"C{i}"
+            dense = [b for b in bins if b["count"] >= SPARSE * total]
+            sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]
+            ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], "-o", ms=4, color=color,
+                    label=f"{column.label} (n={len(cell.entries)})")
+            ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color)
+            edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
+            hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
+        ax.set(title=row.name, ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", title="hollow: bins with < 1% of the images", title_fontsize=7)
+        hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))
+        hist.grid(alpha=0.3)
     _finish(plt, fig, path)
     return True

@@ -17,9 +17,11 @@ Writes to ``--out`` (default ``report/``):
                       table (failed, unfinished, duplicates)
     table.csv         one line per (row, column, metric): mean, std, n, the values and their seeds
     runs.csv          one line per run: where it is, its state, every predictor's accuracy
-    test_error.png    test error against epoch per column (the live model; SWA's average dashed)
+    test_error.png    test error against epoch per column: the model it scores where scored during training (SWA's
+                      average with model.swa.score_every), the iterate a method trains dashed; band over seeds
     fge_curve.png     FGE ensemble accuracy against the number of members, SWA as a line
-    reliability.png   reliability diagrams (accuracy against confidence) per column
+    reliability.png   reliability diagrams per column, with the share of images per confidence bin beneath
+    *.pdf             each figure as PDF too
 
 ``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also builds a W&B Report
 (``swalab.results.wandb_report``: numeric Table 1, test error against epoch, the FGE curve with SWA, each panel
@@ -30,10 +32,14 @@ linked to its training runs), saved online with ``--wandb-mode online``, else wr
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from swalab.cli import output_folder, run_command
 from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
 from swalab.results.row import row_cost, row_records
 from swalab.results.runs import Run, run_dirs
@@ -58,7 +64,38 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
 
 # Every file a report writes into ``--out`` (W&B's spec: ``swalab.results.wandb_report.SPEC_FILE``).
 REPORT_FILES = ("table.md", "table.csv", "runs.csv", "test_error.png", "fge_curve.png", "reliability.png",
-                "wandb_report.json")
+                "test_error.pdf", "fge_curve.pdf", "reliability.pdf", "wandb_report.json")
+
+
+def write_report(work: Path, roots: Sequence[str | Path], runs, finished, table: Table, notes: list[str],
+                 costs: list[dict], paper: bool) -> dict:
+    """Write every file of the report but W&B's into ``work``; return their names."""
+    names: dict = {}
+    if finished:
+        (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs)
+                                       + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+                                          if notes else ""))
+        write_csv(table, work / "table.csv")
+        names.update({"table.md": True, "table.csv": True})
+        for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
+                           ("reliability", plot_reliability)):
+            if plot(table, work / f"{name}.png"):
+                names.update({f"{name}.png": True, f"{name}.pdf": True})
+    if runs:
+        write_runs_csv(runs, work / "runs.csv", roots)
+        names["runs.csv"] = True
+    return names
+
+
+def publish(work: Path, out: Path, names: dict) -> None:
+    """Move the finished report from ``work`` into ``out``, each file with an atomic rename, then remove what an
+    earlier report left there that this one did not write (a stale FGE curve would pass for this one's). A report
+    killed while it was made leaves the earlier one whole."""
+    for name in names:
+        os.replace(work / name, out / name)
+    for name in REPORT_FILES:
+        if name not in names:
+            (out / name).unlink(missing_ok=True)
 
 
 def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wandb_mode: str | None = None,
@@ -68,7 +105,7 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     ``wandb_mode`` (``online`` | ``offline``) also builds the W&B Report (``swalab.results.wandb_report``); its
     project and entity default to the runs' own.
     """
-    out = Path(out)
+    out = output_folder(out, "--out")
     missing = [str(r) for r in roots if not Path(r).exists()]
     if missing:
         raise FileNotFoundError(f"no such directory: {', '.join(missing)}")
@@ -78,22 +115,13 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     table = build_table(runs)
     notes = problems_of(runs, table)
     out.mkdir(parents=True, exist_ok=True)
-    for name in REPORT_FILES:  # an earlier report's files in ``out`` would pass for this one's
-        (out / name).unlink(missing_ok=True)
-    written: dict[str, Path] = {}
-    if finished:
-        (out / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs)
-                                      + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-                                         if notes else ""))
-        write_csv(table, out / "table.csv")
-        written.update({"table.md": out / "table.md", "table.csv": out / "table.csv"})
-        for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
-                           ("reliability", plot_reliability)):
-            if plot(table, out / f"{name}.png"):
-                written[f"{name}.png"] = out / f"{name}.png"
-    if runs:
-        write_runs_csv(runs, out / "runs.csv", roots)
-        written["runs.csv"] = out / "runs.csv"
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # the report is made here, then moved
+    try:
+        names = write_report(work, roots, runs, finished, table, notes, costs, paper)
+        publish(work, out, names)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    written = {name: out / name for name in names}
     wandb = None
     if wandb_mode and finished:
         from swalab.results.wandb_report import SPEC_FILE, publish_report
@@ -120,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = report(args.dirs, args.out, paper=args.paper, wandb_mode=args.wandb_mode if args.wandb else None,
                         wandb_project=args.wandb_project, wandb_entity=args.wandb_entity)
-    except (FileNotFoundError, ImportError) as exc:  # ImportError: --wandb without wandb-workspaces
+    except ImportError as exc:  # --wandb without wandb-workspaces
         print(f"[swalab.results.report] {exc}", file=sys.stderr)
         return 2
     runs, finished = result["runs"], result["finished"]
@@ -145,4 +173,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main, prog="swalab.results.report"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -38,8 +39,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.identity import CONSUMED, identity_of
+from swalab.config import ConfigError
 from swalab.train import build_method, locate
+from swalab.train.plan import apart_from_defaults, identity_for
+from swalab.train.records import DamagedRecord, final_metrics, write_text
 
 REPO = Path(__file__).resolve().parents[3]
 SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
@@ -78,10 +81,14 @@ def compose_run(overrides: list[str]) -> DictConfig:
 
 
 def run_dir_of(cfg: DictConfig, overrides: list[str]) -> Path:
-    """Where ``python run.py <overrides>`` trains: the directory ``swalab.train`` names from the config."""
-    resolved = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-                for k in CONSUMED if k in cfg}
-    return locate(cfg, identity_of(resolved), overrides, dict(cfg.hydra.runtime.choices)).resolve()
+    """Where ``python run.py <overrides>`` trains: the directory ``swalab.train`` names from the config (what sets it
+    apart from its defaults, composed as run.py composes them)."""
+    task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    choices = dict(cfg.hydra.runtime.choices)
+    identity = identity_for(task)[0]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        settings = apart_from_defaults(task, identity, choices)
+    return locate(task, identity, settings, choices).resolve()
 
 
 def method_of(cfg: DictConfig):
@@ -135,7 +142,9 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     budgets = sorted(float(b) for b in swa_budgets)
 
     def swa_overrides(budget: float, marks: list[float]) -> list[str]:
-        out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "method.pre_schedule=base"]
+        out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "model.swa.pre_schedule=base"]
+        if "model.swa.score_every" not in keys:  # the average's own test error each epoch, for test_error.png
+            out.append("model.swa.score_every=1")
         if marks:
             out.append("model.swa.score_at_budgets=[" + ",".join(fmt_budget(b) for b in marks) + "]")
         if "horizon" in trunk_cfg.schedule and int(compose_run(out).trainer.epochs) != trunk_epochs:
@@ -172,6 +181,14 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     return jobs + extra_jobs
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run; a damaged ``metrics.json`` is not (the job runs and heals it)."""
+    try:
+        return final_metrics(run_dir) is not None
+    except DamagedRecord:
+        return False
+
+
 def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
     """Run the jobs in order (skipping finished ones); return what each cost in this launch: seconds and epochs."""
     done = []
@@ -180,7 +197,7 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
         if dry_run:
             print(shlex.join(job.command()))
             continue
-        if (job.run_dir / "metrics.json").exists():
+        if finished(job.run_dir):
             print(f"[row] {job.name}: {job.run_dir} already finished; skipped")
             done.append({**record, "skipped": True, "seconds": 0.0, "epochs_trained": 0})
             continue
@@ -229,7 +246,10 @@ def row_metrics(manifest: dict[str, dict], root: Path | None = None) -> dict[str
     """Table 1 column -> that predictor's metrics (acc, nll, ece, ...) read from its run's metrics.json."""
     out = {}
     for column, where in manifest.items():
-        metrics = json.loads((run_path(root, where["run"]) / "metrics.json").read_text())
+        run_dir = run_path(root, where["run"])
+        metrics = final_metrics(run_dir)
+        if metrics is None:
+            raise FileNotFoundError(f"{run_dir} has not finished (no metrics.json): run the row's command again")
         out[column] = metrics[where["predictor"]]
     return out
 
@@ -303,7 +323,11 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> dict:
     own, extra = split_args(list(sys.argv[1:] if argv is None else argv))
-    parser = argparse.ArgumentParser(prog="python -m swalab.results.row", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m swalab.results.row", description=__doc__.split("\n\n")[0],
+        epilog="Any other argument of the form key=value is a Hydra override handed to every run of the row, "
+               "e.g. dataset.root=../shared/data/cifar10-jpg dataset.train_size=10000 model.budget_epochs=30 "
+               "logger=none paths.output_dir=<dir>.")
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -313,6 +337,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ema", action="store_true", help="add an EMA run of one budget (trained straight through)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order and run nothing")
     args = parser.parse_args(own)
+    bad = [b for b in args.swa_budgets if not (math.isfinite(b) and b > 0)]
+    if bad:
+        raise ConfigError(f"--swa-budgets {' '.join(f'{b:g}' for b in bad)}: every SWA budget must be a number > 0 "
+                          "(the paper's are 1 1.25 1.5)")
     try:
         return run_rows(args, extra)
     except RowError as exc:
@@ -337,11 +365,13 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
         path = (output_dir / "rows" /
                 f"{args.dataset}_{args.model}_{rest}_seed{seed}{'_naive' if args.naive else ''}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        write_text(path, json.dumps(record, indent=2) + "\n")
         print(f"[row] seed {seed}: {path}\n" + format_row(row_metrics(manifest, output_dir)))
         result[seed] = {**record, "root": str(output_dir)}
     return result
 
 
 if __name__ == "__main__":
-    main()
+    from swalab.cli import run_command
+
+    run_command(main, prog="swalab.results.row")

@@ -29,13 +29,14 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.checkpoint import CheckpointStore
-from swalab.config import build
+from swalab.config import build, upgraded_config
 from swalab.data import ImageData, subset
 from swalab.data.splits import cap_test_split
 from swalab.identity import identity_of, stored_identity
-from swalab.methods.fge import MEMBER_PROBS_FILE
+from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train import build_loaders, build_model, load_init_weights
+from swalab.train.build import unfinished
+from swalab.train.records import DamagedRecord, final_metrics
 
 FINAL = "final.pt"
 
@@ -59,7 +60,7 @@ class Run:
     def config(self) -> dict:
         """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged)."""
         try:
-            return yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+            return upgraded_config(yaml.safe_load((self.path / "config.yaml").read_text()) or {})
         except (OSError, yaml.YAMLError):
             return {}
 
@@ -81,24 +82,50 @@ class Run:
         return stored_identity(self.path) or identity_of(self.config)
 
     @cached_property
+    def apart(self) -> dict | None:
+        """What sets the run apart from its defaults, in the keys a user types (``identity.json``'s ``apart``,
+        ``swalab.identity.settings_apart``); None for a run that has no record of it (earlier versions)."""
+        record = _read_json(self.path / "identity.json") or {}
+        apart = record.get("apart")
+        return dict(apart) if isinstance(apart, dict) else None
+
+    @cached_property
     def _status(self) -> dict:
         return _read_json(self.path / "status.json") or {}
 
+    @cached_property
+    def _final(self) -> tuple[dict, str | None]:
+        """``metrics.json`` read back (``swalab.train.records.final_metrics``) and what is wrong with it, if anything."""
+        try:
+            return final_metrics(self.path) or {}, None
+        except DamagedRecord as exc:
+            return {}, str(exc)
+
     @property
     def status(self) -> str:
-        return self._status.get("status") or ("complete" if (self.path / "metrics.json").exists() else "no status")
+        """``complete`` exactly when ``metrics.json`` reads back (the one record of a finished run); else what
+        ``status.json`` says (running, failed, preempted, interrupted), or that ``metrics.json`` is damaged."""
+        if self.metrics:
+            return "complete"
+        if self._final[1] is not None:
+            return "damaged"
+        status = self._status.get("status") or "no status"
+        return "incomplete" if status == "complete" else status
 
     @property
     def error(self) -> str | None:
+        damaged = self._final[1]
+        if damaged is not None:
+            return f"{damaged}: re-run the run's command to score it again from its last checkpoint"
         return self._status.get("error")
 
-    @cached_property
+    @property
     def metrics(self) -> dict:
-        return _read_json(self.path / "metrics.json") or {}
+        return self._final[0]
 
     @property
     def finished(self) -> bool:
-        return self.status == "complete" and bool(self.metrics)
+        return bool(self.metrics)
 
     @cached_property
     def history(self) -> list[dict]:
@@ -165,17 +192,17 @@ class Run:
         return build_loaders(cfg, data, device)
 
     def weights(self, name: str = "live") -> dict[str, torch.Tensor]:
-        """A state dict: ``live`` (or ``sgd``: the last iterate; the newest checkpoint's when the run has no
-        ``final.pt``) or a method's own weights in ``final.pt`` (``swa``, ``ema``)."""
+        """A state dict of the finished run from ``final.pt``: ``live`` (or ``sgd``: the last iterate) or a
+        method's own weights (``swa``, ``ema``). A run that has not finished has no final weights: its
+        checkpoints are read by epoch (``load_weights("<run dir>@<epoch>")``), never taken for its end."""
+        why = unfinished(self.path)
+        if why is not None:
+            raise FileNotFoundError(why)
         final = self.path / FINAL
-        if final.exists():
-            state = torch.load(final, map_location="cpu", weights_only=False)
-        elif name in ("live", "sgd"):
-            state = CheckpointStore(self.path).latest()
-            if state is None:
-                raise FileNotFoundError(f"{self.path} holds neither {FINAL} nor a checkpoint")
-        else:
-            raise FileNotFoundError(f"{self.path} has no {FINAL} (is the run finished?)")
+        if not final.exists():
+            raise FileNotFoundError(f"{self.path} has finished but holds no {FINAL}: re-score it by moving its "
+                                    "metrics.json away and re-running its command")
+        state = torch.load(final, map_location="cpu", weights_only=False)
         if name in ("live", "sgd", "model"):
             return state["model"]
         methods = state.get("methods") or {}
@@ -191,15 +218,15 @@ class Run:
             if final.exists() else []
 
     def member_paths(self) -> list[Path]:
-        """FGE members saved with ``method.save_members=true``, in the order they were collected."""
+        """FGE members saved with ``model.fge.save_members=true``, in the order they were collected."""
         return sorted((self.path / "members").glob("member_*.pt"))
 
-    def cached_member_probs(self) -> list[torch.Tensor] | None:
-        """The FGE members' test probabilities cached at the end of training (None when absent)."""
+    def cached_member_log_probs(self) -> list[torch.Tensor] | None:
+        """The FGE members' test log-probabilities cached at the end of training (None when absent)."""
         path = self.path / MEMBER_PROBS_FILE
         if not path.exists():
             return None
-        return list(torch.load(path, map_location="cpu", weights_only=False)["member_probs"])
+        return member_log_probs_of(torch.load(path, map_location="cpu", weights_only=False))
 
 
 def open_run(run_dir: str | Path) -> Run:
@@ -251,8 +278,6 @@ def load_weights(spec: str) -> dict[str, torch.Tensor]:
     head, _, method = spec.partition(":")
     path = Path(head.split("@")[0])
     if path.is_dir() and "@" not in head:
-        if not (path / FINAL).exists():
-            raise FileNotFoundError(f"{spec}: {path} has no {FINAL} (is the run finished?)")
         return Run(path).weights(method or "live")
     if method:
         raise ValueError(f"{spec}: ':{method}' only applies to a run directory")

@@ -22,14 +22,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
-from swalab.identity import differences, group_hash, identity_hash
+from swalab.identity import differences, group_hash, identity_hash, label_of, method_part, recipe_of
 from swalab.results.runs import Run
 
 # The paper's column order (SGD, FGE, SWA, EMA); a method of one's own comes after these, by name.
 METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "ema": 4}
 METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 bins)"))
-# What only the method decides: left out of a row's key so that SGD, FGE, SWA and EMA share a row.
-METHOD_KEYS = ("method", "trainer.epochs", "schedule.horizon")
 
 
 @dataclass(frozen=True)
@@ -89,8 +87,8 @@ def entries_of(run: Run) -> list[Entry]:
 
 def context_of(run: Run) -> dict:
     """The identity minus the seed and what only the method decides: the key of a table row."""
-    return {k: v for k, v in run.identity.items()
-            if k != "seed" and not any(k == p or k.startswith(p + ".") for p in METHOD_KEYS)}
+    recipe = recipe_of(run.identity)
+    return {k: v for k, v in run.identity.items() if k != "seed" and not method_part(k, recipe)}
 
 
 @dataclass
@@ -114,6 +112,14 @@ class Row:
     model: str
     label: str                               # the keys that set this row apart ("" for the only one)
     cells: dict[Column, Cell]
+    shares_with: "Row | None" = None         # the row of the same settings but the method's own (its SGD baseline)
+
+    def sgd_cells(self) -> dict[Column, Cell]:
+        """The SGD columns a column of this row is paired with: its own, else those of the row it shares with."""
+        own = {c: cell for c, cell in self.cells.items() if c.method == "sgd"}
+        if own or self.shares_with is None:
+            return own
+        return {c: cell for c, cell in self.shares_with.cells.items() if c.method == "sgd"}
 
     @property
     def name(self) -> str:
@@ -143,6 +149,42 @@ def _label(keys: Sequence[str], values: dict) -> str:
         else:
             parts.append(f"{k}={value}")
     return ", ".join(parts)
+
+
+# Settings a column's label already shows (its method, budget and epochs): never repeated in a row's label.
+IN_COLUMN = ("method.name", "method.budget", "trainer.epochs")
+
+
+def scoring_settings(run: Run) -> set[str]:
+    """The keys of the run's method that only add measurements (``Method.scoring_settings``), as a user types them."""
+    from hydra.utils import get_class
+
+    try:
+        names = get_class(str(run.get("method._target_"))).scoring_settings
+    except Exception:  # noqa: BLE001  a method class that cannot be imported here: nothing is left out
+        names = ()
+    return {f"{prefix}.{name}" for name in names for prefix in ("method", f"model.{run.method}")}
+
+
+def own_settings(run: Run) -> dict | None:
+    """The run's settings apart from its defaults (``Run.apart``) that only its method reads (``method.*`` and the
+    model's recipe block named after it, ``model.swa.*`` for SWA), less what the column shows and what only adds
+    measurements; None when the run has no record of them."""
+    if run.apart is None:
+        return None
+    skip = scoring_settings(run)
+    return {k: v for k, v in run.apart.items() if k not in IN_COLUMN and k not in skip
+            and (k.startswith("method.") or k.startswith(f"model.{run.method}."))}
+
+
+def shared_settings(run: Run) -> dict | None:
+    """The run's settings apart from its defaults that every method of its row shares (``dataset.train_size=1000``,
+    ``schedule=cosine``), less what the column shows; None without a record."""
+    if run.apart is None:
+        return None
+    skip = scoring_settings(run) | set(IN_COLUMN)
+    return {k: v for k, v in run.apart.items() if k not in skip and not k.startswith("method.")
+            and not k.startswith(f"model.{run.method}.")}
 
 
 def _first_written(entries: Sequence[Entry]) -> float:
@@ -180,21 +222,48 @@ def build_table(runs: Sequence[Run]) -> Table:
                           if any(ctx["context"].get(k) != group[0]["context"].get(k) for ctx in group)})
         runs_in = lambda g: sum(len(cells[k]["entries"]) for keys in g["columns"].values() for k in keys)  # noqa: E731
         for ctx in sorted(group, key=lambda g: (-runs_in(g), _label(varying, g["context"]))):
-            base_label = _label(varying, ctx["context"]) if len(group) > 1 else ""
+            first_run = next(cells[k]["entries"][0].run for keys in ctx["columns"].values() for k in keys)
+            shared = shared_settings(first_run)
+            if shared is not None:  # the settings the runs recorded, in the keys the user typed
+                base_label = label_of(shared)
+            else:                   # runs of earlier versions: the identity keys that vary between the rows
+                base_label = _label(varying, ctx["context"]) if len(group) > 1 else ""
             main: dict[Column, Cell] = {}
             extra: list[Row] = []
-            for column, keys in ctx["columns"].items():  # the variant with most seeds, then the first run, leads
-                variants = sorted(keys, key=lambda k: (-len(cells[k]["entries"]), _first_written(cells[k]["entries"]), k))
-                main[column] = Cell(cells[variants[0]]["entries"])
-                first = cells[variants[0]]["entries"][0].run.identity
+            for column, keys in ctx["columns"].items():
+                own = {k: own_settings(cells[k]["entries"][0].run) for k in keys}
+                # the default config of the method leads; without records, the variant with most seeds, then the first
+                variants = sorted(keys, key=lambda k: (bool(own[k]), -len(cells[k]["entries"]),
+                                                       _first_written(cells[k]["entries"]), k))
+                lead = variants[0]
+                if not own[lead]:
+                    main[column] = Cell(cells[lead]["entries"])
+                else:
+                    variants, lead = ["<none>", *variants], None
+                first = cells[lead]["entries"][0].run.identity if lead else {}
                 for k in variants[1:]:
-                    other = cells[k]["entries"][0].run.identity
-                    keys_apart = [d.split(":")[0] for d in differences(other, first) if not d.startswith("seed:")]
-                    label = _label(keys_apart, other)
+                    other = cells[k]["entries"][0].run
+                    if own[k] is not None:
+                        label = label_of(own[k])
+                    else:
+                        keys_apart = [d.split(":")[0] for d in differences(other.identity, first) if not d.startswith("seed:")]
+                        label = _label(keys_apart, other.identity)
                     extra.append(Row(dataset, model, ", ".join(p for p in (base_label, label) if p),
                                      {column: Cell(cells[k]["entries"])}))
-            rows.append(Row(dataset, model, base_label, main))
-            rows.extend(sorted(extra, key=lambda r: r.label))
+            plain = Row(dataset, model, base_label, main) if main else None
+            if plain is not None:  # a row whose every column ran only with other settings is shown by those rows alone
+                rows.append(plain)
+            for row in extra:
+                row.shares_with = plain
+            merged: dict[str, list[Row]] = {}  # rows of one label share a row: a SWA run's budget columns together
+            for row in extra:
+                same = merged.setdefault(row.label, [])
+                target = next((r for r in same if not set(r.cells) & set(row.cells)), None)
+                if target is None:
+                    same.append(row)
+                else:
+                    target.cells.update(row.cells)
+            rows.extend(r for label in sorted(merged) for r in merged[label])
     for row in rows:
         for cell in row.cells.values():
             cell.entries.sort(key=lambda e: (str(e.run.seed), str(e.run.path)))
@@ -213,13 +282,21 @@ def fmt_cell(values: Sequence[float], digits: int = 2) -> str:
         f"{mean:.{digits}f} (n=1)"
 
 
+def budget_epochs_of(column: Column) -> float | None:
+    """B of a column: its epochs over its budget (SWA 1.5B (45 ep) has B = 30)."""
+    return column.epochs / column.budget if column.budget else None
+
+
 def sgd_baseline(row: Row, column: Column) -> Column | None:
-    """The row's SGD column of the same budget B as ``column`` (B = its epochs / its budget): SWA 1.5B
-    (45 ep) is set against SGD 1B (30 ep), never against an SGD run of another length in the same row."""
-    b = column.epochs / column.budget if column.budget else None
-    candidates = [c for c in row.cells if c.method == "sgd" and c.budget == 1 and b is not None
-                  and abs(c.epochs - b) < 1]
-    return min(candidates, key=lambda c: abs(c.epochs - b)) if candidates else None
+    """The row's SGD column (or, for a row of a method's other settings, that of the row it shares all else with)
+    of exactly the same budget B as ``column``: SWA 1.5B (45 ep) is set against SGD 1B
+    (30 ep), never against an SGD run of another length (SWA 1.5B (8 ep), B = 5.33, has no SGD twin at 6 ep).
+    Epochs are whole, so B matches exactly when the column's epochs are the SGD run's epochs times its budget,
+    rounded by the rule that made them (``swalab.config.budget_epochs``: 1.25 x 150 = 188)."""
+    from swalab.config import budget_epochs
+
+    candidates = [c for c in row.sgd_cells() if c.budget == 1 and budget_epochs(column.budget, c.epochs) == column.epochs]
+    return min(candidates, key=lambda c: abs(c.epochs - budget_epochs_of(column))) if candidates else None
 
 
 def paired_differences(row: Row, metric: str = "acc") -> dict[Column, list[float]]:
@@ -232,7 +309,7 @@ def paired_differences(row: Row, metric: str = "acc") -> dict[Column, list[float
         baseline = sgd_baseline(row, column)
         if baseline is None:
             continue
-        base, mine = row.cells[baseline].by_seed(metric), cell.by_seed(metric)
+        base, mine = row.sgd_cells()[baseline].by_seed(metric), cell.by_seed(metric)
         shared = [s for s in mine if s in base]
         if shared:
             out[column] = [mine[s] - base[s] for s in sorted(shared, key=str)]

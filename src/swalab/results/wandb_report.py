@@ -38,6 +38,7 @@ from swalab.results.plots import scored_during_training
 from swalab.results.table import METRICS, Row, Table, mean_std
 from swalab.results.write import paper_row, to_markdown
 from swalab.tracking import WandbTracker, new_run_id, read_record
+from swalab.train.records import write_text
 
 SPEC_FILE = "wandb_report.json"
 PUBLISH = "python -m swalab.results.wandb_report publish {spec}"
@@ -326,8 +327,8 @@ def publish_report(table: Table, out: str | Path, mode: str, project: str | None
         except Exception as exc:  # no API key, no network, no access to the project
             result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     spec_path = out / SPEC_FILE
-    spec_path.write_text(json.dumps({"report": spec_of(report), "offline_runs": offline_runs(table, out)}, indent=1)
-                         + "\n")
+    write_text(spec_path, json.dumps({"report": spec_of(report), "offline_runs": offline_runs(table, out)}, indent=1)
+               + "\n")
     result.update(spec=spec_path, command=PUBLISH.format(spec=spec_path))
     return result
 
@@ -371,4 +372,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from swalab.cli import run_command
+
+    sys.exit(run_command(main, prog="swalab.results.wandb_report"))

@@ -10,7 +10,8 @@ from typing import Sequence
 from swalab.identity import group_hash
 from swalab.results.diagnostics import section35_of
 from swalab.results.runs import Run
-from swalab.results.table import METRICS, Table, fmt_cell, mean_std, paired_differences
+from swalab.results.table import (METRICS, Table, budget_epochs_of, fmt_cell, mean_std, paired_differences,
+                                  sgd_baseline)
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 
@@ -18,9 +19,14 @@ PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 def section35_markdown(table: Table) -> list[str]:
     lines = []
     for row in table.rows:
-        for fge_label, block in section35_of(row).items():
-            lines.append([row.name, f"{fge_label}: consecutive members", fmt_cell(block["consecutive_l2"], 4),
-                          fmt_cell(block["max_agreement"])])
+        kin = [r for r in table.rows if r.shares_with is row]
+        for fge_label, block in section35_of(row, kin).items():
+            if block["consecutive_l2"]:
+                lines.append([row.name, f"{fge_label}: consecutive members", fmt_cell(block["consecutive_l2"], 4),
+                              fmt_cell(block["max_agreement"])])
+            else:
+                lines.append([row.name, f"{fge_label}: consecutive members", "needs 2 members or more",
+                              "needs 2 members or more"])
             for swa_label, pair in block["vs"].items():
                 lines.append([row.name, f"{swa_label} vs the {fge_label} ensemble", fmt_cell(pair["l2"], 4),
                               fmt_cell(pair["agreement"])])
@@ -77,6 +83,30 @@ def wall_time_markdown(costs: Sequence[dict]) -> list[str]:
                               "saved"], lines), ""]
 
 
+def cell_text(row, column, metric: str, digits: int) -> str:
+    """One cell of a metric table; an empty one says why, a degenerate one says what it is."""
+    cell = row.cells.get(column)
+    if cell is None:
+        return "not run"
+    text = fmt_cell(cell.values(metric), digits)
+    members = {e.metrics.get("members") for e in cell.entries if column.method == "fge"}
+    if members == {1}:
+        text += " · 1 member: one SGD snapshot, not an ensemble"
+    return text
+
+
+def diff_text(row, column, values) -> str:
+    """One cell of the paired table; without an SGD run of the same B it says so."""
+    if column not in row.cells:
+        return "not run"
+    if column.method == "sgd" and column.budget == 1:
+        return "(the baseline)"
+    if sgd_baseline(row, column) is None:
+        b = budget_epochs_of(column)
+        return f"no SGD run of B = {b:.3g} ep" if b is not None else "no SGD run of its B"
+    return _fmt_diff(values) if values else "no seed in common with SGD"
+
+
 def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = ()) -> str:
     columns = table.columns
     header = ["row", *(c.label for c in columns)]
@@ -85,24 +115,29 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
         digits = 2 if metric == "acc" else 4
         lines = []
         for row in table.rows:
-            lines.append([row.name, *(fmt_cell(row.cells[c].values(metric), digits) if c in row.cells else "–"
-                                      for c in columns)])
+            lines.append([row.name, *(cell_text(row, c, metric, digits) for c in columns)])
             published = paper_row(paper, row.dataset, row.model) if paper and metric == "acc" and not row.label else None
             if published is not None:
                 lines.append([f"{row.name} (paper)", *(published.get(c.paper, "–") for c in columns)])
         out += [f"## {title}", "", *_markdown_table(header, lines), ""]
     diffs = [(row, paired_differences(row)) for row in table.rows]
-    diffs = [(row, d) for row, d in diffs if d]
-    if diffs:
-        diff_columns = sorted({c for _, d in diffs for c in d}, key=lambda c: c.order)
-        lines = [[row.name, *(_fmt_diff(d.get(c)) for c in diff_columns)] for row, d in diffs]
+    diff_columns = sorted({c for row in table.rows for c in row.cells if not (c.method == "sgd" and c.budget == 1)},
+                          key=lambda c: c.order)
+    if diff_columns and any(d for _, d in diffs):
+        lines = [[row.name, *(diff_text(row, c, d.get(c)) for c in diff_columns)] for row, d in diffs]
+        example = next(((c, sgd_baseline(row, c)) for row, d in diffs for c in diff_columns if c in d), None)
+        pair = f" ({example[0].label} − {example[1].label})" if example else ""
         out += ["## Paired differences against SGD (accuracy points, per seed)", "",
-                "Each seed's accuracy minus the SGD run of the same seed, row and budget B (SWA 1.5B (45 ep) − "
-                "SGD 1B (30 ep)); mean ± sample std over the seeds both hold.", "", *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
+                f"Each seed's accuracy minus the SGD run of the same seed, row and budget B{pair}; mean ± sample std "
+                "over the seeds both hold. A column is paired only with an SGD run of exactly its B; a row of a method's own "
+                "other settings (SWA's pre-schedule, its lr) with the SGD of the row it shares every other setting with.",
+                "",
+                *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
     out += section35_markdown(table)
     out += wall_time_markdown(costs)
     out.append("Mean ± sample std over seeds; n = number of seeds (finished runs, each config and seed once). "
-               "Columns: method, budget B, and the epochs trained.")
+               "Columns: method, budget B, and the epochs trained. \"not run\": no finished run of that column in "
+               "that row (a run of other settings has a row of its own).")
     if paper:
         out.append(f"Paper rows: {paper.get('source', 'Izmailov et al. 2018')}.")
     lineage = [f"- {row.name}, {c.label}, seed {e.run.seed}: branched from {shown(e.run.lineage.get('parent'))} at epoch "

@@ -11,11 +11,12 @@ The run directory::
     config.yaml      the resolved config           identity.json  the run's identity and its hashes
     overrides.yaml   the command line's overrides  git.json       commit and dirty flag
     history.jsonl    one line per epoch            metrics.json   final metrics per predictor
-    status.json      running / complete / failed / preempted / requeued / cancelled, with the error line if any
+    status.json      running / failed / preempted / requeued / cancelled / interrupted (complete once
+                     metrics.json is written), with the error line if any
     run.log          the run's log lines (one per epoch) with time stamps
     checkpoints/     epochNNNN.pt (last two kept; saved/ holds run.save_at epochs)
     final.pt         live weights plus each method's own (SWA average, EMA)
-    lineage.json     the checkpoint this run started from (run.init_from or run.branch_from), if any
+    lineage.json     the checkpoint this run started from (model.init_from or run.branch_from), if any
     reliability.json per predictor, 15 confidence bins (count, accuracy, confidence) for reliability diagrams
     predictions.pt   per predictor, its test probabilities (float16, when at most 5M numbers) and the labels
     wandb_run.json   the W&B run that mirrors this run (logger=wandb): its id, name, group and tags

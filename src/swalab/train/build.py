@@ -11,17 +11,59 @@ import inspect
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
 from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
-from swalab.config import ConfigError, build
+from swalab.config import ConfigError, build, is_number
 from swalab.data import ResidentLoader, subset
+from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer import TrainerOptions
 
 
+def unfinished(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot stand for its final weights, or None when it has finished: a run still training
+    (or stopped) has only intermediate checkpoints, which are never taken for its end without an explicit
+    ``@<epoch>``."""
+    try:
+        if final_metrics(run_dir) is not None:
+            return None
+    except DamagedRecord as exc:
+        return f"{exc}; re-run its command to score it again"
+    kept = CheckpointStore(run_dir).kept()
+    newest = kept[-1][0] if kept else None
+    epochs = None
+    try:
+        import yaml
+
+        epochs = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("trainer", {}).get("epochs")
+    except (OSError, ValueError, AttributeError):
+        pass
+    where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
+    total = f" of {epochs}" if epochs is not None and newest is not None else ""
+    pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None else ""
+    return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
+
+
+def data_files_record(cfg: DictConfig) -> dict | None:
+    """The record of the files the run's data set reads (``swalab.data.fingerprint``), from the module of its
+    loader (``dataset.source._target_``), which defines ``files_record`` with the loader's arguments; None for a
+    loader without one (a user's own) or data that are not there yet (a download still to come)."""
+    import sys
+
+    from hydra.utils import get_method
+
+    loader = get_method(str(cfg.dataset.source._target_))
+    recorder = getattr(sys.modules[loader.__module__], "files_record", None)
+    if recorder is None:
+        return None
+    args = {k: v for k, v in OmegaConf.to_container(cfg.dataset.source, resolve=True).items() if k != "_target_"}
+    return recorder(**args)
+
+
 def load_init_weights(spec: str) -> tuple[dict, dict]:
-    """Weights to start from: ``<run dir>[@epoch]``, a swalab checkpoint, or a plain state dict file.
+    """Weights to start from: ``<run dir>`` (a finished run's last weights), ``<run dir>@<epoch>`` (that epoch's
+    checkpoint, finished or not), a swalab checkpoint, or a plain state dict file.
 
     Returns the state dict and a lineage record naming where it came from.
     """
@@ -34,21 +76,24 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
         if epoch:
             found = store.find(int(epoch))
             if found is None:
-                raise FileNotFoundError(f"run.init_from={spec}: no checkpoint of epoch {epoch} in {store.dir} "
+                raise FileNotFoundError(f"model.init_from={spec}: no checkpoint of epoch {epoch} in {store.dir} "
                                         f"(keep it with run.save_at=[{epoch}] in the parent run)")
             state = read_checkpoint(found)
         else:
+            why = unfinished(path)
+            if why is not None:
+                raise FileNotFoundError(f"model.init_from={spec}: {why}")
             state = store.latest()
             if state is None:
-                raise FileNotFoundError(f"run.init_from={spec}: {store.dir} holds no checkpoint")
+                raise FileNotFoundError(f"model.init_from={spec}: {store.dir} holds no checkpoint")
             found = Path(state["path"])
         return state["model"], {"parent": str(path), "checkpoint": str(found), "epoch": state["epoch"]}
     if not path.exists():
-        raise FileNotFoundError(f"run.init_from={spec}: no such file or run directory")
+        raise FileNotFoundError(f"model.init_from={spec}: no such file or run directory")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise CheckpointError(f"run.init_from={spec}: cannot read it ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(f"model.init_from={spec}: cannot read it ({type(exc).__name__}: {exc})") from exc
     if isinstance(state, dict) and state.get("format") == "swalab-checkpoint":
         return state["model"], {"parent": str(path.parent.parent), "checkpoint": str(path), "epoch": state["epoch"]}
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
@@ -67,10 +112,20 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
                               f"missing keys {result.missing_keys[:8]}, unexpected keys {result.unexpected_keys[:8]}")
 
 
+def batch_size_for(cfg: DictConfig, images: int) -> int:
+    """``trainer.batch_size``, refused when the training set holds fewer images (the one check of it against the
+    data, made once the data are loaded, before anything is written)."""
+    batch_size = int(cfg.trainer.batch_size)
+    if batch_size > images:
+        raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {images} training images "
+                          "(lower it, or raise dataset.train_size)")
+    return batch_size
+
+
 def eval_batch_size(cfg: DictConfig, device: torch.device) -> int:
-    """``trainer.eval_batch_size``, or by device: large batches fill a GPU, but on a CPU a PreResNet-20 scores
+    """``run.eval_batch_size``, or by device: large batches fill a GPU, but on a CPU a PreResNet-20 scores
     10,000 images in 5.7 s at batch 128 and 10.2 s at batch 1000 (cache misses; bench/eval_batch.py)."""
-    size = cfg.trainer.get("eval_batch_size")
+    size = cfg.run.get("eval_batch_size")
     return int(size) if size is not None else (1000 if device.type == "cuda" else 128)
 
 
@@ -88,12 +143,9 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     train_tf, test_tf, _ = imagenet_transforms(model_name, image_size=cfg.dataset.get("image_size"), mean=mean,
                                                std=std, interpolation=cfg.dataset.get("interpolation"),
                                                crop_pct=cfg.dataset.get("crop_pct"), flip=bool(cfg.dataset.flip))
-    batch_size = int(cfg.trainer.batch_size)
-    if batch_size > len(data.train):
-        raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
-                          "(lower it, or raise dataset.train_size)")
-    common = dict(num_workers=int(cfg.dataset.num_workers), pin_memory=device.type == "cuda",
-                  prefetch_factor=cfg.dataset.get("prefetch_factor"))
+    batch_size = batch_size_for(cfg, len(data.train))
+    common = dict(num_workers=int(cfg.run.num_workers), pin_memory=device.type == "cuda",
+                  prefetch_factor=cfg.run.get("prefetch_factor"))
     train = StreamLoader(data.train.with_transform(train_tf), batch_size, train=True, seed=int(cfg.seed), **common)
     test = StreamLoader(data.test.with_transform(test_tf), eval_batch_size(cfg, device), train=False, **common)
     keep = bn_subset_indices(len(data.train), float(cfg.trainer.bn_update_fraction), batch_size, int(cfg.seed) + 1)
@@ -125,11 +177,8 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     pad = cfg.dataset.get("pad")
     if pad is None:  # crop padding scaled to the image size: 4 pixels for 32
         pad = int(round(data.train.images.shape[-1] / 8))
-    batch_size = int(cfg.trainer.batch_size)
-    if batch_size > len(data.train):
-        raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {len(data.train)} training images "
-                          "(lower it, or raise dataset.train_size)")
-    channels_last = bool(cfg.trainer.channels_last)
+    batch_size = batch_size_for(cfg, len(data.train))
+    channels_last = bool(cfg.run.channels_last)
     common = dict(device=device, mean=mean, std=std, channels_last=channels_last)
     ranks = distributed.info()  # torchrun: batch_size is the global batch, each rank takes its slice
     if batch_size % ranks.world_size:
@@ -145,13 +194,59 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     return train, test, bn
 
 
+def check_batches_of_one(model: torch.nn.Module, train_loader, device: torch.device) -> None:
+    """Refuse, before training, a model that cannot train on the batches of one image this run would give it
+    (``trainer.batch_size=1``, or a training set of one image): BatchNorm1d, for one, cannot normalise a single
+    sample in training mode. The loaders never make a last batch of one otherwise (they fold it into the one
+    before), so this costs one forward pass of a copy of the model, and only in that case."""
+    if getattr(train_loader, "batch_size", 2) > 1 and getattr(train_loader, "num_samples", 2) > 1:
+        return
+    import copy
+
+    x, _ = next(iter(train_loader))
+    probe = copy.deepcopy(model).to(device).train()
+    try:
+        with torch.no_grad():
+            probe(x[:1].to(device))
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{type(model).__name__} cannot train on a batch of one image ({exc}), and this run would "
+                          "give it one: raise trainer.batch_size (and dataset.train_size) above 1") from None
+
+
+def method_recipe(cfg: DictConfig) -> tuple[str | None, dict]:
+    """The model's recipe block the chosen method takes its settings from (``Method.recipe``: ``swa`` for SWA), and
+    its settings; ``(None, {})`` for a method whose settings are its own config keys."""
+    from hydra.utils import get_class
+
+    recipe = getattr(get_class(str(cfg.method._target_)), "recipe", None)
+    if recipe is None:
+        return None, {}
+    block = cfg.model.get(recipe)
+    if block is None:
+        raise ConfigError(f"method={cfg.method.get('name')} takes its settings from model.{recipe}, which "
+                          f"model={cfg.model.get('name')} lacks: start the model's yaml from conf/recipe/paper.yaml")
+    return recipe, OmegaConf.to_container(block, resolve=True)
+
+
 def build_method(cfg: DictConfig, epochs: int):
-    """The base schedule and the method, from their config groups (each checks its own arguments)."""
+    """The base schedule and the method, from their config groups, with the model's recipe block for a method that
+    has one (``model.swa`` for SWA); each checks its own arguments, and a setting the method does not take is
+    refused by the key a user typed (``model.swa.foo``)."""
     kwargs = {}
     if "horizon" in cfg.schedule and cfg.schedule.horizon is None:  # null: the schedule spans the run
-        kwargs["horizon"] = max(epochs, 1)
+        kwargs["horizon"] = max(epochs, 1) if is_number(epochs) else 1  # (a bad trainer.epochs: the method says so)
     schedule = build(cfg.schedule, "schedule", **kwargs)
-    return build(cfg.method, "method", schedule=schedule, epochs=epochs)
+    recipe, settings = method_recipe(cfg)
+    if recipe is not None:
+        from hydra.utils import get_method
+
+        takes = inspect.signature(get_method(str(cfg.method._target_))).parameters
+        unknown = [k for k in settings if k not in takes or k in ("schedule", "epochs", "budget", "name")]
+        if unknown:
+            allowed = [p for p in takes if p not in ("self", "schedule", "epochs", "budget", "name")]
+            raise ConfigError(f"model.{recipe}.{unknown[0]} is not a setting of {cfg.method._target_}; model.{recipe} "
+                              f"takes: {', '.join(allowed)}")
+    return build(cfg.method, "method", schedule=schedule, epochs=epochs, **settings)
 
 
 def trainer_options(cfg: DictConfig, epochs: int) -> TrainerOptions:

@@ -15,19 +15,20 @@ from dataclasses import dataclass
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from swalab import distributed, slurm
+from swalab import distributed, faults, slurm
 from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointStore, atomic_save
 from swalab.config import ConfigError, build
 from swalab.evaluate import metrics_table
-from swalab.identity import IDENTITY_FILE, group_hash, record
+from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
-from swalab.train.build import build_loaders, build_model, load_init_weights, load_into, trainer_options
+from swalab.train.build import (build_loaders, build_model, check_batches_of_one, load_init_weights, load_into,
+                                trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
-from swalab.train.records import (PREDICTIONS_FILE, git_info, one_line, save_predictions, seed_everything,
-                                  write_json, write_status)
+from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, data_facts, git_info, one_line,
+                                  save_predictions, seed_everything, write_json, write_status, write_text)
 from swalab.trainer import Preempted, Trainer
 
 log = get_logger()
@@ -41,6 +42,8 @@ class Built:
     lineage: dict | None
     resume_state: dict | None
     branched: bool
+    data_facts: dict | None = None   # what the run found in its data set (data.json)
+    cache_note: str | None = None    # where the decoded images were cached, when this run wrote the cache
 
 
 def build_run(plan: RunPlan) -> Built:
@@ -52,12 +55,18 @@ def build_run(plan: RunPlan) -> Built:
     expected = cfg.dataset.get("num_classes")
     if expected is not None and data.num_classes != expected:
         raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
+    if plan.data_record is None and getattr(data, "record", None) is not None:  # downloaded just now
+        plan.data_record = data.record
+        plan.identity = {**plan.identity, DATA_FINGERPRINT: data.record["fingerprint"]}
+        inspect_run_dir(run_dir, plan.identity, cfg.run.resume, data.record)
     train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
+    method.validate_steps(len(train_loader))
     model = build_model(cfg, data)
+    check_batches_of_one(model, train_loader, device)
     lineage = None
-    if cfg.run.get("init_from"):
-        weights, lineage = load_init_weights(cfg.run.init_from)
-        load_into(model, weights, str(cfg.run.init_from))
+    if cfg.model.get("init_from"):
+        weights, lineage = load_init_weights(cfg.model.init_from)
+        load_into(model, weights, str(cfg.model.init_from))
     resume_state = CheckpointStore(run_dir).latest(plan.identity) if cfg.run.resume is not False else None
     branched = False
     if cfg.run.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
@@ -71,7 +80,8 @@ def build_run(plan: RunPlan) -> Built:
     options = trainer_options(cfg, method.epochs)
     trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
                       identity=plan.identity)
-    return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched)
+    return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched,
+                 data_facts=data_facts(data, plan.data_record), cache_note=getattr(data, "cache_note", None))
 
 
 def execute(plan: RunPlan) -> dict:
@@ -79,7 +89,7 @@ def execute(plan: RunPlan) -> dict:
     if plan.finished is not None:
         log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
         return plan.finished
-    distributed.init_distributed(str(plan.cfg.trainer.device))  # no-op unless launched by torchrun
+    distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun
     lock = RunLock(plan.run_dir) if distributed.is_main() else None
     if lock is not None:
         lock.acquire()
@@ -108,15 +118,25 @@ def execute(plan: RunPlan) -> dict:
             lock.release()
 
 
-def write_run_files(plan: RunPlan, lineage: dict | None) -> None:
+def as_run(resolved: dict, method) -> dict:
+    """The resolved config as the run used it: ``model.budget_epochs`` is the B the run trained with, which
+    follows ``trainer.epochs`` when that was set (``trainer.epochs=3`` of SWA 1.5B is B = 2, not the model's 150)."""
+    b = method.budget_epochs
+    model = {**resolved.get("model", {}), "budget_epochs": int(b) if float(b).is_integer() else round(b, 6)}
+    return {**resolved, "model": model}
+
+
+def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = None) -> None:
     if not distributed.is_main():
         return
     run_dir = plan.run_dir
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.resolved)))
-    write_json(run_dir / IDENTITY_FILE, record(plan.identity))
+    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(as_run(plan.resolved, plan.method))))
+    write_json(run_dir / IDENTITY_FILE, record(plan.identity, plan.settings))
     if plan.overrides is not None:
-        (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
+        write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     write_json(run_dir / "git.json", git_info())
+    if facts is not None:
+        write_json(run_dir / DATA_FILE, facts)
     if lineage is not None:
         write_json(run_dir / "lineage.json", lineage)
     write_json(run_dir / "status.json", {"status": "running"})
@@ -171,7 +191,7 @@ def show(caught: list) -> None:
 def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) -> dict:
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
     plan.started = True
-    write_run_files(plan, built.lineage)
+    write_run_files(plan, built.lineage, built.data_facts)
     with run_log(run_dir):
         show(early)
         if lock is not None and lock.took_over():
@@ -181,6 +201,8 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
         else:
             log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                      f"{record(plan.identity)['hash']})")
+        if built.cache_note:
+            log.info(f"[swalab] {built.cache_note}")
         tracker = make_tracker(plan, built)
 
         def on_epoch(row: dict) -> None:
@@ -204,11 +226,19 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
                 save_predictions(evaluation, run_dir / PREDICTIONS_FILE)
                 for name, obj in method.artifacts(trainer.ctx).items():
                     atomic_save(obj, run_dir / name)
-            write_json(run_dir / "metrics.json", metrics)
+            write_json(run_dir / METRICS_FILE, metrics)  # last: from here on the run is finished (final_metrics)
+            faults.hit("final_record")  # test-only kill point (swalab.faults)
         except Preempted as exc:
             exc.status = slurm.stop_status(exc.signum, exc.status)  # under SLURM: requeued, cancelled or preempted
             write_status(run_dir, {"status": exc.status, "message": str(exc)})
             log.info(f"[swalab] {run_dir} {exc.status}: {exc}")
+            tracker.finish(exit_code=1)
+            raise
+        except KeyboardInterrupt:  # Ctrl-C outside the training loop (the final scoring): nothing to checkpoint
+            message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint is kept; "
+                       "re-run the same command to continue")
+            write_status(run_dir, {"status": "interrupted", "message": message})
+            log.info(f"[swalab] {run_dir} interrupted: {message}")
             tracker.finish(exit_code=1)
             raise
         except BaseException as exc:

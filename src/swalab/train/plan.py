@@ -9,6 +9,7 @@ with the keys that differ.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,9 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError, check_config, check_overrides, default_choices
-from swalab.identity import differences, group_hash, identity_of, name_items, run_name, stored_identity
+from swalab.data.fingerprint import changes
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
+                             run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
-from swalab.train.build import build_method
+from swalab.train.build import build_method, data_files_record
+from swalab.train.records import DamagedRecord, final_metrics, read_data_record
 from swalab.trainer import select_device
 
 
@@ -38,39 +42,102 @@ class RunPlan:
     apart: tuple[str, ...] = ()           # what sets the run apart in its name (identity.name_items): schedule-cosine, ...
     grid: str | None = None               # the grid launch's record directory name (<date_time>), if in a grid
     finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
+    data_record: dict | None = None       # the files the data set reads (swalab.data.fingerprint), when known
+    settings: dict | None = None          # what sets it apart from its defaults, in user keys (apart_from_defaults)
     started: bool = False                 # set once training starts: an error before it is a refusal
 
 
-def locate(cfg: DictConfig, identity: dict, overrides: Sequence[str] | None, choices: dict | None) -> Path:
-    """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes."""
+def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
+    """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the
+    run apart from its defaults. A run of the same config made by an earlier swalab under another name is
+    refused with the command that moves it (:func:`earlier_run_dir`)."""
     if cfg.run.get("dir"):
         return Path(str(cfg.run.dir))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
-    name = run_name(names, cfg.seed, overrides, choices or {}, default_choices(), group_hash(identity))
-    named = Path(str(cfg.paths.output_dir)) / name
-    return same_run_elsewhere(named, identity) or named
+    named = Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {}, group_hash(identity))
+    earlier = earlier_run_dir(named, identity)
+    if earlier is not None:
+        raise ConfigError(f"the run of this config is in {earlier}, named by an earlier swalab; its name today is "
+                          f"{named}. Move it there (mv {earlier} {named}) and run the same command again to continue "
+                          "or skip it, or give this run a directory of its own with run.dir=<dir>")
+    return named
 
 
-def same_run_elsewhere(named: Path, identity: dict) -> Path | None:
-    """A run directory beside ``named`` (same dataset, model, method and seed) that already holds this
-    identity, when ``named`` does not; None otherwise.
-
-    Names follow the command line, identities follow what the run consumes: ``model.swa.lr=0.05`` in a
-    grid over methods names the SGD job ``.../sgd/model.swa.lr-0.05/seed0`` though SGD never reads it.
-    That job is the SGD run the previous grid made, so it continues or skips that run instead of
-    training a copy (one config, one run).
-    """
-    if stored_identity(named) == identity:
+def earlier_run_dir(named: Path, identity: dict) -> Path | None:
+    """A run directory beside ``named`` (same dataset, model, method and seed) that an earlier swalab named from the
+    command line (its ``identity.json`` has no ``version``) and that holds this config, when ``named`` does not."""
+    if named.exists():
         return None
     method_dir, seed_dir = named.parent.parent, named.name
     if not method_dir.is_dir():
         return None
     for candidate in sorted(method_dir.glob(f"*/{seed_dir}")):
-        if candidate != named and stored_identity(candidate) == identity:
-            get_logger().info(f"[swalab] {named.relative_to(method_dir)} is the run already in {candidate} "
-                              "(the same config: the overrides that differ do not reach this method); using it")
+        record = json_of(candidate / IDENTITY_FILE)
+        theirs = stored_identity(candidate)
+        if record.get("version") is None and theirs is not None and not differences(identity, theirs):
             return candidate
     return None
+
+
+def json_of(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
+    """The run's identity (``swalab.identity.identity_of``: the resolved config and the fingerprint of the data
+    it reads), the resolved config, and the record of the data's files (None when they are not there yet)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    data_record = data_files_record(cfg)
+    return identity_of(resolved, data_record["fingerprint"] if data_record else None), resolved, data_record
+
+
+# Group choices that name the run's place (its directory and table row), not a setting that sets it apart.
+PLACE_GROUPS = ("dataset", "model", "method", "experiment", "sweep", "dataset_model", "logger", "paths")
+
+
+def interpolation_sources(cfg: DictConfig, keys) -> dict[str, str]:
+    """For each of ``keys`` whose value in ``cfg`` is a plain interpolation (``${model.swa.lr}``), the key it reads."""
+    out = {}
+    for key in keys:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        try:
+            raw = node._get_node(leaf)._value() if OmegaConf.is_dict(node) else None
+        except (AttributeError, KeyError):
+            raw = None
+        match = re.fullmatch(r"\$\{([A-Za-z0-9_.]+)\}", raw) if isinstance(raw, str) else None
+        if match:
+            out[key] = interpolation_sources(cfg, [match.group(1)]).get(match.group(1), match.group(1))
+    return out
+
+
+def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -> dict | None:
+    """What sets this run apart from the defaults of its data set, model and method (``identity.settings_apart``),
+    by composing the config of the same group choices without the command line's key overrides; None when no
+    Hydra application is running to compose it (a config built in Python)."""
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not choices or not GlobalHydra.instance().is_initialized():
+        return None
+    primary = default_choices()
+    overrides = [f"{'' if g in primary else '+'}{g}={v}" for g, v in choices.items()
+                 if v is not None and not g.startswith("hydra") and g != "dataset_model"]
+    try:
+        default = compose(config_name="config", overrides=overrides)
+        for key in ("dataset.root", "model.arch._target_"):  # values the defaults leave to the user ('???')
+            parent, _, leaf = key.rpartition(".")
+            if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
+                OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
+        default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT))
+    except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
+        return None
+    changed_groups = {g: v for g, v in choices.items() if g not in PLACE_GROUPS and not g.startswith("hydra")
+                      and v != primary.get(g)}
+    return settings_apart(identity, default_identity, interpolation_sources(cfg, identity), changed_groups)
 
 
 def validate(cfg: DictConfig):
@@ -80,27 +147,40 @@ def validate(cfg: DictConfig):
     their own arguments when built and their combination in ``validate``.
     """
     check_config(cfg)
-    select_device(str(cfg.trainer.device))
-    method = build_method(cfg, int(cfg.trainer.epochs))
-    method.validate(initialized=bool(cfg.run.get("init_from") or cfg.run.get("branch_from")
+    select_device(str(cfg.run.device))
+    method = build_method(cfg, cfg.trainer.epochs)  # the method checks trainer.epochs (an integer >= 0)
+    method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
                                      or cfg.model.get("pretrained")))
     return method
 
 
-def inspect_run_dir(run_dir: Path, identity: dict, resume) -> dict | None:
+def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | None = None) -> dict | None:
     """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
-    identity (to skip it), None for a new or interrupted one; refused when it holds another config."""
+    identity (to skip it), None for a new or interrupted one; refused when it holds another config, or the
+    same config on data that changed since (naming the class folders that did)."""
     theirs = stored_identity(run_dir)
-    if theirs is not None and theirs != identity:
-        raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(differences(identity, theirs)[:8])
+    diffs = differences(identity, theirs) if theirs is not None else []
+    if [d for d in diffs if d.startswith(DATA_FINGERPRINT + ":")] and len(diffs) == 1:
+        then = read_data_record(run_dir)
+        what = changes(then["record"], data_record) if then and data_record else "its files differ"
+        raise ConfigError(f"{run_dir} holds this config's run on other data: the data set changed since it was "
+                          f"made ({what}). Nothing there is touched. Restore the data to continue that run, or train "
+                          "on the new data in a directory of its own with run.dir=<dir>")
+    if diffs:
+        raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(diffs[:8])
                           + "): nothing there is touched. Re-run with that config to continue it, or give this "
                           "one its own directory with run.dir=<dir>")
-    metrics = run_dir / "metrics.json"
-    if metrics.exists():
+    try:
+        metrics = final_metrics(run_dir)
+    except DamagedRecord as exc:  # the run is scored again from its last checkpoint, which overwrites it
+        get_logger().warning(f"[swalab] {exc}: ignored; the run continues from its newest checkpoint (after the "
+                             "last epoch: only the final scoring runs again) and writes it anew")
+        metrics = None
+    if metrics is not None:
         if resume is False:
             raise FileExistsError(f"{run_dir} already holds a finished run and run.resume=false: nothing is "
                                   "overwritten. Choose another directory with run.dir=<dir>")
-        return json.loads(metrics.read_text())
+        return metrics
     has_checkpoints = bool(CheckpointStore(run_dir).paths())
     if resume is False and has_checkpoints:
         raise FileExistsError(f"{run_dir} already holds a run and run.resume=false: nothing is overwritten. "
@@ -123,12 +203,15 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     if overrides is not None:
         check_overrides(overrides, list(choices or {}))
     method = validate(cfg)
-    device = select_device(str(cfg.trainer.device))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    identity = identity_of(resolved)
-    run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, overrides, choices)
-    apart = tuple(name_items(overrides, choices or {}, default_choices())[0])
-    finished = inspect_run_dir(run_dir, identity, cfg.run.resume)
+    for caveat in method.caveats():
+        get_logger().warning(f"[swalab] {caveat}")
+    device = select_device(str(cfg.run.device))
+    identity, resolved, data_record = identity_for(cfg)
+    settings = apart_from_defaults(cfg, identity, choices)
+    run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, settings, choices)
+    apart = tuple(name_items(settings)[0])
+    finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
-                   apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished)
+                   apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished,
+                   data_record=data_record, settings=settings)

@@ -1,6 +1,6 @@
 """The small files of a run directory and the one-line errors they record.
 
-``git.json``, ``status.json`` (best effort: a full disk must not hide the error it reports),
+``metrics.json`` (the record that a run is finished, :func:`final_metrics`), ``git.json``, ``status.json`` (best effort: a full disk must not hide the error it reports),
 ``predictions.pt``, and the ``<type>: <first line>`` form of an error that ``status.json`` and a grid's
 summary keep. Only the main rank writes (data-parallel runs share one directory).
 """
@@ -21,6 +21,7 @@ from swalab.logs import get_logger
 
 log = get_logger()
 PREDICTIONS_FILE = "predictions.pt"
+METRICS_FILE = "metrics.json"
 PREDICTIONS_MAX = 5_000_000  # numbers per predictor (test images x classes) kept in predictions.pt
 
 
@@ -42,12 +43,66 @@ def git_info() -> dict:
     return {"commit": commit or None, "dirty": dirty}
 
 
-def write_json(path: Path, obj) -> None:
-    if not distributed.is_main():  # data-parallel runs: rank 0 writes the run directory
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temp file renamed over it): a kill leaves the old file or the
+    new one, never half of one. Only the main rank writes (data-parallel runs share one directory)."""
+    if not distributed.is_main():
         return
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=float) + "\n")
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json(path: Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
+
+
+DATA_FILE = "data.json"
+
+
+def data_facts(data, record: dict | None) -> dict:
+    """What a run found in its data set (``data.json``): the record of the files read (per class folder a count
+    and a hash, ``swalab.data.fingerprint``), the classes, channels, image size, split sizes, the
+    normalisation measured on the training images (when the loader measures it) and the decode cache."""
+    images = getattr(data.train, "images", None)
+    return {"name": data.name, "num_classes": int(data.num_classes), "classes": list(data.classes),
+            "channels": getattr(data, "channels", None),
+            "image_size": list(images.shape[-2:]) if images is not None else None,
+            "train_images": len(data.train), "test_images": len(data.test),
+            "measured_mean": getattr(data, "mean", None), "measured_std": getattr(data, "std", None),
+            "record": record}
+
+
+def read_data_record(run_dir: str | Path) -> dict | None:
+    """The run's ``data.json`` (:func:`data_facts`), or None (runs of earlier versions have none)."""
+    try:
+        return json.loads((Path(run_dir) / DATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class DamagedRecord(ValueError):
+    """A run's ``metrics.json`` exists but cannot be read (empty, cut short, not swalab's)."""
+
+
+def final_metrics(run_dir: str | Path) -> dict | None:
+    """The run's final metrics, or None while it has none.
+
+    ``metrics.json`` is the one record that says a run is finished: it is written last, in one atomic step,
+    so a run whose ``metrics.json`` reads back is finished whatever ``status.json`` says (a kill right after
+    it was written leaves ``status: running`` behind). Raises :class:`DamagedRecord`, naming the file, when
+    it exists but does not hold one metrics dict per predictor.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return None
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DamagedRecord(f"{path} cannot be read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(metrics, dict) or not any(isinstance(m, dict) and "acc" in m for m in metrics.values()):
+        raise DamagedRecord(f"{path} holds no predictor's metrics")
+    return metrics
 
 
 def message(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 TORCHRUN = [PYTHON, "-m", "torch.distributed.run"]
 # one small job: the bundled digits, PreResNet-8, no logger
-TINY = ["logger=none", "trainer.progress=false", "model.arch.depth=8", "trainer.device=cpu"]
+TINY = ["logger=none", "run.progress=false", "model.arch.depth=8", "run.device=cpu"]
 # a SLURM job of one CPU task on the local cluster (tests/cluster/slurm-up)
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.mem_gb=1"]

@@ -85,8 +85,8 @@ def test_scancel_marks_the_run_cancelled_and_launching_the_grid_again_resumes_it
     summary = text(tmp_path / "grid.log")
     assert launcher.returncode == 1 and "0 of 1 jobs finished; 1 did not: cancelled" in summary, summary[-3000:]
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["status"] == "cancelled" and "re-launch the same command" in status["message"]
-    assert re.search(r"cancelled: signal 15 received: checkpoint written (at|after) epoch", text(run_dir / "run.log"))
+    assert status["status"] == "cancelled" and "re-run the same command" in status["message"]
+    assert re.search(r"cancelled: SIGTERM received: checkpoint written (at|after) epoch", text(run_dir / "run.log"))
 
     again = run(*grid)
     assert again.returncode == 0 and "1 of 1 jobs finished" in again.stdout, again.stderr[-3000:]

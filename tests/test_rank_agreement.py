@@ -46,7 +46,7 @@ def bn_model() -> nn.Module:
 def methods() -> dict:
     lr = Constant(lr=0.05)
     return {"sgd": SGD(lr, EPOCHS),
-            "swa": SWA(lr, EPOCHS, swa_start_epoch=2, swa_lr=0.02),  # its BN update is sharded
+            "swa": SWA(lr, EPOCHS, lr=0.02, start_epoch=2),  # its BN update is sharded
             "ema": EMA(lr, EPOCHS, decay=0.9),                       # averages each rank's own BN buffers
             "fge": FGE(lr, EPOCHS, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=2, bn_update=True)}
 

@@ -277,7 +277,7 @@ def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_r
                                             "status": "requeued"}
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "requeued" and "requeued and resumes" in status["message"]
-    assert "requeued: signal 12 received: checkpoint written at epoch 1, step 2" in (run / "run.log").read_text()
+    assert "requeued: SIGUSR2 received: checkpoint written at epoch 1, step 2" in (run / "run.log").read_text()
 
 
 # -- 3. bad config values, caught before anything is written -------------------------------------------

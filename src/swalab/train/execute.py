@@ -89,7 +89,7 @@ def execute(plan: RunPlan) -> dict:
     if plan.finished is not None:
         log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
         return plan.finished
-    distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun
+    distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     lock = RunLock(plan.run_dir) if distributed.is_main() else None
     if lock is not None:
         lock.acquire()

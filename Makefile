@@ -18,7 +18,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: install
 	$(PY) -m swalab.results.row --dataset digits --model preresnet20 --seeds 0 --ema
 
-# The default test suite (slow and GPU tests deselected; run them with `make test-all`).
+# The default test suite (slow and GPU tests deselected; run them with `make test-all`). The tests marked `cluster`
+# run when a SLURM cluster answers (tests/cluster/slurm-up starts a local one, as .ci/run does), else they are
+# skipped with the reason.
 test: install
 	$(PY) -m pytest
 

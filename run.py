@@ -9,9 +9,11 @@
   with the traceback unless the error says all there is to say (a NaN loss, a full disk).
 * In a grid (``-m``) each job writes a record to the grid's directory (``swalab.grid``) and the grid
   goes on; at its end a summary lists every job, and the command exits 1 if any did not finish.
-* A paused run writes a checkpoint at the step it is on: preempted (SIGTERM/SIGUSR1) it exits 75,
+* A paused run writes a checkpoint at the step it is on: preempted (SIGTERM/SIGUSR1/SIGUSR2) it exits 75,
   interrupted (Ctrl-C) 130; re-launching the same command continues it. A paused grid prints its summary
-  and stops.
+  and stops. Under SLURM ``status.json`` says ``requeued`` or ``cancelled`` where SLURM says so
+  (``swalab.slurm``); with ``hydra/launcher=slurm`` submitit's handler then requeues the job, and a job that
+  will not come back ends normally so that the grid's summary lists it.
 """
 
 import os
@@ -24,15 +26,18 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import swalab  # noqa: F401  (registers the config resolvers before Hydra composes)
+from swalab import distributed
 from swalab.checkpoint import CheckpointError
 from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
 from swalab.train import execute, message, one_line, prepare
+from swalab.train.records import write_status
 from swalab.trainer import INTERRUPTED_EXIT_CODE, NonFiniteLossError, Preempted
 
 # Errors during training whose message says all a user needs: shown as one line, without a traceback.
 SELF_EXPLAINED = (NonFiniteLossError, OSError, CheckpointError)
 REFUSED_EXIT_CODE = 2
+SUBMITIT_JOB = "SUBMITIT_FOLDER"  # set in the process of a submitit job: one grid job per process
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -48,7 +53,7 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(REFUSED_EXIT_CODE)
 
     def record(state: str, error: str | None = None) -> None:
-        if multirun:
+        if multirun and distributed.is_main():  # a job of several processes: rank 0 keeps the record
             record_job(hydra_cfg.sweep.dir, job, overrides, run_dir, state, error)
 
     def stop_grid(code: int) -> None:
@@ -68,13 +73,17 @@ def main(cfg: DictConfig) -> float | None:
     except Preempted as exc:
         record(exc.status, str(exc))
         print(f"[swalab] {exc}", file=sys.stderr)
-        # A launcher that installed its own handler (submitit: SIGUSR1 -> checkpoint() -> requeue) gets the
-        # signal now that the checkpoint is safely written; a plain launch exits 75 for a requeue wrapper.
-        # Ctrl-C's own handler would only raise KeyboardInterrupt: the pause is complete without it.
-        signum = exc.signum
-        handler = signal.getsignal(signum) if signum and signum != signal.SIGINT else None
-        if callable(handler):
-            handler(signum, None)
+        try:
+            hand_on(exc)
+        except Exception as err:  # submitit declined to requeue (e.g. "timed-out too many times")
+            exc.status = "preempted"
+            write_status(run_dir, {"status": exc.status, "message": f"{exc}; not requeued: {one_line(err)}"})
+            record(exc.status, f"not requeued: {one_line(err)}")
+            print(f"[swalab] not requeued: {one_line(err)}; re-run the same command to continue", file=sys.stderr)
+        if multirun and SUBMITIT_JOB in os.environ:  # this process is one job of the grid, which goes on
+            if exc.status == "requeued":
+                sys.exit(exc.exit_code)  # the job comes back and resumes
+            return None  # the job will not come back: it ends here, and the grid's summary says why
         stop_grid(exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before the run started training or while it was scored at the end
         record("interrupted", "KeyboardInterrupt: Ctrl-C")
@@ -96,6 +105,15 @@ def main(cfg: DictConfig) -> float | None:
     first = next((m for m in metrics.values() if "acc" in m), None)
     return None if first is None else first["acc"]
 
+
+def hand_on(exc: Preempted) -> None:
+    """Give the signal to the launcher's own handler, now that the checkpoint is written: submitit's
+    (``hydra/launcher=slurm``) checkpoints the Hydra job and requeues it, then exits the process. A plain
+    launch has none and exits 75 (EX_TEMPFAIL) for a requeue wrapper; Ctrl-C's own handler would only raise
+    KeyboardInterrupt: the pause is complete without it."""
+    handler = signal.getsignal(exc.signum) if exc.signum and exc.signum != signal.SIGINT else None
+    if callable(handler):
+        handler(exc.signum, None)
 
 
 if __name__ == "__main__":

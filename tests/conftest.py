@@ -39,3 +39,50 @@ def cifar10_jpg() -> Path:
     if not (CIFAR10_JPG / "train").is_dir():
         pytest.skip(f"real CIFAR-10 JPEG copy not found at {CIFAR10_JPG} (set SWALAB_CIFAR10_JPG)")
     return CIFAR10_JPG
+
+
+# -- the local SLURM cluster (tests/cluster/slurm-up) for the tests marked `cluster` ----------------------------
+SLURM_DIR = Path(os.environ.get("SWALAB_SLURM_DIR", "/tmp/swalab-slurm"))
+
+
+def slurm_unavailable() -> str | None:
+    """Why the cluster tests cannot run here, or None when a SLURM cluster answers (and SLURM_CONF is set)."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        return "hydra-submitit-launcher is not installed: pip install -e .[slurm]"
+    if shutil.which("sinfo") is None:
+        failed = SLURM_DIR / "failed"
+        if failed.is_file():
+            return f"tests/cluster/slurm-up could not start SLURM: {failed.read_text().strip()}"
+        return "SLURM is not installed: start a local cluster with tests/cluster/slurm-up (as root; apt-installs it)"
+    conf = os.environ.get("SLURM_CONF") or str(SLURM_DIR / "slurm.conf")
+    if not Path(conf).is_file():
+        failed = SLURM_DIR / "failed"
+        if failed.is_file():
+            return f"tests/cluster/slurm-up could not start SLURM: {failed.read_text().strip()}"
+        return f"no SLURM cluster is running here (no {conf}): start one with tests/cluster/slurm-up"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "SLURM_CONF": conf})
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"sinfo did not answer ({exc})"
+    states = out.stdout.split()
+    if out.returncode != 0 or not states:
+        return (f"no SLURM cluster answers at SLURM_CONF={conf} ({out.stderr.strip()[:200] or 'no node'}): start one "
+                "with tests/cluster/slurm-up")
+    if not any(s.rstrip("*~#") in ("idle", "mixed", "allocated") for s in states):
+        return f"the SLURM node is not up (sinfo: {', '.join(states)})"
+    os.environ["SLURM_CONF"] = conf  # the jobs and the tests' own squeue/scontrol calls use it
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """SLURM_CONF of the running local cluster; the test is skipped, with the reason, when there is none."""
+    reason = slurm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    return os.environ["SLURM_CONF"]

@@ -178,7 +178,7 @@ def test_only_the_newest_two_checkpoints_are_kept(tmp_path):
 
 
 # -- 2. preemption --------------------------------------------------------------------------------
-@pytest.mark.parametrize("sig", ["TERM", pytest.param("USR1", marks=pytest.mark.slow)])  # same code path
+@pytest.mark.parametrize("sig", ["TERM", pytest.param("USR1", marks=pytest.mark.slow), "USR2"])  # USR2: submitit's
 def test_preemption_signal_checkpoints_mid_epoch_and_relaunch_ends_equal(tmp_path, reference, monkeypatch, sig):
     run = tmp_path / "run"
     monkeypatch.setenv(faults.ENV, f"train_step:6:{sig}")  # arrives during step 2 of epoch 2
@@ -251,6 +251,33 @@ def test_a_launchers_own_signal_handler_runs_after_the_checkpoint(tmp_path):
     assert done.returncode == PREEMPTED_EXIT_CODE, done.stderr[-2000:]
     record = json.loads(seen.read_text())
     assert record == {"signal": signal.SIGUSR1, "checkpoints": ["epoch0001.pt", "epoch0001_step000002.pt"]}
+
+
+def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_requeued(tmp_path):
+    """submitit answers its time-limit signal (USR2 by default) by requeueing the job and calling
+    ``sys.exit(-1)``. The trainer catches the signal itself, writes the mid-epoch checkpoint, records the run
+    as ``requeued``, and only then hands the signal on; the exit is never recorded as a failure."""
+    run, seen = tmp_path / "run", tmp_path / "seen.json"
+    launcher = textwrap.dedent(f"""
+        import json, os, runpy, signal, sys
+        class SignalHandler:  # stands in for submitit.core.job_environment.SignalHandler
+            def checkpoint_and_try_requeue(self, signum, frame):
+                names = sorted(os.listdir({str(run / 'checkpoints')!r}))
+                status = json.load(open({str(run / 'status.json')!r}))["status"]
+                open({str(seen)!r}, "w").write(json.dumps({{"checkpoints": names, "status": status}}))
+                sys.exit(-1)  # what submitit does once the job is requeued
+        SignalHandler.__module__ = "submitit.core.job_environment"
+        signal.signal(signal.SIGUSR2, SignalHandler().checkpoint_and_try_requeue)
+        sys.argv = ["run.py", *sys.argv[1:]]
+        runpy.run_path("run.py", run_name="__main__")
+    """)
+    done = run_cli(run, fault="train_step:6:USR2", python=[PYTHON, "-c", launcher])
+    assert done.returncode == 255, done.stderr[-2000:]
+    assert json.loads(seen.read_text()) == {"checkpoints": ["epoch0001.pt", "epoch0001_step000002.pt"],
+                                            "status": "requeued"}
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "requeued" and "requeued and resumes" in status["message"]
+    assert "requeued: SIGUSR2 received: checkpoint written at epoch 1, step 2" in (run / "run.log").read_text()
 
 
 # -- 3. bad config values, caught before anything is written -------------------------------------------

@@ -1,8 +1,10 @@
-"""Data-parallel training over several processes (``torchrun --nproc_per_node=N run.py ...``).
+"""Data-parallel training over several processes: ``torchrun --nproc_per_node=N run.py ...``, or the tasks of
+one SLURM job (``hydra.launcher.tasks_per_node=N``, docs/cluster.md).
 
-``torchrun`` sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; with ``WORLD_SIZE > 1``
-:func:`init_distributed` joins the process group (NCCL on CUDA, gloo on CPU) and everything else
-follows from these rules:
+:func:`init_distributed` joins the process group when it finds several processes: torchrun's ``WORLD_SIZE``,
+``RANK`` and ``LOCAL_RANK`` first, else an ``srun`` step's ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS`` and
+``SLURM_LOCALID`` (``swalab.slurm.task_env``: rank 0 on the step's first node, the port drawn from the job
+id). NCCL on CUDA, gloo on CPU. Everything else follows from these rules:
 
 * ``trainer.batch_size`` is the *global* batch: each rank takes ``batch_size / world_size`` samples,
   its own slice of the same seeded permutation (``ResidentLoader(rank=, world_size=)``), so the
@@ -10,23 +12,29 @@ follows from these rules:
 * The model is wrapped in ``DistributedDataParallel``: gradients are averaged across ranks in
   ``backward``, so after every optimizer step the weights are identical on all ranks. SWA, FGE and EMA
   therefore average identical weights on every rank and need no communication of their own.
-* BatchNorm: during training each rank normalises with the statistics of its own slice of the batch
-  (as any DDP run without SyncBatchNorm), and DDP broadcasts rank 0's running statistics at each
-  forward. The BN update of an averaged model (``update_bn``) runs on every rank over the *whole*
-  training set, so every rank computes the same statistics without communication, in the time rank 0
-  alone would need.
-* Only rank 0 writes files (run directory, checkpoints, history) and talks to W&B
-  (:func:`is_main`); every rank evaluates the whole test set, so all return the same metrics.
+* BatchNorm buffers are not gradients: during training each rank normalises with the statistics of its
+  own slice of the batch and updates its running statistics from it (DDP broadcasts rank 0's at the start
+  of each forward), so after the last step they differ between ranks. Every scoring pass therefore first
+  broadcasts rank 0's buffers (:func:`sync_buffers`), and every rank scores the same network.
+* Scoring and the BN update of an averaged model are sharded: each rank takes every ``world_size``-th batch
+  (:func:`shard_batches`); predictions are gathered back in the loader's order (:func:`gather_batches`),
+  BN statistics are summed over the ranks (:func:`reduce_bn_statistics`). N ranks do 1/N of the work each
+  and all return the metrics one process would, up to the order of float sums.
+* Only rank 0 writes files (run directory, checkpoints, history) and talks to W&B (:func:`is_main`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from swalab import slurm
 
 
 @dataclass(frozen=True)
@@ -40,18 +48,37 @@ class DistInfo:
         return self.world_size > 1
 
 
+def launch_info(env: Mapping[str, str] = os.environ) -> DistInfo:
+    """Rank, world size and local rank the launcher gave this process, before any process group exists:
+    torchrun's variables, else an ``srun`` step's (``swalab.slurm.task_env``), else one process."""
+    if int(env.get("WORLD_SIZE") or 1) > 1:
+        return DistInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK") or 0))
+    task = slurm.task_env(env)
+    if task is not None:
+        return DistInfo(task.rank, task.world_size, task.local_rank)
+    return DistInfo()
+
+
 def init_distributed(device: str = "auto") -> DistInfo:
-    """Join the process group ``torchrun`` describes in the environment; a no-op for one process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    """Join the process group torchrun or an ``srun`` step describes in the environment; a no-op for one process.
+
+    Under SLURM it exports torchrun's variables (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``; those already set are kept) and joins with ``env://`` as torchrun's processes do.
+    """
+    launched = launch_info()
+    if not launched.enabled:
         return DistInfo()
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if "WORLD_SIZE" not in os.environ:  # an srun task: torchrun's variables from SLURM's
+        task = slurm.task_env()
+        for key, value in {"MASTER_ADDR": task.master_addr, "MASTER_PORT": task.master_port, "RANK": task.rank,
+                           "WORLD_SIZE": task.world_size, "LOCAL_RANK": task.local_rank}.items():
+            os.environ.setdefault(key, str(value))
     cuda = device != "cpu" and torch.cuda.is_available()
     if not dist.is_initialized():
         if cuda:
-            torch.cuda.set_device(local_rank)
+            torch.cuda.set_device(launched.local_rank)
         dist.init_process_group("nccl" if cuda else "gloo")
-    return DistInfo(rank, world_size, local_rank)
+    return launched
 
 
 def info() -> DistInfo:
@@ -62,8 +89,11 @@ def info() -> DistInfo:
 
 
 def is_main() -> bool:
-    """Whether this process writes files and logs (rank 0, or the only process)."""
-    return info().rank == 0
+    """Whether this process writes files and logs (rank 0, or the only process). Before the process group is
+    joined, the launcher's rank decides (:func:`launch_info`)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return launch_info().rank == 0
 
 
 def local_device(device: torch.device) -> torch.device:
@@ -81,3 +111,104 @@ def wrap(model: nn.Module, device: torch.device) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+# -- every rank scores the same network, each on its share of the batches ------------------------------------
+def _collective_device() -> torch.device:
+    """Where tensors must live for this process group's collectives (NCCL: this rank's GPU)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Broadcast rank 0's buffers (BatchNorm running statistics) to every rank; a no-op for one process.
+
+    Weights agree after every DDP step, buffers do not: each rank's BN statistics follow its own slice of the
+    batch. Scoring after this gives every rank rank 0's network, the one rank 0 writes to ``final.pt``.
+    """
+    if not info().enabled:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for buffer in model.buffers():
+        by_dtype.setdefault(buffer.dtype, []).append(buffer)
+    device = _collective_device()
+    for buffers in by_dtype.values():
+        flat = torch.cat([b.detach().reshape(-1).to(device) for b in buffers])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
+def shard_batches(batches: Iterable) -> Iterator:
+    """This rank's share of ``batches``: batch ``i`` goes to rank ``i % world_size`` (all of them for one
+    process). Skipped batches are still drawn from the loader, but nothing is computed on them."""
+    current = info()
+    for i, batch in enumerate(batches):
+        if i % current.world_size == current.rank:
+            yield batch
+
+
+def gather_batches(outputs: list[torch.Tensor]) -> torch.Tensor:
+    """The per-batch outputs of every rank's :func:`shard_batches` share, concatenated in the loader's order,
+    on the CPU, on every rank (for one process: ``torch.cat(outputs)``)."""
+    current = info()
+    if not current.enabled:
+        return torch.cat(outputs).cpu()
+    device = _collective_device()
+    width = outputs[0].shape[1:] if outputs else None
+    # each rank's batch sizes and row width, padded to the longest list
+    sizes = torch.tensor([len(o) for o in outputs], dtype=torch.long, device=device)
+    counts = _all_gather_padded(sizes.view(-1, 1)).squeeze(-1)  # [world, max batches]
+    shapes = [None] * current.world_size
+    dist.all_gather_object(shapes, None if width is None else tuple(width))
+    width = next(s for s in shapes if s is not None)
+    local = (torch.cat(outputs) if outputs else torch.zeros((0, *width))).to(device)
+    rows = _all_gather_padded(local)  # [world, max rows, *width]
+    per_rank = [list(torch.split(rows[r][: int(counts[r].sum())], counts[r][counts[r] > 0].tolist()))
+                if int(counts[r].sum()) else [] for r in range(current.world_size)]
+    total = sum(len(p) for p in per_rank)
+    ordered = [per_rank[i % current.world_size][i // current.world_size] for i in range(total)]
+    return torch.cat(ordered).cpu()
+
+
+def _all_gather_padded(local: torch.Tensor) -> torch.Tensor:
+    """``[world, max rows, ...]``: every rank's ``local`` (rows may differ), zero-padded to the longest."""
+    world = info().world_size
+    n = torch.tensor([len(local)], dtype=torch.long, device=local.device)
+    lengths = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(lengths, n)
+    longest = int(max(int(x) for x in lengths))
+    padded = torch.zeros((longest, *local.shape[1:]), dtype=local.dtype, device=local.device)
+    padded[: len(local)] = local
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.stack(parts)
+
+
+def reduce_bn_statistics(model: nn.Module) -> None:
+    """After each rank ran ``update_bn`` over its share of the batches: every rank's BatchNorm statistics become
+    the average over all batches (sums of ``running_mean * batches`` and ``running_var * batches`` over the
+    ranks, divided by all the batches), as one process averaging every batch would compute them."""
+    if not info().enabled:
+        return
+    layers = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.running_mean is not None]
+    if not layers:
+        return
+    device = _collective_device()
+    batches = float(layers[0].num_batches_tracked)
+    sums = torch.cat([torch.cat([m.running_mean.double().reshape(-1), m.running_var.double().reshape(-1)]).to(device)
+                      * batches for m in layers] + [torch.tensor([batches], dtype=torch.float64, device=device)])
+    dist.all_reduce(sums)
+    total = sums[-1]
+    if total == 0:
+        return
+    offset = 0
+    for m in layers:
+        n = m.running_mean.numel()
+        m.running_mean.copy_((sums[offset:offset + n] / total).view_as(m.running_mean))
+        m.running_var.copy_((sums[offset + n:offset + 2 * n] / total).view_as(m.running_var))
+        m.num_batches_tracked.fill_(int(total))
+        offset += 2 * n

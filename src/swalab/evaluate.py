@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swalab import distributed
+
 ECE_BINS = 15
 
 
@@ -44,18 +46,21 @@ def predict_logits(model: nn.Module, loader: Iterable, device: torch.device, amp
 
     The model's train/eval mode is restored afterwards, so scoring mid-training never leaves
     the live model in eval mode (and eval mode never touches BN running statistics).
+    Data-parallel (``swalab.distributed``): call it on every rank; each scores its share of the batches
+    with rank 0's buffers and every rank gets all the logits, in the loader's order.
     """
     was_training = model.training
+    distributed.sync_buffers(model)
     model.eval()
     outputs = []
     try:
-        for x, _ in loader:
+        for x, _ in distributed.shard_batches(loader):
             x = x.to(device, non_blocking=True)
             with autocast_for(device, amp):
                 outputs.append(model(x).float())
     finally:
         model.train(was_training)
-    return torch.cat(outputs).cpu()
+    return distributed.gather_batches(outputs)
 
 
 def labels_of(loader: Iterable) -> torch.Tensor:
@@ -195,13 +200,17 @@ def metrics_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, f
 
 def recompute_bn(model: nn.Module, loader, device: torch.device, amp: bool = False) -> None:
     """Recompute ``model``'s BatchNorm statistics with one pass over ``loader`` (train mode, exact cumulative
-    average, no grad: ``torch.optim.swa_utils.update_bn``), the loader's epoch-0 augmentation when it has one."""
+    average, no grad: ``torch.optim.swa_utils.update_bn``), the loader's epoch-0 augmentation when it has one.
+
+    Data-parallel: call it on every rank; each runs its share of the batches and the ranks' sums are combined
+    (``swalab.distributed.reduce_bn_statistics``), so all end with the statistics of the whole pass."""
     from torch.optim.swa_utils import update_bn
 
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(0)
     with autocast_for(device, amp):
-        update_bn(loader, model, device=device)
+        update_bn(distributed.shard_batches(loader), model, device=device)
+    distributed.reduce_bn_statistics(model)
 
 
 def metrics_table(metrics: dict[str, dict]) -> str:

@@ -9,11 +9,15 @@ environment variable, whether to act:
     SWALAB_FAULT=<point>:<n>[:<signal>]      e.g.  SWALAB_FAULT=train_step:7
                                                    SWALAB_FAULT=checkpoint_write:2:KILL
                                                    SWALAB_FAULT=train_step:5:TERM
+    SWALAB_FAULT=<point>:slow:<seconds>[:<file>]  e.g.  SWALAB_FAULT=train_step:slow:0.5:/tmp/slow
 
 At the ``n``-th hit of ``<point>`` in this process, the process sends itself ``<signal>`` (default
 ``KILL``: no handler, no cleanup, exactly like ``kill -9`` or an out-of-memory kill). ``TERM`` and
 ``USR1`` exercise the preemption path instead; ``STOP`` freezes the process where it is (holding its
-run's lock) until it gets ``SIGCONT``. Points: ``train_step`` (after an optimizer step),
+run's lock) until it gets ``SIGCONT``. ``slow`` sleeps ``<seconds>`` at every hit instead, while ``<file>`` exists when one is
+named: a run that lasts as long as a test needs in wall-clock time without using the CPU, and computes
+exactly what it would without the sleeps (the SLURM time-limit tests, ``tests/test_cluster_requeue.py``,
+remove the file once the job was requeued often enough). Points: ``train_step`` (after an optimizer step),
 ``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
 re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place), ``final_record`` (``metrics.json``
 written, ``status.json`` not yet updated).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
@@ -34,21 +39,34 @@ POINTS = ("train_step", "swa_average", "bn_update", "checkpoint_write", "final_r
 _hits: Counter[str] = Counter()
 
 
-def _plan() -> tuple[str, int, signal.Signals] | None:
+def _plan() -> tuple[str, int, signal.Signals | tuple[float, str]] | None:
+    """``(point, n, signal)``, or ``(point, 0, (seconds, file))`` for ``<point>:slow:<seconds>[:<file>]``."""
     spec = os.environ.get(ENV)
     if not spec:
         return None
     point, _, rest = spec.partition(":")
     count, _, sig = rest.partition(":")
+    if point in POINTS and count == "slow":
+        seconds, _, gate = sig.partition(":")
+        try:
+            return point, 0, (float(seconds), gate)
+        except ValueError:
+            pass
     if point not in POINTS or not count.isdigit() or int(count) < 1:
-        raise ValueError(f"{ENV}={spec!r}: expected <point>:<n>[:<signal>] with point in {POINTS} and n >= 1")
+        raise ValueError(f"{ENV}={spec!r}: expected <point>:<n>[:<signal>] or <point>:slow:<seconds>[:<file>] with "
+                         f"point in {POINTS} and n >= 1")
     return point, int(count), signal.Signals["SIG" + (sig or "KILL").upper().removeprefix("SIG")]
 
 
 def hit(point: str) -> None:
-    """Count one pass through ``point``; at the planned pass, signal this process."""
+    """Count one pass through ``point``; at the planned pass, signal this process (or sleep at every pass)."""
     plan = _plan()
     if plan is None or plan[0] != point:
+        return
+    if plan[1] == 0:
+        seconds, gate = plan[2]
+        if not gate or os.path.exists(gate):
+            time.sleep(seconds)
         return
     _hits[point] += 1
     if _hits[point] == plan[1]:

@@ -41,10 +41,12 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wr
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 # The signals that pause a run: each makes the loop write a checkpoint at the step it is on and stop, leaving
-# this status in status.json and this exit code for run.py. Ctrl-C is a pause like a preemption.
+# this status in status.json and this exit code for run.py. Ctrl-C is a pause like a preemption. Under SLURM
+# swalab.slurm.stop_status names a preemption more exactly (requeued, cancelled).
 PAUSE_SIGNALS: dict[int, tuple[str, int]] = {
-    signal.SIGTERM: ("preempted", PREEMPTED_EXIT_CODE),
-    signal.SIGUSR1: ("preempted", PREEMPTED_EXIT_CODE),
+    signal.SIGTERM: ("preempted", PREEMPTED_EXIT_CODE),     # scheduler preemption, scancel, scontrol requeue, a time limit
+    signal.SIGUSR1: ("preempted", PREEMPTED_EXIT_CODE),     # sbatch --signal=USR1, SUBMITIT_PREEMPT_SIGNAL=USR1
+    signal.SIGUSR2: ("preempted", PREEMPTED_EXIT_CODE),     # submitit's default time-limit/preemption signal
     signal.SIGINT: ("interrupted", INTERRUPTED_EXIT_CODE),
 }
 
@@ -64,21 +66,22 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Preempted(RuntimeError):
-    """A pause signal (``PAUSE_SIGNALS``: SIGTERM, SIGUSR1, SIGINT) arrived; a checkpoint was written and the
-    same command continues the run."""
+    """A pause signal (``PAUSE_SIGNALS``: SIGTERM, SIGUSR1, SIGUSR2, SIGINT) arrived; a checkpoint was written and
+    the same command continues the run.
+
+    ``status`` (what status.json records) and ``exit_code`` start as the signal's entry in ``PAUSE_SIGNALS``;
+    ``swalab.train`` refines the status from what SLURM says (``requeued``, ``cancelled``) before recording it.
+    The message ends with what happens next, which follows from the status."""
 
     def __init__(self, message: str, signum: int | None = None):
         super().__init__(message)
         self.signum = signum  # run.py hands the signal on to a launcher's own handler (submitit)
+        self.status, self.exit_code = PAUSE_SIGNALS.get(signum, ("preempted", PREEMPTED_EXIT_CODE))
 
-    @property
-    def status(self) -> str:
-        """What status.json records: ``preempted`` (SIGTERM, SIGUSR1) or ``interrupted`` (Ctrl-C)."""
-        return PAUSE_SIGNALS.get(self.signum, ("preempted", PREEMPTED_EXIT_CODE))[0]
-
-    @property
-    def exit_code(self) -> int:
-        return PAUSE_SIGNALS.get(self.signum, ("preempted", PREEMPTED_EXIT_CODE))[1]
+    def __str__(self) -> str:
+        then = ("the job is requeued and resumes from it" if self.status == "requeued"
+                else "re-run the same command to continue")
+        return f"{self.args[0]}; {then}"
 
 
 def signal_words(signum: int | None) -> str:
@@ -316,7 +319,7 @@ class Trainer:
             if self._signal is not None and step + 1 < steps:
                 self.save(epoch, step + 1, tally.partial())
                 raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch}, "
-                                f"step {step + 1}; re-run the same command to continue", self._signal)
+                                f"step {step + 1}", self._signal)
         if bar is not None:
             bar.close()
         if int(bad_step) >= 0:
@@ -348,8 +351,8 @@ class Trainer:
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
         if self._signal is not None and not last:
-            raise Preempted(f"{signal_words(self._signal)} received: checkpoint written after epoch {done}; "
-                            "re-run the same command to continue", self._signal)
+            raise Preempted(f"{signal_words(self._signal)} received: checkpoint written after epoch {done}",
+                            self._signal)
 
     def _finite(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
         """In ``skip`` mode, drop a non-finite step (syncs each step); ``stop`` checks per epoch."""

@@ -11,8 +11,8 @@ The run directory::
     config.yaml      the resolved config           identity.json  the run's identity and its hashes
     overrides.yaml   the command line's overrides  git.json       commit and dirty flag
     history.jsonl    one line per epoch            metrics.json   final metrics per predictor
-    status.json      running / failed / preempted / interrupted (complete once metrics.json is written), with
-                     the error line if any
+    status.json      running / failed / preempted / requeued / cancelled / interrupted (complete once
+                     metrics.json is written), with the error line if any
     run.log          the run's log lines (one per epoch) with time stamps
     checkpoints/     epochNNNN.pt (last two kept; saved/ holds run.save_at epochs)
     final.pt         live weights plus each method's own (SWA average, EMA)

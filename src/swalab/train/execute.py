@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from swalab import distributed, faults
+from swalab import distributed, faults, slurm
 from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointStore, atomic_save
 from swalab.config import ConfigError, build
@@ -98,7 +98,7 @@ def execute(plan: RunPlan) -> dict:
     if plan.finished is not None:
         log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
         return plan.finished
-    distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun
+    distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     lock = RunLock(plan.run_dir) if distributed.is_main() else None
     if lock is not None:
         lock.acquire()
@@ -238,6 +238,7 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
             write_json(run_dir / METRICS_FILE, metrics)  # last: from here on the run is finished (final_metrics)
             faults.hit("final_record")  # test-only kill point (swalab.faults)
         except Preempted as exc:
+            exc.status = slurm.stop_status(exc.signum, exc.status)  # under SLURM: requeued, cancelled or preempted
             write_status(run_dir, {"status": exc.status, "message": str(exc)})
             log.info(f"[swalab] {run_dir} {exc.status}: {exc}")
             tracker.finish(exit_code=1)

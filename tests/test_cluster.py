@@ -12,6 +12,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+
+from swalab.grid import read_jobs
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF_DIR
@@ -64,8 +66,8 @@ def test_a_grid_on_slurm_finishes_with_the_same_summary_and_table_as_on_one_mach
     assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs}) == 1
     sbatch = next((tmp_path / "slurm").glob("grids/*/.submitit/*/*submission.sh")).read_text()
     assert "#SBATCH --array=0-3%1" in sbatch
-    spans = sorted(log_span(Path(j["run_dir"])) for j in map(json.loads, (
-        p.read_text() for p in (tmp_path / "slurm").glob("grids/*/jobs/*.json"))))
+    [grid] = (tmp_path / "slurm" / "grids").iterdir()
+    spans = sorted(log_span(Path(j["run_dir"])) for j in read_jobs(grid))  # the record names its runs relative to it
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans
 
 

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 import swalab  # noqa: F401  (registers resolvers)
@@ -21,6 +22,21 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="swalab-tests-cache-")
 
 # settings that keep a test run small, quiet and offline
 QUIET = ["logger=none", "run.progress=false"]
+
+
+@pytest.fixture(autouse=True)
+def threads_left_as_found():
+    """No test leaves torch's thread count changed: it sets the order of float sums in every later test that compares
+    an in-process run with a ``python run.py`` child bit for bit."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for this test, as in the worker processes it compares with."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

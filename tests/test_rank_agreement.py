@@ -129,8 +129,7 @@ def test_every_rank_returns_the_same_metrics_for_every_predictor(two_ranks):
         assert per_rank[0][method][predictor] == per_rank[1][method][predictor], (method, predictor)
 
 
-def test_a_sharded_test_pass_and_bn_update_equal_one_process_doing_all_the_work(two_ranks):
-    torch.set_num_threads(1)
+def test_a_sharded_test_pass_and_bn_update_equal_one_process_doing_all_the_work(two_ranks, one_thread):
     _, test, bn_loader = loaders(0, 1)
     alone = diverged_model(0)  # rank 0's buffers are the ones every rank scores with
     logits = predict_logits(alone, test, torch.device("cpu"), amp=False)

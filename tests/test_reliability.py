@@ -40,6 +40,9 @@ PYTHON = sys.executable
 TINY = ["logger=none", "run.progress=false", "trainer.epochs=4", "model.swa.start_epoch=2",
         "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8"]
 STEPS_PER_EPOCH = 4
+# The number of threads changes the order of float sums: the in-process runs and the `python run.py` children of
+# this file use one thread each, so that a resumed run can be compared bit for bit with the reference on any machine.
+THREADS = 1
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -51,7 +54,7 @@ def make_cfg(*overrides: str):
 def run_cli(run_dir: Path, *overrides: str, fault: str | None = None, timeout: int = 300,
             python: list[str] | None = None) -> subprocess.CompletedProcess:
     """``python run.py <TINY> run.dir=<run_dir>``, optionally with a planned fault."""
-    env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+    env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}, "OMP_NUM_THREADS": str(THREADS)}
     if fault:
         env[faults.ENV] = fault
     cmd = [*(python or [PYTHON, "run.py"]), *TINY, *overrides, f"run.dir={run_dir}"]
@@ -78,6 +81,14 @@ def assert_same_run(run: Path, reference: Path) -> None:
     assert json.loads((run / "status.json").read_text())["status"] == "complete"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def same_threads_as_the_children():
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def no_planned_fault(monkeypatch):
     monkeypatch.delenv(faults.ENV, raising=False)
@@ -85,7 +96,7 @@ def no_planned_fault(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def reference(tmp_path_factory, same_threads_as_the_children) -> Path:
     """The uninterrupted run every interrupted one must end equal to."""
     run_dir = tmp_path_factory.mktemp("reference")
     train(make_cfg(), run_dir=run_dir)

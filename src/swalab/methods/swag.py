@@ -99,7 +99,9 @@ class SWAG(SWA):
         return mean + self.scale ** 0.5 * draw
 
     def sampled_log_probs(self, ctx: TrainContext, low_rank: bool, generator: torch.Generator) -> CachedEnsemble:
-        """The test log-probabilities of ``samples`` draws, each with its BN statistics recomputed."""
+        """The test log-probabilities of ``samples`` draws, each with its BN statistics recomputed (on the training
+        split), and the same draws' on the validation split when there is one: the Bayesian model average is an
+        ensemble of the samples, scored and temperature-scaled as one predictor (``swalab.calibration``)."""
         base = self.averaged.module
         mean = flat_parameters(base, self._device(ctx))
         model = copy.deepcopy(base)
@@ -107,7 +109,7 @@ class SWAG(SWA):
         for _ in range(self.samples):
             load_flat(model, self.sample(mean, generator, low_rank))
             ctx.update_bn(model)
-            members.add(ctx.test_log_probs(model))
+            members.add(ctx.test_log_probs(model), ctx.val_log_probs(model) if ctx.val_log_probs is not None else None)
         return members
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:

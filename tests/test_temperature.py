@@ -76,8 +76,8 @@ def val_trainer(method, tmp_path, epochs: int, val: bool = True, **options) -> T
     """A tiny run on random data with a validation split of 15 images (``val=False``: none)."""
     common = dict(device=CPU, mean=[0.5, 0.5], std=[0.25, 0.25])
     train_split = split(48, seed=1)
-    opts = TrainerOptions(epochs=epochs, progress=False, handle_signals=False, eval_every=0, checkpoint_every=1000,
-                          **options)
+    opts = TrainerOptions(**{"epochs": epochs, "progress": False, "handle_signals": False, "eval_every": 0,
+                             "checkpoint_every": 1000, **options})
     return Trainer(toy_net(), method,
                    ResidentLoader(train_split, 8, train=True, pad=1, flip=True, seed=0, **common),
                    ResidentLoader(split(20, seed=2), 7, train=False, **common),
@@ -186,3 +186,17 @@ def test_cached_predictors_that_know_no_validation_scores_get_no_temperature(tmp
     method.predictors = lambda ctx, real=method.predictors: {k: v for k, v in real(ctx).items() if k != "cached"}
     metrics = val_trainer(method, tmp_path, epochs=1).fit().metrics
     assert list(metrics) == ["said", "ensemble"] and not any("val" in m for m in metrics.values())
+
+
+def test_monitoring_on_the_validation_split_scores_the_live_model_and_the_swa_average_there(tmp_path):
+    from swalab.logs import epoch_line
+
+    method = SWA(PaperSGD(lr=0.1, horizon=4), 4, lr=0.05, start_epoch=1, pre_schedule="base", score_every=1)
+    trainer = val_trainer(method, tmp_path, epochs=4, eval_every=1, eval_split="val")
+    trainer.fit()
+    last = trainer.history[-1]
+    assert {"val_acc", "val_loss", "swa_val_acc", "swa_val_nll"} <= set(last) and not any("test" in k for k in last)
+    expected = metrics_from_log_probs(trainer.val_log_probs(method.averaged_for_eval(trainer.ctx)), trainer.val_labels)
+    assert last["swa_val_acc"] == expected["acc"]
+    line = epoch_line(last, 4, None)
+    assert f"val acc {last['val_acc']:.2f}% nll {last['val_loss']:.4f}" in line and "swa val acc" in line

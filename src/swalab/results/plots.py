@@ -25,6 +25,14 @@ def _pyplot():
     return plt
 
 
+def _title(row, width: int = 60) -> str:
+    """A row's name as a panel's title, wrapped so that a long one (``dataset.train_size=..., dataset.val_size=...``)
+    stays over its panel."""
+    import textwrap
+
+    return textwrap.fill(row.name, width)
+
+
 def _panels(plt, n: int, width: float, height: float):
     fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
     return fig, axes[0]
@@ -112,7 +120,7 @@ def plot_test_error(table: Table, path: Path) -> bool:
                 if points:
                     _mean_band(ax, points, style, f"{name}{suffix} (n={len(runs)})", color=f"C{i}")
         what = "test error" if split == "test" else "validation error"
-        ax.set(title=row.name, xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
+        ax.set(title=_title(row), xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     _finish(plt, fig, path)
@@ -149,7 +157,7 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
         if most == 1:
             ax.text(0.5, 0.05, "1 member: a single SGD snapshot, not an ensemble", transform=ax.transAxes,
                     ha="center", fontsize=8, color="C3")
-        ax.set(title=row.name, xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
+        ax.set(title=_title(row), xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -220,7 +228,7 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
-        ax.set(title=row.name, ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        ax.set(title=_title(row, 45), ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", title="hollow: bins with < 1% of the images", title_fontsize=7)
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))

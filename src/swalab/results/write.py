@@ -111,11 +111,11 @@ def diff_text(row, column, values) -> str:
     return _fmt_diff(values) if values else "no seed in common with SGD"
 
 
-def _mean_pm(values: Sequence[float], digits: int) -> str:
+def _mean_pm(values: Sequence[float], digits: int, sign: bool = False) -> str:
     if not values:
         return "–"
     mean, std = mean_std(values)
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+    return f"{mean:{'+' if sign else ''}.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
 def ensembles_markdown(ensembles: Sequence) -> list[str]:
@@ -159,7 +159,8 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             lines.append([column.label, str(len(cell.entries)),
                           *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
                           f"{sum(temps) / len(temps):.3f}" if temps else "",
-                          _mean_pm(acc_diffs.get(column, []), 2), _mean_pm(nll_diffs.get(column, []), 4)])
+                          _mean_pm(acc_diffs.get(column, []), 2, sign=True),
+                          _mean_pm(nll_diffs.get(column, []), 4, sign=True)])
         sgd = row.sgd_cells()
         for e in (e for e in formed if e.row is row):
             base = sgd.get(sgd_baseline(row, e.column)) if sgd_baseline(row, e.column) is not None else None
@@ -208,9 +209,16 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                "that row (a run of other settings has a row of its own).")
     if paper:
         out.append(f"Paper rows: {paper.get('source', 'Izmailov et al. 2018')}.")
-    lineage = [f"- {row.name}, {c.label}, seed {e.run.seed}: branched from {shown(e.run.lineage.get('parent'))} at epoch "
-               f"{e.run.lineage.get('epoch')}" for row in table.rows for c, cell in row.cells.items()
-               for e in cell.entries if e.run.lineage]
+    lineage = []
+    for row in table.rows:  # one line per branched run, naming every column it fills (a SWAG run fills SWA's too)
+        filled: dict = {}
+        for c in sorted(row.cells, key=lambda c: c.order):
+            for e in row.cells[c].entries:
+                if e.run.lineage and not c.scaled:
+                    filled.setdefault(str(e.run.path), (e.run, []))[1].append(c.label)
+        lineage += [f"- {row.name}, {', '.join(labels)}, seed {run.seed}: branched from "
+                    f"{shown(run.lineage.get('parent'))} at epoch {run.lineage.get('epoch')}"
+                    for run, labels in sorted(filled.values(), key=lambda rl: (rl[1][0], str(rl[0].seed)))]
     if lineage:
         out += ["", "Branched runs (each equals the run trained straight through, docs/branching.md):", *lineage]
     return "\n".join(out) + "\n"

@@ -87,11 +87,11 @@ def test_paper_recipes_reach_the_config(make_cfg):
     """Per-model values from reference.md section 2, and the per-(dataset, model) specialisation."""
     wrn = make_cfg("method=swa", "model=wrn28_10", "dataset=cifar100", "method.budget=1.5")
     assert (wrn.trainer.epochs, build_method(wrn, 300).start_epoch, wrn.model.swa.lr, wrn.schedule.lr) == (300, 161, 0.05, 0.1)
-    assert wrn.trainer.weight_decay == 5e-4 and wrn.trainer.batch_size == 128 and wrn.trainer.momentum == 0.9
+    assert wrn.optimizer.weight_decay == 5e-4 and wrn.trainer.batch_size == 128 and wrn.optimizer.momentum == 0.9
     assert make_cfg("model=preresnet164", "dataset=cifar100", "method=swa").model.swa.lr == 0.05
     assert make_cfg("model=preresnet164", "dataset=cifar10", "method=swa").model.swa.lr == 0.01
     vgg = make_cfg("model=vgg16", "method=sgd", "dataset=cifar10")
-    assert (vgg.trainer.epochs, vgg.schedule.lr, vgg.trainer.weight_decay) == (200, 0.05, 5e-4)
+    assert (vgg.trainer.epochs, vgg.schedule.lr, vgg.optimizer.weight_decay) == (200, 0.05, 5e-4)
     assert list(vgg.model.mean) == [0.485, 0.456, 0.406]
     fge = make_cfg("model=preresnet164", "method=fge", "dataset=cifar100")
     assert (fge.trainer.epochs, build_method(fge, 150).pretrain_epochs, fge.model.fge.cycle_epochs) == (150, 120, 2)

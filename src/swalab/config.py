@@ -124,9 +124,6 @@ KEYS: dict[str, tuple] = {
     "trainer.batch_size": ("int", 1, None),
     "run.eval_batch_size": ("int?", 1, None),
     "run.eval_every": ("int", 0, None),
-    "trainer.momentum": ("number", 0, 1),
-    "trainer.weight_decay": ("number", 0, None),
-    "trainer.nesterov": ("bool", None, None),
     "trainer.amp": ("bool", None, None),
     "run.channels_last": ("bool", None, None),
     "run.compile": ("bool", None, None),
@@ -167,8 +164,7 @@ def check_config(cfg: DictConfig) -> None:
             continue
         value = OmegaConf.select(cfg, key)
         try:
-            require(key, value, kind, low, high, low_open=key in OPEN_LOW,
-                    high_open=key == "trainer.momentum")
+            require(key, value, kind, low, high, low_open=key in OPEN_LOW)
         except ConfigError as exc:
             errors.append(str(exc))
     if cfg.trainer.get("nonfinite") not in ("stop", "skip"):
@@ -196,6 +192,7 @@ MOVED_KEYS = {
                                            "eval_every")},
     **{f"dataset.{k}": f"run.{k}" for k in ("cache_dir", "download", "num_workers", "prefetch_factor")},
     "run.init_from": "model.init_from",
+    **{f"trainer.{k}": f"optimizer.{k}" for k in ("momentum", "weight_decay", "nesterov")},
     "method.swa_start": "model.swa.start", "method.swa_start_epoch": "model.swa.start_epoch",
     "method.swa_lr": "model.swa.lr", "method.swa_lr_min": "model.swa.lr_min",
     **{f"method.{k}": f"model.swa.{k} (SWA) or model.fge.{k} (FGE)" for k in ("cycle_epochs", "pre_schedule",
@@ -214,6 +211,8 @@ def upgraded_config(config: dict) -> dict:
 
     out = copy.deepcopy(config)
     method = (out.get("method") or {}).get("name")
+    if "optimizer" not in out and "trainer" in out:  # written before the optimizer group: the paper's SGD
+        out["optimizer"] = {"_target_": "torch.optim.SGD", "filter_bias_and_bn": False}
 
     def pop(dotted: str):
         group, _, key = dotted.partition(".")
@@ -255,7 +254,7 @@ def moved_keys(args: Sequence[str]) -> list[str]:
 # -- keys added on the command line ------------------------------------------------------------
 
 # Blocks handed whole to a constructor: a key added there with '+' is an argument, checked by it.
-OPEN_BLOCKS = ("model.arch", "dataset.source", "method", "schedule")
+OPEN_BLOCKS = ("model.arch", "dataset.source", "method", "schedule", "optimizer")
 
 
 def check_overrides(overrides: Sequence[str], groups: Sequence[str]) -> None:

@@ -131,3 +131,23 @@ def test_a_paper_model_trains_on_its_paper_data_set_unless_another_is_named(make
     assert make_cfg(f"model={model}").dataset.name == dataset  # `run.py method=swa model=wrn28_10` as in the paper
     assert make_cfg(f"model={model}", "dataset=digits").dataset.name == "digits"  # a dataset= typed wins
     assert make_cfg("dataset=cifar10", f"model={model}").dataset.name == "cifar10"  # in either order
+
+
+def test_a_key_a_config_file_adds_to_the_trainer_or_run_group_and_nothing_reads_is_refused(make_cfg):
+    """Struct mode refuses ``trainer.foo=1`` on the command line, but an experiment's yaml may add any key to a group;
+    one that conf/<group>/default.yaml does not define would be silently ignored (the table2 experiments once set
+    trainer.eval_batch_size after it had moved to run)."""
+    from omegaconf import OmegaConf
+
+    from swalab.config import ConfigError, check_config
+
+    cfg = make_cfg("experiment=table2_resnet50", "dataset.root=/nonexistent")
+    check_config(cfg)  # every shipped experiment sets only keys that are read
+    OmegaConf.set_struct(cfg, False)
+    cfg.trainer.eval_batch_size = 256
+    cfg.run.epochs = 3
+    with pytest.raises(ConfigError) as refused:
+        check_config(cfg)
+    assert "trainer.eval_batch_size is not a key of conf/trainer/default.yaml, so nothing would read it: it is now " \
+           "run.eval_batch_size" in str(refused.value)
+    assert "run.epochs is not a key of conf/run/default.yaml" in str(refused.value)

@@ -167,6 +167,7 @@ def check_config(cfg: DictConfig) -> None:
             require(key, value, kind, low, high, low_open=key in OPEN_LOW)
         except ConfigError as exc:
             errors.append(str(exc))
+    errors += unread_group_keys(cfg)
     if cfg.trainer.get("nonfinite") not in ("stop", "skip"):
         errors.append(f"trainer.nonfinite={cfg.trainer.get('nonfinite')!r} must be 'stop' or 'skip'")
     resume = cfg.run.get("resume")
@@ -181,6 +182,24 @@ def check_config(cfg: DictConfig) -> None:
         errors.append("set model.init_from (weights only) or run.branch_from (full state), not both")
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run")) -> list[str]:
+    """A key that a config file (an experiment, say) added to a group whose keys swalab reads one by one, and that
+    ``conf/<group>/default.yaml`` does not define: nothing would ever read it (a key that moved to another group,
+    a typo), so it is refused, naming where it lives now when it moved (``MOVED_KEYS``)."""
+    import yaml
+
+    errors = []
+    for group in groups:
+        defined = yaml.safe_load((CONF_DIR / group / "default.yaml").read_text()) or {}
+        for key in cfg.get(group) or {}:
+            if key in defined:
+                continue
+            moved = MOVED_KEYS.get(f"{group}.{key}")
+            errors.append(f"{group}.{key} is not a key of conf/{group}/default.yaml, so nothing would read it"
+                          + (f": it is now {moved}" if moved else ""))
+    return errors
 
 
 # -- keys that moved ----------------------------------------------------------------------------

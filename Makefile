@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-all clean
+.PHONY: install demo test test-all mutate clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,14 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -m "slow or not slow"
+
+# Mutation testing of the core (docs/mutation.md; not part of CI): mutmut mutates the modules listed in pyproject.toml
+# into mutants/ and runs the tests that cover each mutant; `.venv/bin/mutmut results` lists the survivors afterwards.
+mutate: install
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	PYTHONPATH=$(CURDIR)/mutants/src OMP_NUM_THREADS=1 WANDB_MODE=disabled $(VENV)/bin/mutmut run
+	$(VENV)/bin/mutmut export-cicd-stats 2>/dev/null; $(VENV)/bin/mutmut results > mutants/survivors.txt; \
+	  tail -n 3 mutants/survivors.txt
 
 clean:
 	rm -rf outputs multirun .pytest_cache

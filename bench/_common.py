@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from swalab.data import DataSplit, ResidentLoader
 from swalab.methods.sgd import SGD
+from swalab.optim import OptimizerSpec
 from swalab.schedules import Constant
 from swalab.trainer import Trainer, TrainerOptions
 
@@ -228,10 +229,11 @@ class TrainerBench:
                               train=False, **common)
         self.method = TimedSGD(lr, warmup)
         self.tmp = tempfile.TemporaryDirectory(prefix="swalab-bench-")
-        opts = TrainerOptions(epochs=1, momentum=0.9, weight_decay=5e-4, amp=amp, channels_last=channels_last,
+        opts = TrainerOptions(epochs=1, amp=amp, channels_last=channels_last,
                               compile=compile, eval_every=0, checkpoint_every=10**6, progress=False,
                               handle_signals=False)
-        self.trainer = Trainer(model, self.method, loader, test, loader, device, self.tmp.name, opts)
+        self.trainer = Trainer(model, self.method, loader, test, loader, device, self.tmp.name, opts,
+                               optimizer=OptimizerSpec(settings={"momentum": 0.9, "weight_decay": 5e-4}))
         self.batch_size, self.steps, self.warmup = batch_size, steps, warmup
 
     def run(self) -> float:

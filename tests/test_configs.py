@@ -87,11 +87,11 @@ def test_paper_recipes_reach_the_config(make_cfg):
     """Per-model values from reference.md section 2, and the per-(dataset, model) specialisation."""
     wrn = make_cfg("method=swa", "model=wrn28_10", "dataset=cifar100", "method.budget=1.5")
     assert (wrn.trainer.epochs, build_method(wrn, 300).start_epoch, wrn.model.swa.lr, wrn.schedule.lr) == (300, 161, 0.05, 0.1)
-    assert wrn.trainer.weight_decay == 5e-4 and wrn.trainer.batch_size == 128 and wrn.trainer.momentum == 0.9
+    assert wrn.optimizer.weight_decay == 5e-4 and wrn.trainer.batch_size == 128 and wrn.optimizer.momentum == 0.9
     assert make_cfg("model=preresnet164", "dataset=cifar100", "method=swa").model.swa.lr == 0.05
     assert make_cfg("model=preresnet164", "dataset=cifar10", "method=swa").model.swa.lr == 0.01
     vgg = make_cfg("model=vgg16", "method=sgd", "dataset=cifar10")
-    assert (vgg.trainer.epochs, vgg.schedule.lr, vgg.trainer.weight_decay) == (200, 0.05, 5e-4)
+    assert (vgg.trainer.epochs, vgg.schedule.lr, vgg.optimizer.weight_decay) == (200, 0.05, 5e-4)
     assert list(vgg.model.mean) == [0.485, 0.456, 0.406]
     fge = make_cfg("model=preresnet164", "method=fge", "dataset=cifar100")
     assert (fge.trainer.epochs, build_method(fge, 150).pretrain_epochs, fge.model.fge.cycle_epochs) == (150, 120, 2)
@@ -131,3 +131,23 @@ def test_a_paper_model_trains_on_its_paper_data_set_unless_another_is_named(make
     assert make_cfg(f"model={model}").dataset.name == dataset  # `run.py method=swa model=wrn28_10` as in the paper
     assert make_cfg(f"model={model}", "dataset=digits").dataset.name == "digits"  # a dataset= typed wins
     assert make_cfg("dataset=cifar10", f"model={model}").dataset.name == "cifar10"  # in either order
+
+
+def test_a_key_a_config_file_adds_to_the_trainer_or_run_group_and_nothing_reads_is_refused(make_cfg):
+    """Struct mode refuses ``trainer.foo=1`` on the command line, but an experiment's yaml may add any key to a group;
+    one that conf/<group>/default.yaml does not define would be silently ignored (the table2 experiments once set
+    trainer.eval_batch_size after it had moved to run)."""
+    from omegaconf import OmegaConf
+
+    from swalab.config import ConfigError, check_config
+
+    cfg = make_cfg("experiment=table2_resnet50", "dataset.root=/nonexistent")
+    check_config(cfg)  # every shipped experiment sets only keys that are read
+    OmegaConf.set_struct(cfg, False)
+    cfg.trainer.eval_batch_size = 256
+    cfg.run.epochs = 3
+    with pytest.raises(ConfigError) as refused:
+        check_config(cfg)
+    assert "trainer.eval_batch_size is not a key of conf/trainer/default.yaml, so nothing would read it: it is now " \
+           "run.eval_batch_size" in str(refused.value)
+    assert "run.epochs is not a key of conf/run/default.yaml" in str(refused.value)

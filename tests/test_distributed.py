@@ -21,6 +21,7 @@ from torch import nn
 from swalab.data import ResidentLoader
 from swalab.data.splits import DataSplit
 from swalab.methods import SWA
+from swalab.optim import OptimizerSpec
 from swalab.schedules import Constant
 from swalab.trainer import Trainer, TrainerOptions
 
@@ -47,7 +48,8 @@ def train_swa(run_dir, rank: int = 0, world_size: int = 1) -> dict[str, torch.Te
     test = ResidentLoader(data, 64, train=False, **common)
     method = SWA(Constant(lr=0.05), EPOCHS, start_epoch=2, lr=0.02, bn_update=False)
     trainer = Trainer(toy_model(), method, train, test, test, cpu, run_dir,
-                      TrainerOptions(epochs=EPOCHS, weight_decay=1e-4, progress=False, handle_signals=False))
+                      TrainerOptions(epochs=EPOCHS, progress=False, handle_signals=False),
+                          optimizer=OptimizerSpec(settings={"momentum": 0.9, "weight_decay": 1e-4}))
     trainer.fit()
     return {k: v.detach().clone() for k, v in method.final_weights()["swa"].items()}
 

@@ -23,6 +23,7 @@ from swalab.data import ResidentLoader
 from swalab.data.splits import DataSplit
 from swalab.evaluate import predict_logits, recompute_bn
 from swalab.methods import EMA, FGE, SGD, SWA
+from swalab.optim import OptimizerSpec
 from swalab.schedules import Constant
 from swalab.trainer import Trainer, TrainerOptions
 from test_distributed import free_port
@@ -66,7 +67,8 @@ def train_all(run_dir: Path, rank: int, world_size: int) -> dict[str, dict]:
     for name, method in methods().items():
         train, test, bn = loaders(rank, world_size)
         trainer = Trainer(bn_model(), method, train, test, bn, torch.device("cpu"), run_dir / name,
-                          TrainerOptions(epochs=EPOCHS, weight_decay=1e-4, progress=False, handle_signals=False))
+                          TrainerOptions(epochs=EPOCHS, progress=False, handle_signals=False),
+                          optimizer=OptimizerSpec(settings={"momentum": 0.9, "weight_decay": 1e-4}))
         metrics[name] = trainer.fit().metrics
     return metrics
 

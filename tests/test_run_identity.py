@@ -113,7 +113,8 @@ def test_the_default_choices_are_read_from_the_primary_config():
 @pytest.mark.parametrize("override, message", [
     ("trainer.epochs=2.5", "trainer.epochs=2.5 must be an integer"),
     ("seed=abc", "seed='abc' must be an integer"),
-    ("+optimizer.lr=nan", "swalab reads no key 'optimizer.lr'"),
+    ("+model.lr_scale=2", "swalab reads no key 'model.lr_scale'"),
+    ("+optimizer.lr=nan", "optimizer.lr=nan must be a finite number"),  # an argument of the optimizer: checked by it
     ("+trainer.foo=1", "swalab reads no key 'trainer.foo'"),
 ])
 def test_bad_keys_and_values_are_refused_naming_them(tmp_path, override, message):
@@ -125,8 +126,8 @@ def test_bad_keys_and_values_are_refused_naming_them(tmp_path, override, message
 @pytest.mark.parametrize("overrides, message", [
     (["model.lr=nan"], "lr=nan must be a finite number"),
     (["model.swa.lr=nan"], "model.swa.lr=nan must be a finite number"),
-    (["trainer.momentum=nan"], "trainer.momentum=nan must be a finite number"),
-    (["model.weight_decay=nan"], "trainer.weight_decay=nan must be a finite number"),
+    (["optimizer.momentum=nan"], "optimizer.momentum=nan must be a finite number"),
+    (["model.weight_decay=nan"], "optimizer.weight_decay=nan must be a finite number"),
     (["dataset.std=[nan]"], "dataset.std=[nan] must be a list of finite numbers"),
     (["dataset.mean=[inf]"], "dataset.mean=[inf] must be a list of finite numbers"),
     (["method=ema", "method.warmup_gamma=nan"], "method.warmup_gamma=nan must be a finite number"),

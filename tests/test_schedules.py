@@ -7,6 +7,7 @@ formulas in the reference), including the cycle boundaries where off-by-one erro
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from swalab.schedules import (
     piecewise_lr,
     shake_shake_swa_lr,
     swalr_lr,
+    warmup_factor,
 )
 
 
@@ -268,3 +270,51 @@ def test_fge_lr_at_pretrains_then_cycles():
     assert method.lr_at(8, 2, 4) == pytest.approx(dmc_cyclic(0, 0.5, 0.05, 0.01, 2))
     ref = FGE(schedule=base, epochs=10, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=8, pre_schedule="reference")
     assert ref.lr_at(7, 0, 4) == pytest.approx(reference_schedule(7, 0.1, None, None, 8, swa=False))
+
+
+# ----------------------------------------------------------------------------- warmup (schedule.warmup_epochs)
+
+
+def test_warmup_rises_linearly_per_step_from_lr_over_w_to_the_schedule():
+    # W = 1.5 epochs of 4 steps = 6 steps: factors 1/6 .. 6/6, then 1 for good
+    expected = [k / 6 for k in range(1, 7)] + [1.0] * 6
+    got = [warmup_factor(e, s, 4, 1.5) for e in range(3) for s in range(4)]
+    assert got == pytest.approx(expected)
+    assert warmup_factor(0, 0, 4, 0.0) == 1.0  # no warmup
+
+
+def test_warmup_multiplies_every_method_phase_including_the_pre_schedules():
+    base = PaperSGD(lr=0.1, horizon=20, warmup_epochs=2)
+    plain = PaperSGD(lr=0.1, horizon=20)
+    for method, bare in [
+        (swa(pre_schedule="reference"), None),
+        (SWA(schedule=base, epochs=20, start_epoch=1, lr=0.02), SWA(schedule=plain, epochs=20, start_epoch=1, lr=0.02)),
+        (FGE(schedule=base, epochs=10, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=0),
+         FGE(schedule=plain, epochs=10, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=0)),
+    ]:
+        if bare is None:  # the reference pre-schedule of a warmed-up base schedule
+            method = SWA(schedule=base, epochs=20, start_epoch=12, lr=0.02, pre_schedule="reference")
+            bare = swa(pre_schedule="reference")
+        for epoch in range(4):
+            for step in range(5):
+                k = epoch * 5 + step + 1
+                assert method.step_lr(epoch, step, 5) == pytest.approx(bare.lr_at(epoch, step, 5) * min(1, k / 10))
+                assert method.lr_at(epoch, step, 5) == pytest.approx(bare.lr_at(epoch, step, 5))  # the hook is unchanged
+
+
+def test_no_warmup_leaves_every_lr_exactly_as_it_was():
+    method = swa(phase="cyclic", lr_min=0.001, cycle_epochs=2)
+    assert all(method.step_lr(e, s, 7) == method.lr_at(e, s, 7) for e in range(20) for s in range(7))
+
+
+@pytest.mark.parametrize("warmup, message", [(float("nan"), "schedule.warmup_epochs=nan must be a finite number"),
+                                             (-1, "schedule.warmup_epochs=-1 must be >= 0")])
+def test_a_warmup_that_is_not_a_length_is_refused_by_name(warmup, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Constant(lr=0.1, warmup_epochs=warmup)
+
+
+def test_a_warmup_longer_than_the_run_is_refused_naming_the_key():
+    method = SWA(schedule=Constant(lr=0.1, warmup_epochs=30), epochs=20, start_epoch=12, lr=0.02, pre_schedule="base")
+    with pytest.raises(ValueError, match="schedule.warmup_epochs=30 is longer than the run's 20 epochs"):
+        method.validate(initialized=False)

@@ -150,6 +150,7 @@ def test_channels_last_training_takes_the_same_steps_as_the_default_layout(tmp_p
     weights of the same epoch trained without it (to float rounding of another convolution order)."""
     from swalab.methods import SGD
     from swalab.models import PreResNet
+    from swalab.optim import OptimizerSpec
     from swalab.schedules import Constant
     from swalab.trainer import Trainer, TrainerOptions
 
@@ -164,7 +165,8 @@ def test_channels_last_training_takes_the_same_steps_as_the_default_layout(tmp_p
         trainer = Trainer(PreResNet(depth=8, num_classes=10, in_channels=3), SGD(Constant(lr=0.01), 1), train_loader,
                           test_loader, test_loader, torch.device("cpu"), tmp_path / str(channels_last),
                           TrainerOptions(epochs=1, channels_last=channels_last, handle_signals=False, progress=False,
-                                         eval_every=0, weight_decay=5e-4))
+                                         eval_every=0),
+                          optimizer=OptimizerSpec(settings={"momentum": 0.9, "weight_decay": 5e-4}))
         trainer.fit()
         return [p.detach().contiguous() for p in trainer.model.parameters()]
 

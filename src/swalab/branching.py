@@ -13,14 +13,13 @@ straight-through run of the child's config holds at that epoch provided that
 * the epoch is at most ``method.last_branch_epoch()`` (the method has averaged or collected
   nothing yet: the epoch before averaging starts for constant-lr SWA, the end of pretraining for FGE), and
 * the child's learning rate agrees with the trunk's on every epoch before it (``check_branch``
-  replays the child's ``lr_at`` against the ``lr`` column of the trunk's history), and momentum,
-  weight decay and Nesterov agree with the trunk's optimizer.
+  replays the child's ``step_lr`` against the ``lr`` column of the trunk's history).
 
 Both are checked before training, so a branch either equals the straight-through run or is
 refused with the reason. The trunk checkpoint's identity (``swalab.identity``) must equal the
 child's on every key but what only the method decides (``identity.method_part``: the method, its recipe block,
 the run's length) and the schedule, whose effect before the branch point the lr replay checks: another data set, model,
-seed, batch size or training subset is refused, naming the keys. Plain ``model.init_from`` is different: it copies weights only (momentum and
+seed, batch size, training subset, optimizer or loss is refused, naming the keys. Plain ``model.init_from`` is different: it copies weights only (momentum and
 RNG are lost) and suits fine-tuning, not reproducing a straight-through run.
 
 ``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` reads it back.
@@ -84,8 +83,7 @@ def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:
     return state, lineage
 
 
-def check_branch(method, state: dict, steps_per_epoch: int, momentum: float, weight_decay: float,
-                 nesterov: bool) -> None:
+def check_branch(method, state: dict, steps_per_epoch: int) -> None:
     """Refuse a branch that would not equal a straight-through run of the child's config (see module doc)."""
     epoch, epochs = int(state["epoch"]), method.epochs
     if epoch >= epochs:
@@ -97,15 +95,11 @@ def check_branch(method, state: dict, steps_per_epoch: int, momentum: float, wei
                           f"{limit} or earlier (keep it with run.save_at in the trunk)")
     for row in state["history"][:epoch]:
         e = int(row["epoch"]) - 1
-        mine = method.lr_at(e, steps_per_epoch - 1, steps_per_epoch)
+        mine = method.step_lr(e, steps_per_epoch - 1, steps_per_epoch)
         if not math.isclose(mine, float(row["lr"]), rel_tol=1e-9, abs_tol=1e-12):
             raise BranchError(f"the trunk trained epoch {e + 1} at lr {row['lr']:.6g} but this run would use "
                               f"{mine:.6g}: the schedules differ before the branch point. For SWA use "
                               "model.swa.pre_schedule=base and schedule.horizon=<the trunk's trainer.epochs>")
-    group = state["optimizer"]["param_groups"][0]
-    for key, mine in (("momentum", momentum), ("weight_decay", weight_decay), ("nesterov", nesterov)):
-        if not math.isclose(float(group[key]), float(mine), rel_tol=1e-12):
-            raise BranchError(f"the trunk trained with {key}={group[key]} but this run has trainer.{key}={mine}")
 
 
 def read_lineage(run_dir: str | Path) -> dict | None:

@@ -124,9 +124,6 @@ KEYS: dict[str, tuple] = {
     "trainer.batch_size": ("int", 1, None),
     "run.eval_batch_size": ("int?", 1, None),
     "run.eval_every": ("int", 0, None),
-    "trainer.momentum": ("number", 0, 1),
-    "trainer.weight_decay": ("number", 0, None),
-    "trainer.nesterov": ("bool", None, None),
     "trainer.amp": ("bool", None, None),
     "run.channels_last": ("bool", None, None),
     "run.compile": ("bool", None, None),
@@ -167,10 +164,10 @@ def check_config(cfg: DictConfig) -> None:
             continue
         value = OmegaConf.select(cfg, key)
         try:
-            require(key, value, kind, low, high, low_open=key in OPEN_LOW,
-                    high_open=key == "trainer.momentum")
+            require(key, value, kind, low, high, low_open=key in OPEN_LOW)
         except ConfigError as exc:
             errors.append(str(exc))
+    errors += unread_group_keys(cfg)
     if cfg.trainer.get("nonfinite") not in ("stop", "skip"):
         errors.append(f"trainer.nonfinite={cfg.trainer.get('nonfinite')!r} must be 'stop' or 'skip'")
     resume = cfg.run.get("resume")
@@ -187,6 +184,24 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
+def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run")) -> list[str]:
+    """A key that a config file (an experiment, say) added to a group whose keys swalab reads one by one, and that
+    ``conf/<group>/default.yaml`` does not define: nothing would ever read it (a key that moved to another group,
+    a typo), so it is refused, naming where it lives now when it moved (``MOVED_KEYS``)."""
+    import yaml
+
+    errors = []
+    for group in groups:
+        defined = yaml.safe_load((CONF_DIR / group / "default.yaml").read_text()) or {}
+        for key in cfg.get(group) or {}:
+            if key in defined:
+                continue
+            moved = MOVED_KEYS.get(f"{group}.{key}")
+            errors.append(f"{group}.{key} is not a key of conf/{group}/default.yaml, so nothing would read it"
+                          + (f": it is now {moved}" if moved else ""))
+    return errors
+
+
 # -- keys that moved ----------------------------------------------------------------------------
 
 # Keys of earlier versions and where they live now: how and where a run runs moved to the run group, SWA's and
@@ -196,6 +211,7 @@ MOVED_KEYS = {
                                            "eval_every")},
     **{f"dataset.{k}": f"run.{k}" for k in ("cache_dir", "download", "num_workers", "prefetch_factor")},
     "run.init_from": "model.init_from",
+    **{f"trainer.{k}": f"optimizer.{k}" for k in ("momentum", "weight_decay", "nesterov")},
     "method.swa_start": "model.swa.start", "method.swa_start_epoch": "model.swa.start_epoch",
     "method.swa_lr": "model.swa.lr", "method.swa_lr_min": "model.swa.lr_min",
     **{f"method.{k}": f"model.swa.{k} (SWA) or model.fge.{k} (FGE)" for k in ("cycle_epochs", "pre_schedule",
@@ -214,6 +230,8 @@ def upgraded_config(config: dict) -> dict:
 
     out = copy.deepcopy(config)
     method = (out.get("method") or {}).get("name")
+    if "optimizer" not in out and "trainer" in out:  # written before the optimizer group: the paper's SGD
+        out["optimizer"] = {"_target_": "torch.optim.SGD", "filter_bias_and_bn": False}
 
     def pop(dotted: str):
         group, _, key = dotted.partition(".")
@@ -255,7 +273,7 @@ def moved_keys(args: Sequence[str]) -> list[str]:
 # -- keys added on the command line ------------------------------------------------------------
 
 # Blocks handed whole to a constructor: a key added there with '+' is an argument, checked by it.
-OPEN_BLOCKS = ("model.arch", "dataset.source", "method", "schedule")
+OPEN_BLOCKS = ("model.arch", "dataset.source", "method", "schedule", "optimizer")
 
 
 def check_overrides(overrides: Sequence[str], groups: Sequence[str]) -> None:

@@ -7,7 +7,7 @@ directory refuses a config of another identity (naming the keys that differ), a 
 another identity is never resumed, and a report cell never pools them.
 
 Whether a key counts follows from where it is declared: the groups of what a run computes
-(``RESULT_GROUPS``: seed, dataset, model, method, schedule, trainer) count, the groups of how and
+(``RESULT_GROUPS``: seed, dataset, model, method, schedule, optimizer, loss, trainer) count, the groups of how and
 where it runs (``RUN_GROUPS``: conf/run with device, progress, evaluation cadence, checkpoints,
 caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, four rules:
 
@@ -48,7 +48,7 @@ from typing import Any
 # Where a key is declared says whether it counts: the groups of what a run computes, and the groups of how and
 # where it runs (conf/run: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
 # which never count. tests/test_run_identity.py fails when a key of conf/ lies in neither.
-RESULT_GROUPS = ("seed", "dataset", "model", "method", "schedule", "trainer")
+RESULT_GROUPS = ("seed", "dataset", "model", "method", "schedule", "optimizer", "loss", "trainer")
 RUN_GROUPS = ("run", "logger", "paths", "hydra")
 # A data set is what its files hold (its fingerprint, ``data.fingerprint``), never where they lie.
 LOCATION = ("dataset.root",)
@@ -80,8 +80,23 @@ DATA_FINGERPRINT = "data.fingerprint"
 RETIRED_KEYS = ("dataset.root", "dataset.root_is_data", "run.eval_every")
 ADDED_KEYS = (DATA_FINGERPRINT,)
 # Settings an earlier swalab recorded under other names: SWA's and FGE's lived in method.* (SWA's with a swa_
-# prefix) and init_from in run. An identity of a run made then is read under today's names (:func:`upgraded`).
-RENAMED = {"run.init_from": "model.init_from"}
+# prefix), init_from in run, the optimizer's settings in trainer. An identity of a run made then is read under
+# today's names (:func:`upgraded`).
+RENAMED = {"run.init_from": "model.init_from", "trainer.momentum": "optimizer.momentum",
+           "trainer.weight_decay": "optimizer.weight_decay", "trainer.nesterov": "optimizer.nesterov"}
+# Settings whose values were spelled otherwise too: ``trainer.amp: true`` (bf16 autocast on CUDA) is
+# ``trainer.precision: auto``, ``false`` is ``fp32``.
+RESPELLED = {"trainer.amp": ("trainer.precision", {True: "auto", False: "fp32"})}
+# Keys added since identities were first written, with the value that does what every run did before the key
+# existed: an identity that lacks one is read as holding that value (:func:`upgraded`), so an earlier run of a
+# config is the same run as today's at the defaults, and a run that sets the key otherwise is another.
+ADDED_AT = {
+    "optimizer._target_": "torch.optim.SGD", "optimizer.filter_bias_and_bn": False,
+    "loss.label_smoothing": 0.0, "loss.mixup_alpha": 0.0, "loss.cutmix_alpha": 0.0, "loss.mix_prob": 1.0,
+    "loss.switch_prob": 0.5, "loss.mix_mode": "batch",
+    "schedule.warmup_epochs": 0.0,
+    "trainer.clip_grad_norm": None, "trainer.accumulate": 1,
+}
 RECIPE_SETTINGS = {
     "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
             **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
@@ -92,13 +107,19 @@ RECIPE_SETTINGS = {
 
 
 def upgraded(identity: Mapping[str, Any]) -> dict[str, Any]:
-    """``identity`` under today's names (``RENAMED``, ``RECIPE_SETTINGS``): an identity written by an earlier swalab
-    compares equal to today's of the same config. Today's identities come back unchanged."""
+    """``identity`` under today's names and spellings (``RENAMED``, ``RESPELLED``, ``RECIPE_SETTINGS``), with the keys
+    added since at the values that did what it did (``ADDED_AT``): an identity written by an earlier swalab compares
+    equal to today's of the same config. Today's identities come back unchanged."""
     out = {RENAMED.get(k, k): v for k, v in identity.items()}
+    for old, (new, values) in RESPELLED.items():
+        if old in out:
+            out[new] = values.get(out.pop(old), "<unknown>")
     method = out.get("method.name")
     for old, new in RECIPE_SETTINGS.get(method, {}).items():
         if f"method.{old}" in out:
             out[f"model.{method}.{new}"] = out.pop(f"method.{old}")
+    if out:  # not an empty identity (a run directory without one)
+        out.update({k: v for k, v in ADDED_AT.items() if k not in out})
     return dict(sorted(out.items()))
 
 

@@ -101,6 +101,16 @@ def swalr_lr(step: int, swa_lr: float, lr_prev: float, anneal_epochs: int, strat
     return swa_lr * alpha + lr_prev * (1.0 - alpha)
 
 
+def warmup_factor(epoch: int, step: int, steps_per_epoch: int, warmup_epochs: float) -> float:
+    """Linear warmup, per optimizer step, as a multiple of the lr in force: ``k / W`` at step ``k = 1 .. W`` of the
+    run (``W = warmup_epochs x steps_per_epoch``, rounded up), then 1. The first step trains at ``lr / W``, never at
+    0; ``warmup_epochs = 0`` is no warmup. It multiplies whatever lr the method asks for (the base schedule, SWA's
+    or FGE's pre-schedule, an SWA phase that starts at epoch 0), so it composes with every schedule."""
+    warmup_steps = math.ceil(warmup_epochs * steps_per_epoch)
+    done = epoch * steps_per_epoch + step + 1  # optimizer steps taken once this one is
+    return 1.0 if done >= warmup_steps else done / warmup_steps
+
+
 # ----------------------------------------------------------------------------- schedule objects
 
 
@@ -114,10 +124,12 @@ class Schedule(ABC):
 
     lr: float
     per_iteration: bool = False
+    warmup_epochs: float = 0.0  # linear warmup over the run's first epochs (:func:`warmup_factor`), applied by the method
 
     def __post_init__(self) -> None:
         require("schedule.lr", self.lr, "number", 0, low_open=True)
         require("schedule.per_iteration", self.per_iteration, "bool")
+        require("schedule.warmup_epochs", self.warmup_epochs, "number", 0)
 
     @abstractmethod
     def __call__(self, epoch: float) -> float:

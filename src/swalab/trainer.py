@@ -27,7 +27,6 @@ from typing import Callable, Iterable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from swalab import distributed, faults
@@ -36,7 +35,9 @@ from swalab.config import ConfigError
 from swalab.calibration import fit_temperature, scaled, scaled_name
 from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_log_probs,
                              predict_log_probs, recompute_bn, reliability_bins, val_log_probs_of)
+from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
+from swalab.optim import OptimizerSpec
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -160,9 +161,6 @@ class TrainerOptions:
     """Loop settings, all explicit (``swalab.train`` fills them from ``conf/trainer`` and ``conf/run``)."""
 
     epochs: int
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    nesterov: bool = False
     amp: bool = True                 # bf16 autocast, CUDA only
     channels_last: bool = True       # CUDA and CPU: oneDNN convolutions are 1.1-1.4x faster in it too
     compile: bool = False
@@ -178,10 +176,15 @@ class TrainerOptions:
     temperature_scaling: bool | str = "auto"  # <name>+ts predictors: auto (with a validation split) | True | False
 
 
+# What a Trainer built without an optimizer or a loss trains with: SGD with the paper's momentum, plain cross-entropy.
+DEFAULT_OPTIMIZER = OptimizerSpec("torch.optim.SGD", {"momentum": 0.9})
+
+
 class Trainer:
     def __init__(self, model: nn.Module, method: Method, train_loader, test_loader, bn_loader: Iterable,
                  device: torch.device, run_dir: str | Path, options: TrainerOptions,
                  identity: dict | None = None, on_epoch: Callable[[dict], None] | None = None,
+                 optimizer: OptimizerSpec = DEFAULT_OPTIMIZER, loss: TrainingLoss | None = None,
                  val_loader: Iterable | None = None):
         """``val_loader``: the validation split (``dataset.val_size``), or None. The BN-update loader must read the
         training split only: a validation image that set BN statistics would no longer be held out."""
@@ -210,9 +213,8 @@ class Trainer:
         self.forward_model = distributed.wrap(self.model, device)
         self.forward_model = torch.compile(self.forward_model) if options.compile else self.forward_model
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=method.lr_at(0, 0, 1),
-                                         momentum=options.momentum, weight_decay=options.weight_decay,
-                                         nesterov=options.nesterov)
+        self.optimizer = optimizer.build(self.model, lr=method.step_lr(0, 0, 1))
+        self.loss = loss if loss is not None else LossSpec().build(num_classes=0)
         self.history: list[dict] = []
         self._pending_log: dict = {}
         self._signal: int | None = None
@@ -313,7 +315,7 @@ class Trainer:
                            loss_sum=torch.tensor(float(partial.get("loss_sum", 0.0)), device=self.device),
                            correct=torch.tensor(float(partial.get("correct", 0.0)), device=self.device),
                            seen=int(partial.get("seen", 0)), skips=skips,
-                           lr=self.method.lr_at(epoch, first_step, steps))
+                           lr=self.method.step_lr(epoch, first_step, steps))
         bad_step = torch.tensor(-1, device=self.device)
         self.model.train()
         if hasattr(self.train_loader, "set_epoch"):
@@ -322,13 +324,14 @@ class Trainer:
         for step, (x, y) in enumerate(self.train_loader):
             if step < first_step:
                 continue
-            tally.lr = self.method.lr_at(epoch, step, steps)
+            tally.lr = self.method.step_lr(epoch, step, steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = tally.lr
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            x, target = self.loss.prepare(x, y)  # mixup/cutmix when asked (swalab.losses)
             with autocast_for(self.device, self.amp):
                 out = self.forward_model(x)
-                loss = F.cross_entropy(out, y)
+                loss = self.loss(out, target)
             if not self._finite(loss, epoch, step, tally.skips):
                 tally.skips += 1
                 continue
@@ -339,7 +342,7 @@ class Trainer:
             self.method.on_step_end(self.ctx, epoch, step)
             faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
             tally.loss_sum += loss.detach().float() * y.shape[0]
-            tally.correct += out.detach().argmax(1).eq(y).sum()
+            tally.correct += self.loss.correct(out, target)
             tally.seen += y.shape[0]
             if bar is not None:
                 if step % 10 == 0:

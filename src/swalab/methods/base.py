@@ -9,7 +9,7 @@ Hooks run in this order::
 
     on_train_start(ctx)                      once; on a resume, load_state_dict(state, ctx) follows
     for epoch:
-        for step:  lr_at(...) -> optimizer step -> on_step_end(ctx, epoch, step)
+        for step:  step_lr(...) (lr_at x warmup) -> optimizer step -> on_step_end(ctx, epoch, step)
         on_epoch_end(ctx, epoch)
     predictors(ctx)                           once, after the last epoch
 
@@ -28,7 +28,7 @@ from torch import nn
 
 from swalab.config import ConfigError, budget_epochs, require
 from swalab.evaluate import ModelPredictor, Predictor
-from swalab.schedules import PaperSGD, Schedule
+from swalab.schedules import PaperSGD, Schedule, warmup_factor
 
 
 @dataclass
@@ -120,6 +120,10 @@ class Method:
             raise ConfigError(f"method.budget={self.budget:g} must be > 0 for method={self.name}: a run is "
                               "method.budget budgets of B = model.budget_epochs epochs (B follows trainer.epochs when "
                               "that is set); method=pretrained trains nothing")
+        warmup = getattr(self.schedule, "warmup_epochs", 0.0)
+        if warmup > self.epochs:
+            raise ConfigError(f"schedule.warmup_epochs={warmup:g} is longer than the run's {self.epochs} epochs: the lr "
+                              f"would never reach the schedule's. Set schedule.warmup_epochs to at most {self.epochs}")
 
     def caveats(self) -> list[str]:
         """What a user should know before the run starts although it can run (an FGE "ensemble" of one member):
@@ -147,7 +151,16 @@ class Method:
 
     # -- learning rate -------------------------------------------------------------------
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
+        """The method's lr for step ``step`` of ``epoch`` (the base schedule here; SWA and FGE add their phases).
+        A method of one's own overrides this; the warmup is applied on top of it by :meth:`step_lr`."""
         return self.schedule.at(epoch, step, steps_per_epoch)
+
+    def step_lr(self, epoch: int, step: int, steps_per_epoch: int) -> float:
+        """The lr the optimizer takes for this step: :meth:`lr_at` times the schedule's linear warmup
+        (``schedule.warmup_epochs``, :func:`swalab.schedules.warmup_factor`), whatever the method's phases."""
+        warmup = getattr(self.schedule, "warmup_epochs", 0.0)
+        lr = self.lr_at(epoch, step, steps_per_epoch)
+        return lr * warmup_factor(epoch, step, steps_per_epoch, warmup) if warmup else lr
 
     # -- hooks -----------------------------------------------------------------------------
     def on_train_start(self, ctx: TrainContext) -> None:

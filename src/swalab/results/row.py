@@ -103,7 +103,7 @@ def agree_until(child, trunk, epochs: int) -> int:
     """The number of leading epochs over which ``child`` and ``trunk`` use the same learning rates."""
     for e in range(epochs):
         for s in (0, NOMINAL_STEPS // 2, NOMINAL_STEPS - 1):
-            if abs(child.lr_at(e, s, NOMINAL_STEPS) - trunk.lr_at(e, s, NOMINAL_STEPS)) > 1e-12:
+            if abs(child.step_lr(e, s, NOMINAL_STEPS) - trunk.step_lr(e, s, NOMINAL_STEPS)) > 1e-12:
                 return e
     return epochs
 

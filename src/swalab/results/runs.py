@@ -172,7 +172,7 @@ class Run:
     @property
     def weight_decay(self) -> float:
         """The L2 coefficient the run trained with (the paper's train loss adds wd/2 ||w||^2)."""
-        return float(self.cfg.trainer.weight_decay)
+        return float(self.cfg.optimizer.weight_decay)
 
     def data(self, train_size: int | None = None, test_size: int | None = None, seed: int = 0) -> ImageData:
         """The run's data set, optionally cut to a seeded class-stratified training subset and a capped test set

@@ -17,6 +17,8 @@ from swalab import distributed
 from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
 from swalab.config import ConfigError, build, is_number
 from swalab.data import ResidentLoader, subset
+from swalab.losses import LossSpec
+from swalab.optim import OptimizerSpec
 from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer import TrainerOptions
 
@@ -296,6 +298,20 @@ def build_method(cfg: DictConfig, epochs: int):
             raise ConfigError(f"model.{recipe}.{unknown[0]} is not a setting of {cfg.method._target_}; model.{recipe} "
                               f"takes: {', '.join(allowed)}")
     return build(cfg.method, "method", schedule=schedule, epochs=epochs, **settings)
+
+
+def optimizer_spec(cfg: DictConfig) -> OptimizerSpec:
+    """The run's optimizer (``conf/optimizer``): its class, its keyword arguments and timm's ``filter_bias_and_bn``."""
+    block = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    target = block.pop("_target_", None)
+    if not target:
+        raise ConfigError("optimizer._target_ is missing: name a torch.optim class (optimizer=sgd or optimizer=adamw)")
+    return OptimizerSpec(str(target), block, block.pop("filter_bias_and_bn", False))
+
+
+def loss_spec(cfg: DictConfig) -> LossSpec:
+    """The run's training loss (``conf/loss``); a key it does not have is named by ``build``."""
+    return build(OmegaConf.create({"_target_": "swalab.losses.LossSpec", **cfg.loss}), "loss")
 
 
 def trainer_options(cfg: DictConfig, epochs: int) -> TrainerOptions:

@@ -26,7 +26,7 @@ from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
-                                load_into, trainer_options)
+                                load_into, loss_spec, optimizer_spec, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, data_facts, git_info, one_line,
                                   save_predictions, seed_everything, write_json, write_status, write_text)
@@ -83,13 +83,13 @@ def build_run(plan: RunPlan) -> Built:
         if resume_state is None:
             resume_state, lineage = load_branch_state(str(cfg.run.branch_from), plan.identity)
             branched = True
-            check_branch(method, resume_state, len(train_loader), cfg.trainer.momentum, cfg.trainer.weight_decay,
-                         cfg.trainer.nesterov)
+            check_branch(method, resume_state, len(train_loader))
         else:  # this branch wrote checkpoints of its own and resumes from them
             lineage = read_lineage(run_dir)
     options = trainer_options(cfg, method.epochs)
     trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
-                      identity=plan.identity, val_loader=val_loader)
+                      identity=plan.identity, optimizer=optimizer_spec(cfg), loss=loss_spec(cfg).build(data.num_classes),
+                      val_loader=val_loader)
     return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched,
                  data_facts=data_facts(data, plan.data_record), cache_note=getattr(data, "cache_note", None))
 

@@ -23,7 +23,7 @@ from swalab.data.fingerprint import changes
 from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
                              run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
-from swalab.train.build import build_method, data_files_record
+from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
 from swalab.train.records import DamagedRecord, final_metrics, read_data_record
 from swalab.trainer import select_device
 
@@ -143,11 +143,13 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -
 def validate(cfg: DictConfig):
     """Every check of ``cfg`` that needs no data and writes nothing; returns the (checked) method.
 
-    The config's own keys (``check_config``), the device, and the schedule and method, which check
-    their own arguments when built and their combination in ``validate``.
+    The config's own keys (``check_config``), the device, the optimizer and the loss, and the schedule and method,
+    which check their own arguments when built and their combination in ``validate``.
     """
     check_config(cfg)
     select_device(str(cfg.run.device))
+    optimizer_spec(cfg).check()
+    loss_spec(cfg)
     method = build_method(cfg, cfg.trainer.epochs)  # the method checks trainer.epochs (an integer >= 0)
     method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
                                      or cfg.model.get("pretrained")))

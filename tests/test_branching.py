@@ -109,6 +109,33 @@ def test_a_swa_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
 
 
 @pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
+def test_a_swag_branch_equals_the_run_trained_straight_through_and_scores_swa_beside_swag(trunk, tmp_path):
+    """``row --swag`` trains the SWA branch as SWAG: off the SGD trunk it must end as a SWAG run trained straight
+    through (its samples drawn alike), and its SWA predictors as those of the SWA branch."""
+    swag = [*SWA_BASE, "method=swag", "method.samples=2", "method.budget=1.5", "model.swa.score_at_budgets=[1.0]"]
+    branch_metrics = run(tmp_path / "branch", *swag, f"run.branch_from={trunk}@2")
+    straight_metrics = run(tmp_path / "straight", *swag)
+    assert set(branch_metrics) == {"swa@1", "swa", "sgd", "swag", "swag_diag"}
+    assert without_timing(branch_metrics) == without_timing(straight_metrics)
+    swa_branch = run(tmp_path / "swa", *SWA_BASE, "method.budget=1.5", "model.swa.score_at_budgets=[1.0]",
+                     f"run.branch_from={trunk}@2")
+    assert branch_metrics["swa"] == swa_branch["swa"] and branch_metrics["swa@1"] == swa_branch["swa@1"]
+
+
+def test_a_row_with_swag_trains_its_swa_branch_as_swag_and_records_both_columns():
+    extra = ["logger=none", "model.budget_epochs=8", "model.swa.start_epoch=6", "paths.output_dir=/tmp/swalab-row-plan"]
+    plain, swag = (plan_row("digits", "preresnet20", 0, extra, swag=s) for s in (False, True))
+    assert [j.name for j in swag] == ["sgd", "swag", "fge"]
+    assert swag[1].branch_epoch == plain[1].branch_epoch == 5 and swag[1].parent == "sgd"
+    assert [o for o in swag[1].overrides if o != "method=swag"] == [o for o in plain[1].overrides if o != "method=swa"]
+    assert swag[1].columns == {"SWA 1B": "swa@1", "SWA 1.25B": "swa@1.25", "SWA 1.5B": "swa", "SWAG 1.5B": "swag",
+                               "SWAG-diag 1.5B": "swag_diag"}
+    naive = plan_row("digits", "preresnet20", 0, extra, naive=True, swag=True)
+    assert [j.name for j in naive] == ["sgd", "fge", "swa_b1", "swa_b1.25", "swag_b1.5"]
+    assert "method=swag" in naive[-1].overrides and "SWAG-diag 1.5B" in naive[-1].columns
+
+
+@pytest.mark.slow  # trains several tiny runs: ~10 s on an idle 2-core machine, a minute under load
 def test_a_fge_branch_equals_the_run_trained_straight_through(trunk, tmp_path):
     fge = ["method=fge", "model.fge.pretrain_epochs=2", "model.fge.cycle_epochs=2"]
     branch_metrics = run(tmp_path / "branch", *fge, f"run.branch_from={trunk}@2")

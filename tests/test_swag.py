@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from swalab.config import ConfigError
 from swalab.methods import SWA, SWAG
 from swalab.methods.swag import flat_parameters
 from swalab.schedules import PaperSGD
@@ -80,3 +81,59 @@ def test_swag_resumes_mid_run_to_the_same_samples(tmp_path):
     state = first.store.latest()
     resumed = make_trainer(swag(), tmp_path / "paused", epochs=6)
     assert resumed.fit(state).metrics == straight
+
+
+def test_a_low_rank_draw_has_the_covariance_scale_times_diagonal_plus_deviations():
+    """w = mean + sqrt(scale) (sqrt(var) z1 + D^T z2 / sqrt(K-1)): covariance scale (diag(var) + D^T D / (K-1))."""
+    method = SWAG(PaperSGD(lr=0.1, horizon=4), 4, lr=0.05, start_epoch=0, scale=0.5, rank=3)
+    mean = torch.tensor([0.5, -1.0, 2.0])
+    var = torch.tensor([0.2, 1.0, 0.05])
+    method.sq_mean = mean ** 2 + var
+    deviations = torch.tensor([[1.0, 0.0, 1.0], [0.0, 2.0, -1.0], [1.0, 1.0, 0.0]])
+    method.deviations.extend(deviations)
+    generator = torch.Generator().manual_seed(5)
+    draws = torch.stack([method.sample(mean, generator, low_rank=True) for _ in range(40000)])
+    expected = 0.5 * (torch.diag(var) + deviations.T @ deviations / 2)
+    torch.testing.assert_close(draws.mean(0), mean, atol=0.03, rtol=0)
+    torch.testing.assert_close(torch.cov(draws.T), expected, atol=0.04, rtol=0.05)
+
+
+def test_moments_device_must_be_cpu_or_the_training_device():
+    with pytest.raises(ConfigError, match=r"method.moments_device='gpu' must be 'cpu' or 'train'"):
+        swag(moments_device="gpu").validate(initialized=False)
+
+
+@pytest.mark.parametrize("where", ["cpu", "train"])
+def test_the_moments_live_where_moments_device_says_and_sample_alike(tmp_path, where):
+    method = swag(moments_device=where)
+    metrics = make_trainer(method, tmp_path, epochs=6).fit().metrics
+    assert method.sq_mean.device.type == "cpu" and all(d.device.type == "cpu" for d in method.deviations)
+    reference = make_trainer(swag(), tmp_path / "cpu", epochs=6).fit().metrics
+    assert metrics == reference  # on a CPU run the training device is the CPU: the same numbers either way
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("where, device", [("cpu", "cpu"), ("train", "cuda")])
+def test_on_a_gpu_the_moments_stay_on_the_cpu_unless_asked_and_sample_the_same_weights(tmp_path, where, device):
+    from swalab.data import ResidentLoader
+    from swalab.trainer import Trainer, TrainerOptions
+
+    from test_methods import split
+
+    cuda = torch.device("cuda")
+    common = dict(device=cuda, mean=[0.5, 0.5], std=[0.25, 0.25])
+    train_split = split(48, seed=1)
+    runs = {}
+    for moments in ("cpu", where):
+        method = swag(moments_device=moments)
+        trainer = Trainer(toy_net(), method, ResidentLoader(train_split, 8, train=True, pad=1, seed=0, **common),
+                          ResidentLoader(split(20, seed=2), 7, train=False, **common),
+                          ResidentLoader(train_split, 8, train=True, pad=1, drop_last=False, seed=1, **common), cuda,
+                          tmp_path / moments, TrainerOptions(epochs=6, progress=False, handle_signals=False,
+                                                             eval_every=0, amp=False, checkpoint_every=1000))
+        runs[moments] = (method, trainer.fit().metrics)
+    method, metrics = runs[where]
+    assert method.sq_mean.device.type == device and method.deviations[0].device.type == device
+    assert metrics["swag"]["acc"] == pytest.approx(runs["cpu"][1]["swag"]["acc"], abs=100 / 20)
+    assert metrics["swag"]["nll"] == pytest.approx(runs["cpu"][1]["swag"]["nll"], rel=1e-3)

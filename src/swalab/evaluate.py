@@ -28,7 +28,12 @@ ECE_BINS = 15
 
 
 class Predictor(Protocol):
-    """Anything that maps a loader of (x, y) batches to log-probabilities [N, C] (float32, on the CPU)."""
+    """Anything that maps a loader of (x, y) batches to log-probabilities [N, C] (float32, on the CPU).
+
+    A predictor computed once, when its model was at hand (``CachedLogProbs``, ``CachedEnsemble``), ignores the
+    loader and returns the test set's; it says what it knows of the validation split through ``val_log_proba()``
+    (None: nothing). Every other predictor scores the validation split from its loader (:func:`val_log_probs_of`).
+    """
 
     def predict_log_proba(self, loader: Iterable) -> torch.Tensor: ...
 
@@ -93,27 +98,37 @@ class ModelPredictor:
 
 
 class CachedLogProbs:
-    """Log-probabilities scored earlier (e.g. the SWA average at a budget mark), kept as a predictor."""
+    """Log-probabilities scored earlier (e.g. the SWA average at a budget mark), kept as a predictor; with a
+    validation split, its log-probabilities there too (``val_log_probs``)."""
 
-    def __init__(self, log_probs: torch.Tensor):
+    def __init__(self, log_probs: torch.Tensor, val_log_probs: torch.Tensor | None = None):
         self.log_probs = log_probs.float().cpu()
+        self.val_log_probs = None if val_log_probs is None else val_log_probs.float().cpu()
 
     def predict_log_proba(self, loader: Iterable | None = None) -> torch.Tensor:
         return self.log_probs
 
+    def val_log_proba(self) -> torch.Tensor | None:
+        return self.val_log_probs
+
 
 class CachedEnsemble:
-    """The mean of member probabilities, from log-probabilities computed once per member (FGE).
+    """The mean of member probabilities, from log-probabilities computed once per member (FGE, SWAG's samples).
 
-    Adding a member costs one forward pass over the test set when it is collected; scoring the
-    ensemble of the first k members afterwards costs no forward pass at all.
+    Adding a member costs one forward pass over the test set when it is collected (and one over the validation
+    split, when there is one: ``add(test, val)``); scoring the ensemble of the first k members afterwards costs no
+    forward pass at all.
     """
 
-    def __init__(self, member_log_probs: Sequence[torch.Tensor] = ()):
+    def __init__(self, member_log_probs: Sequence[torch.Tensor] = (),
+                 member_val_log_probs: Sequence[torch.Tensor] = ()):
         self.member_log_probs: list[torch.Tensor] = [p.float().cpu() for p in member_log_probs]
+        self.member_val_log_probs: list[torch.Tensor] = [p.float().cpu() for p in member_val_log_probs]
 
-    def add(self, log_probs: torch.Tensor) -> None:
+    def add(self, log_probs: torch.Tensor, val_log_probs: torch.Tensor | None = None) -> None:
         self.member_log_probs.append(log_probs.float().cpu())
+        if val_log_probs is not None:
+            self.member_val_log_probs.append(val_log_probs.float().cpu())
 
     def __len__(self) -> int:
         return len(self.member_log_probs)
@@ -125,10 +140,32 @@ class CachedEnsemble:
     def predict_log_proba(self, loader: Iterable | None = None) -> torch.Tensor:
         return self.log_probs()
 
+    def val_log_proba(self) -> torch.Tensor | None:
+        """The ensemble's log-probabilities on the validation split; None unless every member was scored there."""
+        if not self.member_val_log_probs or len(self.member_val_log_probs) != len(self.member_log_probs):
+            return None
+        return ensemble_log_mean(self.member_val_log_probs)
+
     def curve(self, labels: torch.Tensor) -> list[dict]:
         """Metrics of the ensemble of the first k members, for k = 1 .. n (no forward pass)."""
         return [{"members": k, **metrics_from_log_probs(self.log_probs(k), labels)}
                 for k in range(1, len(self.member_log_probs) + 1)]
+
+
+def val_log_probs_of(predictor: Predictor, loader: Iterable, labels: torch.Tensor, name: str) -> torch.Tensor | None:
+    """``predictor``'s log-probabilities on the validation split (``loader``, whose labels are ``labels``): what a
+    cached predictor knows of it (``val_log_proba``), else its prediction on ``loader``. A predictor whose answer
+    does not have one row per validation image ignored the loader (it was computed on the test set): refused,
+    naming ``name``, rather than scored on the wrong images."""
+    cached = getattr(predictor, "val_log_proba", None)
+    log_probs = cached() if callable(cached) else predictor.predict_log_proba(loader)
+    if log_probs is None:
+        return None
+    if log_probs.shape[0] != len(labels):
+        raise RuntimeError(f"predictor {name!r} gave {log_probs.shape[0]} rows for the {len(labels)} validation images: "
+                           "a predictor computed once on the test set must say what it knows of the validation "
+                           "split through val_log_proba() (swalab.evaluate.CachedLogProbs takes both)")
+    return log_probs.float()
 
 
 def ensemble_log_mean(member_log_probs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -9,14 +9,16 @@ another identity is never resumed, and a report cell never pools them.
 Whether a key counts follows from where it is declared: the groups of what a run computes
 (``RESULT_GROUPS``: seed, dataset, model, method, schedule, optimizer, loss, trainer) count, the groups of how and
 where it runs (``RUN_GROUPS``: conf/run with device, progress, evaluation cadence, checkpoints,
-caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, three rules:
+caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, four rules:
 
 * a data set is what its files hold, ``data.fingerprint`` (``swalab.data.fingerprint``), never
   where they lie (``LOCATION``: ``dataset.root``);
 * a value read only through another key that counts is held there (``READ_THROUGH``: ``model.lr``
   as ``schedule.lr``, the loader's ``dataset.source.*`` copies of ``dataset.*``);
 * a method's recipe block counts for the method that reads it only (``model.swa`` for SWA), so a
-  setting of SWA's leaves an SGD run the same run.
+  setting of SWA's leaves an SGD run the same run;
+* a key added after runs were made counts only away from the value that leaves a run as it was
+  (``UNSET_VALUES``: ``dataset.val_size`` null or 0), so those runs keep their identity.
 
 The identity is stored in the run directory (``identity.json``: the canonical form and a short hash,
 and what sets the run apart from its defaults) and in every checkpoint. ``group_hash`` is the
@@ -59,6 +61,9 @@ READ_THROUGH = (
     "dataset.source",
     "model.lr", "model.weight_decay", "model.budget_epochs", "model.pretrained", "model.pretrained_file",
 )
+# Keys added after runs were made, at the values that leave a run as it was: there they are left out of the identity,
+# so a run made before the key existed keeps its identity, its directory and its report cell. Any other value counts.
+UNSET_VALUES = {"dataset.val_size": (None, 0)}
 
 
 def method_part(key: str, recipe: str | None) -> bool:
@@ -167,10 +172,17 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
             _flatten(resolved[root], root, flat)
     own = _own_recipe(resolved)
     unread = tuple(f"model.{r}" for r in recipes if r != own)
-    identity = {k: v for k, v in flat.items() if not _under(k, (*LOCATION, *READ_THROUGH, *unread))}
+    identity = {k: v for k, v in flat.items() if not _under(k, (*LOCATION, *READ_THROUGH, *unread))
+                and not (k in UNSET_VALUES and _unset(k, v))}
     if data_fingerprint is not None:
         identity[DATA_FINGERPRINT] = data_fingerprint
     return dict(sorted(identity.items()))
+
+
+def _unset(key: str, value: Any) -> bool:
+    """Whether ``value`` of ``key`` (one of ``UNSET_VALUES``) is one that leaves a run as it was (``0`` and ``0.0`` alike,
+    never ``False``)."""
+    return not isinstance(value, bool) and any(value is None if u is None else value == u for u in UNSET_VALUES[key])
 
 
 def recipe_of(identity: Mapping[str, Any]) -> str | None:

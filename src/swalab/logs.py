@@ -58,13 +58,16 @@ def run_log(run_dir: str | Path) -> Iterator[Path]:
 
 
 def epoch_line(row: dict, epochs: int, eta: float | None) -> str:
-    """One history row as a line: epoch, lr, train loss/accuracy, test accuracy/NLL, seconds, the run's ETA."""
+    """One history row as a line: epoch, lr, train loss/accuracy, test (or validation) accuracy/NLL, seconds, the
+    run's ETA."""
     parts = [f"epoch {row['epoch']}/{epochs}", f"lr {row['lr']:.4g}",
              f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.2f}%"]
-    if "test_acc" in row:
-        parts.append(f"test acc {row['test_acc']:.2f}% nll {row['test_loss']:.4f}")
-    for key in sorted(k for k in row if k.endswith("_test_acc") and k != "test_acc"):  # a method's own model
-        parts.append(f"{key.removesuffix('_test_acc')} acc {row[key]:.2f}%")
+    for split in ("test", "val"):  # run.eval_split=val monitors on the validation split
+        if f"{split}_acc" in row:
+            parts.append(f"{split} acc {row[f'{split}_acc']:.2f}% nll {row[f'{split}_loss']:.4f}")
+        for key in sorted(k for k in row if k.endswith(f"_{split}_acc")):  # a method's own model
+            parts.append(f"{key.removesuffix(f'_{split}_acc')} {split} acc {row[key]:.2f}%" if split == "val"
+                         else f"{key.removesuffix('_test_acc')} acc {row[key]:.2f}%")
     parts.append(f"{row['seconds']:.1f}s")
     if eta is not None and row["epoch"] < epochs:
         parts.append(f"ETA {format_seconds(eta)}")

@@ -276,11 +276,13 @@ def plan_record(run_dir: str | Path, labels: dict[str, Any], project: str, entit
 # -- rows and summaries ----------------------------------------------------------------------------
 
 def with_test_error(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` plus ``<x>test_error = 100 - <x>test_acc`` for each test accuracy (the paper plots error)."""
+    """``row`` plus ``<x>test_error = 100 - <x>test_acc`` for each test accuracy (the paper plots error), and
+    ``<x>val_error`` for each validation accuracy (``run.eval_split=val``)."""
     out = dict(row)
     for key, value in row.items():
-        if key.endswith("test_acc") and isinstance(value, (int, float)):
-            out[key[:-len("test_acc")] + "test_error"] = 100.0 - float(value)
+        for split in ("test", "val"):
+            if key.endswith(f"{split}_acc") and isinstance(value, (int, float)):
+                out[key[:-len(f"{split}_acc")] + f"{split}_error"] = 100.0 - float(value)
     return out
 
 

@@ -32,8 +32,9 @@ from torch import nn
 from swalab import distributed, faults
 from swalab.checkpoint import CheckpointStore, checkpoint_name
 from swalab.config import ConfigError
+from swalab.calibration import fit_temperature, scaled, scaled_name
 from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_log_probs,
-                             predict_log_probs, recompute_bn, reliability_bins)
+                             predict_log_probs, recompute_bn, reliability_bins, val_log_probs_of)
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec
@@ -121,13 +122,19 @@ def set_rng_state(state: dict) -> None:
 
 @dataclass
 class Evaluation:
-    """What the end of a run scored: per predictor its metrics (``metrics.json``), reliability bins
-    (``reliability.json``) and test probabilities (``predictions.pt``), and the test labels."""
+    """What the end of a run scored: per predictor its metrics (``metrics.json``: the test set's, and the validation
+    split's under ``val``), reliability bins (``reliability.json``) and test log-probabilities (``predictions.pt``),
+    and the test labels. With a validation split each predictor ``<name>`` is scored again as ``<name>+ts`` at its
+    fitted temperature (``swalab.calibration``)."""
 
     metrics: dict[str, dict]
     reliability: dict[str, list[dict]]
-    probs: dict[str, torch.Tensor]
+    log_probs: dict[str, torch.Tensor]
     labels: torch.Tensor
+
+    @property
+    def probs(self) -> dict[str, torch.Tensor]:
+        return {name: p.exp() for name, p in self.log_probs.items()}
 
 
 @dataclass
@@ -165,6 +172,8 @@ class TrainerOptions:
     progress: bool | None = None     # None: a bar only on an interactive terminal
     save_at: tuple[int, ...] = ()    # epochs whose checkpoints are kept for good (branching)
     handle_signals: bool = True
+    eval_split: str = "test"         # the split per-epoch monitoring scores: test | val (the validation split)
+    temperature_scaling: bool | str = "auto"  # <name>+ts predictors: auto (with a validation split) | True | False
 
 
 # What a Trainer built without an optimizer or a loss trains with: SGD with the paper's momentum, plain cross-entropy.
@@ -175,11 +184,25 @@ class Trainer:
     def __init__(self, model: nn.Module, method: Method, train_loader, test_loader, bn_loader: Iterable,
                  device: torch.device, run_dir: str | Path, options: TrainerOptions,
                  identity: dict | None = None, on_epoch: Callable[[dict], None] | None = None,
-                 optimizer: OptimizerSpec = DEFAULT_OPTIMIZER, loss: TrainingLoss | None = None):
+                 optimizer: OptimizerSpec = DEFAULT_OPTIMIZER, loss: TrainingLoss | None = None,
+                 val_loader: Iterable | None = None):
+        """``val_loader``: the validation split (``dataset.val_size``), or None. The BN-update loader must read the
+        training split only: a validation image that set BN statistics would no longer be held out."""
         self.device, self.opts, self.method = device, options, method
         self.run_dir = Path(run_dir)
         self.store = CheckpointStore(self.run_dir, keep=options.keep_checkpoints)
         self.train_loader, self.test_loader, self.bn_loader = train_loader, test_loader, bn_loader
+        self.val_loader = val_loader
+        if options.eval_split not in ("test", "val"):
+            raise ConfigError(f"run.eval_split={options.eval_split!r} must be test or val")
+        if options.eval_split == "val" and val_loader is None:
+            raise ConfigError("run.eval_split=val monitors on the validation split, and this run has none: set "
+                              "dataset.val_size=<images or a fraction>, or run.eval_split=test")
+        if options.temperature_scaling not in ("auto", True, False):
+            raise ConfigError(f"run.temperature_scaling={options.temperature_scaling!r} must be auto, true or false")
+        if options.temperature_scaling is True and val_loader is None:
+            raise ConfigError("run.temperature_scaling=true fits each temperature on the validation split, and this "
+                              "run has none: set dataset.val_size=<images or a fraction>")
         self.identity, self.on_epoch = identity or {}, on_epoch
         cuda = device.type == "cuda"
         self.amp = options.amp and cuda
@@ -196,10 +219,13 @@ class Trainer:
         self._pending_log: dict = {}
         self._signal: int | None = None
         self.test_labels = labels_of(test_loader)
+        self.val_labels = labels_of(val_loader) if val_loader is not None else None
         self.ctx = TrainContext(model=self.model, device=device, epochs=options.epochs,
                                 steps_per_epoch=len(train_loader), run_dir=self.run_dir,
                                 update_bn=self.update_bn, test_log_probs=self.test_log_probs,
-                                test_labels=self.test_labels, amp=self.amp, log=self._pending_log.update)
+                                test_labels=self.test_labels, amp=self.amp, log=self._pending_log.update,
+                                val_log_probs=self.val_log_probs if val_loader is not None else None,
+                                val_labels=self.val_labels, eval_split=options.eval_split)
 
     # -- services lent to methods --------------------------------------------------------
     def update_bn(self, model: nn.Module) -> None:
@@ -210,6 +236,9 @@ class Trainer:
 
     def test_log_probs(self, model: nn.Module) -> torch.Tensor:
         return predict_log_probs(model, self.test_loader, self.device, self.amp)
+
+    def val_log_probs(self, model: nn.Module) -> torch.Tensor:
+        return predict_log_probs(model, self.val_loader, self.device, self.amp)
 
     # -- signals ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -340,8 +369,11 @@ class Trainer:
         row = {"epoch": done, "lr": tally.lr, "train_loss": float(tally.loss_sum) / max(tally.seen, 1),
                "train_acc": tally.accuracy()}
         if last or (self.opts.eval_every and done % self.opts.eval_every == 0):
-            row["test_loss"], row["test_acc"] = mean_loss_and_accuracy(
-                self.model, self.test_loader, self.device, amp=self.amp, labels=self.test_labels)
+            split = self.opts.eval_split  # test_loss/test_acc, or val_loss/val_acc (run.eval_split=val)
+            loader, labels = (self.test_loader, self.test_labels) if split == "test" else (self.val_loader,
+                                                                                            self.val_labels)
+            row[f"{split}_loss"], row[f"{split}_acc"] = mean_loss_and_accuracy(
+                self.model, loader, self.device, amp=self.amp, labels=labels)
         row.update(self._pending_log)
         self._pending_log.clear()
         row["seconds"] = time.perf_counter() - tally.t0
@@ -387,13 +419,31 @@ class Trainer:
                     disable=None if self.opts.progress is None else not self.opts.progress)
 
     def evaluate(self) -> Evaluation:
-        """Score every predictor the method hands back, the same way, on the test set."""
+        """Score every predictor the method hands back, the same way: on the test set, on the validation split when
+        there is one (``val`` in its metrics), and, with a temperature fitted there, again as ``<name>+ts``."""
         predictors = self.method.predictors(self.ctx)
         log_probs = {name: p.predict_log_proba(self.test_loader).float() for name, p in predictors.items()}
-        metrics = {name: {**metrics_from_log_probs(p, self.test_labels), **self.method.describe(name)}
-                   for name, p in log_probs.items()}
-        probs = {name: p.exp() for name, p in log_probs.items()}
+        val = {}
+        if self.val_loader is not None:
+            val = {name: val_log_probs_of(p, self.val_loader, self.val_labels, name) for name, p in predictors.items()}
+        metrics: dict[str, dict] = {}
+        scored: dict[str, torch.Tensor] = {}
+        for name, test in log_probs.items():
+            described = self.method.describe(name)
+            metrics[name] = {**metrics_from_log_probs(test, self.test_labels), **described}
+            scored[name] = test
+            if val.get(name) is None:
+                continue
+            metrics[name]["val"] = metrics_from_log_probs(val[name], self.val_labels)
+            if self.opts.temperature_scaling is False:
+                continue
+            t = fit_temperature(val[name], self.val_labels)
+            ts = scaled_name(name)
+            scored[ts] = scaled(test, t.value)
+            metrics[ts] = {**metrics_from_log_probs(scored[ts], self.test_labels), **described,
+                           "temperature": t.value, "temperature_at_bound": t.at_bound,
+                           "val": metrics_from_log_probs(scaled(val[name], t.value), self.val_labels)}
         for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():
             metrics.setdefault(name, {}).update(extra)
-        reliability = {name: reliability_bins(p.cpu(), self.test_labels.cpu()) for name, p in probs.items()}
-        return Evaluation(metrics=metrics, reliability=reliability, probs=probs, labels=self.test_labels.cpu())
+        reliability = {name: reliability_bins(p.exp().cpu(), self.test_labels.cpu()) for name, p in scored.items()}
+        return Evaluation(metrics=metrics, reliability=reliability, log_probs=scored, labels=self.test_labels.cpu())

@@ -30,7 +30,7 @@ from . import fingerprint
 from .fingerprint import folder_record
 from .folder import (IMAGE_EXTENSIONS, SPLITS, decode_split, has_image_folder, list_image_folder, select_files,
                      selection_digest)
-from .splits import DataSplit, ImageData, cap_test_split, subset
+from .splits import DataSplit, ImageData, after_val, cap_test_split, split_off_val, subset
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,8 @@ def files_record(name: str, root: str | Path, cache_dir: str | Path | None = Non
 
 def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Path | None = None,
                        train_size: int | None = None, test_size: int | None = None, seed: int = 0,
-                       record: dict | None = None) -> tuple[DataSplit, DataSplit, list[str], dict, str | None]:
+                       record: dict | None = None, val_size: int | float | None = None,
+                       ) -> tuple[DataSplit, DataSplit, DataSplit | None, list[str], dict, str | None]:
     """Decode the chosen files of a CIFAR image folder (through the decode cache).
 
     Subsets are chosen from the file listing (:func:`~swalab.data.folder.select_files`) before anything
@@ -221,7 +222,7 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
             f"{root / 'train'} has {len(classes)} class folders ({shown}) but {spec.title} has "
             f"{spec.num_classes}: is dataset.root pointing at the right data set?"
         )
-    chosen = select_files(files, train_size, test_size, seed)
+    chosen = select_files(files, train_size, test_size, seed, val_size, classes)
     record = record or folder_record(root, SPLITS, IMAGE_EXTENSIONS, cache_dir)
     source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": record["fingerprint"]}
     variant = None
@@ -230,16 +231,18 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
         variant = source["chosen"][:16]
 
     def decode() -> dict:
-        train = decode_split(chosen["train"], size=IMAGE_SIZE)
-        test = decode_split(chosen["test"], size=IMAGE_SIZE)
-        return {"train_images": train.images, "train_labels": train.labels,
-                "test_images": test.images, "test_labels": test.labels, "classes": classes}
+        out = {"classes": classes}
+        for split in chosen:  # train, test, and val with a validation split
+            decoded = decode_split(chosen[split], size=IMAGE_SIZE)
+            out.update({f"{split}_images": decoded.images, f"{split}_labels": decoded.labels})
+        return out
 
     path = cache_path(root, spec.name, "folder", cache_dir, variant) if cache else None
-    got, note = cached(path, source, decode)
+    got, note = cached(path, source, decode, keys=("val_images", "val_labels") if "val" in chosen else ())
     return (
         DataSplit(images=got["train_images"], labels=got["train_labels"]),
         DataSplit(images=got["test_images"], labels=got["test_labels"]),
+        DataSplit(images=got["val_images"], labels=got["val_labels"]) if "val" in chosen else None,
         list(got["classes"]),
         record,
         note,
@@ -256,6 +259,7 @@ def load_cifar(
     cache_dir: str | Path | None = None,
     test_size: int | None = None,
     record: dict | None = None,
+    val_size: int | float | None = None,
 ) -> ImageData:
     """Load CIFAR-10 (``name="cifar10"``) or CIFAR-100 (``"cifar100"``, fine labels) into memory.
 
@@ -282,6 +286,9 @@ def load_cifar(
         test_size: keep only this many test images: a class-stratified subset drawn with the fixed seed
             0, never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
         record: the record of the files read (:func:`files_record`) when the caller has just made it.
+        val_size: hold this many training images (or this fraction of them) out as a validation split
+            (``dataset.val_size``, :func:`swalab.data.splits.hold_out`: class-stratified, the same for every seed),
+            before ``train_size`` picks from the rest; ``None`` or 0: none.
 
     Raises:
         FileNotFoundError: neither layout is present (and ``download`` is off), or a file or split is
@@ -311,10 +318,13 @@ def load_cifar(
     note = None
     if pickle_dir is not None:
         train, test, classes = read_cifar_pickles(pickle_dir, name)
-        train, test = subset(train, train_size, seed), cap_test_split(test, test_size)
+        train, val = split_off_val(train, val_size, classes)
+        train = subset(train, train_size, seed, what=after_val("the training split", val))
+        test = cap_test_split(test, test_size)
         record = record or files_record(name, root, cache_dir)
     else:
-        train, test, classes, record, note = _load_image_folder(
-            root, spec, cache, None if cache_dir is None else Path(cache_dir), train_size, test_size, seed, record)
+        train, test, val, classes, record, note = _load_image_folder(
+            root, spec, cache, None if cache_dir is None else Path(cache_dir), train_size, test_size, seed, record,
+            val_size)
     return ImageData(name=spec.name, train=train, test=test, num_classes=spec.num_classes, classes=classes,
-                     channels=3, record=record, cache_note=note)
+                     channels=3, record=record, cache_note=note, val=val)

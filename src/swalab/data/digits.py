@@ -15,7 +15,7 @@ import torch
 
 from .fingerprint import data_record
 
-from .splits import DataSplit, ImageData, cap_test_split, subset
+from .splits import DataSplit, ImageData, after_val, cap_test_split, split_off_val, subset
 
 SPLIT_SEED = 0
 
@@ -31,7 +31,7 @@ def files_record(**_) -> dict:
 
 
 def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: float = 0.2,
-                test_size: int | None = None) -> ImageData:
+                test_size: int | None = None, val_size: int | float | None = None) -> ImageData:
     """Load the digits as ``uint8`` images ``[N, 1, 8, 8]`` with a fixed stratified train/test split.
 
     The pixel values 0..16 are scaled to 0..255 (``round(v * 255 / 16)``) so that the same
@@ -46,6 +46,9 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
         test_fraction: share of the 1,797 images held out as the test set (stratified by class).
         test_size: keep only this many of the held-out images: a class-stratified subset drawn with the
             fixed seed 0, never ``seed``, so every run seed is scored on the same images; ``None`` keeps all.
+        val_size: hold this many training images (or this fraction of them) out as a validation split, the same
+            for every seed (``swalab.data.splits.hold_out``), before ``train_size`` picks from the rest; ``None``
+            or 0: none.
     """
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
@@ -61,12 +64,15 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     train_idx, test_idx = torch.from_numpy(np.sort(train_idx)), torch.from_numpy(np.sort(test_idx))
     train = DataSplit(images=images[train_idx], labels=labels[train_idx])
     test = DataSplit(images=images[test_idx], labels=labels[test_idx])
+    classes = [str(d) for d in range(10)]
+    train, val = split_off_val(train, val_size, classes)
     return ImageData(
         name="digits",
-        train=subset(train, train_size, seed),
+        train=subset(train, train_size, seed, what=after_val("the training split", val)),
+        val=val,
         test=cap_test_split(test, test_size),
         num_classes=10,
-        classes=[str(d) for d in range(10)],
+        classes=classes,
         channels=1,
         record=files_record(),
     )

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageMode
 
-from .splits import TEST_SUBSET_SEED, DataSplit, subset_indices
+from .splits import TEST_SUBSET_SEED, DataSplit, hold_out, subset_indices
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "test")
@@ -96,25 +96,35 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
 
 
 def select_files(
-    files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int
+    files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int,
+    val_size: int | float | None = None, classes: list[str] | None = None,
 ) -> dict[str, list[tuple[str, int]]]:
-    """The files a load decodes: ``train_size`` of the training files and ``test_size`` of the test files.
+    """The files a load decodes: ``train_size`` of the training files and ``test_size`` of the test files, and
+    with ``val_size`` a validation split (key ``val``) held out of the training files first.
 
     The same class-stratified, nested subsets :func:`swalab.data.subset` takes from decoded splits,
     chosen from the labels of the listing alone, so a loader decodes only the images it keeps
     (``train_size=500`` decodes 500 images, not 50,000) and gets exactly the images, in the same order,
-    that decoding everything and then subsetting would give. The training subset is seeded by ``seed``;
-    the test subset always by :data:`~swalab.data.splits.TEST_SUBSET_SEED`, so every run seed is scored on
-    the same test images. ``None`` keeps a split whole (the same list is returned).
+    that decoding everything and then subsetting would give. The validation split is
+    :func:`~swalab.data.splits.hold_out`'s (the same for every seed); the training subset is then drawn from
+    the files left, seeded by ``seed``; the test subset always by :data:`~swalab.data.splits.TEST_SUBSET_SEED`, so
+    every run seed is scored on the same test images. ``None`` keeps a split whole (the same list is returned).
+    ``classes`` name the classes in errors.
     """
     chosen = {}
-    for split, size, split_seed, key, what in (
-        ("train", train_size, seed, "dataset.train_size", "the training split"),
-        ("test", test_size, TEST_SUBSET_SEED, "dataset.test_size", "the test split"),
+    train = files["train"]
+    held = hold_out(torch.tensor([y for _, y in train], dtype=torch.int64), val_size, classes)
+    what = "the training split"
+    if held is not None:
+        chosen["val"] = [train[i] for i in held[1].tolist()]
+        train = [train[i] for i in held[0].tolist()]
+        what += f" less the {len(chosen['val'])} validation images (dataset.val_size)"
+    for split, pairs, size, split_seed, key, split_what in (
+        ("train", train, train_size, seed, "dataset.train_size", what),
+        ("test", files["test"], test_size, TEST_SUBSET_SEED, "dataset.test_size", "the test split"),
     ):
-        pairs = files[split]
         labels = torch.tensor([y for _, y in pairs], dtype=torch.int64)
-        keep = subset_indices(labels, size, split_seed, key, what)
+        keep = subset_indices(labels, size, split_seed, key, split_what)
         chosen[split] = pairs if keep is None else [pairs[i] for i in keep.tolist()]
     return chosen
 
@@ -125,7 +135,8 @@ def selection_digest(files: dict[str, list[tuple[str, int]]], root: Path) -> str
     Part of a subset's cache key: two loads share a cache file only if they decode the same files.
     """
     skip = len(os.path.join(root, ""))
-    text = "".join(f"{split}\0{path[skip:]}\0{label}\n" for split in SPLITS for path, label in files[split])
+    splits = [s for s in (*SPLITS, "val") if s in files]  # without a validation split, the digest of earlier versions
+    text = "".join(f"{split}\0{path[skip:]}\0{label}\n" for split in splits for path, label in files[split])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -72,17 +72,20 @@ def _decode(files: dict, chosen: dict, channels: int | None, image_size: int | N
     """Decode the chosen files and measure the training images' mean and std: the cache payload."""
     if channels is None:  # from the whole training split, so the choice never depends on the seed
         channels = infer_channels([path for path, _ in files["train"]])
-    pairs = chosen["train"] + chosen["test"]
+    splits = [s for s in ("train", "test", "val") if s in chosen]
+    pairs = [pair for s in splits for pair in chosen[s]]
     hint = "; set dataset.image_size=N to resize every image to N x N pixels" if image_size is None else ""
-    # both splits in one call: every test image must match the first training image's size too
+    # every split in one call: every test (and validation) image must match the first training image's size too
     images = decode_images([path for path, _ in pairs], mode="L" if channels == 1 else "RGB", resize=image_size,
                            hint=hint)
-    n = len(chosen["train"])
-    train = DataSplit(images=images[:n].clone(), labels=_labels(chosen["train"]))  # clone: save no shared storage
-    test = DataSplit(images=images[n:].clone(), labels=_labels(chosen["test"]))
-    mean, std = channel_stats(train.images)
-    return {"train_images": train.images, "train_labels": train.labels, "test_images": test.images,
-            "test_labels": test.labels, "channels": channels, "mean": mean, "std": std}
+    out, start = {}, 0
+    for s in splits:
+        stop = start + len(chosen[s])
+        out[f"{s}_images"] = images[start:stop].clone()  # clone: save no shared storage
+        out[f"{s}_labels"] = _labels(chosen[s])
+        start = stop
+    mean, std = channel_stats(out["train_images"])  # the training images only, never the validation split
+    return {**out, "channels": channels, "mean": mean, "std": std}
 
 
 def _labels(pairs: list[tuple[str, int]]) -> torch.Tensor:
@@ -107,6 +110,7 @@ def load_folder(
     cache_dir: str | Path | None = None,
     name: str = "folder",
     record: dict | None = None,
+    val_size: int | float | None = None,
 ) -> ImageData:
     """Load ``root/train/<class>/*`` and ``root/test/<class>/*`` as ``uint8`` tensors ``[N, C, H, W]``.
 
@@ -139,6 +143,9 @@ def load_folder(
         name: the data set's name in :class:`ImageData` and in the cache file name.
         record: the record of the folder's files (:func:`files_record`) when the caller has just made it (a run's
             plan), so that it is not made twice.
+        val_size: hold this many training images (or this fraction of them) out as a validation split
+            (``dataset.val_size``, :func:`swalab.data.splits.hold_out`: class-stratified, the same for every seed),
+            before ``train_size`` picks from the rest; the normalisation is measured without them. ``None`` or 0: none.
 
     Raises:
         ValueError: ``root`` not set; a bad ``image_size``, ``channels``, ``mean``, ``std``, ``train_size``
@@ -151,7 +158,7 @@ def load_folder(
     image_size = _check_image_size(image_size)
     channels = _check_channels(channels)
     classes, files = list_image_folder(root)
-    chosen = select_files(files, train_size, test_size, seed)
+    chosen = select_files(files, train_size, test_size, seed, val_size, classes)
     record = record or files_record(root, cache_dir)
     options = {"chosen": selection_digest(chosen, root), "channels": channels, "image_size": image_size}
     source = {"layout": "folder", "loader": "load_folder", **options,
@@ -159,7 +166,7 @@ def load_folder(
     variant = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_path(root, name, "folder", cache_dir, variant) if cache else None
     got, note = cached(path, source, lambda: {**_decode(files, chosen, channels, image_size), "classes": classes},
-                       keys=STATS_KEYS)
+                       keys=STATS_KEYS + (("val_images", "val_labels") if "val" in chosen else ()))
     found = int(got["channels"])
     mean = _check_stat(mean, "dataset.mean", found) or [float(v) for v in got["mean"]]
     std = _check_stat(std, "dataset.std", found) or [float(v) for v in got["std"]]
@@ -178,4 +185,5 @@ def load_folder(
         std=std,
         record=record,
         cache_note=note,
+        val=DataSplit(images=got["val_images"], labels=got["val_labels"]) if "val" in chosen else None,
     )

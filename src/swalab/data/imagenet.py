@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .folder import IMAGE_EXTENSIONS
 from .loader import epoch_generator
-from .splits import TEST_SUBSET_SEED, check_size, subset_indices
+from .splits import TEST_SUBSET_SEED, check_size, hold_out, subset_indices
 
 TRAIN_SPLIT, EVAL_SPLIT = "train", "val"
 NUM_CLASSES = 1000
@@ -143,6 +143,7 @@ class FolderData:
     classes: list[str]
     record: dict | None = None        # the files read (swalab.data.fingerprint)
     cache_note: str | None = None     # nothing is cached: images are decoded from disk every epoch
+    val: ImageFolderSplit | None = None  # held out of train/ (dataset.val_size): train holds none of its images
 
 
 def files_record(root: str | Path, cache_dir: str | Path | None = None, **_) -> dict:
@@ -155,7 +156,7 @@ def files_record(root: str | Path, cache_dir: str | Path | None = None, **_) -> 
 
 def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0,
                   test_size: int | None = None, cache_dir: str | Path | None = None,
-                  record: dict | None = None) -> FolderData:
+                  record: dict | None = None, val_size: int | float | None = None) -> FolderData:
     """List ``root/train`` and ``root/val`` (see the module docstring); decode nothing yet.
 
     ``train_size`` keeps a fixed random subset of that many training images (chosen by ``seed``, kept in
@@ -163,11 +164,21 @@ def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0
     class-stratified subset drawn with the fixed seed 0, never ``seed``, so every run seed is scored on
     the same images (kept in folder order); ``None`` keeps the whole split. ``cache_dir`` is where the files'
     digests are cached (``run.cache_dir``); ``record`` their record when the caller has just made it.
+    ``val_size`` holds that many images of ``train/`` (or that fraction of them) out as a validation split first
+    (``dataset.val_size``: class-stratified, the same for every seed, ``swalab.data.splits.hold_out``; the
+    ImageNet ``val/`` folder stays the test set), and ``train_size`` picks from the rest.
     """
     root = Path(root)
     train = list_imagenet_split(root / TRAIN_SPLIT)
     test = list_imagenet_split(root / EVAL_SPLIT)
-    size = check_size(train_size, "dataset.train_size", len(train), f"{root / TRAIN_SPLIT}")
+    held = hold_out(torch.tensor([y for _, y in train], dtype=torch.int64), val_size)
+    val = None
+    where = f"{root / TRAIN_SPLIT}"
+    if held is not None:
+        val = [train[i] for i in held[1].tolist()]
+        train = [train[i] for i in held[0].tolist()]
+        where += f" less the {len(val)} validation images (dataset.val_size)"
+    size = check_size(train_size, "dataset.train_size", len(train), where)
     if size is not None:
         keep = torch.randperm(len(train), generator=epoch_generator(seed, 0))[:size].sort().values
         train = [train[i] for i in keep.tolist()]
@@ -178,7 +189,9 @@ def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0
     from timm.data import ImageNetInfo
 
     return FolderData(name="imagenet", train=ImageFolderSplit(train), test=ImageFolderSplit(test),
-                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()), record=record or files_record(root, cache_dir))
+                      num_classes=NUM_CLASSES, classes=list(ImageNetInfo().label_names()),
+                      record=record or files_record(root, cache_dir),
+                      val=ImageFolderSplit(val) if val is not None else None)
 
 
 def imagenet_transforms(model_name: str | None, image_size: int | None = None, mean: Sequence[float] | None = None,

@@ -8,13 +8,19 @@ move a whole split to the GPU once and augment it with batched tensor ops.
 
 from __future__ import annotations
 
+import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 TEST_SUBSET_SEED = 0  # test_size subsets are drawn with this seed, never the run seed
+# The validation split (dataset.val_size) is drawn with this seed, never the run seed: every seed and every method holds
+# out the same images, so a seed ensemble's members are calibrated on one split and their val scores can be compared.
+# Another constant than TEST_SUBSET_SEED, so that the held-out images are not the ones seed 0's train_size subset starts with.
+VAL_SPLIT_SEED = 7919
 
 
 @dataclass
@@ -65,6 +71,8 @@ class ImageData:
         record: the record of the files read (``swalab.data.fingerprint``: per class folder a count and a
             hash, and one fingerprint), for the run's identity; ``None`` for data a loader cannot describe.
         cache_note: a line saying where the decoded images were cached, when this load wrote the cache.
+        val: the validation split held out of the training images (``dataset.val_size``, :func:`hold_out`), or
+            ``None``; ``train`` then holds none of its images.
     """
 
     name: str
@@ -77,6 +85,7 @@ class ImageData:
     std: list[float] | None = None
     record: dict | None = None
     cache_note: str | None = None
+    val: DataSplit | None = None
 
     def __post_init__(self) -> None:
         found = int(self.train.images.shape[1])
@@ -85,6 +94,9 @@ class ImageData:
         if self.channels != found or self.test.images.shape[1] != found:
             raise ValueError(f"ImageData {self.name!r} says channels={self.channels} but its images have "
                              f"{found} (train) and {self.test.images.shape[1]} (test)")
+        if self.val is not None and self.val.images.shape[1:] != self.train.images.shape[1:]:
+            raise ValueError(f"ImageData {self.name!r}: its validation images are {tuple(self.val.images.shape[1:])}, "
+                             f"its training images {tuple(self.train.images.shape[1:])}")
         for key, value in (("mean", self.mean), ("std", self.std)):
             if value is not None and len(value) != self.channels:
                 raise ValueError(f"ImageData {self.name!r}: {key} has {len(value)} values for {self.channels} channels")
@@ -196,3 +208,80 @@ def cap_test_split(split: DataSplit, size: int | None) -> DataSplit:
     """
     return subset(split, size, TEST_SUBSET_SEED, key="dataset.test_size", what="the test split")
 
+
+
+# -- the validation split (dataset.val_size) ----------------------------------------------------------
+
+VAL_KEY = "dataset.val_size"
+
+
+def val_count(val_size, available: int, key: str = VAL_KEY) -> int:
+    """How many of ``available`` training images ``val_size`` holds out: 0 for ``None`` or 0 (no validation split);
+    an integer is a number of images, a float strictly between 0 and 1 a fraction (rounded to whole images).
+
+    Raises ``ValueError`` naming ``key`` for anything else (``True``, ``1.5``, NaN, a negative number) and when the
+    split would hold no image or leave none to train on. The one check of ``dataset.val_size``: every loader calls
+    it (through :func:`hold_out`) before anything is written.
+    """
+    if val_size is None:
+        return 0
+    if isinstance(val_size, bool) or not isinstance(val_size, numbers.Real):
+        raise ValueError(f"{key}={val_size!r} must be a number of images (an integer), a fraction in (0, 1), or "
+                         "null for no validation split")
+    if isinstance(val_size, numbers.Integral):
+        count = int(val_size)
+    elif not math.isfinite(val_size) or not 0 <= val_size < 1:
+        raise ValueError(f"{key}={val_size!r}: a fraction of the training images must lie in (0, 1), a number of "
+                         "images must be an integer (write 5000, not 5000.0); null or 0: no validation split")
+    else:
+        count = int(round(val_size * available))
+        if val_size > 0 and count == 0:
+            raise ValueError(f"{key}={val_size!r} is {val_size:g} of {available} training images: not one image. "
+                             "Raise it, or give a number of images")
+    if count < 0:
+        raise ValueError(f"{key}={val_size!r} must be >= 0 (0 or null: no validation split)")
+    if count >= available:
+        raise ValueError(f"{key}={val_size!r} holds out {count} of the {available} training images, leaving none to "
+                         f"train on: lower {key} below {available}")
+    return count
+
+
+def hold_out(labels: torch.Tensor, val_size, classes: Sequence[str] | None = None,
+             key: str = VAL_KEY) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The indices ``(train, val)`` (each sorted) of a validation split of :func:`val_count` images held out of a
+    training split of ``labels``, or ``None`` without one.
+
+    The split is the prefix of a class-stratified permutation (:func:`stratified_permutation`) drawn with
+    :data:`VAL_SPLIT_SEED`, never the run seed: its class proportions are the training split's, and every run of a
+    data set, whatever its seed or method, holds out the same images. Needs only the labels, so an image folder
+    chooses its files before decoding any. A split that would take every training image of a class is refused,
+    naming the classes (``classes`` gives their names) and ``key``.
+    """
+    count = val_count(val_size, len(labels), key)
+    if count == 0:
+        return None
+    order = stratified_permutation(labels, VAL_SPLIT_SEED)
+    val, train = order[:count].sort().values, order[count:].sort().values
+    emptied = sorted(set(labels.tolist()) - set(labels[train].tolist()))
+    if emptied:
+        names = [classes[c] if classes is not None and c < len(classes) else str(c) for c in emptied]
+        raise ValueError(f"{key}={val_size!r} would hold out every training image of class {', '.join(names[:10])}"
+                         f"{' ...' if len(names) > 10 else ''}, leaving it nothing to train on: lower {key}")
+    return train, val
+
+
+def split_off_val(split: DataSplit, val_size, classes: Sequence[str] | None = None,
+                  key: str = VAL_KEY) -> tuple[DataSplit, DataSplit | None]:
+    """``(the training images left, the validation split)`` of :func:`hold_out`; ``(split, None)`` without one."""
+    chosen = hold_out(split.labels, val_size, classes, key)
+    if chosen is None:
+        return split, None
+    train, val = chosen
+    return (DataSplit(images=split.images[train], labels=split.labels[train]),
+            DataSplit(images=split.images[val], labels=split.labels[val]))
+
+
+def after_val(what: str, val: DataSplit | None) -> str:
+    """How an error about ``dataset.train_size`` names the split it was cut from (``the training split`` less the
+    validation images, when there are any)."""
+    return what if val is None else f"{what} less the {len(val)} validation images (dataset.val_size)"

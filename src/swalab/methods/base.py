@@ -36,9 +36,13 @@ class TrainContext:
     """What the trainer lends to a method: the live model and the means to score and re-estimate.
 
     ``update_bn(model)`` recomputes a model's BatchNorm statistics with one pass over the
-    training data (train mode, exact cumulative average, no grad); ``test_log_probs(model)`` gives
-    its log-probabilities on the test set (labels in ``test_labels``); ``log`` adds values to
-    the current epoch's line of the run's history.
+    training data (train mode, exact cumulative average, no grad; never the validation split);
+    ``test_log_probs(model)`` gives its log-probabilities on the test set (labels in ``test_labels``);
+    ``val_log_probs(model)`` on the validation split (``dataset.val_size``; labels in ``val_labels``), None
+    without one: a method that keeps predictions it computed once (FGE's members, SWAG's samples) keeps them for
+    both, so that its predictors can be scored and temperature-scaled on the validation split too;
+    ``eval_split`` is the split per-epoch monitoring scores (``run.eval_split``: ``test`` or ``val``);
+    ``log`` adds values to the current epoch's line of the run's history.
     """
 
     model: nn.Module
@@ -51,6 +55,16 @@ class TrainContext:
     test_labels: torch.Tensor
     amp: bool = True
     log: Callable[[dict], None] = field(default=lambda row: None)
+    val_log_probs: Callable[[nn.Module], torch.Tensor] | None = None
+    val_labels: torch.Tensor | None = None
+    eval_split: str = "test"
+
+    def log_probs_on(self, split: str, model: nn.Module) -> torch.Tensor:
+        """``model``'s log-probabilities on ``split`` (``test`` or ``val``)."""
+        return self.test_log_probs(model) if split == "test" else self.val_log_probs(model)
+
+    def labels_on(self, split: str) -> torch.Tensor:
+        return self.test_labels if split == "test" else self.val_labels
 
 
 class Method:

@@ -6,7 +6,8 @@ cyclic learning rate ``lr_max -> lr_min -> lr_max`` with a period of ``cycle`` e
 collect the weights at the middle of every cycle, where the lr is lowest. The ensemble's
 prediction is the mean of the members' softmax probabilities.
 
-Each member's test probabilities are computed once, when it is collected, and cached: scoring
+Each member's test probabilities (and, with a validation split, its probabilities there, on which the
+ensemble's ``fge+ts`` temperature is fitted) are computed once, when it is collected, and cached: scoring
 the ensemble of the first k members then needs no forward pass, and the whole accuracy/NLL
 curve against the number of members comes for free. With ``save_members`` the members' weights
 are written to ``<run>/members/`` so the ensemble can be re-scored on other data later.
@@ -115,7 +116,8 @@ class FGE(Method):
             return
         if self.bn_update:
             ctx.update_bn(ctx.model)
-        self.ensemble.add(ctx.test_log_probs(ctx.model))
+        self.ensemble.add(ctx.test_log_probs(ctx.model),
+                          ctx.val_log_probs(ctx.model) if ctx.val_log_probs is not None else None)
         self.member_epochs.append(epoch)
         if self.save_members:
             path = Path(ctx.run_dir) / "members" / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
@@ -140,8 +142,11 @@ class FGE(Method):
                         "curve": self.ensemble.curve(labels)}}
 
     def state_dict(self) -> dict:
-        return {"member_log_probs": self.ensemble.member_log_probs, "member_epochs": self.member_epochs}
+        out = {"member_log_probs": self.ensemble.member_log_probs, "member_epochs": self.member_epochs}
+        if self.ensemble.member_val_log_probs:  # only with a validation split
+            out["member_val_log_probs"] = self.ensemble.member_val_log_probs
+        return out
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
-        self.ensemble = CachedEnsemble(member_log_probs_of(state))
+        self.ensemble = CachedEnsemble(member_log_probs_of(state), state.get("member_val_log_probs", ()))
         self.member_epochs = list(state.get("member_epochs", []))

@@ -94,6 +94,7 @@ class SWA(Method):
                                       if pre_schedule == "reference" else schedule)
         self.averaged: AveragedModel | None = None
         self.budget_log_probs: dict[str, torch.Tensor] = {}
+        self.budget_val_log_probs: dict[str, torch.Tensor] = {}  # the same, on the validation split (if any)
 
     # -- checks ------------------------------------------------------------------------
     def validate(self, initialized: bool) -> None:
@@ -187,15 +188,19 @@ class SWA(Method):
         elif self.phase == "shake_shake":
             if done > self.start_epoch and (done - self.start_epoch) % 100 == 0:
                 self.capture(ctx)
-        scored = None  # the average's test log-probabilities, when this epoch end scores it
+        scored: dict[str, torch.Tensor] = {}  # the average's log-probabilities per split, when this epoch end scores it
         for b in self.score_at_budgets:
             if done == self.epoch_of(b) and self.n_averaged:
-                scored = self.budget_log_probs[budget_predictor(b)] = ctx.test_log_probs(self.averaged_for_eval(ctx))
+                name, model = budget_predictor(b), self.averaged_for_eval(ctx)
+                scored["test"] = self.budget_log_probs[name] = ctx.test_log_probs(model)
+                if ctx.val_log_probs is not None:  # a budget mark is a predictor: scored on the validation split too
+                    scored["val"] = self.budget_val_log_probs[name] = ctx.val_log_probs(model)
         if self.score_every and done % self.score_every == 0 and self.n_averaged:
-            if scored is None:  # a budget mark's scoring serves the epoch's line too
-                scored = ctx.test_log_probs(self.averaged_for_eval(ctx))
-            metrics = metrics_from_log_probs(scored, ctx.test_labels)
-            ctx.log({f"swa_test_{k}": v for k, v in metrics.items()})
+            split = ctx.eval_split  # swa_test_* (or swa_val_* with run.eval_split=val)
+            if split not in scored:  # a budget mark's scoring serves the epoch's line too
+                scored[split] = ctx.log_probs_on(split, self.averaged_for_eval(ctx))
+            metrics = metrics_from_log_probs(scored[split], ctx.labels_on(split))
+            ctx.log({f"swa_{split}_{k}": v for k, v in metrics.items()})
 
     def averaged_for_eval(self, ctx: TrainContext) -> torch.nn.Module:
         """The average, with BatchNorm statistics recomputed on the training data (its own copy)."""
@@ -207,7 +212,8 @@ class SWA(Method):
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         swa_model = self.averaged_for_eval(ctx)
-        out: dict[str, Predictor] = {name: CachedLogProbs(p) for name, p in self.budget_log_probs.items()}
+        out: dict[str, Predictor] = {name: CachedLogProbs(p, self.budget_val_log_probs.get(name))
+                                     for name, p in self.budget_log_probs.items()}
         out["swa"] = ModelPredictor(swa_model, ctx.device, ctx.amp)
         out["sgd"] = ModelPredictor(ctx.model, ctx.device, ctx.amp)
         return out
@@ -220,11 +226,15 @@ class SWA(Method):
 
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"averaged": self.averaged.state_dict() if self.averaged is not None else None,
-                "budget_log_probs": self.budget_log_probs}
+        out = {"averaged": self.averaged.state_dict() if self.averaged is not None else None,
+               "budget_log_probs": self.budget_log_probs}
+        if self.budget_val_log_probs:  # only with a validation split: checkpoints of other runs stay as they were
+            out["budget_val_log_probs"] = self.budget_val_log_probs
+        return out
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
         if state.get("averaged") is not None:
             self.averaged.load_state_dict(state["averaged"])
         self.budget_log_probs = dict(state.get("budget_log_probs", {}))
+        self.budget_val_log_probs = dict(state.get("budget_val_log_probs", {}))
         self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})  # older files

@@ -17,7 +17,9 @@ average itself.
 Predictors: ``swag`` and ``swag_diag`` (each the mean of ``samples`` samples' probabilities), ``swa`` (the
 average, as an SWA run of this config scores it) and ``sgd`` (the last iterate): one run gives SWA and
 SWAG together. Memory: the moments take ``(2 + rank)`` copies of the parameters, on
-``moments_device`` (``cpu`` keeps WRN-28-10's 36.5M x 22 x 4 bytes = 3.2 GB off the GPU).
+``moments_device`` (``cpu`` keeps WRN-28-10's 36.5M x 22 x 4 bytes = 3.2 GB off the GPU); a draw adds three
+vectors of the parameters' size (the variance, the noise, the draw), never a second copy of the deviations
+(``bench/swag_cost.py`` computes both per model).
 """
 
 from __future__ import annotations
@@ -94,12 +96,15 @@ class SWAG(SWA):
         draw = var.sqrt() * z1
         k = len(self.deviations)
         if low_rank and k > 1:
-            z2 = torch.randn(k, generator=generator).to(mean.device)
-            draw = draw + torch.stack(list(self.deviations)).T.matmul(z2) / (k - 1) ** 0.5
+            z2 = torch.randn(k, generator=generator)
+            for z, deviation in zip(z2.tolist(), self.deviations):  # D^T z2 without a stacked K x d copy of D
+                draw.add_(deviation.to(mean.device), alpha=z / (k - 1) ** 0.5)
         return mean + self.scale ** 0.5 * draw
 
     def sampled_log_probs(self, ctx: TrainContext, low_rank: bool, generator: torch.Generator) -> CachedEnsemble:
-        """The test log-probabilities of ``samples`` draws, each with its BN statistics recomputed."""
+        """The test log-probabilities of ``samples`` draws, each with its BN statistics recomputed (on the training
+        split), and the same draws' on the validation split when there is one: the Bayesian model average is an
+        ensemble of the samples, scored and temperature-scaled as one predictor (``swalab.calibration``)."""
         base = self.averaged.module
         mean = flat_parameters(base, self._device(ctx))
         model = copy.deepcopy(base)
@@ -107,7 +112,7 @@ class SWAG(SWA):
         for _ in range(self.samples):
             load_flat(model, self.sample(mean, generator, low_rank))
             ctx.update_bn(model)
-            members.add(ctx.test_log_probs(model))
+            members.add(ctx.test_log_probs(model), ctx.val_log_probs(model) if ctx.val_log_probs is not None else None)
         return members
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:

@@ -25,6 +25,14 @@ def _pyplot():
     return plt
 
 
+def _title(row, width: int = 60) -> str:
+    """A row's name as a panel's title, wrapped so that a long one (``dataset.train_size=..., dataset.val_size=...``)
+    stays over its panel."""
+    import textwrap
+
+    return textwrap.fill(row.name, width)
+
+
 def _panels(plt, n: int, width: float, height: float):
     fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
     return fig, axes[0]
@@ -49,10 +57,11 @@ def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color
     return line
 
 
-def scored_during_training(runs) -> list[str]:
+def scored_during_training(runs, split: str = "test") -> list[str]:
     """The history columns ``<predictor>_test_acc`` that methods logged while training (SWA's ``swa_test_acc``
-    with ``model.swa.score_every``): their own models, scored beside the live one."""
-    return sorted({k for run in runs for h in run.history for k in h if k.endswith("_test_acc") and k != "test_acc"})
+    with ``model.swa.score_every``; ``swa_val_acc`` with ``split="val"``): their own models, scored beside the live
+    one."""
+    return sorted({k for run in runs for h in run.history for k in h if k.endswith(f"_{split}_acc")})
 
 
 def iterate_label(method: str) -> str:
@@ -61,30 +70,47 @@ def iterate_label(method: str) -> str:
     return "" if method in ("sgd", "pretrained") else " · SGD iterate"
 
 
+def monitored_split(runs) -> str | None:
+    """``test`` when the runs' histories hold test scores per epoch, else ``val`` when they hold validation scores
+    (``run.eval_split=val``), else None."""
+    for split in ("test", "val"):
+        if any(f"{split}_acc" in h for run in runs for h in run.history):
+            return split
+    return None
+
+
 def plot_test_error(table: Table, path: Path) -> bool:
     """Test error (%) against epoch, log scale, per run of a row: the model a column scores where it was scored
     during training (SGD's run; SWA's average with ``model.swa.score_every``, ``<predictor>_test_acc``) solid, the
     iterate a method trains beside its own model dashed and named so; mean over seeds with a min-max band.
-    Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run) are drawn once, named together."""
-    rows = [r for r in table.rows if any("test_acc" in h for run in r.runs() for h in run.history)]
+    Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run; SWA and SWAG of one SWAG run) are drawn
+    once, named together; ``+ts`` columns have no curve of their own. Runs monitored on the validation split
+    (``run.eval_split=val``) draw its error instead, and the axis says so."""
+    rows = [r for r in table.rows if monitored_split(r.runs())]
     if not rows:
         return False
     plt = _pyplot()
     fig, axes = _panels(plt, len(rows), 6.5, 4.2)
     for ax, row in zip(axes, rows):
+        split = monitored_split(row.runs())
         groups: dict[tuple, list] = {}  # the same runs (one SWA run's budget columns) drawn once
         for column in sorted(row.cells, key=lambda c: c.order):
+            if column.scaled:
+                continue
             runs = tuple(sorted({str(e.run.path): e.run for e in row.cells[column].entries}.items()))
             groups.setdefault(runs, []).append(column)
         for i, (runs, columns) in enumerate(groups.items()):
             runs = [run for _, run in runs]
             longest = max(columns, key=lambda c: c.epochs)
-            name = longest.label if len(columns) == 1 else (
-                f"{longest.method.upper()} {', '.join(f'{c.budget:g}B' for c in columns)} ({longest.epochs} ep)")
-            own = [k for k in scored_during_training(runs) if k == f"{longest.method}_test_acc"]
-            series = [(key, f" · {key.removesuffix('_test_acc').upper()} model", "-") for key in own]
-            iterate = longest.method not in ("sgd", "pretrained")
-            series.append(("test_acc", iterate_label(longest.method), "--" if iterate else "-"))
+            methods = list(dict.fromkeys(c.base for c in columns))
+            name = longest.label if len(columns) == 1 else " · ".join(
+                f"{next(c for c in columns if c.base == m).name} "
+                f"{', '.join(f'{c.budget:g}B' for c in columns if c.base == m)}" for m in methods
+            ) + f" ({longest.epochs} ep)"
+            own = [k for k in scored_during_training(runs, split) if k in {f"{m}_{split}_acc" for m in methods}]
+            series = [(key, f" · {key.removesuffix(f'_{split}_acc').upper()} model", "-") for key in own]
+            iterate = any(m not in ("sgd", "pretrained") for m in methods)
+            series.append((f"{split}_acc", iterate_label(methods[0]) if iterate else "", "--" if iterate else "-"))
             for key, suffix, style in series:
                 points: dict[int, list[float]] = defaultdict(list)
                 for run in runs:
@@ -93,7 +119,8 @@ def plot_test_error(table: Table, path: Path) -> bool:
                             points[int(h["epoch"])].append(max(100.0 - float(h[key]), 1e-2))
                 if points:
                     _mean_band(ax, points, style, f"{name}{suffix} (n={len(runs)})", color=f"C{i}")
-        ax.set(title=row.name, xlabel="epoch", ylabel="test error (%, log scale)", yscale="log")
+        what = "test error" if split == "test" else "validation error"
+        ax.set(title=_title(row), xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     _finish(plt, fig, path)
@@ -130,7 +157,7 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
         if most == 1:
             ax.text(0.5, 0.05, "1 member: a single SGD snapshot, not an ensemble", transform=ax.transAxes,
                     ha="center", fontsize=8, color="C3")
-        ax.set(title=row.name, xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
+        ax.set(title=_title(row), xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -155,11 +182,28 @@ def pooled_bins(entries: Sequence[Entry]) -> list[dict]:
 SPARSE = 0.01  # a bin holding less than this share of the test images is drawn hollow and not joined
 
 
-def plot_reliability(table: Table, path: Path) -> bool:
+def reliability_columns(row, methods: Sequence[str] | None) -> list:
+    """The columns of ``row`` a reliability panel draws: for each of ``methods`` (``sgd``, ``swa``, ``swag``, ``fge``,
+    ``swa+ts``...) its column of the largest budget, in that order; without ``methods``, every column but the ``+ts``
+    ones (a run with a validation split has one for each)."""
+    ordered = sorted(row.cells, key=lambda c: c.order)
+    if methods is None:
+        return [c for c in ordered if not c.scaled]
+    out = []
+    for method in methods:
+        found = [c for c in ordered if c.method == method]
+        if found:
+            out.append(max(found, key=lambda c: (c.budget, c.epochs)))
+    return out
+
+
+def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = None) -> bool:
     """Reliability diagrams, one panel per row: accuracy against mean confidence per bin (bins pooled over seeds,
-    weighted by their counts); bins holding under 1% of the images hollow and left out of the line, so a handful
-    of images cannot make it jump; beneath, the share of images in each bin."""
-    rows = [r for r in table.rows if any(run.reliability for run in r.runs())]
+    weighted by their counts), the legend giving each column's ECE and Brier score (means over seeds); bins holding
+    under 1% of the images hollow and left out of the line, so a handful of images cannot make it jump; beneath,
+    the share of images in each bin. ``methods`` chooses the columns (:func:`reliability_columns`): ``sgd swa swag
+    fge`` draws SGD, SWA, SWAG and FGE in one figure."""
+    rows = [r for r in table.rows if any(run.reliability for run in r.runs()) and reliability_columns(r, methods)]
     if not rows:
         return False
     plt = _pyplot()
@@ -168,7 +212,8 @@ def plot_reliability(table: Table, path: Path) -> bool:
     for j, row in enumerate(rows):
         ax, hist = grid[0][j], grid[1][j]
         ax.plot([0, 1], [0, 1], color="grey", lw=1, ls=":", label="perfect calibration")
-        for i, (column, cell) in enumerate(sorted(row.cells.items(), key=lambda kv: kv[0].order)):
+        for i, column in enumerate(reliability_columns(row, methods)):
+            cell = row.cells[column]
             bins = pooled_bins(cell.entries)
             total = sum(b["count"] for b in bins)
             if not total:
@@ -176,14 +221,14 @@ def plot_reliability(table: Table, path: Path) -> bool:
             color = f"C{i}"
             dense = [b for b in bins if b["count"] >= SPARSE * total]
             sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]
-            brier = cell.values("brier")
-            tail = f", Brier {statistics.fmean(brier):.3f}" if brier else ""
+            tail = "".join(f", {name} {statistics.fmean(cell.values(metric)):.3f}"
+                           for metric, name in (("ece", "ECE"), ("brier", "Brier")) if cell.values(metric))
             ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], "-o", ms=4, color=color,
                     label=f"{column.label} (n={len(cell.entries)}{tail})")
             ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
-        ax.set(title=row.name, ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        ax.set(title=_title(row, 45), ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", title="hollow: bins with < 1% of the images", title_fontsize=7)
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))

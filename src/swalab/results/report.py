@@ -11,16 +11,21 @@ the CSVs), ``plots``, ``diagnostics`` (section 3.5), ``wandb_report`` (the W&B R
 
 Writes to ``--out`` (default ``report/``):
 
-    table.md          accuracy, NLL and ECE tables (mean ± std over seeds, n), paired differences
-                      against SGD per seed, section 3.5 (SWA against the FGE ensemble), the wall time of
-                      branched rows against naive runs (their records in rows/), the runs not in the
-                      table (failed, unfinished, duplicates)
-    table.csv         one line per (row, column, metric): mean, std, n, the values and their seeds
+    table.md          accuracy, NLL, ECE and Brier tables (mean ± std over seeds, n), paired differences
+                      against SGD per seed, every column of a row on a line of its own (with +ts columns or
+                      ensembles of seeds: the fitted temperatures, paired differences in NLL too), the
+                      ensembles of each config's seeds (deep ensembles, MultiSWAG: swalab.results.ensembles),
+                      section 3.5 (SWA against the FGE ensemble), the wall time of branched rows against
+                      naive runs (their records in rows/), the runs not in the table (failed, unfinished,
+                      duplicates)
+    table.csv         one line per (row, column, metric): mean, std, n, the values and their seeds; and per
+                      ensemble of seeds
     runs.csv          one line per run: where it is, its state, every predictor's accuracy
     test_error.png    test error against epoch per column: the model it scores where scored during training (SWA's
                       average with model.swa.score_every), the iterate a method trains dashed; band over seeds
     fge_curve.png     FGE ensemble accuracy against the number of members, SWA as a line
-    reliability.png   reliability diagrams per column, with the share of images per confidence bin beneath
+    reliability.png   reliability diagrams per column (ECE and Brier in the legend), with the share of images
+                      per confidence bin beneath; ``--reliability sgd swa swag fge`` chooses the columns
     *.pdf             each figure as PDF too
 
 ``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also builds a W&B Report
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swalab.cli import output_folder, run_command
+from swalab.results.ensembles import seed_ensembles
 from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
 from swalab.results.row import row_cost, row_records
 from swalab.results.runs import Run, run_dirs
@@ -68,17 +74,18 @@ REPORT_FILES = ("table.md", "table.csv", "runs.csv", "test_error.png", "fge_curv
 
 
 def write_report(work: Path, roots: Sequence[str | Path], runs, finished, table: Table, notes: list[str],
-                 costs: list[dict], paper: bool) -> dict:
+                 costs: list[dict], paper: bool, ensembles: Sequence = (),
+                 reliability: Sequence[str] | None = None) -> dict:
     """Write every file of the report but W&B's into ``work``; return their names."""
     names: dict = {}
     if finished:
-        (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs)
+        (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs, ensembles)
                                        + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
                                           if notes else ""))
-        write_csv(table, work / "table.csv")
+        write_csv(table, work / "table.csv", ensembles)
         names.update({"table.md": True, "table.csv": True})
         for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
-                           ("reliability", plot_reliability)):
+                           ("reliability", lambda t, p: plot_reliability(t, p, reliability))):
             if plot(table, work / f"{name}.png"):
                 names.update({f"{name}.png": True, f"{name}.pdf": True})
     if runs:
@@ -99,11 +106,13 @@ def publish(work: Path, out: Path, names: dict) -> None:
 
 
 def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wandb_mode: str | None = None,
-           wandb_project: str | None = None, wandb_entity: str | None = None) -> dict:
+           wandb_project: str | None = None, wandb_entity: str | None = None,
+           reliability: Sequence[str] | None = None) -> dict:
     """Collect runs below ``roots``, write the tables, CSVs and plots to ``out``; return what was found.
 
     ``wandb_mode`` (``online`` | ``offline``) also builds the W&B Report (``swalab.results.wandb_report``); its
-    project and entity default to the runs' own.
+    project and entity default to the runs' own. ``reliability`` names the methods whose columns the reliability
+    diagrams draw (``swalab.results.plots.reliability_columns``).
     """
     out = output_folder(out, "--out")
     missing = [str(r) for r in roots if not Path(r).exists()]
@@ -113,11 +122,15 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     costs = [c for c in map(row_cost, row_records(roots)) if c is not None]
     finished = [r for r in runs if r.finished]
     table = build_table(runs)
+    ensembles = seed_ensembles(table)
     notes = problems_of(runs, table)
+    if reliability and not any(c.method in reliability for c in table.columns):
+        notes.append(f"--reliability {' '.join(reliability)}: no column of these methods (the columns: "
+                     f"{', '.join(sorted({c.method for c in table.columns}))}); no reliability diagram")
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # the report is made here, then moved
     try:
-        names = write_report(work, roots, runs, finished, table, notes, costs, paper)
+        names = write_report(work, roots, runs, finished, table, notes, costs, paper, ensembles, reliability)
         publish(work, out, names)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -130,7 +143,8 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
                                paper=load_paper_tables())
         if wandb["spec"] is not None:
             written[SPEC_FILE] = wandb["spec"]
-    return {"runs": runs, "finished": finished, "table": table, "notes": notes, "written": written, "wandb": wandb}
+    return {"runs": runs, "finished": finished, "table": table, "notes": notes, "written": written, "wandb": wandb,
+            "ensembles": ensembles}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", help="output directories, run directories or grid records to read")
     parser.add_argument("--out", default="report", help="where the table, CSVs and plots go (default: report/)")
     parser.add_argument("--paper", action="store_true", help="show the paper's numbers (Tables 1 and 2) beside ours")
+    parser.add_argument("--reliability", nargs="+", metavar="METHOD", default=None,
+                        help="the columns of the reliability diagrams, by method, each at its largest budget, e.g. "
+                             "sgd swa swag fge (swa+ts: SWA at its fitted temperature); default: every column but "
+                             "the +ts ones")
     parser.add_argument("--wandb", action="store_true",
                         help="also build a W&B Report: saved online, else its spec "
                              "is written next to table.md with the command that publishes it")
@@ -147,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = report(args.dirs, args.out, paper=args.paper, wandb_mode=args.wandb_mode if args.wandb else None,
-                        wandb_project=args.wandb_project, wandb_entity=args.wandb_entity)
+                        wandb_project=args.wandb_project, wandb_entity=args.wandb_entity,
+                        reliability=args.reliability)
     except ImportError as exc:  # --wandb without wandb-workspaces
         print(f"[swalab.results.report] {exc}", file=sys.stderr)
         return 2

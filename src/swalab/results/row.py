@@ -3,6 +3,7 @@
     python -m swalab.results.row --dataset cifar10 --model preresnet20 --seeds 0 1 [key=value overrides]
     python -m swalab.results.row ... --dry-run      # print the commands in dependency order (for SLURM, see docs/branching.md)
     python -m swalab.results.row ... --naive        # the five runs trained straight through, for comparison
+    python -m swalab.results.row ... --swag         # SWAG and SWAG-diag beside SWA, from the same branch
 
 When to use it: the five runs of a row share most of their epochs. Trained naively they cost
 5.75 budgets per seed; branched they cost about 2: one SGD trunk (``method=sgd``, 1 budget) keeps
@@ -10,7 +11,10 @@ the checkpoints of the branch points (``run.save_at``), one SWA run branches off
 ``swa_start - 1`` and trains to the largest budget, scoring its average at the smaller budget
 marks on the way (predictors ``swa@1``, ``swa@1.25``, ``swa``), and FGE branches off it at its
 ``pretrain_epochs``. Each branch equals the run trained straight through (``swalab.branching``),
-so both modes give the same table.
+so both modes give the same table. With ``--swag`` that SWA branch is a SWAG run (``method=swag``), which trains
+exactly as SWA does and scores SWA's predictors beside its own: one branch fills the SWA columns and the SWAG ones
+(``SWAG``, ``SWAG-diag`` at the largest budget); its cost over SWA's is SWAG's test-time sampling
+(``bench/swag_cost.py``).
 
 Each job is ``python run.py <overrides>`` in a subprocess, run one after another, trunk first; a
 job whose run directory already holds ``metrics.json`` is skipped, so an interrupted row is
@@ -117,11 +121,12 @@ def fmt_budget(b: float) -> str:
 
 
 def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_budgets=SWA_BUDGETS,
-             fge: bool = True, naive: bool = False, ema: bool = False) -> list[Job]:
+             fge: bool = True, naive: bool = False, ema: bool = False, swag: bool = False) -> list[Job]:
     """The jobs of one row for one seed, in dependency order (the trunk first).
 
     ``ema`` adds an EMA run of one budget, trained straight through (EMA keeps state from its first
-    step, so it cannot branch off the trunk).
+    step, so it cannot branch off the trunk). ``swag`` trains the run of the largest SWA budget as SWAG
+    (``method=swag``: SWA's training, SWA's predictors and SWAG's), branched off the trunk where SWA's would be.
     """
     keys = {o.lstrip("+").split("=", 1)[0]: o for o in extra}
     fixed = [o for k, o in keys.items() if k in ("trainer.epochs", "method.budget")]
@@ -141,8 +146,8 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     trunk_epochs = int(trunk_cfg.trainer.epochs)
     budgets = sorted(float(b) for b in swa_budgets)
 
-    def swa_overrides(budget: float, marks: list[float]) -> list[str]:
-        out = [*base, "method=swa", f"method.budget={fmt_budget(budget)}", "model.swa.pre_schedule=base"]
+    def swa_overrides(budget: float, marks: list[float], method: str = "swa") -> list[str]:
+        out = [*base, f"method={method}", f"method.budget={fmt_budget(budget)}", "model.swa.pre_schedule=base"]
         if "model.swa.score_every" not in keys:  # the average's own test error each epoch, for test_error.png
             out.append("model.swa.score_every=1")
         if marks:
@@ -159,15 +164,17 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
         if fge:
             jobs.append(Job("fge", fge_ov, run_dir_of(compose_run(fge_ov), fge_ov), columns={"FGE 1B": "fge"}))
         for b in budgets:
-            ov = swa_overrides(b, [])
-            jobs.append(Job(f"swa_b{fmt_budget(b)}", ov, run_dir_of(compose_run(ov), ov),
-                            columns={f"SWA {fmt_budget(b)}B": "swa"}))
+            last = swag and b == budgets[-1]
+            ov = swa_overrides(b, [], "swag" if last else "swa")
+            jobs.append(Job(f"swag_b{fmt_budget(b)}" if last else f"swa_b{fmt_budget(b)}", ov,
+                            run_dir_of(compose_run(ov), ov),
+                            columns={f"SWA {fmt_budget(b)}B": "swa", **(swag_columns(b) if last else {})}))
         return jobs + extra_jobs
 
-    swa_ov = swa_overrides(budgets[-1], budgets[:-1])
-    children = [("swa", swa_ov, compose_run(swa_ov),
+    swa_ov = swa_overrides(budgets[-1], budgets[:-1], "swag" if swag else "swa")
+    children = [("swag" if swag else "swa", swa_ov, compose_run(swa_ov),
                  {**{f"SWA {fmt_budget(b)}B": f"swa@{fmt_budget(b)}" for b in budgets[:-1]},
-                  f"SWA {fmt_budget(budgets[-1])}B": "swa"})]
+                  f"SWA {fmt_budget(budgets[-1])}B": "swa", **(swag_columns(budgets[-1]) if swag else {})})]
     if fge:
         children.append(("fge", fge_ov, compose_run(fge_ov), {"FGE 1B": "fge"}))
     points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
@@ -179,6 +186,11 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
         jobs.append(Job(name, [*ov, f"run.branch_from={trunk_dir}@{k}"], run_dir_of(cfg, ov),
                         parent="sgd", branch_epoch=k, columns=columns))
     return jobs + extra_jobs
+
+
+def swag_columns(budget: float) -> dict[str, str]:
+    """The columns a SWAG run of ``budget`` budgets adds to the row's record beside SWA's."""
+    return {f"SWAG {fmt_budget(budget)}B": "swag", f"SWAG-diag {fmt_budget(budget)}B": "swag_diag"}
 
 
 def finished(run_dir: Path) -> bool:
@@ -214,9 +226,9 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
 
 
 def column_order(column: str) -> tuple:
-    """The paper's order: SGD, FGE, SWA by growing budget, then EMA."""
+    """The paper's order: SGD, FGE, SWA by growing budget, SWAG, then EMA."""
     method, _, budget = column.partition(" ")
-    return {"SGD": 0, "FGE": 1, "SWA": 2, "EMA": 3}.get(method, 9), float(budget.rstrip("B") or 1)
+    return {"SGD": 0, "FGE": 1, "SWA": 2, "SWAG": 3, "SWAG-diag": 4, "EMA": 5}.get(method, 9), float(budget.rstrip("B") or 1)
 
 
 def relative_to(run_dir: Path, output_dir: Path) -> str:
@@ -335,6 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-fge", action="store_true", help="leave out the FGE column")
     parser.add_argument("--naive", action="store_true", help="train each column straight through (no branching)")
     parser.add_argument("--ema", action="store_true", help="add an EMA run of one budget (trained straight through)")
+    parser.add_argument("--swag", action="store_true",
+                        help="train the largest SWA budget as SWAG (method=swag): SWA's columns and SWAG's from one run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order and run nothing")
     args = parser.parse_args(own)
     bad = [b for b in args.swa_budgets if not (math.isfinite(b) and b > 0)]
@@ -352,7 +366,7 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
     result = {}
     for seed in args.seeds:
         jobs = plan_row(args.dataset, args.model, seed, extra, args.swa_budgets, fge=not args.no_fge,
-                        naive=args.naive, ema=args.ema)
+                        naive=args.naive, ema=args.ema, swag=args.swag)
         costs = run_jobs(jobs, dry_run=args.dry_run)
         if args.dry_run:
             continue

@@ -11,7 +11,9 @@
 * a **column** is a method at a budget, with the epochs behind it (``SWA 1.25B (188 ep)``). Each
   predictor's ``metrics.json`` entry says the budget and epoch behind it, so a SWA run contributes to
   its own column and, through its ``swa@<b>`` predictors (``model.swa.score_at_budgets``), to the
-  columns of the earlier budget marks, without a name being parsed.
+  columns of the earlier budget marks, without a name being parsed. A predictor at its fitted
+  temperature (``swa+ts``, runs with a validation split) is a column of its own beside its predictor's;
+  a SWAG run fills the SWA columns too where no SWA run does (``STANDS_IN``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
+from swalab.calibration import SUFFIX, base_name
 from swalab.identity import differences, group_hash, identity_hash, label_of, method_part, recipe_of
 from swalab.results.runs import Run
 
@@ -33,23 +36,41 @@ METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), (
 
 @dataclass(frozen=True)
 class Column:
-    """A method at a budget, with the epochs behind it."""
+    """A method at a budget, with the epochs behind it; ``swa+ts`` is SWA's predictor at its fitted temperature
+    (``swalab.calibration``), a column of its own beside SWA's."""
 
     method: str
     budget: float
     epochs: int
 
     @property
+    def base(self) -> str:
+        """The method without ``+ts``."""
+        return base_name(self.method)[0]
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the column is a predictor at its fitted temperature (``+ts``)."""
+        return base_name(self.method)[1]
+
+    @property
+    def name(self) -> str:
+        """``SWA``, ``SWAG-diag``, ``SWA+ts``: the method as a label shows it."""
+        return self.base.upper().replace("_DIAG", "-diag") + (SUFFIX if self.scaled else "")
+
+    @property
     def label(self) -> str:
-        return f"{self.method.upper().replace('_DIAG', '-diag')} {self.budget:g}B ({self.epochs} ep)"
+        return f"{self.name} {self.budget:g}B ({self.epochs} ep)"
 
     @property
     def order(self) -> tuple:
-        return METHOD_ORDER.get(self.method, 9), self.budget, self.epochs, self.method
+        return METHOD_ORDER.get(self.base, 9), self.budget, self.epochs, self.scaled, self.method
 
     @property
     def paper(self) -> str:
         """The paper's name for the column (Tables 1 and 2)."""
+        if self.scaled:
+            return self.label  # not in the paper
         if self.method in ("sgd", "pretrained"):
             return "SGD"
         if self.method == "fge":
@@ -65,25 +86,37 @@ class Entry:
     predictor: str
     column: Column
     metrics: dict
+    stands_in: bool = False  # a predictor of another method's column (``STANDS_IN``): a run of that method goes first
 
     @property
     def cell(self) -> tuple[str, str]:
         return group_hash(self.run.identity), self.predictor
 
 
+# A method that trains exactly as another and scores that method's predictors too stands in that method's columns
+# where no run of it does: SWAG trains as SWA (the same schedule and captures, model.swa), so a SWAG run's ``swa``
+# and ``swa@<b>`` are the SWA average of the same training, and one run (python -m swalab.results.row --swag) fills
+# the SWA and the SWAG columns. A run of SWA itself in the same row goes first (build_table).
+STANDS_IN = {"swag": ("swa",)}
+
+
 def entries_of(run: Run) -> list[Entry]:
-    """The run's own predictor (``sgd`` of an SGD run, ``swa`` of a SWA run...) and SWA's budget marks."""
+    """The run's own predictors (``sgd`` of an SGD run, ``swa`` of a SWA run...), SWA's budget marks, each at its
+    fitted temperature (``<name>+ts``) too, and the predictors it stands in for (``STANDS_IN``)."""
     out = []
     epochs = int(run.get("trainer.epochs", 0) or 0)
     budget = float(run.get("method.budget", 1.0) or 0.0)
     for name, m in run.metrics.items():
         if not isinstance(m, dict) or "acc" not in m:
             continue
-        own = name == run.method or name.startswith(f"{run.method}_") or name.startswith(f"{run.method}@")
-        if not own:
+        base, scaled = base_name(name)
+        family = base.split("@")[0]  # swa@1.25 is SWA at a budget mark
+        own = family == run.method or family.startswith(f"{run.method}_")
+        stands_in = family in STANDS_IN.get(run.method, ())
+        if not (own or stands_in):
             continue  # e.g. the last iterate of a SWA run is not the SGD baseline
-        column = Column(name.split("@")[0], float(m.get("budget", budget)), int(m.get("epoch", epochs)))
-        out.append(Entry(run, name, column, m))
+        column = Column(family + (SUFFIX if scaled else ""), float(m.get("budget", budget)), int(m.get("epoch", epochs)))
+        out.append(Entry(run, name, column, m, stands_in=stands_in))
     return out
 
 
@@ -206,8 +239,13 @@ def build_table(runs: Sequence[Run]) -> Table:
                 duplicates.append(f"{run.path} repeats {seen[once].path} (same config and seed): counted once")
                 continue
             seen[once] = run
-            cells.setdefault(entry.cell, {"entries": [], "context": context_of(run), "column": entry.column})
+            cells.setdefault(entry.cell, {"entries": [], "context": context_of(run), "column": entry.column,
+                                          "stands_in": entry.stands_in})
             cells[entry.cell]["entries"].append(entry)
+    taken = {(json.dumps(c["context"], sort_keys=True, default=str), c["column"]) for c in cells.values()
+             if not c["stands_in"]}
+    cells = {k: c for k, c in cells.items()  # a run of the method itself fills its column (STANDS_IN)
+             if not (c["stands_in"] and (json.dumps(c["context"], sort_keys=True, default=str), c["column"]) in taken)}
     # rows: one per distinct context; within a row one cell per column, further variants in rows of their own
     contexts: dict[str, dict] = {}
     for key, cell in cells.items():

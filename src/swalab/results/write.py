@@ -1,4 +1,5 @@
-"""The report's files: ``table.md`` (accuracy, NLL, ECE, paired differences, section 3.5) and the CSVs."""
+"""The report's files: ``table.md`` (accuracy, NLL, ECE, Brier, paired differences, every column of a row, the
+ensembles of seeds, section 3.5) and the CSVs."""
 
 from __future__ import annotations
 
@@ -110,7 +111,70 @@ def diff_text(row, column, values) -> str:
     return _fmt_diff(values) if values else "no seed in common with SGD"
 
 
-def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = ()) -> str:
+def _mean_pm(values: Sequence[float], digits: int, sign: bool = False) -> str:
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    return f"{mean:{'+' if sign else ''}.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def ensembles_markdown(ensembles: Sequence) -> list[str]:
+    """The ensembles of seeds (``swalab.results.ensembles``): each beside the mean of its seeds, or why it is missing."""
+    if not any(e.metrics for e in ensembles):
+        return []
+    lines = []
+    for e in ensembles:
+        if e.metrics is None:
+            lines.append([e.row.name, e.label, ", ".join(map(str, e.seeds)), f"not formed: {e.why}", "", "", ""])
+            continue
+        lines.append([e.row.name, e.label, ", ".join(map(str, e.seeds)),
+                      *(f"{e.metrics[m]:.{2 if m == 'acc' else 4}f} ({_mean_pm(e.members[m], 2 if m == 'acc' else 4)})"
+                        for m in ("acc", "nll", "ece", "brier"))])
+    return ["## Ensembles of seeds (deep ensembles; SWAG x n is MultiSWAG)", "",
+            "Each config's seeds as one ensemble: the mean of their saved test probabilities (predictions.pt, no "
+            "forward pass), scored like every predictor; in brackets the mean ± std of the seeds on their own. Only runs "
+            "of exactly one config but the seed, scored on the same test labels; +ts columns are not ensembled (their "
+            "temperature would have to be fitted on the ensemble's own validation split).", "",
+            *_markdown_table(["row", "ensemble", "seeds", "accuracy %", "NLL", "ECE", "Brier"], lines), ""]
+
+
+def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
+    """Per row, every column on a line of its own (a row with a validation split has twice the columns: each
+    predictor and its ``+ts``): accuracy, NLL, ECE, Brier, the fitted temperature, the paired differences in accuracy
+    and NLL against the row's SGD, and the row's ensembles of seeds. Only for tables with ``+ts`` columns or
+    ensembles of seeds."""
+    formed = [e for e in ensembles if e.metrics]
+    if not formed and not any(c.scaled for c in table.columns):
+        return []
+    out = ["## Every column of a row: accuracy, NLL, ECE, Brier", "",
+           "Mean ± sample std over seeds (n seeds). T: the temperature fitted on the validation split (mean over "
+           "seeds). Δ: the paired difference to the row's SGD run of the same seed and budget B (mean ± std over "
+           "seeds). An ensemble of seeds has one value; its Δ is to the mean of the SGD seeds.", ""]
+    for row in table.rows:
+        acc_diffs, nll_diffs = paired_differences(row, "acc"), paired_differences(row, "nll")
+        lines = []
+        for column in sorted(row.cells, key=lambda c: c.order):
+            cell = row.cells[column]
+            temps = [float(e.metrics["temperature"]) for e in cell.entries if "temperature" in e.metrics]
+            lines.append([column.label, str(len(cell.entries)),
+                          *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
+                          f"{sum(temps) / len(temps):.3f}" if temps else "",
+                          _mean_pm(acc_diffs.get(column, []), 2, sign=True),
+                          _mean_pm(nll_diffs.get(column, []), 4, sign=True)])
+        sgd = row.sgd_cells()
+        for e in (e for e in formed if e.row is row):
+            base = sgd.get(sgd_baseline(row, e.column)) if sgd_baseline(row, e.column) is not None else None
+            delta = {m: (f"{e.metrics[m] - mean_std(base.values(m))[0]:+.{d}f}" if base and base.values(m) else "–")
+                     for m, d in (("acc", 2), ("nll", 4))}
+            lines.append([e.label, f"{len(e.seeds)} (ensemble)",
+                          *(f"{e.metrics[m]:.{2 if m == 'acc' else 4}f}" for m in ("acc", "nll", "ece", "brier")), "",
+                          delta["acc"], delta["nll"]])
+        out += [f"### {row.name}", "", *_markdown_table(["column", "n", "accuracy %", "NLL", "ECE", "Brier", "T",
+                                                         "Δ accuracy", "Δ NLL"], lines), ""]
+    return out
+
+
+def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = (), ensembles: Sequence = ()) -> str:
     columns = table.columns
     header = ["row", *(c.label for c in columns)]
     out: list[str] = []
@@ -124,8 +188,8 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                 lines.append([f"{row.name} (paper)", *(published.get(c.paper, "–") for c in columns)])
         out += [f"## {title}", "", *_markdown_table(header, lines), ""]
     diffs = [(row, paired_differences(row)) for row in table.rows]
-    diff_columns = sorted({c for row in table.rows for c in row.cells if not (c.method == "sgd" and c.budget == 1)},
-                          key=lambda c: c.order)
+    diff_columns = sorted({c for row in table.rows for c in row.cells  # +ts keeps the accuracy of its predictor
+                           if not (c.method == "sgd" and c.budget == 1) and not c.scaled}, key=lambda c: c.order)
     if diff_columns and any(d for _, d in diffs):
         lines = [[row.name, *(diff_text(row, c, d.get(c)) for c in diff_columns)] for row, d in diffs]
         example = next(((c, sgd_baseline(row, c)) for row, d in diffs for c in diff_columns if c in d), None)
@@ -136,6 +200,8 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                 "other settings (SWA's pre-schedule, its lr) with the SGD of the row it shares every other setting with.",
                 "",
                 *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
+    out += every_column_markdown(table, ensembles)
+    out += ensembles_markdown(ensembles)
     out += section35_markdown(table)
     out += wall_time_markdown(costs)
     out.append("Mean ± sample std over seeds; n = number of seeds (finished runs, each config and seed once). "
@@ -143,9 +209,16 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                "that row (a run of other settings has a row of its own).")
     if paper:
         out.append(f"Paper rows: {paper.get('source', 'Izmailov et al. 2018')}.")
-    lineage = [f"- {row.name}, {c.label}, seed {e.run.seed}: branched from {shown(e.run.lineage.get('parent'))} at epoch "
-               f"{e.run.lineage.get('epoch')}" for row in table.rows for c, cell in row.cells.items()
-               for e in cell.entries if e.run.lineage]
+    lineage = []
+    for row in table.rows:  # one line per branched run, naming every column it fills (a SWAG run fills SWA's too)
+        filled: dict = {}
+        for c in sorted(row.cells, key=lambda c: c.order):
+            for e in row.cells[c].entries:
+                if e.run.lineage and not c.scaled:
+                    filled.setdefault(str(e.run.path), (e.run, []))[1].append(c.label)
+        lineage += [f"- {row.name}, {', '.join(labels)}, seed {run.seed}: branched from "
+                    f"{shown(run.lineage.get('parent'))} at epoch {run.lineage.get('epoch')}"
+                    for run, labels in sorted(filled.values(), key=lambda rl: (rl[1][0], str(rl[0].seed)))]
     if lineage:
         out += ["", "Branched runs (each equals the run trained straight through, docs/branching.md):", *lineage]
     return "\n".join(out) + "\n"
@@ -159,11 +232,13 @@ def _fmt_diff(values: Sequence[float] | None) -> str:
     return f"{mean:+.2f} ± {std:.2f} ({values_text})" if std is not None else f"{mean:+.2f} ({values_text})"
 
 
-def write_csv(table: Table, path: Path) -> None:
+def write_csv(table: Table, path: Path, ensembles: Sequence = ()) -> None:
+    """One line per (row, column, metric), and per formed ensemble of seeds (``ensemble`` says ``seeds``; its one
+    value in ``mean``, its seeds in ``seeds``)."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["row", "dataset", "model", "setting", "column", "method", "budget", "epochs", "metric",
-                         "mean", "std", "n", "values", "seeds", "group"])
+                         "mean", "std", "n", "values", "seeds", "group", "ensemble"])
         for row in table.rows:
             for column in table.columns:
                 cell = row.cells.get(column)
@@ -178,7 +253,16 @@ def write_csv(table: Table, path: Path) -> None:
                                      f"{column.budget:g}", column.epochs, metric, f"{mean:.6f}",
                                      "" if std is None else f"{std:.6f}", len(values),
                                      " ".join(f"{v:.6f}" for v in values), " ".join(map(str, cell.seeds)),
-                                     cell.entries[0].cell[0]])
+                                     cell.entries[0].cell[0], ""])
+        for e in ensembles:
+            if e.metrics is None:
+                continue
+            cell = e.row.cells[e.column]
+            for metric, _ in METRICS:
+                writer.writerow([e.row.name, e.row.dataset, e.row.model, e.row.label, e.label, e.column.method,
+                                 f"{e.column.budget:g}", e.column.epochs, metric, f"{e.metrics[metric]:.6f}", "",
+                                 len(e.seeds), f"{e.metrics[metric]:.6f}", " ".join(map(str, e.seeds)),
+                                 cell.entries[0].cell[0], "seeds"])
 
 
 def shown_path(run: Path, roots: Sequence[str | Path]) -> str:

@@ -18,7 +18,8 @@ The run directory::
     final.pt         live weights plus each method's own (SWA average, EMA)
     lineage.json     the checkpoint this run started from (model.init_from or run.branch_from), if any
     reliability.json per predictor, 15 confidence bins (count, accuracy, confidence) for reliability diagrams
-    predictions.pt   per predictor, its test probabilities (float16, when at most 5M numbers) and the labels
+    predictions.pt   per predictor, its test probabilities and log-probabilities (float16, when at most 5M
+                     numbers) and the labels
     wandb_run.json   the W&B run that mirrors this run (logger=wandb): its id, name, group and tags
     wandb/           W&B's own files (offline-run-* for a later ``wandb sync``)
 
@@ -33,14 +34,14 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from swalab.train.build import (build_loaders, build_method, build_model, build_stream_loaders, eval_batch_size,
-                                load_init_weights, load_into, trainer_options)
+from swalab.train.build import (build_loaders, build_method, build_model, build_stream_loaders, build_val_loader,
+                                eval_batch_size, load_init_weights, load_into, trainer_options)
 from swalab.train.execute import execute
 from swalab.train.plan import RunPlan, inspect_run_dir, locate, prepare, validate
 from swalab.train.records import PREDICTIONS_FILE, message, one_line
 
 __all__ = ["train", "prepare", "execute", "validate", "locate", "inspect_run_dir", "RunPlan", "build_method",
-           "build_model", "build_loaders", "build_stream_loaders", "eval_batch_size", "trainer_options",
+           "build_model", "build_loaders", "build_stream_loaders", "build_val_loader", "eval_batch_size", "trainer_options",
            "load_init_weights", "load_into", "PREDICTIONS_FILE", "message", "one_line"]
 
 

@@ -131,13 +131,10 @@ def eval_batch_size(cfg: DictConfig, device: torch.device) -> int:
     return int(size) if size is not None else (1000 if device.type == "cuda" else 128)
 
 
-def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
-    """Training, test and BN-update loaders that decode from disk in worker processes (``dataset.loader=stream``).
-
-    Transforms follow the pretrained config of the timm model being trained (``model.arch.model_name``);
-    the BN-update loader reads a fixed seeded ``trainer.bn_update_fraction`` of the training set.
-    """
-    from swalab.data.imagenet import StreamLoader, bn_subset_indices, imagenet_transforms
+def stream_transforms(cfg: DictConfig):
+    """``(train transform, eval transform)`` of a streaming data set, from the pretrained config of the timm model
+    being trained (``model.arch.model_name``) and the data set's keys."""
+    from swalab.data.imagenet import imagenet_transforms
 
     model_name = cfg.model.arch.get("model_name")
     mean = cfg.model.get("mean") or (None if model_name else cfg.dataset.mean)
@@ -145,9 +142,25 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     train_tf, test_tf, _ = imagenet_transforms(model_name, image_size=cfg.dataset.get("image_size"), mean=mean,
                                                std=std, interpolation=cfg.dataset.get("interpolation"),
                                                crop_pct=cfg.dataset.get("crop_pct"), flip=bool(cfg.dataset.flip))
+    return train_tf, test_tf
+
+
+def stream_options(cfg: DictConfig, device: torch.device) -> dict:
+    return dict(num_workers=int(cfg.run.num_workers), pin_memory=device.type == "cuda",
+                prefetch_factor=cfg.run.get("prefetch_factor"))
+
+
+def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
+    """Training, test and BN-update loaders that decode from disk in worker processes (``dataset.loader=stream``).
+
+    Transforms follow the pretrained config of the timm model being trained (``model.arch.model_name``);
+    the BN-update loader reads a fixed seeded ``trainer.bn_update_fraction`` of the training set.
+    """
+    from swalab.data.imagenet import StreamLoader, bn_subset_indices
+
+    train_tf, test_tf = stream_transforms(cfg)
     batch_size = batch_size_for(cfg, len(data.train))
-    common = dict(num_workers=int(cfg.run.num_workers), pin_memory=device.type == "cuda",
-                  prefetch_factor=cfg.run.get("prefetch_factor"))
+    common = stream_options(cfg, device)
     train = StreamLoader(data.train.with_transform(train_tf), batch_size, train=True, seed=int(cfg.seed), **common)
     test = StreamLoader(data.test.with_transform(test_tf), eval_batch_size(cfg, device), train=False, **common)
     keep = bn_subset_indices(len(data.train), float(cfg.trainer.bn_update_fraction), batch_size, int(cfg.seed) + 1)
@@ -170,12 +183,35 @@ def build_model(cfg: DictConfig, data=None) -> torch.nn.Module:
     return build(cfg.model.arch, "model.arch", **{k: int(v) for k, v in found.items() if k in takes and v})
 
 
-def build_loaders(cfg: DictConfig, data, device: torch.device):
-    """Training, test and BN-update loaders on ``device``; the split stays resident there."""
-    if cfg.dataset.get("loader", "resident") == "stream":
-        return build_stream_loaders(cfg, data, device)
+def normalisation(cfg: DictConfig, data) -> tuple[list[float], list[float]]:
+    """The mean and std a resident data set's batches are normalised with: the model's, the data set's, or measured."""
     mean = list(cfg.model.get("mean") or cfg.dataset.get("mean") or getattr(data, "mean", None))
     std = list(cfg.model.get("std") or cfg.dataset.get("std") or getattr(data, "std", None))
+    return mean, std
+
+
+def build_val_loader(cfg: DictConfig, data, device: torch.device):
+    """The validation split's loader (``dataset.val_size``), unaugmented and in order like the test set's, or None
+    without one. Nothing else reads it: the BN-update loader reads the training split only."""
+    val = getattr(data, "val", None)
+    if val is None:
+        return None
+    if cfg.dataset.get("loader", "resident") == "stream":
+        from swalab.data.imagenet import StreamLoader
+
+        return StreamLoader(val.with_transform(stream_transforms(cfg)[1]), eval_batch_size(cfg, device), train=False,
+                            **stream_options(cfg, device))
+    mean, std = normalisation(cfg, data)
+    return ResidentLoader(val, eval_batch_size(cfg, device), train=False, device=device, mean=mean, std=std,
+                          channels_last=bool(cfg.run.channels_last))
+
+
+def build_loaders(cfg: DictConfig, data, device: torch.device):
+    """Training, test and BN-update loaders on ``device``; the split stays resident there. The BN-update loader reads
+    the training split (``data.train``), which holds no validation image."""
+    if cfg.dataset.get("loader", "resident") == "stream":
+        return build_stream_loaders(cfg, data, device)
+    mean, std = normalisation(cfg, data)
     pad = cfg.dataset.get("pad")
     if pad is None:  # crop padding scaled to the image size: 4 pixels for 32
         pad = int(round(data.train.images.shape[-1] / 8))

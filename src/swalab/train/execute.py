@@ -25,8 +25,8 @@ from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
-from swalab.train.build import (build_loaders, build_model, check_batches_of_one, load_init_weights, load_into,
-                                loss_spec, optimizer_spec, trainer_options)
+from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
+                                load_into, loss_spec, optimizer_spec, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, data_facts, git_info, one_line,
                                   save_predictions, seed_everything, write_json, write_status, write_text)
@@ -69,6 +69,7 @@ def build_run(plan: RunPlan) -> Built:
         plan.identity = {**plan.identity, DATA_FINGERPRINT: data.record["fingerprint"]}
         inspect_run_dir(run_dir, plan.identity, cfg.run.resume, data.record)
     train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
+    val_loader = build_val_loader(cfg, data, device)
     method.validate_steps(len(train_loader))
     model = build_model(cfg, data)
     check_batches_of_one(model, train_loader, device)
@@ -87,7 +88,8 @@ def build_run(plan: RunPlan) -> Built:
             lineage = read_lineage(run_dir)
     options = trainer_options(cfg, method.epochs)
     trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
-                      identity=plan.identity, optimizer=optimizer_spec(cfg), loss=loss_spec(cfg).build(data.num_classes))
+                      identity=plan.identity, optimizer=optimizer_spec(cfg), loss=loss_spec(cfg).build(data.num_classes),
+                      val_loader=val_loader)
     return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched,
                  data_facts=data_facts(data, plan.data_record), cache_note=getattr(data, "cache_note", None))
 

@@ -63,12 +63,15 @@ DATA_FILE = "data.json"
 def data_facts(data, record: dict | None) -> dict:
     """What a run found in its data set (``data.json``): the record of the files read (per class folder a count
     and a hash, ``swalab.data.fingerprint``), the classes, channels, image size, split sizes, the
-    normalisation measured on the training images (when the loader measures it) and the decode cache."""
+    normalisation measured on the training images (when the loader measures it) and the decode cache; with a
+    validation split (``dataset.val_size``), how many images it holds (``val_images``, never among ``train_images``)."""
     images = getattr(data.train, "images", None)
+    val = getattr(data, "val", None)
     return {"name": data.name, "num_classes": int(data.num_classes), "classes": list(data.classes),
             "channels": getattr(data, "channels", None),
             "image_size": list(images.shape[-2:]) if images is not None else None,
             "train_images": len(data.train), "test_images": len(data.test),
+            **({"val_images": len(val)} if val is not None else {}),
             "measured_mean": getattr(data, "mean", None), "measured_std": getattr(data, "std", None),
             "record": record}
 
@@ -133,9 +136,11 @@ def write_status(run_dir: Path, status: dict) -> None:
 
 
 def save_predictions(evaluation, path: Path) -> None:
-    """Each predictor's test probabilities (float16) and the labels, for analyses that need no weights
-    (the report's section 3.5 diagnostics). Left out above ``PREDICTIONS_MAX`` numbers per predictor
-    (ImageNet's 50,000 x 1,000 would be 100 MB a predictor)."""
-    kept = {name: p.half() for name, p in evaluation.probs.items() if p.numel() <= PREDICTIONS_MAX}
+    """Each predictor's test probabilities and log-probabilities (float16) and the labels, for analyses that need no
+    weights (the report's section 3.5 diagnostics, its ensembles of seeds). The log-probabilities keep a small
+    probability that float16 would round to 0 (an ensemble of seeds takes its NLL from them). Left out above
+    ``PREDICTIONS_MAX`` numbers per predictor (ImageNet's 50,000 x 1,000 would be 100 MB a predictor)."""
+    kept = {name: p.float() for name, p in evaluation.log_probs.items() if p.numel() <= PREDICTIONS_MAX}
     if kept:
-        atomic_save({"probs": kept, "labels": evaluation.labels}, path)
+        atomic_save({"probs": {name: p.exp().half() for name, p in kept.items()},
+                     "log_probs": {name: p.half() for name, p in kept.items()}, "labels": evaluation.labels}, path)

@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -142,9 +143,30 @@ def test_a_kill_right_after_the_final_record_leaves_a_finished_run_that_reports_
     assert json.loads((run / "status.json").read_text())["status"] == "running"  # the kill came before this rename
     again = run_cli(run)
     assert again.returncode == 0 and "already holds a finished run" in again.stdout
+    assert json.loads((run / "status.json").read_text())["status"] == "complete"  # the file no longer says running
     found = report([tmp_path / "out"], tmp_path / "report")
     assert [r.path for r in found["finished"]] == [run]  # not left out as 'running' for good
     assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+
+
+def test_a_run_killed_mid_training_reads_stopped_not_running_and_says_how_to_continue(tmp_path, reference):
+    """status.json says running until the process writes otherwise; a kill -9 never does. The run's lock names the
+    dead process, so a report, compare and init_from say the run stopped and that its command continues it."""
+    from swalab.results.report import report
+    from swalab.results.runs import Run
+    from swalab.train.build import unfinished
+
+    run = tmp_path / "out" / "run"
+    killed = run_cli(run, fault="train_step:6")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert json.loads((run / "status.json").read_text())["status"] == "running"
+    assert Run(run).status == "stopped"
+    assert "re-run its command to continue" in Run(run).error
+    found = report([tmp_path / "out"], tmp_path / "report")
+    assert any(n.startswith(f"stopped: {run}: ") for n in found["notes"]), found["notes"]
+    assert "re-run its own command" in unfinished(run) and "wait for it" not in unfinished(run)
+    (run / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": 0}))
+    assert Run(run).status == "running" and "wait for it to finish" in unfinished(run)  # a live holder: it trains
 
 
 @pytest.mark.parametrize("damage", [b"", b'{"swa": {"acc": 5'])

@@ -428,3 +428,56 @@ def test_section_35_sets_swa_against_the_fge_ensemble_of_its_own_budget_only(tmp
     pairs = {line.split(" | ")[1]: line.split(" | ")[2:] for line in lines[2:]}
     assert pairs["SWA 1.5B (6 ep) vs the FGE 1B (4 ep) ensemble"][0][0].isdigit()
     assert pairs["SWA 1.5B (24 ep) vs the FGE 1B (4 ep) ensemble"][0] == "not compared: B = 16 ep, the FGE's 4 ep"
+
+
+def drawn(monkeypatch, plot, root, tmp_path):
+    """The figure ``plot`` makes of the runs below ``root``, drawn, instead of written."""
+    from swalab.results import plots
+    from swalab.results.runs import Run, run_dirs
+    from swalab.results.table import build_table
+
+    figures = []
+    monkeypatch.setattr(plots, "_finish", lambda plt, fig, path: figures.append(fig))
+    assert plot(build_table([Run(p) for p in run_dirs([root])]), tmp_path / "figure.png")
+    figures[0].canvas.draw()
+    return figures[0]
+
+
+def test_an_fge_curve_of_one_member_has_whole_member_ticks_and_says_so_where_it_can_be_read(tmp_path, monkeypatch):
+    from swalab.results.plots import plot_fge_curve
+
+    root = tmp_path / "g"
+    for seed in (0, 1):
+        make_run(root, "fge", seed, {"fge": m(96.0, members=1, curve=[{"members": 1, "acc": 96.0}])})
+        make_run(root, "swa", seed, {"swa": m(91.5)}, budget=1.5)
+    ax = drawn(monkeypatch, plot_fge_curve, root, tmp_path).axes[0]
+    low, high = ax.get_xlim()
+    assert [t for t in ax.get_xticks() if low <= t <= high] == [1.0]  # not 0.6, 0.7, ... members
+    renderer = ax.figure.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    said = [t for t in [*ax.texts, *ax.get_legend().get_texts()] if "1 member" in t.get_text()]
+    assert said, "the figure does not say that one member is no ensemble"
+    assert all(t in ax.get_legend().get_texts() or not t.get_window_extent(renderer).overlaps(legend) for t in said)
+
+
+def test_reliability_panel_titles_never_run_into_each_other(tmp_path, monkeypatch):
+    from swalab.results.plots import plot_reliability
+
+    root = tmp_path / "g"
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    for name, lr in (("a", 0.005), ("b", 0.05)):
+        with_apart(make_run(root, "swa", 0, {"swa": m(91.0)}, budget=1.5, name=name,
+                            extra={"method": {"swa_lr": lr}}), {"model.swa.lr": lr, "model.swa.start_epoch": 5})
+    figure = drawn(monkeypatch, plot_reliability, root, tmp_path)
+    renderer = figure.canvas.get_renderer()
+    titles = [ax.title.get_window_extent(renderer) for ax in figure.axes if ax.get_title()]
+    assert len(titles) == 3
+    assert not any(a.overlaps(b) for i, a in enumerate(titles) for b in titles[i + 1:])
+
+
+def test_test_error_axis_reads_in_plain_percent(grid, tmp_path, monkeypatch):
+    from swalab.results.plots import plot_test_error
+
+    ax = drawn(monkeypatch, plot_test_error, grid, tmp_path).axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and not any("^" in t or "times" in t for t in labels), labels  # 20, 30, not 2×10^1

@@ -215,7 +215,7 @@ def test_only_the_newest_two_checkpoints_are_kept(tmp_path):
 def test_preemption_signal_checkpoints_mid_epoch_and_relaunch_ends_equal(tmp_path, reference, monkeypatch, sig):
     run = tmp_path / "run"
     monkeypatch.setenv(faults.ENV, f"train_step:6:{sig}")  # arrives during step 2 of epoch 2
-    with pytest.raises(Preempted, match="epoch 1, step 2") as info:
+    with pytest.raises(Preempted, match="at epoch 2, step 2") as info:
         train(make_cfg(), run_dir=run)
     assert info.value.signum == signal.Signals["SIG" + sig]
     assert json.loads((run / "status.json").read_text())["status"] == "preempted"
@@ -244,7 +244,7 @@ def test_ctrl_c_is_a_pause_one_line_exit_130_and_the_same_command_continues_exac
     assert paused.returncode == 130, paused.stderr[-2000:]
     assert "Traceback" not in paused.stderr
     assert paused.stderr.strip().splitlines()[-1] == ("[swalab] Ctrl-C (SIGINT) received: checkpoint written at "
-                                                      "epoch 1, step 2; re-run the same command to continue")
+                                                      "epoch 2, step 2; re-run the same command to continue")
     assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
     resumed = run_cli(run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -310,7 +310,7 @@ def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_r
                                             "status": "requeued"}
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "requeued" and "requeued and resumes" in status["message"]
-    assert "requeued: SIGUSR2 received: checkpoint written at epoch 1, step 2" in (run / "run.log").read_text()
+    assert "requeued: SIGUSR2 received: checkpoint written at epoch 2, step 2" in (run / "run.log").read_text()
 
 
 # -- 3. bad config values, caught before anything is written -------------------------------------------

@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -142,9 +143,30 @@ def test_a_kill_right_after_the_final_record_leaves_a_finished_run_that_reports_
     assert json.loads((run / "status.json").read_text())["status"] == "running"  # the kill came before this rename
     again = run_cli(run)
     assert again.returncode == 0 and "already holds a finished run" in again.stdout
+    assert json.loads((run / "status.json").read_text())["status"] == "complete"  # the file no longer says running
     found = report([tmp_path / "out"], tmp_path / "report")
     assert [r.path for r in found["finished"]] == [run]  # not left out as 'running' for good
     assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+
+
+def test_a_run_killed_mid_training_reads_stopped_not_running_and_says_how_to_continue(tmp_path, reference):
+    """status.json says running until the process writes otherwise; a kill -9 never does. The run's lock names the
+    dead process, so a report, compare and init_from say the run stopped and that its command continues it."""
+    from swalab.results.report import report
+    from swalab.results.runs import Run
+    from swalab.train.build import unfinished
+
+    run = tmp_path / "out" / "run"
+    killed = run_cli(run, fault="train_step:6")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert json.loads((run / "status.json").read_text())["status"] == "running"
+    assert Run(run).status == "stopped"
+    assert "re-run its command to continue" in Run(run).error
+    found = report([tmp_path / "out"], tmp_path / "report")
+    assert any(n.startswith(f"stopped: {run}: ") for n in found["notes"]), found["notes"]
+    assert "re-run its own command" in unfinished(run) and "wait for it" not in unfinished(run)
+    (run / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": 0}))
+    assert Run(run).status == "running" and "wait for it to finish" in unfinished(run)  # a live holder: it trains
 
 
 @pytest.mark.parametrize("damage", [b"", b'{"swa": {"acc": 5'])
@@ -193,7 +215,7 @@ def test_only_the_newest_two_checkpoints_are_kept(tmp_path):
 def test_preemption_signal_checkpoints_mid_epoch_and_relaunch_ends_equal(tmp_path, reference, monkeypatch, sig):
     run = tmp_path / "run"
     monkeypatch.setenv(faults.ENV, f"train_step:6:{sig}")  # arrives during step 2 of epoch 2
-    with pytest.raises(Preempted, match="epoch 1, step 2") as info:
+    with pytest.raises(Preempted, match="at epoch 2, step 2") as info:
         train(make_cfg(), run_dir=run)
     assert info.value.signum == signal.Signals["SIG" + sig]
     assert json.loads((run / "status.json").read_text())["status"] == "preempted"
@@ -222,7 +244,7 @@ def test_ctrl_c_is_a_pause_one_line_exit_130_and_the_same_command_continues_exac
     assert paused.returncode == 130, paused.stderr[-2000:]
     assert "Traceback" not in paused.stderr
     assert paused.stderr.strip().splitlines()[-1] == ("[swalab] Ctrl-C (SIGINT) received: checkpoint written at "
-                                                      "epoch 1, step 2; re-run the same command to continue")
+                                                      "epoch 2, step 2; re-run the same command to continue")
     assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
     resumed = run_cli(run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -288,7 +310,7 @@ def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_r
                                             "status": "requeued"}
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "requeued" and "requeued and resumes" in status["message"]
-    assert "requeued: SIGUSR2 received: checkpoint written at epoch 1, step 2" in (run / "run.log").read_text()
+    assert "requeued: SIGUSR2 received: checkpoint written at epoch 2, step 2" in (run / "run.log").read_text()
 
 
 # -- 3. bad config values, caught before anything is written -------------------------------------------

@@ -372,3 +372,112 @@ def test_a_column_is_paired_only_with_sgd_of_exactly_its_budget_and_says_so_othe
     assert lines[2].endswith("| no SGD run of B = 5.33 ep | +4.00 (+4.00) |")
     text = (tmp_path / "out" / "table.md").read_text()
     assert "(SWA 1.5B (9 ep) − SGD 1B (6 ep))" in text  # the caption's example is a pair of this table
+
+
+def test_runs_that_differ_only_in_what_they_measure_never_share_a_row_name(tmp_path):
+    """model.swa.score_every only adds measurements and is left out of labels (the row tool scores SWA beside its
+    SGD row), but two runs that differ in nothing else are two configs: each row says which it is."""
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA"}
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, budget=1.5, name="scored",
+                        extra={"method": swa, "model": {"swa": {"score_every": 1}}}), {"model.swa.score_every": 1})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, budget=1.5, name="default", extra={"method": swa}), {})
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    for start in (0.5,):  # and two of one other setting
+        with_apart(make_run(root, "swa", 0, {"swa": m(88.0)}, budget=1.5, name="s05",
+                            extra={"method": swa, "model": {"swa": {"start": start}}}), {"model.swa.start": start})
+        with_apart(make_run(root, "swa", 0, {"swa": m(88.0)}, budget=1.5, name="s05scored",
+                            extra={"method": swa, "model": {"swa": {"start": start, "score_every": 1}}}),
+                   {"model.swa.score_every": 1, "model.swa.start": start})
+    report([root], tmp_path / "out")
+    names = [line.split(" | ")[0].removeprefix("| ") for line in table_lines(tmp_path / "out")[2:]]
+    assert len(names) == len(set(names)) == 4, names
+    assert names[0] == "cifar10 / preresnet20"  # the defaults: SGD and the SWA run that measured nothing more
+    assert "cifar10 / preresnet20 · model.swa.score_every=1" in names
+    assert "cifar10 / preresnet20 · model.swa.start=0.5" in names
+
+
+def test_a_paired_table_without_a_single_pair_says_why_rather_than_vanishing(tmp_path):
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(90.0)}, extra={"trainer": {"epochs": 6}})
+    make_run(root, "swa", 0, {"swa": m(95.0)}, budget=1.5, extra={"trainer": {"epochs": 8}})  # B = 5.33, not 6
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
+    assert lines[0] == "| row | SWA 1.5B (8 ep) − SGD |"
+    assert lines[2] == "| cifar10 / preresnet20 | no SGD run of B = 5.33 ep |"
+
+
+def test_section_35_sets_swa_against_the_fge_ensemble_of_its_own_budget_only(tmp_path):
+    """SWA 1.5B (6 ep) has B = 4 like FGE 1B (4 ep); SWA 1.5B (24 ep) trained four times as long (B = 16): its
+    distance to a 4-epoch ensemble measures the length, not the basin, so the table says why it is not there."""
+    import torch
+
+    root = tmp_path / "g"
+    labels = torch.tensor([0, 1, 2, 1])
+    g = torch.Generator().manual_seed(0)
+    fge_run = make_run(root, "fge", 0, {"fge": m(90.0)})
+    torch.save({"member_probs": [torch.rand(4, 3, generator=g).softmax(1) for _ in range(3)],
+                "member_epochs": [2, 3, 4], "labels": labels}, fge_run / "fge_member_probs.pt")
+    for name, epochs in (("b4", 6), ("b16", 24)):
+        run = make_run(root, "swa", 0, {"swa": m(91.0, epoch=epochs)}, budget=1.5, name=name,
+                       extra={"trainer": {"epochs": epochs}})
+        torch.save({"probs": {"swa": torch.rand(4, 3, generator=g).softmax(1).half()}, "labels": labels},
+                   run / "predictions.pt")
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Section 3.5: SWA against the FGE ensemble", 1)
+    pairs = {line.split(" | ")[1]: line.split(" | ")[2:] for line in lines[2:]}
+    assert pairs["SWA 1.5B (6 ep) vs the FGE 1B (4 ep) ensemble"][0][0].isdigit()
+    assert pairs["SWA 1.5B (24 ep) vs the FGE 1B (4 ep) ensemble"][0] == "not compared: B = 16 ep, the FGE's 4 ep"
+
+
+def drawn(monkeypatch, plot, root, tmp_path):
+    """The figure ``plot`` makes of the runs below ``root``, drawn, instead of written."""
+    from swalab.results import plots
+    from swalab.results.runs import Run, run_dirs
+    from swalab.results.table import build_table
+
+    figures = []
+    monkeypatch.setattr(plots, "_finish", lambda plt, fig, path: figures.append(fig))
+    assert plot(build_table([Run(p) for p in run_dirs([root])]), tmp_path / "figure.png")
+    figures[0].canvas.draw()
+    return figures[0]
+
+
+def test_an_fge_curve_of_one_member_has_whole_member_ticks_and_says_so_where_it_can_be_read(tmp_path, monkeypatch):
+    from swalab.results.plots import plot_fge_curve
+
+    root = tmp_path / "g"
+    for seed in (0, 1):
+        make_run(root, "fge", seed, {"fge": m(96.0, members=1, curve=[{"members": 1, "acc": 96.0}])})
+        make_run(root, "swa", seed, {"swa": m(91.5)}, budget=1.5)
+    ax = drawn(monkeypatch, plot_fge_curve, root, tmp_path).axes[0]
+    low, high = ax.get_xlim()
+    assert [t for t in ax.get_xticks() if low <= t <= high] == [1.0]  # not 0.6, 0.7, ... members
+    renderer = ax.figure.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    said = [t for t in [*ax.texts, *ax.get_legend().get_texts()] if "1 member" in t.get_text()]
+    assert said, "the figure does not say that one member is no ensemble"
+    assert all(t in ax.get_legend().get_texts() or not t.get_window_extent(renderer).overlaps(legend) for t in said)
+
+
+def test_reliability_panel_titles_never_run_into_each_other(tmp_path, monkeypatch):
+    from swalab.results.plots import plot_reliability
+
+    root = tmp_path / "g"
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    for name, lr in (("a", 0.005), ("b", 0.05)):
+        with_apart(make_run(root, "swa", 0, {"swa": m(91.0)}, budget=1.5, name=name,
+                            extra={"method": {"swa_lr": lr}}), {"model.swa.lr": lr, "model.swa.start_epoch": 5})
+    figure = drawn(monkeypatch, plot_reliability, root, tmp_path)
+    renderer = figure.canvas.get_renderer()
+    titles = [ax.title.get_window_extent(renderer) for ax in figure.axes if ax.get_title()]
+    assert len(titles) == 3
+    assert not any(a.overlaps(b) for i, a in enumerate(titles) for b in titles[i + 1:])
+
+
+def test_test_error_axis_reads_in_plain_percent(grid, tmp_path, monkeypatch):
+    from swalab.results.plots import plot_test_error
+
+    ax = drawn(monkeypatch, plot_test_error, grid, tmp_path).axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and not any("^" in t or "times" in t for t in labels), labels  # 20, 30, not 2×10^1

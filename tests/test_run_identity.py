@@ -124,10 +124,10 @@ def test_bad_keys_and_values_are_refused_naming_them(tmp_path, override, message
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["model.lr=nan"], "lr=nan must be a finite number"),
+    (["model.lr=nan"], "model.lr=nan must be a finite number"),
     (["model.swa.lr=nan"], "model.swa.lr=nan must be a finite number"),
     (["optimizer.momentum=nan"], "optimizer.momentum=nan must be a finite number"),
-    (["model.weight_decay=nan"], "optimizer.weight_decay=nan must be a finite number"),
+    (["model.weight_decay=nan"], "model.weight_decay=nan must be a finite number"),
     (["dataset.std=[nan]"], "dataset.std=[nan] must be a list of finite numbers"),
     (["dataset.mean=[inf]"], "dataset.mean=[inf] must be a list of finite numbers"),
     (["method=ema", "method.warmup_gamma=nan"], "method.warmup_gamma=nan must be a finite number"),
@@ -136,6 +136,20 @@ def test_bad_keys_and_values_are_refused_naming_them(tmp_path, override, message
     (["method=fge", "model.fge.lr_min=0.1", "model.fge.lr_max=0.01"], "model.fge.lr_min=0.1 is above model.fge.lr_max"),
 ])
 def test_nan_inf_and_upside_down_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_of(tmp_path, *QUIET, *overrides)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.lr=-1"], "model.lr=-1 must be > 0"),
+    (["model.weight_decay=-1"], "model.weight_decay=-1 must be >= 0"),
+    (["model.lr=abc"], "model.lr='abc' must be a finite number"),
+    (["schedule.lr=nan"], "schedule.lr=nan must be a finite number"),  # typed there: named there
+])
+def test_a_refusal_names_the_key_the_user_typed_not_the_key_that_reads_it(tmp_path, overrides, message):
+    """schedule.lr is ${model.lr} and trainer.weight_decay ${model.weight_decay}: a bad model.lr is refused as
+    model.lr, the key on the command line (design: one name per setting, in every message)."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         plan_of(tmp_path, *QUIET, *overrides)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())

@@ -60,3 +60,11 @@ def test_a_job_that_fails_at_run_time_is_recorded_and_the_grid_goes_on(tmp_path)
     assert [job["state"] for job in jobs] == ["complete", "failed"]
     failed = json.loads((Path(jobs[1]["run_dir"]) / "status.json").read_text())
     assert failed["status"] == "failed" and "NaN/Inf" in failed["error"]
+
+
+def test_the_grid_summary_keeps_its_run_directories_in_one_column_whatever_the_state():
+    from swalab.grid import summary_lines
+
+    lines = summary_lines([{"job": 0, "state": "complete", "run_dir": "out/a", "error": None},
+                           {"job": 1, "state": "interrupted", "run_dir": "out/b", "error": "Ctrl-C (SIGINT) received"}])
+    assert len({line.index("out/") for line in lines[1:]}) == 1, lines

@@ -73,10 +73,11 @@ def summary_lines(jobs: list[dict[str, Any]]) -> list[str]:
     """A count line, then ``#<n>  <state>  <run dir>  <error>`` per job. A job still marked ``running`` at
     the end was killed before it could record how it ended."""
     lines = []
+    width = max([9, *(len(str(job["state"])) for job in jobs)])  # 'interrupted' keeps the run dirs in one column
     for job in jobs:
         where = job.get("run_dir") or " ".join(job.get("overrides", []))
         tail = f"  {job['error']}" if job.get("error") else ""
-        lines.append(f"  #{job['job']:<3} {job['state']:<9} {where}{tail}")
+        lines.append(f"  #{job['job']:<3} {job['state']:<{width}} {where}{tail}")
     bad = [j for j in jobs if j["state"] not in OK_STATES]
     count = f"{len(jobs) - len(bad)} of {len(jobs)} jobs finished"
     if bad:

@@ -40,6 +40,39 @@ def _unwritable(path: Path, exc: OSError) -> PermissionError:
                                       "writable with paths.output_dir=<dir> (all runs) or run.dir=<dir> (this run)")
 
 
+def holder_of(run_dir: str | Path) -> dict | None:
+    """The record of the process that holds ``run_dir``'s lock, read without taking it: empty when none does (an
+    orderly exit clears it, :meth:`RunLock.release`); None when the run has no lock file to read."""
+    try:
+        return json.loads((Path(run_dir) / LOCK_FILE).read_text() or "{}")
+    except OSError:
+        return None
+    except ValueError:
+        return {}
+
+
+def gone_holder(run_dir: str | Path) -> str | None:
+    """Why no process trains ``run_dir`` now, or None when one may (a live process of this host holds its lock, or
+    one of another host, which cannot be asked from here). A run whose ``status.json`` still says ``running`` and
+    whose lock names a process of this host that no longer exists was killed or crashed mid-run (``kill -9``, an
+    out-of-memory kill): the kernel took its lock, but nothing wrote its status."""
+    info = holder_of(run_dir)
+    if info is None:  # no lock file: nothing to tell
+        return None
+    if not info:
+        return "no process holds its lock"
+    pid, host = info.get("pid"), info.get("host")
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"{_describe(info)} is gone: killed or crashed"
+    except OSError:  # alive, another user's
+        return None
+    return None
+
+
 class RunLock:
     """``with RunLock(run_dir):`` holds ``run_dir`` for this process (creating the directory if needed).
 

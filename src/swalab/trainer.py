@@ -350,8 +350,8 @@ class Trainer:
                 bar.update(1)
             if self._signal is not None and step + 1 < steps:
                 self.save(epoch, step + 1, tally.partial())
-                raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch}, "
-                                f"step {step + 1}", self._signal)
+                raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch + 1}, "
+                                f"step {step + 1}", self._signal)  # counted as the epoch lines count: from 1
         if bar is not None:
             bar.close()
         if int(bad_step) >= 0:

@@ -89,25 +89,39 @@ def _load_probs(path: Path) -> dict | None:
         return None
 
 
+def same_budget(column, fge_column) -> bool:
+    """Whether ``column`` was trained at the budget B of ``fge_column`` (SWA 1.5B (6 ep) and FGE 1B (4 ep): B = 4),
+    by the rule that made its epochs (``swalab.config.budget_epochs``), as the paired table pairs with SGD."""
+    from swalab.config import budget_epochs
+
+    return bool(fge_column.budget) and budget_epochs(column.budget, fge_column.epochs / fge_column.budget) == column.epochs
+
+
 def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
     """Per FGE column of ``row``: the paper's section 3.5 numbers for each seed that has both an FGE run
     (``fge_member_probs.pt``) and SWA runs (``predictions.pt``), scored on the same test labels. The SWA runs are
-    ``row``'s and those of ``kin``, rows that share every setting with it but SWA's own (named by their label).
+    ``row``'s and those of ``kin``, rows that share every setting with it but SWA's own (named by their label), at
+    the FGE column's budget B (:func:`same_budget`): a SWA run trained at another B is named under ``other_budget``
+    with its B, never set against the ensemble (its distance would measure the length, not the basin).
 
     ``{fge column label: {"consecutive_l2": [...], "max_agreement": [...], "vs": {swa column label:
-    {"l2": [...], "agreement": [...]}}}}``, one value per seed.
+    {"l2": [...], "agreement": [...]}}, "other_budget": {swa column label: B in epochs}, "budget": B}}``, one value
+    per seed.
     """
     from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
     from swalab.train import PREDICTIONS_FILE
 
     out: dict[str, dict] = {}
-    swa = [(c, cell, f"{c.label} · {r.label}" if r is not row else c.label) for r in (row, *kin)
-           for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
+    every_swa = [(c, cell, f"{c.label} · {r.label}" if r is not row else c.label) for r in (row, *kin)
+                 for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order) if c.method == "swa"]
     for fge_column, fge_cell in row.cells.items():
         if fge_column.method != "fge":
             continue
+        swa = [s for s in every_swa if same_budget(s[0], fge_column)]
         block = {"consecutive_l2": [], "max_agreement": [], "vs": defaultdict(lambda: {"l2": [], "agreement": []}),
-                 "seeds": []}
+                 "seeds": [], "budget": fge_column.epochs / fge_column.budget if fge_column.budget else None,
+                 "other_budget": {label: c.epochs / c.budget for c, _, label in every_swa
+                                  if not same_budget(c, fge_column) and c.budget}}
         for entry in fge_cell.entries:
             members = _load_probs(entry.run.path / MEMBER_PROBS_FILE)
             member_probs = [p.exp() for p in member_log_probs_of(members)] if members else []

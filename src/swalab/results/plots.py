@@ -25,12 +25,26 @@ def _pyplot():
     return plt
 
 
-def _title(row, width: int = 60) -> str:
-    """A row's name as a panel's title, wrapped so that a long one (``dataset.train_size=..., dataset.val_size=...``)
-    stays over its panel."""
+def _title(ax, text: str, width: float) -> None:
+    """``text`` as the title of a panel ``width`` inches wide, wrapped at its words so that it stays over its own
+    panel (a row label with its settings can be longer than the panel; neighbours' titles must not run together)."""
     import textwrap
 
-    return textwrap.fill(row.name, width)
+    chars = max(20, int(width * 0.77 * 10.5))  # 12 pt text, about 10.5 characters per inch, over the axes' width
+    ax.set_title("\n".join(textwrap.wrap(text, chars, break_long_words=False, break_on_hyphens=False)))
+
+
+def _plain_log_ticks(axis) -> None:
+    """Tick labels of a log axis in plain numbers (1, 2, 5, 10, 20, 50), not 2×10^1."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v, _):
+        return f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _panels(plt, n: int, width: float, height: float):
@@ -41,8 +55,8 @@ def _panels(plt, n: int, width: float, height: float):
 def _finish(plt, fig, path: Path) -> None:
     """Save ``path`` (PNG) and the same figure as PDF beside it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    fig.savefig(path.with_suffix(".pdf"))
+    fig.savefig(path, dpi=150, bbox_inches="tight")  # tight: a legend placed beneath its axes is kept whole
+    fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
     plt.close(fig)
 
 
@@ -120,7 +134,9 @@ def plot_test_error(table: Table, path: Path) -> bool:
                 if points:
                     _mean_band(ax, points, style, f"{name}{suffix} (n={len(runs)})", color=f"C{i}")
         what = "test error" if split == "test" else "validation error"
-        ax.set(title=_title(row), xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
+        ax.set(xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
+        _title(ax, row.name, 6.5)
+        _plain_log_ticks(ax.yaxis)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     _finish(plt, fig, path)
@@ -129,7 +145,7 @@ def plot_test_error(table: Table, path: Path) -> bool:
 
 def plot_fge_curve(table: Table, path: Path) -> bool:
     """FGE ensemble accuracy against the number of members (whole numbers; min-max band over seeds); each SWA
-    column's accuracy as a line. One member is said on the figure: it is a single snapshot, not an ensemble."""
+    column's accuracy as a line. One member is said in the legend: it is a single snapshot, not an ensemble."""
     rows = [r for r in table.rows if any(c.method == "fge" and any(e.metrics.get("curve") for e in cell.entries)
                                          for c, cell in r.cells.items())]
     if not rows:
@@ -147,20 +163,22 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
                     for p in e.metrics.get("curve") or []:
                         points[int(p["members"])].append(float(p["acc"]))
                 most = max([most, *points])
-                _mean_band(ax, points, "-", f"{column.label} ensemble (n={len(cell.entries)})")
+                single = " · 1 member: a single SGD snapshot, not an ensemble" if max(points, default=1) == 1 else ""
+                _mean_band(ax, points, "-", f"{column.label} ensemble (n={len(cell.entries)}){single}")
         kin = [(row, "")] + [(r, f" · {r.label}") for r in table.rows if r.shares_with is row]  # SWA of other settings
         swa = [(c, cell, tail) for r, tail in kin for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order)
                if c.method == "swa"]
         for i, (column, cell, tail) in enumerate(swa):
             ax.axhline(statistics.fmean(cell.values("acc")), color=f"C{i + 1}", ls="--",
                        label=f"{column.label} average{tail} (n={len(cell.entries)})")
-        if most == 1:
-            ax.text(0.5, 0.05, "1 member: a single SGD snapshot, not an ensemble", transform=ax.transAxes,
-                    ha="center", fontsize=8, color="C3")
-        ax.set(title=_title(row), xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
+        _title(ax, row.name, 6)
+        if most <= 12:  # every member count (MaxNLocator falls back to fractions when one whole number is in view)
+            ax.set_xticks(range(1, most + 1))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)  # beneath: no line hidden
     _finish(plt, fig, path)
     return True
 
@@ -228,9 +246,10 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
-        ax.set(title=_title(row, 45), ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        ax.set(ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        _title(ax, row.name, 5)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", title="hollow: bins with < 1% of the images", title_fontsize=7)
+        ax.legend(fontsize=7, loc="best", title="hollow: bins with < 1% of the images", title_fontsize=7)
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))
         hist.grid(alpha=0.3)
     _finish(plt, fig, path)

@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in result["notes"]:
         print(f"[swalab.results.report] {note}")
     if not finished:
-        print(f"[swalab.results.report] no finished runs (metrics.json with status complete) below {', '.join(args.dirs)}: "
+        print(f"[swalab.results.report] no finished runs (none has a metrics.json that reads back) below {', '.join(args.dirs)}: "
               "no table written", file=sys.stderr)
         return 1
     print((Path(args.out) / "table.md").read_text())

@@ -36,6 +36,7 @@ from swalab.identity import identity_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
+from swalab.runlock import gone_holder
 from swalab.train.records import DamagedRecord, final_metrics
 
 FINAL = "final.pt"
@@ -110,13 +111,23 @@ class Run:
         if self._final[1] is not None:
             return "damaged"
         status = self._status.get("status") or "no status"
+        if status == "running" and self._gone is not None:
+            return "stopped"
         return "incomplete" if status == "complete" else status
+
+    @cached_property
+    def _gone(self) -> str | None:
+        """Why no process trains this run although ``status.json`` says running (``swalab.runlock.gone_holder``)."""
+        return gone_holder(self.path) if self._status.get("status") == "running" else None
 
     @property
     def error(self) -> str | None:
         damaged = self._final[1]
         if damaged is not None:
             return f"{damaged}: re-run the run's command to score it again from its last checkpoint"
+        if self.status == "stopped":
+            return (f"status.json says running, but no process trains it ({self._gone}): re-run its command to "
+                    "continue from its newest checkpoint")
         return self._status.get("error")
 
     @property

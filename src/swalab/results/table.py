@@ -201,13 +201,13 @@ def scoring_settings(run: Run) -> set[str]:
     return {f"{prefix}.{name}" for name in names for prefix in ("method", f"model.{run.method}")}
 
 
-def own_settings(run: Run) -> dict | None:
+def own_settings(run: Run, measurements: bool = False) -> dict | None:
     """The run's settings apart from its defaults (``Run.apart``) that only its method reads (``method.*`` and the
-    model's recipe block named after it, ``model.swa.*`` for SWA), less what the column shows and what only adds
-    measurements; None when the run has no record of them."""
+    model's recipe block named after it, ``model.swa.*`` for SWA), less what the column shows and, unless
+    ``measurements``, what only adds measurements; None when the run has no record of them."""
     if run.apart is None:
         return None
-    skip = scoring_settings(run)
+    skip = set() if measurements else scoring_settings(run)
     return {k: v for k, v in run.apart.items() if k not in IN_COLUMN and k not in skip
             and (k.startswith("method.") or k.startswith(f"model.{run.method}."))}
 
@@ -272,6 +272,10 @@ def build_table(runs: Sequence[Run]) -> Table:
             extra: list[Row] = []
             for column, keys in ctx["columns"].items():
                 own = {k: own_settings(cells[k]["entries"][0].run) for k in keys}
+                # variants told apart only by what they measure (model.swa.score_every) are named with it
+                shown = [label_of(o) for o in own.values() if o is not None]
+                own = {k: own_settings(cells[k]["entries"][0].run, measurements=True)
+                       if o is not None and shown.count(label_of(o)) > 1 else o for k, o in own.items()}
                 # the default config of the method leads; without records, the variant with most seeds, then the first
                 variants = sorted(keys, key=lambda k: (bool(own[k]), -len(cells[k]["entries"]),
                                                        _first_written(cells[k]["entries"]), k))

@@ -31,6 +31,9 @@ def section35_markdown(table: Table) -> list[str]:
             for swa_label, pair in block["vs"].items():
                 lines.append([row.name, f"{swa_label} vs the {fge_label} ensemble", fmt_cell(pair["l2"], 4),
                               fmt_cell(pair["agreement"])])
+            for swa_label, b in block["other_budget"].items():
+                why = f"not compared: B = {b:.3g} ep, the FGE's {block['budget']:.3g} ep"
+                lines.append([row.name, f"{swa_label} vs the {fge_label} ensemble", why, why])
     if not lines:
         return []
     return ["## Section 3.5: SWA against the FGE ensemble", "",
@@ -190,7 +193,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
     diffs = [(row, paired_differences(row)) for row in table.rows]
     diff_columns = sorted({c for row in table.rows for c in row.cells  # +ts keeps the accuracy of its predictor
                            if not (c.method == "sgd" and c.budget == 1) and not c.scaled}, key=lambda c: c.order)
-    if diff_columns and any(d for _, d in diffs):
+    if diff_columns and any(d or row.sgd_cells() for row, d in diffs):  # SGD ran: each missing pair says why
         lines = [[row.name, *(diff_text(row, c, d.get(c)) for c in diff_columns)] for row, d in diffs]
         example = next(((c, sgd_baseline(row, c)) for row, d in diffs for c in diff_columns if c in d), None)
         pair = f" ({example[0].label} − {example[1].label})" if example else ""

@@ -19,6 +19,7 @@ from swalab.config import ConfigError, build, is_number
 from swalab.data import ResidentLoader, subset
 from swalab.losses import LossSpec
 from swalab.optim import OptimizerSpec
+from swalab.runlock import gone_holder
 from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer import TrainerOptions
 
@@ -44,7 +45,27 @@ def unfinished(run_dir: Path) -> str | None:
     where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
     total = f" of {epochs}" if epochs is not None and newest is not None else ""
     pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None else ""
-    return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
+    status = read_status(run_dir)
+    if status == "running" and gone_holder(run_dir) is not None:
+        why = "no process trains it"
+    elif status in STOPPED:
+        why = f"it stopped: {status}"
+    else:  # training now, or as far as can be told from here
+        return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
+    return f"{run_dir} has not finished ({where}{total}; {why}): {pick}re-run its own command to finish it"
+
+
+STOPPED = ("preempted", "interrupted", "failed", "requeued", "cancelled")  # statuses of a run no process trains
+
+
+def read_status(run_dir: Path) -> str | None:
+    """What ``status.json`` says (running, preempted, interrupted, failed, ...), or None without one."""
+    import json
+
+    try:
+        return json.loads((Path(run_dir) / "status.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def data_files_record(cfg: DictConfig) -> dict | None:

@@ -26,7 +26,7 @@ from swalab.logs import epoch_line, get_logger, run_log
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
-                                load_into, loss_spec, optimizer_spec, trainer_options)
+                                load_into, loss_spec, optimizer_spec, read_status, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, data_facts, git_info, one_line,
                                   save_predictions, seed_everything, write_json, write_status, write_text)
@@ -98,6 +98,8 @@ def execute(plan: RunPlan) -> dict:
     """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics."""
     if plan.finished is not None:
         log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
+        if read_status(plan.run_dir) != "complete" and distributed.is_main():  # killed between its last two renames
+            write_status(plan.run_dir, {"status": "complete"})
         return plan.finished
     distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     lock = RunLock(plan.run_dir) if distributed.is_main() else None

@@ -144,16 +144,34 @@ def validate(cfg: DictConfig):
     """Every check of ``cfg`` that needs no data and writes nothing; returns the (checked) method.
 
     The config's own keys (``check_config``), the device, the optimizer and the loss, and the schedule and method,
-    which check their own arguments when built and their combination in ``validate``.
+    which check their own arguments when built and their combination in ``validate``. A refusal names the key the
+    user sets (:func:`in_user_keys`), not the key that reads it.
     """
-    check_config(cfg)
-    select_device(str(cfg.run.device))
-    optimizer_spec(cfg).check()
-    loss_spec(cfg)
-    method = build_method(cfg, cfg.trainer.epochs)  # the method checks trainer.epochs (an integer >= 0)
-    method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
-                                     or cfg.model.get("pretrained")))
+    try:
+        check_config(cfg)
+        select_device(str(cfg.run.device))
+        optimizer_spec(cfg).check()
+        loss_spec(cfg)
+        method = build_method(cfg, cfg.trainer.epochs)  # the method checks trainer.epochs (an integer >= 0)
+        method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
+                                         or cfg.model.get("pretrained")))
+    except ConfigError as exc:
+        raise ConfigError(in_user_keys(cfg, str(exc))) from None
     return method
+
+
+KEY_IN_MESSAGE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)+)(?==)")
+
+
+def in_user_keys(cfg: DictConfig, message: str) -> str:
+    """``message`` with each ``<key>=`` whose key only reads another (``schedule.lr: ${model.lr}``,
+    ``trainer.weight_decay: ${model.weight_decay}``) named by the key it reads, the one a user sets: a bad
+    ``model.lr=nan`` is refused as ``model.lr=nan``, not as ``schedule.lr=nan``. A key given a value of its own on
+    the command line is no interpolation and keeps its name."""
+    sources = interpolation_sources(cfg, sorted(set(KEY_IN_MESSAGE.findall(message))))
+    for key, source in sources.items():
+        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", source, message)
+    return message
 
 
 def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | None = None) -> dict | None:

@@ -129,6 +129,7 @@ KEYS: dict[str, tuple] = {
     "trainer.nesterov": ("bool", None, None),
     "trainer.amp": ("bool", None, None),
     "run.channels_last": ("bool", None, None),
+    "run.deterministic": ("bool", None, None),
     "run.compile": ("bool", None, None),
     "run.progress": ("bool?", None, None),
     "trainer.max_skips": ("int", 0, None),

@@ -14,7 +14,8 @@ Hooks run in this order::
     predictors(ctx)                           once, after the last epoch
 
 A method's ``state_dict`` goes into every checkpoint, so resuming in the middle of averaging
-restores the average exactly.
+restores the average exactly. It holds weights and state; test-set predictions a method keeps (FGE's members)
+go to ``ctx.predictions`` once each, and the state names them (``swalab.checkpoint.PredictionFiles``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from swalab.checkpoint import PredictionFiles
 from swalab.config import ConfigError, budget_epochs, require
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.schedules import PaperSGD, Schedule
@@ -37,8 +39,9 @@ class TrainContext:
 
     ``update_bn(model)`` recomputes a model's BatchNorm statistics with one pass over the
     training data (train mode, exact cumulative average, no grad); ``test_log_probs(model)`` gives
-    its log-probabilities on the test set (labels in ``test_labels``); ``log`` adds values to
-    the current epoch's line of the run's history.
+    its log-probabilities on the test set (labels in ``test_labels``); both run in float32 whatever the
+    training precision. ``log`` adds values to the current epoch's line of the run's history;
+    ``predictions`` keeps test-set predictions in files of their own, outside the checkpoints.
     """
 
     model: nn.Module
@@ -49,8 +52,12 @@ class TrainContext:
     update_bn: Callable[[nn.Module], None]
     test_log_probs: Callable[[nn.Module], torch.Tensor]
     test_labels: torch.Tensor
-    amp: bool = True
     log: Callable[[dict], None] = field(default=lambda row: None)
+    predictions: PredictionFiles | None = None  # None: PredictionFiles(run_dir)
+
+    def __post_init__(self) -> None:
+        if self.predictions is None:
+            self.predictions = PredictionFiles(self.run_dir)
 
 
 class Method:
@@ -146,7 +153,7 @@ class Method:
         pass
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        return {"sgd": ModelPredictor(ctx.model, ctx.device, ctx.amp)}
+        return {"sgd": ModelPredictor(ctx.model, ctx.device)}
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
         """Metrics beyond accuracy/NLL/ECE, merged into ``metrics.json`` per predictor."""

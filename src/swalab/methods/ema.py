@@ -115,8 +115,8 @@ class EMA(Method):
         return self.ema.module
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        return {"ema": ModelPredictor(self.ema_for_eval(ctx), ctx.device, ctx.amp),
-                "sgd": ModelPredictor(ctx.model, ctx.device, ctx.amp)}
+        return {"ema": ModelPredictor(self.ema_for_eval(ctx), ctx.device),
+                "sgd": ModelPredictor(ctx.model, ctx.device)}
 
     def final_weights(self) -> dict[str, dict[str, torch.Tensor]]:
         return {"ema": copy.deepcopy(self.ema.module.state_dict())} if self.ema is not None else {}

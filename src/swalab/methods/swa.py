@@ -93,7 +93,7 @@ class SWA(Method):
         self.schedule_before_start = (PaperSGD(lr=schedule.lr, horizon=max(self.start_epoch, 1), final_lr=self.lr)
                                       if pre_schedule == "reference" else schedule)
         self.averaged: AveragedModel | None = None
-        self.budget_log_probs: dict[str, torch.Tensor] = {}
+        self.budget_log_probs: dict[str, torch.Tensor] = {}  # the average scored at each budget mark, in ctx.predictions
 
     # -- checks ------------------------------------------------------------------------
     def validate(self, initialized: bool) -> None:
@@ -191,6 +191,7 @@ class SWA(Method):
         for b in self.score_at_budgets:
             if done == self.epoch_of(b) and self.n_averaged:
                 scored = self.budget_log_probs[budget_predictor(b)] = ctx.test_log_probs(self.averaged_for_eval(ctx))
+                ctx.predictions.save(budget_predictor(b), scored)
         if self.score_every and done % self.score_every == 0 and self.n_averaged:
             if scored is None:  # a budget mark's scoring serves the epoch's line too
                 scored = ctx.test_log_probs(self.averaged_for_eval(ctx))
@@ -208,8 +209,8 @@ class SWA(Method):
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         swa_model = self.averaged_for_eval(ctx)
         out: dict[str, Predictor] = {name: CachedLogProbs(p) for name, p in self.budget_log_probs.items()}
-        out["swa"] = ModelPredictor(swa_model, ctx.device, ctx.amp)
-        out["sgd"] = ModelPredictor(ctx.model, ctx.device, ctx.amp)
+        out["swa"] = ModelPredictor(swa_model, ctx.device)
+        out["sgd"] = ModelPredictor(ctx.model, ctx.device)
         return out
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
@@ -220,11 +221,19 @@ class SWA(Method):
 
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The average and the names of the budget marks scored so far (their predictions are in ctx.predictions)."""
         return {"averaged": self.averaged.state_dict() if self.averaged is not None else None,
-                "budget_log_probs": self.budget_log_probs}
+                "budget_files": list(self.budget_log_probs)}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
         if state.get("averaged") is not None:
             self.averaged.load_state_dict(state["averaged"])
+        if "budget_files" in state:
+            self.budget_log_probs = {name: ctx.predictions.load(name) for name in state["budget_files"]}
+            return
+        # a checkpoint of an earlier swalab carries the scored marks itself (as probabilities before log-probabilities):
+        # each gets its file now, once
         self.budget_log_probs = dict(state.get("budget_log_probs", {}))
-        self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})  # older files
+        self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})
+        for name, log_probs in self.budget_log_probs.items():
+            ctx.predictions.save(name, log_probs)

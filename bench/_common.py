@@ -217,7 +217,7 @@ class TrainerBench:
 
     def __init__(self, model: torch.nn.Module, train: DataSplit, batch_size: int, device: torch.device,
                  warmup: int, amp: bool = True, channels_last: bool = True, compile: bool = False,
-                 lr: float = 0.05):
+                 lr: float = 0.05, deterministic: bool = True):
         steps = len(train) // batch_size
         if steps <= warmup:
             raise ValueError(f"{len(train)} images at batch {batch_size} give {steps} steps: need more than "
@@ -230,7 +230,7 @@ class TrainerBench:
         self.tmp = tempfile.TemporaryDirectory(prefix="swalab-bench-")
         opts = TrainerOptions(epochs=1, momentum=0.9, weight_decay=5e-4, amp=amp, channels_last=channels_last,
                               compile=compile, eval_every=0, checkpoint_every=10**6, progress=False,
-                              handle_signals=False)
+                              handle_signals=False, deterministic=deterministic)
         self.trainer = Trainer(model, self.method, loader, test, loader, device, self.tmp.name, opts)
         self.batch_size, self.steps, self.warmup = batch_size, steps, warmup
 

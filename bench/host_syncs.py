@@ -20,8 +20,11 @@ terminal; this script runs the fit with stderr on a pipe, as under SLURM or nohu
 of the last step, so whole step cycles are counted (data, forward, backward, optimizer, the method's hook, the
 loop's bookkeeping), divided by their number (a multiple of 10: the bar's postfix runs every 10 steps).
 Per BN-update batch: ``Trainer.update_bn`` over ``--bn-batches`` batches, profiled whole, divided by them.
-Also the number of ``aten::copy_`` calls (one launch each on a GPU) per step and per batch, and the seconds
-per step and per BN batch (medians of the unprofiled rounds).
+Also the number of ``aten::copy_`` calls made one tensor at a time (one launch each on a GPU), of multi-tensor
+``aten::_foreach_*`` calls (one launch per chunk of tensors on a GPU; on the CPU they run one op per tensor, which
+are not counted as copies), of all ops, per step and per batch, and the seconds per step and per BN batch (medians
+of the unprofiled rounds). A CPU waits for nothing at a sync, so the seconds cannot show what removing syncs
+saves on a GPU; they show what the change costs on the CPU.
 
 The baseline is the same code at another commit (``--baseline``, default the merge base with ``main``): its
 ``src/`` is exported with ``git archive`` into a temporary folder and run by the same child code with that
@@ -56,10 +59,25 @@ COPY_OP = "aten::copy_"
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 
 
+def _inside_foreach(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::_foreach"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def counts(events) -> dict:
+    """Sync ops, copies launched one tensor at a time, multi-tensor (``_foreach``) calls, and every op. On the CPU a
+    ``_foreach`` op runs as one op per tensor beneath it (the CPU has no multi-tensor kernel); on CUDA it is one
+    launch per chunk of tensors, so copies beneath a ``_foreach`` op are not counted as copies of their own."""
     names = [e.name for e in events]
     syncs = {op: names.count(op) for op in SYNC_OPS if names.count(op)}
-    return {"syncs": sum(syncs.values()), "sync_ops": syncs, "copies": names.count(COPY_OP), "ops": len(names)}
+    copies = sum(e.name == COPY_OP and not _inside_foreach(e) for e in events)
+    foreach = sum(e.name.startswith("aten::_foreach") and not _inside_foreach(e) for e in events)
+    return {"syncs": sum(syncs.values()), "sync_ops": syncs, "copies": copies, "foreach_calls": foreach,
+            "ops": len(names)}
 
 
 def child(model_name: str, method_name: str, batch_size: int, warmup: int, steps: int, bn_batches: int,

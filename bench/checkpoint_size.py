@@ -26,8 +26,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,6 +101,7 @@ def _cached(method) -> int:
 
 def export(commit: str) -> Path:
     folder = Path(tempfile.mkdtemp(prefix=f"swalab-{commit[:8]}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     archive = subprocess.run(["git", "archive", commit, "src", "conf"], cwd=ROOT, capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)

@@ -39,10 +39,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,6 +139,7 @@ def child(model_name: str, method_name: str, batch_size: int, warmup: int, steps
 def export(commit: str) -> Path:
     """``src/`` of ``commit``, unpacked into a temporary folder (no checkout, no change to the repository)."""
     folder = Path(tempfile.mkdtemp(prefix=f"swalab-{commit[:8]}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     archive = subprocess.run(["git", "archive", commit, "src"], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     return folder / "src"

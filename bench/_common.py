@@ -30,7 +30,6 @@ from omegaconf import OmegaConf
 
 from swalab.data import DataSplit, ResidentLoader
 from swalab.methods.sgd import SGD
-from swalab.optim import OptimizerSpec
 from swalab.schedules import Constant
 from swalab.trainer import Trainer, TrainerOptions
 
@@ -98,6 +97,20 @@ def machine_info(device: torch.device) -> dict:
         info["cuda"] = torch.version.cuda
     info["git_commit"], info["git_dirty"] = START["commit"], START["dirty"]
     return info
+
+
+def paper_sgd_trainer(model, method, train, test, bn, device, run_dir, weight_decay: float, **options) -> Trainer:
+    """A ``Trainer`` with SGD at the paper's momentum 0.9 and ``weight_decay``, on this tree's API or on an earlier
+    commit's (before the optimizer group the trainer took momentum and weight decay in its options): the benchmarks
+    that compare this tree with a baseline commit run the same child code on both."""
+    try:
+        from swalab.optim import OptimizerSpec
+    except ImportError:  # a baseline commit from before conf/optimizer
+        opts = TrainerOptions(momentum=0.9, weight_decay=weight_decay, **options)
+        return Trainer(model, method, train, test, bn, device, run_dir, opts)
+    opts = TrainerOptions(**options)
+    return Trainer(model, method, train, test, bn, device, run_dir, opts,
+                   optimizer=OptimizerSpec(settings={"momentum": 0.9, "weight_decay": weight_decay}))
 
 
 def pick_device(name: str) -> torch.device:
@@ -218,7 +231,7 @@ class TrainerBench:
 
     def __init__(self, model: torch.nn.Module, train: DataSplit, batch_size: int, device: torch.device,
                  warmup: int, amp: bool = True, channels_last: bool = True, compile: bool = False,
-                 lr: float = 0.05):
+                 lr: float = 0.05, deterministic: bool = True):
         steps = len(train) // batch_size
         if steps <= warmup:
             raise ValueError(f"{len(train)} images at batch {batch_size} give {steps} steps: need more than "
@@ -229,11 +242,10 @@ class TrainerBench:
                               train=False, **common)
         self.method = TimedSGD(lr, warmup)
         self.tmp = tempfile.TemporaryDirectory(prefix="swalab-bench-")
-        opts = TrainerOptions(epochs=1, amp=amp, channels_last=channels_last,
-                              compile=compile, eval_every=0, checkpoint_every=10**6, progress=False,
-                              handle_signals=False)
-        self.trainer = Trainer(model, self.method, loader, test, loader, device, self.tmp.name, opts,
-                               optimizer=OptimizerSpec(settings={"momentum": 0.9, "weight_decay": 5e-4}))
+        self.trainer = paper_sgd_trainer(model, self.method, loader, test, loader, device, self.tmp.name,
+                                         weight_decay=5e-4, epochs=1, amp=amp, channels_last=channels_last,
+                                         compile=compile, eval_every=0, checkpoint_every=10**6, progress=False,
+                                         handle_signals=False, deterministic=deterministic)
         self.batch_size, self.steps, self.warmup = batch_size, steps, warmup
 
     def run(self) -> float:

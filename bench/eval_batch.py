@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> dict:
     split = random_split(args.images)
     loaders = {bs: ResidentLoader(split, bs, device=device, mean=CIFAR_MEAN, std=CIFAR_STD, train=False,
                                   channels_last=True) for bs in args.batch_sizes}
-    predict_logits(model, loaders[args.batch_sizes[0]], device, amp=device.type == "cuda")  # warm up
-    rows = [{bs: timed(lambda: predict_logits(model, loader, device, amp=device.type == "cuda"), device)
+    predict_logits(model, loaders[args.batch_sizes[0]], device)  # warm up
+    rows = [{bs: timed(lambda: predict_logits(model, loader, device), device)
              for bs, loader in loaders.items()} for _ in range(args.rounds)]
     per_10k = {bs: median([r[bs] for r in rows]) * 10000 / args.images for bs in args.batch_sizes}
     payload = {

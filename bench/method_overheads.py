@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         bn_s = timed(lambda: trainer.update_bn(averaged.module), device) / bn_n
         with ForwardCounter() as member_count:
             # what Trainer.test_log_probs does, on this test loader
-            test_s = timed(lambda: predict_logits(model, test_loader, device, trainer.amp).log_softmax(1),
+            test_s = timed(lambda: predict_logits(model, test_loader, device).log_softmax(1),
                            device) / len(test_split)
         ens = CachedEnsemble(members)
         with ForwardCounter() as counter:

@@ -11,6 +11,7 @@ Usage::
     python bench/models.py --device cpu --batch-size 32 --steps 1        # every model, minutes
     python bench/models.py --device cuda --batch-size 128 --steps 20      # WRN-28-10 target: <= 10 s/epoch
     python bench/models.py --device cuda --models wrn28_10 --compile
+    python bench/models.py --device cuda --nondeterministic   # the cost of run.deterministic: compare with the default
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def measure_one(name: str, device: torch.device, batch_size: int, steps: int, warmup: int, compile: bool) -> dict:
+def measure_one(name: str, device: torch.device, batch_size: int, steps: int, warmup: int, compile: bool,
+                deterministic: bool = True) -> dict:
     """Time one model in this process; returns seconds per 50k epoch and peak memory."""
     torch.manual_seed(0)
     rss0 = maxrss_mib()
@@ -47,7 +49,7 @@ def measure_one(name: str, device: torch.device, batch_size: int, steps: int, wa
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     bench = TrainerBench(model, random_split((warmup + steps) * batch_size), batch_size, device, warmup,
-                         compile=compile)
+                         compile=compile, deterministic=deterministic)
     images_per_s = bench.run()
     row = {"model": name, "params": params, "batch_size": batch_size, "timed_steps": steps,
            "step_seconds": bench.step_seconds(images_per_s), "images_per_s": images_per_s,
@@ -69,18 +71,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=10, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="run.deterministic=false: cuDNN autotuning instead of deterministic algorithms (CUDA only)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode: one model, JSON row out
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = pick_device(args.device)
     if args.one:
-        print(json.dumps(measure_one(args.models[0], device, args.batch_size, args.steps, args.warmup, args.compile)))
+        print(json.dumps(measure_one(args.models[0], device, args.batch_size, args.steps, args.warmup, args.compile,
+                                     not args.nondeterministic)))
         return {}
     rows = []
     for name in args.models:
         cmd = [sys.executable, __file__, "--one", "--device", str(device), "--models", name, "--batch-size",
                str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup)]
         cmd += ["--compile"] if args.compile else []
+        cmd += ["--nondeterministic"] if args.nondeterministic else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             rows.append({"model": name, "error": proc.stderr.strip().splitlines()[-1:]})
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": machine_info(device),
         "settings": {"batch_size": args.batch_size, "timed_steps": args.steps, "warmup_steps": args.warmup,
                      "compile": args.compile, "amp_bf16": device.type == "cuda", "channels_last": True,
+                     "deterministic": not args.nondeterministic,
                      "epoch": f"{TRAIN_IMAGES} images, extrapolated from the timed steps"},
         "models": rows,
     }

@@ -85,7 +85,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 model.load_state_dict(start)  # both modes score the same network
                 with scope:
                     row[f"test_pass_{mode}"] = slowest_rank(lambda: results.__setitem__(
-                        f"logits_{mode}", predict_logits(model, test, CPU, amp=False)))
+                        f"logits_{mode}", predict_logits(model, test, CPU)))
                     row[f"bn_update_{mode}"] = slowest_rank(lambda: recompute_bn(model, bn, CPU))
                     results[f"bn_{mode}"] = bn_state(model)
             rounds.append(row)

@@ -86,9 +86,9 @@ def direct_metrics(run_dir: Path, state: dict, bn_update: bool) -> dict:
     if bn_update:
         data.bn.set_epoch(0)
         update_bn(data.bn, model)
-    logits = predict_logits(model, data.train_eval, torch.device("cpu"), amp=False)
+    logits = predict_logits(model, data.train_eval, torch.device("cpu"))
     labels = torch.cat([y for _, y in data.train_eval])
-    test_logits = predict_logits(model, data.test, torch.device("cpu"), amp=False)
+    test_logits = predict_logits(model, data.test, torch.device("cpu"))
     test_labels = torch.cat([y for _, y in data.test])
     return {"train_ce": float(F.cross_entropy(logits, labels)),
             "test_err": 100.0 * float(test_logits.argmax(1).ne(test_labels).float().mean())}

@@ -4,6 +4,9 @@ Two CPU processes (gloo) each train on their half of every global batch; DDP ave
 gradients, so the weights, and with them the SWA average, must match a single process that sees
 the whole global batch. The model has no BatchNorm: with BN each rank normalises with the statistics
 of its own half-batch, which (as in any DDP run without SyncBatchNorm) is not the single-process run.
+
+Both loaders follow one rule: ``trainer.batch_size`` is the global batch, and each rank takes its slice of every
+global batch of one seeded permutation, the resident loader (CIFAR) and the streaming loader (ImageNet) alike.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from swalab.methods import SWA
 from swalab.optim import OptimizerSpec
 from swalab.schedules import Constant
 from swalab.trainer import Trainer, TrainerOptions
+from test_imagenet import tiny_imagenet  # noqa: F401  (a fixture)
 
 GLOBAL_BATCH, EPOCHS = 32, 4
 
@@ -115,3 +119,61 @@ def test_sharding_refuses_what_would_leave_a_rank_without_a_batch():
         ResidentLoader(toy_data(), 100, device="cpu", mean=[0.5], std=[0.25], train=True, rank=1, world_size=2)
     with pytest.raises(ValueError, match="training batches only"):
         ResidentLoader(toy_data(), 16, device="cpu", mean=[0.5], std=[0.25], train=False, rank=0, world_size=2)
+
+
+# -- streaming (ImageNet) loaders: the same global-batch rule ------------------------------------------------------
+def stream_cfg(root: Path):
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONF_DIR, QUIET
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[
+            *QUIET, "dataset=imagenet", f"dataset.root={root}", "dataset.image_size=32", "run.num_workers=0",
+            "model=timm", "model.name=test_resnet", "trainer.batch_size=4", "run.device=cpu"])
+
+
+def stream_epoch(root: Path, epoch: int = 1) -> dict:
+    """This process's training batches of ``epoch`` from ``build_stream_loaders``, and the items they hold."""
+    from swalab.data.imagenet import load_imagenet
+    from swalab.train import build_stream_loaders
+
+    train, _, _ = build_stream_loaders(stream_cfg(root), load_imagenet(root), torch.device("cpu"))
+    train.set_epoch(epoch)
+    batches = [(x.clone(), y.clone()) for x, y in train]
+    train.set_epoch(epoch)
+    trained = len(batches) * train.loader.batch_size  # a last incomplete batch is dropped
+    return {"batches": batches, "items": [i for i, _ in train.sampler][:trained], "batch_size": train.loader.batch_size}
+
+
+def _stream_worker(rank: int, world_size: int, port: int, root: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        torch.save(stream_epoch(Path(root)), out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_stream_disjoint_halves_of_every_global_batch_that_rebuild_the_single_process_epoch(
+        tmp_path, tiny_imagenet):
+    """18 images, trainer.batch_size=4 (the global batch): 4 global batches, each rank decodes 2 images of each."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_stream_worker, args=(r, 2, port, str(tiny_imagenet), str(tmp_path / f"out{r}.pt")))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    ranks = [torch.load(tmp_path / f"out{r}.pt", weights_only=False) for r in range(2)]
+    alone = stream_epoch(tiny_imagenet)
+    assert [r["batch_size"] for r in ranks] == [2, 2] and alone["batch_size"] == 4
+    assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == len(alone["batches"]) == 4
+    assert not set(ranks[0]["items"]) & set(ranks[1]["items"])
+    assert sorted(ranks[0]["items"] + ranks[1]["items"]) == sorted(alone["items"])
+    for (x, y), (x0, y0), (x1, y1) in zip(alone["batches"], ranks[0]["batches"], ranks[1]["batches"]):
+        assert torch.equal(torch.cat([x0, x1]), x) and torch.equal(torch.cat([y0, y1]), y)  # same images, same crops

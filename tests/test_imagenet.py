@@ -153,6 +153,28 @@ def test_seeded_sampler_and_bn_subset_are_fixed_by_their_seed():
     assert bn_subset_indices(100, 1.0, minimum=16, seed=5) is None
 
 
+def test_a_ranks_sampler_yields_its_slice_of_every_global_batch_with_the_items_seeds():
+    whole = SeededSampler(23, seed=4, shuffle=True)  # 23 items, global batch 6 over 3 ranks: 3 global batches
+    ranks = [SeededSampler(23, seed=4, shuffle=True, batch_size=2, rank=r, world_size=3) for r in range(3)]
+    for sampler in (whole, *ranks):
+        sampler.set_epoch(2)
+    items, parts = list(whole), [list(s) for s in ranks]
+    assert [len(s) for s in ranks] == [len(p) for p in parts] == [6, 6, 6]
+    for i in range(3):  # global batch i is rank 0's pair, rank 1's pair, rank 2's pair: (index, seed) alike
+        assert items[6 * i:6 * i + 6] == [pair for p in parts for pair in p[2 * i:2 * i + 2]]
+
+
+def test_a_sharded_stream_loader_refuses_what_would_leave_a_rank_without_a_batch(tiny_imagenet):
+    split = load_imagenet(tiny_imagenet).train  # 18 images
+    with pytest.raises(ValueError, match="at least one global batch"):
+        StreamLoader(split, 10, train=True, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="training batches only"):
+        StreamLoader(split, 2, train=False, rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\)"):
+        StreamLoader(split, 2, train=True, rank=2, world_size=2)
+    assert len(StreamLoader(split, 4, train=True, rank=1, world_size=2)) == 2  # 18 // 8 global batches
+
+
 # -- timm models -------------------------------------------------------------------------------------------
 def test_unknown_model_name_suggests_close_names():
     with pytest.raises(ValueError, match=r"timm knows no model 'resnet5O'.*'resnet50'"):

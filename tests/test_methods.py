@@ -293,6 +293,35 @@ def test_ema_updates_only_every_n_steps(tmp_path):
     assert got == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("bn", ["average", "recompute"])
+@pytest.mark.parametrize("warmup", [False, True])
+def test_the_ema_over_cached_tensor_lists_equals_timms_model_ema_v3_bit_for_bit(tmp_path, bn, warmup):
+    """The per-step update over tensor lists paired once (``EmaTensors``) is ModelEmaV3's, without its two
+    state_dict() and per-buffer copies each step."""
+    from timm.utils import ModelEmaV3
+
+    from swalab.models import PreResNet
+
+    torch.manual_seed(0)
+    model = PreResNet(depth=8, num_classes=10, in_channels=3)
+    ctx = TrainContext(model=model, device=torch.device("cpu"), epochs=1, steps_per_epoch=6, run_dir=tmp_path,
+                       update_bn=lambda m: None, test_log_probs=lambda m: None, test_labels=torch.zeros(1))
+    ours = EMA(Constant(lr=0.1), 1, decay=0.9, warmup=warmup, bn=bn)
+    ours.on_train_start(ctx)
+    assert ours.tensors is not None  # the cached path is the one under test
+    timm = ModelEmaV3(model, decay=0.9, use_warmup=warmup, exclude_buffers=bn == "recompute")
+    g = torch.Generator().manual_seed(1)
+    for step in range(6):
+        with torch.no_grad():  # the model moves: new weights, new BN statistics, one more batch tracked
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+            model.train()(torch.randn(4, 3, 8, 8, generator=g))
+        ours.on_step_end(ctx, 0, step)
+        timm.update(model, step=step + 1 if warmup else None)
+        for name, value in timm.module.state_dict().items():
+            assert torch.equal(ours.ema.module.state_dict()[name], value), (step, name)
+
+
 # ----------------------------------------------------------------------------- resume mid-averaging
 
 

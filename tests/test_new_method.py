@@ -42,8 +42,8 @@ METHOD = textwrap.dedent('''
 
         def predictors(self, ctx):
             ctx.update_bn(self.average.module)
-            return {"polyak": ModelPredictor(self.average.module, ctx.device, ctx.amp),
-                    "sgd": ModelPredictor(ctx.model, ctx.device, ctx.amp)}
+            return {"polyak": ModelPredictor(self.average.module, ctx.device),
+                    "sgd": ModelPredictor(ctx.model, ctx.device)}
 
         def final_weights(self):
             return {"polyak": copy.deepcopy(self.average.module.state_dict())}

@@ -88,7 +88,7 @@ def score_sharded(rank: int) -> dict:
     model = diverged_model(rank)
     forwarded = []
     model.register_forward_hook(lambda module, args, out: forwarded.append(len(args[0])))
-    logits = predict_logits(model, test, torch.device("cpu"), amp=False)
+    logits = predict_logits(model, test, torch.device("cpu"))
     test_rows = sum(forwarded)
     forwarded.clear()
     recompute_bn(model, bn_loader, torch.device("cpu"))
@@ -134,7 +134,7 @@ def test_every_rank_returns_the_same_metrics_for_every_predictor(two_ranks):
 def test_a_sharded_test_pass_and_bn_update_equal_one_process_doing_all_the_work(two_ranks, one_thread):
     _, test, bn_loader = loaders(0, 1)
     alone = diverged_model(0)  # rank 0's buffers are the ones every rank scores with
-    logits = predict_logits(alone, test, torch.device("cpu"), amp=False)
+    logits = predict_logits(alone, test, torch.device("cpu"))
     recompute_bn(alone, bn_loader, torch.device("cpu"))
     for rank in (0, 1):
         sharded = two_ranks[rank]["sharded"]

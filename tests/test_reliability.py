@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -637,7 +638,8 @@ def test_a_run_whose_model_draws_random_numbers_resumes_bit_equal(tmp_path, monk
 
 def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_path, reference):
     """A run interrupted under an earlier swalab (SWA's settings in method.* with its own spellings, init_from in run,
-    probabilities instead of log-probabilities in the method state) resumes and ends equal to today's run."""
+    the scored budget marks inside the method state as probabilities, no prediction files) resumes and ends equal to
+    today's run."""
     from swalab.checkpoint import checkpoint_paths
     from swalab.identity import RECIPE_SETTINGS
 
@@ -657,8 +659,10 @@ def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_
     for path in checkpoint_paths(run / "checkpoints"):
         state = torch.load(path, weights_only=False)
         state["identity"] = earlier(state["identity"])
-        state["method"]["budget_probs"] = {k: v.exp() for k, v in state["method"].pop("budget_log_probs").items()}
+        names = state["method"].pop("budget_files")
+        state["method"]["budget_probs"] = {k: torch.load(path.parent / "predictions" / f"{k}.pt").exp() for k in names}
         torch.save(state, path)
+    shutil.rmtree(run / "checkpoints" / "predictions", ignore_errors=True)
     resumed = run_cli(run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stdout

@@ -94,7 +94,7 @@ def test_a_run_directory_passes_unquoted_as_run_init_from(tmp_path):
 def test_the_identity_leaves_out_only_what_cannot_change_results():
     base = identity_of(OmegaConf.to_container(compose_hydra(*QUIET), resolve=True))
     for harmless in ("run.device=cpu", "run.eval_batch_size=10", "run.keep_checkpoints=5",
-                     "paths.output_dir=/elsewhere", "logger=wandb", "run.progress=true"):
+                     "paths.output_dir=/elsewhere", "logger=wandb", "run.progress=true", "run.deterministic=false"):
         assert identity_of(OmegaConf.to_container(compose_hydra(*QUIET, harmless), resolve=True)) == base, harmless
     for result in ("trainer.epochs=3", "schedule=cosine", "model.swa.lr=0.05", "dataset.train_size=100", "seed=1",
                    "trainer.batch_size=64", "model.arch.depth=8"):

@@ -9,6 +9,9 @@
   in the default layout, up to float rounding.
 * A ``torch.compile`` d model and the eager one agree on a forward pass (slow; skipped with a reason when
   no compiler is available).
+* The BN update that counts batches in Python (``swalab.evaluate.recompute_bn``: momentum ``1 / k`` before a
+  layer's k-th batch, no host sync) gives torch's ``update_bn`` statistics (momentum None) bit for bit, a layer
+  that some batches skip included.
 """
 
 from __future__ import annotations
@@ -208,3 +211,38 @@ def test_compiled_and_eager_models_agree_on_a_forward_pass():
         eager = model(x)
         compiled = torch.compile(model)(x)  # any failure with a compiler present is a failure, not a skip
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+class Branchy(torch.nn.Module):
+    """BatchNorm 2d and 1d, and a BN layer that only batches of more than 6 images pass through."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+        self.side = torch.nn.BatchNorm2d(4)
+        self.fc, self.bn1d = torch.nn.Linear(4 * 8 * 8, 6), torch.nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x)))
+        if len(x) > 6:
+            h = self.side(h)
+        return self.bn1d(self.fc(h.flatten(1)))
+
+
+def test_a_bn_update_counting_batches_in_python_equals_torchs_update_bn_bit_for_bit():
+    from torch.optim.swa_utils import update_bn
+
+    from swalab.evaluate import recompute_bn
+
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(n, 3, 8, 8, generator=g) * 2 + 1, torch.zeros(n)) for n in (8, 7, 5, 8, 3, 6, 8)]
+    ours, theirs = Branchy().eval(), Branchy().eval()
+    for model in (ours, theirs):
+        model.bn.running_mean.fill_(5.0)  # stale statistics, as an average's are
+    recompute_bn(ours, batches, torch.device("cpu"))
+    update_bn(batches, theirs)
+    for name, value in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], value), name
+    assert int(ours.side.num_batches_tracked) == 4 and int(ours.bn.num_batches_tracked) == 7
+    assert not ours.training and all(m.momentum == 0.1 for m in (ours.bn, ours.side, ours.bn1d))

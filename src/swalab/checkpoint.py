@@ -13,6 +13,11 @@ read (truncated by a full disk, say) the one before it is used, with a warning s
 Every checkpoint carries the run's identity (``swalab.identity``: the resolved config minus what
 cannot change results): resuming from a checkpoint of another config is refused, naming the keys
 that differ, never silently ignored.
+
+A checkpoint holds weights and state, not test-set predictions a method cached on the way (an FGE member's,
+the SWA average's at a budget mark: 200 MB each on ImageNet). Those are written once, when computed, to
+files of their own (:class:`PredictionFiles`, ``checkpoints/predictions/``) that checkpoints name; before,
+every epoch's checkpoint carried all of them again.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from swalab import faults
 FORMAT = "swalab-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"^epoch(\d+)(?:_step(\d+))?\.pt$")
+_PREDICTION_NAME = re.compile(r"^[A-Za-z0-9_.@+-]+$")
 
 
 class CheckpointError(RuntimeError):
@@ -205,3 +211,43 @@ class CheckpointStore:
     def latest(self, identity: dict | None = None) -> dict | None:
         """The newest readable checkpoint (see :func:`load_latest`)."""
         return load_latest(self.dir, identity)
+
+
+class PredictionFiles:
+    """Test-set predictions a method computed during training, one file each in ``checkpoints/predictions/``.
+
+    When to use it: a method that keeps what it scored (FGE's members, SWA's average at a budget mark) saves each
+    prediction here once, when it is computed, and puts only its name in its ``state_dict``; a resume reads it back
+    by name (:meth:`load`). Checkpoints then stay the size of the weights and are cheap to write every epoch.
+    A prediction recomputed after a resume from an earlier checkpoint is written again under the same name, with the
+    same values (the run is exact). Only the process that writes (``write``: rank 0) writes; every rank reads.
+    """
+
+    DIR = "predictions"
+
+    def __init__(self, run_dir: str | Path, write: bool = True):
+        self.dir = Path(run_dir) / "checkpoints" / self.DIR
+        self.write = write
+
+    def path(self, name: str) -> Path:
+        if not _PREDICTION_NAME.match(name):
+            raise ValueError(f"prediction name {name!r}: use letters, digits and _ . @ + - only")
+        return self.dir / f"{name}.pt"
+
+    def save(self, name: str, predictions: torch.Tensor) -> str:
+        """Write ``predictions`` under ``name`` (atomically, on the writing rank) and return the name."""
+        path = self.path(name)
+        if self.write:
+            atomic_save(predictions.detach().cpu(), path)
+        return name
+
+    def load(self, name: str) -> torch.Tensor:
+        path = self.path(name)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing: the checkpoint names it as a prediction this run computed "
+                                  "earlier, and the run cannot resume without it. Move the run directory away to "
+                                  "start the run afresh") from None
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+            raise CheckpointError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc

@@ -126,6 +126,7 @@ KEYS: dict[str, tuple] = {
     "run.eval_every": ("int", 0, None),
     "trainer.amp": ("bool", None, None),
     "run.channels_last": ("bool", None, None),
+    "run.deterministic": ("bool", None, None),
     "run.compile": ("bool", None, None),
     "run.progress": ("bool?", None, None),
     "trainer.max_skips": ("int", 0, None),

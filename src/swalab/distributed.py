@@ -20,7 +20,14 @@ id). NCCL on CUDA, gloo on CPU. Everything else follows from these rules:
   (:func:`shard_batches`); predictions are gathered back in the loader's order (:func:`gather_batches`),
   BN statistics are summed over the ranks (:func:`reduce_bn_statistics`). N ranks do 1/N of the work each
   and all return the metrics one process would, up to the order of float sums.
-* Only rank 0 writes files (run directory, checkpoints, history) and talks to W&B (:func:`is_main`).
+* Only rank 0 writes files (run directory, checkpoints, history), talks to W&B and logs (:func:`is_main`).
+* Every decision that changes what happens next (skip a step whose loss is not finite, pause for a signal, skip a
+  run another process finished) is taken by all ranks together (:func:`agree`, :func:`from_rank_0`): a rank that
+  acted alone would leave the others waiting in a collective that never completes (NCCL hangs until its
+  watchdog, gloo times out). Agreements travel on a gloo group on the CPU (:func:`_control_group`), so they
+  never wait for the GPU's queue; a single process makes none.
+* Each rank draws its own random numbers (dropout masks, Shake-Shake coefficients: ``swalab.train.records
+  .seed_everything``); a checkpoint holds every rank's generator states, each restored on its own rank.
 """
 
 from __future__ import annotations
@@ -97,10 +104,14 @@ def is_main() -> bool:
 
 
 def local_device(device: torch.device) -> torch.device:
-    """Each rank's own GPU (``cuda:LOCAL_RANK``); CPU stays CPU."""
+    """The device this process trains on, made CUDA's current device: each rank's own GPU (``cuda:LOCAL_RANK``), or
+    ``run.device=cuda:N`` for one process (without ``set_device``, pinned-memory copies, NCCL and every tensor made
+    with ``device="cuda"`` would go to GPU 0); CPU stays CPU."""
     current = info()
     if device.type == "cuda" and current.enabled:
-        return torch.device("cuda", current.local_rank)
+        device = torch.device("cuda", current.local_rank)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
     return device
 
 
@@ -188,27 +199,84 @@ def _all_gather_padded(local: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts)
 
 
-def reduce_bn_statistics(model: nn.Module) -> None:
-    """After each rank ran ``update_bn`` over its share of the batches: every rank's BatchNorm statistics become
-    the average over all batches (sums of ``running_mean * batches`` and ``running_var * batches`` over the
-    ranks, divided by all the batches), as one process averaging every batch would compute them."""
+def reduce_bn_statistics(batches: Mapping[_BatchNorm, int]) -> None:
+    """After each rank ran the BN update over its share of the batches (``swalab.evaluate.recompute_bn``, which
+    counted each layer's ``batches`` in Python): every rank's BatchNorm statistics become the average over all
+    batches (sums of ``running_mean * batches`` and ``running_var * batches`` over the ranks, divided by all the
+    batches), as one process averaging every batch would compute them."""
     if not info().enabled:
         return
-    layers = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.running_mean is not None]
+    layers = [m for m in batches if m.running_mean is not None]
     if not layers:
         return
+    counts = torch.tensor([batches[m] for m in layers], dtype=torch.float64)
+    dist.all_reduce(counts, group=_control_group())  # on the CPU: the totals are read by Python below
+    totals = counts.tolist()
     device = _collective_device()
-    batches = float(layers[0].num_batches_tracked)
     sums = torch.cat([torch.cat([m.running_mean.double().reshape(-1), m.running_var.double().reshape(-1)]).to(device)
-                      * batches for m in layers] + [torch.tensor([batches], dtype=torch.float64, device=device)])
+                      * batches[m] for m in layers])
     dist.all_reduce(sums)
-    total = sums[-1]
-    if total == 0:
-        return
     offset = 0
-    for m in layers:
+    for m, total in zip(layers, totals):
         n = m.running_mean.numel()
-        m.running_mean.copy_((sums[offset:offset + n] / total).view_as(m.running_mean))
-        m.running_var.copy_((sums[offset + n:offset + 2 * n] / total).view_as(m.running_var))
-        m.num_batches_tracked.fill_(int(total))
+        if total:
+            m.running_mean.copy_((sums[offset:offset + n] / total).view_as(m.running_mean))
+            m.running_var.copy_((sums[offset + n:offset + 2 * n] / total).view_as(m.running_var))
+            m.num_batches_tracked.fill_(int(total))
         offset += 2 * n
+
+
+# -- decisions every rank takes together ------------------------------------------------------------------------
+_control: dict = {}
+
+
+def _control_group():
+    """The group agreements travel on: the default group when it is gloo, else a gloo group over the same ranks made
+    on first use (every rank makes its first agreement at the same point), so that agreeing on a flag is a CPU
+    all-reduce that never waits for the GPU's queue (reading back an NCCL result would)."""
+    if dist.get_backend() == "gloo":
+        return None
+    world = dist.group.WORLD
+    if _control.get("world") is not world:  # a new process group (tests join and leave several)
+        _control.update(world=world, group=dist.new_group(backend="gloo"))
+    return _control["group"]
+
+
+def agree(value: int, op: str = "max") -> int:
+    """The largest (``op="max"``) or smallest (``"min"``) of every rank's ``value``; ``value`` itself for one
+    process, with no collective. Call it at the same point on every rank."""
+    if not info().enabled:
+        return value
+    tensor = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN, group=_control_group())
+    return int(tensor[0])
+
+
+def agree_any(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank (every rank gets the same answer)."""
+    return bool(agree(int(bool(flag)), "max"))
+
+
+def from_rank_0(obj):
+    """Rank 0's ``obj`` on every rank (a picklable object); ``obj`` itself for one process."""
+    if not info().enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_control_group())
+    return box[0]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` in rank order, on every rank (``[obj]`` for one process)."""
+    current = info()
+    if not current.enabled:
+        return [obj]
+    out = [None] * current.world_size
+    dist.all_gather_object(out, obj, group=_control_group())
+    return out
+
+
+def barrier() -> None:
+    """Wait until every rank is here (nothing for one process): a rank leaves only once rank 0's files are written."""
+    if info().enabled:
+        dist.barrier(group=_control_group())

@@ -10,19 +10,23 @@ confusion in the reference code's users), computed one way: from log-probabiliti
 network gives as the log-softmax of its logits (the same number as the cross-entropy of the per-epoch
 test line) and an ensemble as the log of its members' mean probability (a log-mean-exp, so no
 probability is ever rounded to 0 and clamped). ECE uses 15 equal-width confidence bins.
+
+Everything here scores in float32 (``swalab.precision.scoring_precision``), whatever precision the model was
+trained in: the numbers a run reports differ from another run's only through the weights.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from swalab import distributed
+from swalab.precision import scoring_precision
 
 ECE_BINS = 15
 
@@ -38,16 +42,10 @@ class Predictor(Protocol):
     def predict_log_proba(self, loader: Iterable) -> torch.Tensor: ...
 
 
-def autocast_for(device: torch.device, enabled: bool = True):
-    """bf16 autocast on CUDA (when enabled), a no-op context elsewhere."""
-    if enabled and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 @torch.no_grad()
-def predict_logits(model: nn.Module, loader: Iterable, device: torch.device, amp: bool = True) -> torch.Tensor:
-    """Logits of ``model`` on every batch of ``loader``, in eval mode, as float32 on the CPU.
+def predict_logits(model: nn.Module, loader: Iterable, device: torch.device) -> torch.Tensor:
+    """Logits of ``model`` on every batch of ``loader``, in eval mode, computed in float32 (autocast off, even
+    inside a caller's autocast region), on the CPU.
 
     The model's train/eval mode is restored afterwards, so scoring mid-training never leaves
     the live model in eval mode (and eval mode never touches BN running statistics).
@@ -59,10 +57,9 @@ def predict_logits(model: nn.Module, loader: Iterable, device: torch.device, amp
     model.eval()
     outputs = []
     try:
-        for x, _ in distributed.shard_batches(loader):
-            x = x.to(device, non_blocking=True)
-            with autocast_for(device, amp):
-                outputs.append(model(x).float())
+        with scoring_precision(device):
+            for x, _ in distributed.shard_batches(loader):
+                outputs.append(model(x.to(device, non_blocking=True)).float())
     finally:
         model.train(was_training)
     return distributed.gather_batches(outputs)
@@ -76,9 +73,9 @@ def labels_of(loader: Iterable) -> torch.Tensor:
     return torch.cat([y.cpu() for _, y in loader])
 
 
-def predict_log_probs(model: nn.Module, loader: Iterable, device: torch.device, amp: bool = True) -> torch.Tensor:
+def predict_log_probs(model: nn.Module, loader: Iterable, device: torch.device) -> torch.Tensor:
     """Log-probabilities of ``model`` on ``loader``: the log-softmax of its float32 logits (CPU)."""
-    return predict_logits(model, loader, device, amp).log_softmax(dim=1)
+    return predict_logits(model, loader, device).log_softmax(dim=1)
 
 
 def log_of(probs: torch.Tensor) -> torch.Tensor:
@@ -90,11 +87,11 @@ def log_of(probs: torch.Tensor) -> torch.Tensor:
 class ModelPredictor:
     """A single network as a predictor (log-softmax of its logits)."""
 
-    def __init__(self, model: nn.Module, device: torch.device, amp: bool = True):
-        self.model, self.device, self.amp = model, device, amp
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.model, self.device = model, device
 
     def predict_log_proba(self, loader: Iterable) -> torch.Tensor:
-        return predict_log_probs(self.model, loader, self.device, self.amp)
+        return predict_log_probs(self.model, loader, self.device)
 
 
 class CachedLogProbs:
@@ -235,19 +232,51 @@ def metrics_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, f
     return metrics_from_log_probs(log_of(probs), labels)
 
 
-def recompute_bn(model: nn.Module, loader, device: torch.device, amp: bool = False) -> None:
-    """Recompute ``model``'s BatchNorm statistics with one pass over ``loader`` (train mode, exact cumulative
-    average, no grad: ``torch.optim.swa_utils.update_bn``), the loader's epoch-0 augmentation when it has one.
+@torch.no_grad()
+def recompute_bn(model: nn.Module, loader, device: torch.device) -> None:
+    """Recompute ``model``'s BatchNorm statistics with one pass over ``loader`` (train mode, no grad, float32): the
+    exact cumulative average of the batches' statistics, the loader's epoch-0 augmentation when it has one.
+
+    The result is that of ``torch.optim.swa_utils.update_bn``, bit for bit (tests/test_speed_invariants.py), without
+    its host syncs: ``update_bn`` sets every layer's momentum to None, and BatchNorm then reads
+    ``num_batches_tracked`` into Python on every batch (``1 / float(num_batches_tracked)``: one device sync per
+    layer per batch, 163 a batch for PreResNet-164). Here a forward pre-hook counts each layer's batches in Python
+    and hands it momentum ``1 / k`` before its k-th batch, which is the same update; a layer a batch skips (a
+    branch not taken) is not counted for it, as with ``num_batches_tracked``. One momentum set for every layer per
+    batch would be cheaper (no hook: ~5% of a PreResNet-164 BN batch on a CPU, bench/host_syncs.py, where a sync
+    costs nothing) but wrong for such a layer.
 
     Data-parallel: call it on every rank; each runs its share of the batches and the ranks' sums are combined
     (``swalab.distributed.reduce_bn_statistics``), so all end with the statistics of the whole pass."""
-    from torch.optim.swa_utils import update_bn
-
+    layers = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    if not layers:
+        return
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(0)
-    with autocast_for(device, amp):
-        update_bn(distributed.shard_batches(loader), model, device=device)
-    distributed.reduce_bn_statistics(model)
+    batches = {m: 0 for m in layers}
+    momenta = {m: m.momentum for m in layers}
+
+    def count(module: _BatchNorm, args) -> None:
+        batches[module] += 1
+        module.momentum = 1.0 / batches[module]
+
+    for m in layers:
+        m.reset_running_stats()
+    handles = [m.register_forward_pre_hook(count) for m in layers]
+    was_training = model.training
+    model.train()
+    try:
+        with scoring_precision(device):
+            for batch in distributed.shard_batches(loader):
+                x = batch[0] if isinstance(batch, (list, tuple)) else batch
+                model(x.to(device, non_blocking=True))
+    finally:
+        for h in handles:
+            h.remove()
+        for m, momentum in momenta.items():
+            m.momentum = momentum
+        model.train(was_training)
+    distributed.reduce_bn_statistics(batches)
 
 
 def metrics_table(metrics: dict[str, dict]) -> str:
@@ -262,12 +291,12 @@ def metrics_table(metrics: dict[str, dict]) -> str:
 
 
 def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.device,
-                           loss_fn: Callable = F.cross_entropy, amp: bool = True,
+                           loss_fn: Callable = F.cross_entropy,
                            labels: torch.Tensor | None = None) -> tuple[float, float]:
     """Mean loss and accuracy (%) of one network, used for the per-epoch test columns.
 
     Pass ``labels`` when they are already known, to spare a second pass over the loader.
     """
-    logits = predict_logits(model, loader, device, amp)
+    logits = predict_logits(model, loader, device)
     labels = labels_of(loader) if labels is None else labels
     return float(loss_fn(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())

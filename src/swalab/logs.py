@@ -31,9 +31,21 @@ def get_logger(name: str | None = None) -> logging.Logger:
 
 
 @contextlib.contextmanager
-def run_log(run_dir: str | Path) -> Iterator[Path]:
-    """Append swalab's log records, and the warnings shown, to ``<run_dir>/run.log`` while the block runs."""
+def run_log(run_dir: str | Path, main: bool = True) -> Iterator[Path]:
+    """Append swalab's log records, and the warnings shown, to ``<run_dir>/run.log`` while the block runs.
+
+    Data-parallel runs log once: only rank 0 (``main``) writes ``run.log``; on the other ranks swalab's logger is
+    silent while the block runs (their epoch lines and final table would repeat rank 0's, on the same terminal)."""
     path = Path(run_dir) / RUN_LOG
+    if not main:
+        logger = get_logger()
+        was = logger.disabled
+        logger.disabled = True
+        try:
+            yield path
+        finally:
+            logger.disabled = was
+        return
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     logger = get_logger()

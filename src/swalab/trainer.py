@@ -1,15 +1,20 @@
 """The one training loop every method runs through.
 
 The trainer owns the device, precision and memory layout (bf16 autocast on CUDA, channels_last
-on every device, optional ``torch.compile``), the optimizer, the per-epoch history, checkpoints and
-resuming. It knows no method by name: it asks the method for the learning rate of every step and
-calls its hooks (``swalab.methods.base``).
+on every device, optional ``torch.compile``; scoring always in float32: ``swalab.precision``), the
+optimizer, the per-epoch history, checkpoints and resuming. It knows no method by name: it asks the
+method for the learning rate of every step and calls its hooks (``swalab.methods.base``).
 
-Resuming is exact. A checkpoint holds the model, optimizer, method state, every RNG state, the
-history so far and the position in the epoch; the data order and augmentation of an epoch
-depend only on (seed, epoch), so a run resumed from a checkpoint written mid-epoch (after a
-preemption signal) or at an epoch boundary (after a kill) ends with the same weights as one
-that ran straight through.
+Resuming is exact. A checkpoint holds the model, optimizer, method state, the RNG states (CPU, and the
+training GPU's generator; under data parallelism every rank's), the history so far and the position in
+the epoch; the data order and augmentation of an epoch depend only on (seed, epoch), so a run resumed from
+a checkpoint written mid-epoch (after a preemption signal) or at an epoch boundary (after a kill) ends with
+the same weights as one that ran straight through. On a GPU that takes ``run.deterministic`` (the default).
+
+The step is free of host syncs unless something asks for one: no value is read back from the device
+inside it when no progress bar is shown (``trainer.nonfinite=skip`` reads the loss each step, by its nature).
+Under data parallelism every decision that changes what the ranks do next (skip a step, pause for a signal)
+is agreed across them first (``swalab.distributed.agree``); a single process makes no collective for it.
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ import torch
 from torch import nn
 
 from swalab import distributed, faults
-from swalab.checkpoint import CheckpointStore, checkpoint_name
+from swalab.checkpoint import CheckpointStore, PredictionFiles, checkpoint_name
 from swalab.config import ConfigError
 from swalab.calibration import fit_temperature, scaled, scaled_name
-from swalab.evaluate import (autocast_for, labels_of, mean_loss_and_accuracy, metrics_from_log_probs,
-                             predict_log_probs, recompute_bn, reliability_bins, val_log_probs_of)
+from swalab.evaluate import (labels_of, mean_loss_and_accuracy, metrics_from_log_probs, predict_log_probs,
+                             recompute_bn, reliability_bins, val_log_probs_of)
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec
+from swalab.precision import deterministic, training_autocast
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -105,19 +111,43 @@ def select_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def rng_state() -> dict:
+def rng_state(device: torch.device) -> dict:
+    """This process's generator states: torch's CPU generator, Python's, numpy's, and the training GPU's (only that
+    one: a list of every visible GPU's, as ``get_rng_state_all`` gives, would be restored by index on another
+    machine, or onto the wrong GPU under data parallelism)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["device"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what :func:`rng_state` saved. A checkpoint of an earlier swalab holds every visible GPU's state
+    (``cuda``): the training GPU's is taken from it when that GPU was among them."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type != "cuda":
+        return
+    if "device" in state:
+        torch.cuda.set_rng_state(state["device"], device)
+    elif "cuda" in state:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index < len(state["cuda"]):
+            torch.cuda.set_rng_state(state["cuda"][index], device)
+
+
+def rank_rng_state(state: dict, rank: int, world_size: int) -> dict | None:
+    """The generator states of ``rank`` in a checkpoint: its own entry of ``rng_ranks`` (every rank's, written by
+    rank 0), or, in a checkpoint of one process or of an earlier swalab, ``rng`` (whose ranks all drew one
+    stream). None for a rank the checkpoint has no state of (resumed by more ranks than wrote it): it keeps the
+    stream it was seeded with, and the resume is not exact (it could not be with another number of ranks)."""
+    ranks = state.get("rng_ranks")
+    if ranks is None:
+        return state["rng"]
+    if rank < len(ranks):
+        return ranks[rank]
+    return None
 
 
 @dataclass
@@ -161,7 +191,7 @@ class TrainerOptions:
     """Loop settings, all explicit (``swalab.train`` fills them from ``conf/trainer`` and ``conf/run``)."""
 
     epochs: int
-    amp: bool = True                 # bf16 autocast, CUDA only
+    amp: bool = True                 # bf16 autocast of training steps on CUDA (swalab.precision.training_autocast)
     channels_last: bool = True       # CUDA and CPU: oneDNN convolutions are 1.1-1.4x faster in it too
     compile: bool = False
     eval_every: int = 1              # score the live model on the test set every N epochs (0: end only)
@@ -170,6 +200,7 @@ class TrainerOptions:
     nonfinite: str = "stop"          # stop | skip
     max_skips: int = 10
     progress: bool | None = None     # None: a bar only on an interactive terminal
+    deterministic: bool = True       # CUDA: deterministic algorithms, bit-equal reruns (precision.deterministic)
     save_at: tuple[int, ...] = ()    # epochs whose checkpoints are kept for good (branching)
     handle_signals: bool = True
     eval_split: str = "test"         # the split per-epoch monitoring scores: test | val (the validation split)
@@ -204,15 +235,15 @@ class Trainer:
             raise ConfigError("run.temperature_scaling=true fits each temperature on the validation split, and this "
                               "run has none: set dataset.val_size=<images or a fraction>")
         self.identity, self.on_epoch = identity or {}, on_epoch
-        cuda = device.type == "cuda"
-        self.amp = options.amp and cuda
+        self.amp = options.amp  # for training steps only: swalab.precision.training_autocast decides per device
         self.model = model.to(device)
         if options.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         # DDP when launched by torchrun (swalab.distributed); methods see the bare self.model
         self.forward_model = distributed.wrap(self.model, device)
         self.forward_model = torch.compile(self.forward_model) if options.compile else self.forward_model
-        self.main = distributed.is_main()  # only rank 0 writes checkpoints and history
+        self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
+        self.ranks = distributed.info()
         self.optimizer = optimizer.build(self.model, lr=method.step_lr(0, 0, 1))
         self.loss = loss if loss is not None else LossSpec().build(num_classes=0)
         self.history: list[dict] = []
@@ -223,22 +254,25 @@ class Trainer:
         self.ctx = TrainContext(model=self.model, device=device, epochs=options.epochs,
                                 steps_per_epoch=len(train_loader), run_dir=self.run_dir,
                                 update_bn=self.update_bn, test_log_probs=self.test_log_probs,
-                                test_labels=self.test_labels, amp=self.amp, log=self._pending_log.update,
+                                test_labels=self.test_labels, log=self._pending_log.update,
                                 val_log_probs=self.val_log_probs if val_loader is not None else None,
-                                val_labels=self.val_labels, eval_split=options.eval_split)
+                                val_labels=self.val_labels, eval_split=options.eval_split,
+                                predictions=PredictionFiles(self.run_dir, write=self.main))
 
     # -- services lent to methods --------------------------------------------------------
     def update_bn(self, model: nn.Module) -> None:
-        """Recompute BN statistics of ``model`` over the training data (exact average, no grad)."""
+        """Recompute BN statistics of ``model`` over the training data (exact average, no grad, float32)."""
         if hasattr(self.bn_loader, "set_epoch"):
             self.bn_loader.set_epoch(0)
-        recompute_bn(model, faults.watch(self.bn_loader, "bn_update"), self.device, self.amp)
+        recompute_bn(model, faults.watch(self.bn_loader, "bn_update"), self.device)
 
     def test_log_probs(self, model: nn.Module) -> torch.Tensor:
-        return predict_log_probs(model, self.test_loader, self.device, self.amp)
+        """``model``'s test log-probabilities, in float32."""
+        return predict_log_probs(model, self.test_loader, self.device)
 
     def val_log_probs(self, model: nn.Module) -> torch.Tensor:
-        return predict_log_probs(model, self.val_loader, self.device, self.amp)
+        """``model``'s log-probabilities on the validation split, in float32."""
+        return predict_log_probs(model, self.val_loader, self.device)
 
     # -- signals ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -262,17 +296,26 @@ class Trainer:
                 signal.signal(sig, h)
 
     # -- checkpoints -------------------------------------------------------------------
-    def state(self, epoch: int, step: int, partial: dict | None = None) -> dict:
-        return {"epoch": epoch, "step": step, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
-                "rng": rng_state(), "history": self.history, "partial": partial or {},
-                "identity": self.identity}
+    def state(self, epoch: int, step: int, partial: dict | None = None, rng_ranks: list[dict] | None = None) -> dict:
+        """What a checkpoint holds (module doc); ``rng_ranks``: every rank's generator states, rank 0's first."""
+        state = {"epoch": epoch, "step": step, "model": self.model.state_dict(),
+                 "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
+                 "rng": rng_state(self.device), "history": self.history, "partial": partial or {},
+                 "identity": self.identity}
+        if rng_ranks is not None and len(rng_ranks) > 1:
+            state["rng_ranks"] = rng_ranks
+        return state
 
     def save(self, epoch: int, step: int = 0, partial: dict | None = None) -> Path:
-        """Checkpoint after ``epoch`` whole epochs and ``step`` steps of the next one."""
-        if not self.main:
-            return self.store.dir / checkpoint_name(epoch, step)
-        return self.store.save(self.state(epoch, step, partial), epoch, step)
+        """Checkpoint after ``epoch`` whole epochs and ``step`` steps of the next one. Data-parallel: every rank
+        calls it; rank 0 writes, with every rank's generator states, and no rank returns before the file is
+        written (a rank that left first could have its launcher stop rank 0 mid-write)."""
+        rng_ranks = distributed.gather_objects(rng_state(self.device)) if self.ranks.enabled else None
+        path = self.store.dir / checkpoint_name(epoch, step)
+        if self.main:
+            path = self.store.save(self.state(epoch, step, partial, rng_ranks), epoch, step)
+        distributed.barrier()
+        return path
 
     def restore(self, state: dict) -> tuple[int, int, dict]:
         self.model.load_state_dict(state["model"])
@@ -280,7 +323,13 @@ class Trainer:
         if state.get("method") is not None:  # None: a branch (run.branch_from) starts its method fresh
             self.method.load_state_dict(state["method"], self.ctx)
         self.history = list(state["history"])
-        set_rng_state(state["rng"])
+        rng = rank_rng_state(state, self.ranks.rank, self.ranks.world_size)
+        if rng is not None:
+            set_rng_state(rng, self.device)
+        elif self.main:
+            warnings.warn(f"{state.get('path', 'the checkpoint')} holds the generator states of "
+                          f"{len(state['rng_ranks'])} ranks and {self.ranks.world_size} resume it: the ranks beyond "
+                          "keep their fresh streams, so this resume is not exact", RuntimeWarning)
         self._write_history()
         return int(state["epoch"]), int(state.get("step", 0)), dict(state.get("partial") or {})
 
@@ -296,17 +345,18 @@ class Trainer:
     def fit(self, resume: dict | None = None) -> Evaluation:
         """Train from the start, or from ``resume`` (a checkpoint's state), then score every predictor."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.method.on_train_start(self.ctx)
-        start_epoch, start_step, partial = 0, 0, {}
-        if resume is not None:
-            start_epoch, start_step, partial = self.restore(resume)
-        skips = int(partial.get("skips", 0))
-        with self._preemption_signals():
-            for epoch in range(start_epoch, self.opts.epochs):
-                tally = self._train_epoch(epoch, start_step if epoch == start_epoch else 0, partial, skips)
-                partial, skips = {}, tally.skips
-                self._end_epoch(epoch, tally)
-        return self.evaluate()
+        with deterministic(self.device, self.opts.deterministic):
+            self.method.on_train_start(self.ctx)
+            start_epoch, start_step, partial = 0, 0, {}
+            if resume is not None:
+                start_epoch, start_step, partial = self.restore(resume)
+            skips = int(partial.get("skips", 0))
+            with self._preemption_signals():
+                for epoch in range(start_epoch, self.opts.epochs):
+                    tally = self._train_epoch(epoch, start_step if epoch == start_epoch else 0, partial, skips)
+                    partial, skips = {}, tally.skips
+                    self._end_epoch(epoch, tally)
+            return self.evaluate()
 
     def _train_epoch(self, epoch: int, first_step: int, partial: dict, skips: int) -> EpochTally:
         """The optimizer steps of one epoch from ``first_step`` (a mid-epoch resume carries ``partial`` sums)."""
@@ -329,10 +379,10 @@ class Trainer:
                 group["lr"] = tally.lr
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             x, target = self.loss.prepare(x, y)  # mixup/cutmix when asked (swalab.losses)
-            with autocast_for(self.device, self.amp):
+            with training_autocast(self.device, self.amp):
                 out = self.forward_model(x)
                 loss = self.loss(out, target)
-            if not self._finite(loss, epoch, step, tally.skips):
+            if self.opts.nonfinite == "skip" and self._skip(loss, epoch, step, tally.skips):
                 tally.skips += 1
                 continue
             bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss.detach()), step, bad_step)
@@ -348,15 +398,16 @@ class Trainer:
                 if step % 10 == 0:
                     bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{tally.accuracy():.1f}", lr=f"{tally.lr:.4g}")
                 bar.update(1)
-            if self._signal is not None and step + 1 < steps:
+            if step + 1 < steps and self._paused():
                 self.save(epoch, step + 1, tally.partial())
                 raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch + 1}, "
                                 f"step {step + 1}", self._signal)  # counted as the epoch lines count: from 1
         if bar is not None:
             bar.close()
-        if int(bad_step) >= 0:
+        first_bad = self._first_bad_step(bad_step)
+        if first_bad is not None:
             raise NonFiniteLossError(
-                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {int(bad_step) + 1}; the last good "
+                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; the last good "
                 f"checkpoint in {self.store.dir} and history.jsonl are kept. Lower the learning rate or set "
                 "trainer.nonfinite=skip.")
         return tally
@@ -372,8 +423,8 @@ class Trainer:
             split = self.opts.eval_split  # test_loss/test_acc, or val_loss/val_acc (run.eval_split=val)
             loader, labels = (self.test_loader, self.test_labels) if split == "test" else (self.val_loader,
                                                                                             self.val_labels)
-            row[f"{split}_loss"], row[f"{split}_acc"] = mean_loss_and_accuracy(
-                self.model, loader, self.device, amp=self.amp, labels=labels)
+            row[f"{split}_loss"], row[f"{split}_acc"] = mean_loss_and_accuracy(self.model, loader, self.device,
+                                                                               labels=labels)
         row.update(self._pending_log)
         self._pending_log.clear()
         row["seconds"] = time.perf_counter() - tally.t0
@@ -381,26 +432,53 @@ class Trainer:
         self._write_history()
         if self.on_epoch is not None and self.main:
             self.on_epoch(row)
-        if last or done % self.opts.checkpoint_every == 0 or done in self.opts.save_at or self._signal is not None:
+        paused = self._paused()
+        if last or done % self.opts.checkpoint_every == 0 or done in self.opts.save_at or paused:
             self.save(done)
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
-        if self._signal is not None and not last:
+        if paused and not last:
             raise Preempted(f"{signal_words(self._signal)} received: checkpoint written after epoch {done}",
                             self._signal)
 
-    def _finite(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
-        """In ``skip`` mode, drop a non-finite step (syncs each step); ``stop`` checks per epoch."""
-        if self.opts.nonfinite != "skip":
-            return True
-        if torch.isfinite(loss).item():
-            return True
+    # -- decisions: each taken by every rank together (swalab.distributed.agree) ---------------------------------
+    def _paused(self) -> bool:
+        """Whether a pause signal (``PAUSE_SIGNALS``) reached this process or, under data parallelism, any rank; every
+        rank then pauses at this same step, under the same signal (the largest number of those received: a
+        preemption's SIGTERM before a Ctrl-C). One CPU all-reduce per call under data parallelism, none alone."""
+        if not self.ranks.enabled or not self.opts.handle_signals:
+            return self._signal is not None
+        agreed = distributed.agree(self._signal or 0, "max")
+        if agreed:
+            self._signal = agreed
+        return bool(agreed)
+
+    def _skip(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
+        """With ``trainer.nonfinite=skip``: whether to drop this step, because its loss is not finite here or on any
+        other rank (a rank that skipped alone would leave the others' gradient all-reduce waiting). Reads the loss
+        every step (a host sync), which ``stop`` spares by checking once per epoch (:meth:`_first_bad_step`)."""
+        bad = not bool(torch.isfinite(loss.detach()))
+        if self.ranks.enabled:
+            bad = distributed.agree_any(bad)
+        if not bad:
+            return False
         if skips >= self.opts.max_skips:
             raise NonFiniteLossError(
                 f"non-finite loss at epoch {epoch + 1}, step {step + 1}, after {skips} skipped steps "
                 f"(trainer.max_skips={self.opts.max_skips}); the last good checkpoint in {self.store.dir} is kept")
-        warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
-        return False
+        if self.main:
+            warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
+        return True
+
+    def _first_bad_step(self, bad_step: torch.Tensor) -> int | None:
+        """The first step of the epoch whose loss was not finite on any rank, or None (one read of the device
+        per epoch). Under data parallelism every rank names the same step and stops there."""
+        first = int(bad_step)
+        if self.ranks.enabled:
+            never = 2**62
+            first = distributed.agree(first if first >= 0 else never, "min")
+            first = -1 if first == never else first
+        return first if first >= 0 else None
 
     def run_eta(self, epoch: int) -> float | None:
         """Seconds left in the run at the start of ``epoch``: the mean epoch time so far x epochs left."""
@@ -408,15 +486,22 @@ class Trainer:
         return statistics.fmean(seconds) * (self.opts.epochs - epoch) if seconds else None
 
     def _progress(self, epoch: int, steps: int, initial: int, eta: float | None):
-        if self.opts.progress is False:
+        """The epoch's progress bar, or None when none is shown: ``run.progress=false``, a rank other than 0, or (the
+        default) no terminal. Off a terminal (SLURM, nohup) tqdm hands back a disabled bar, not None; it is closed
+        and None returned, so the step never reads the loss back for a postfix nobody sees."""
+        if self.opts.progress is False or not self.main:
             return None
         try:
             from tqdm.auto import tqdm
         except ImportError:
             return None
         left = f" (run ETA {format_seconds(eta)})" if eta is not None else ""
-        return tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{self.opts.epochs}{left}", leave=False,
-                    disable=None if self.opts.progress is None else not self.opts.progress)
+        bar = tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{self.opts.epochs}{left}", leave=False,
+                   disable=None if self.opts.progress is None else not self.opts.progress)
+        if bar.disable:
+            bar.close()
+            return None
+        return bar
 
     def evaluate(self) -> Evaluation:
         """Score every predictor the method hands back, the same way: on the test set, on the validation split when

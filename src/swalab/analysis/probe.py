@@ -43,7 +43,7 @@ class Probe:
         return self.model
 
     def _loss_and_error(self, loader) -> tuple[float, float]:
-        logits = predict_logits(self.model, loader, self.device, amp=False)
+        logits = predict_logits(self.model, loader, self.device)
         labels = torch.cat([y.cpu() for _, y in loader])
         loss = float(F.cross_entropy(logits, labels))
         error = 100.0 * float(logits.argmax(1).ne(labels).float().mean())

@@ -16,6 +16,11 @@ Reproducibility: :class:`SeededSampler` draws the order of an epoch and one seed
 ``(seed, epoch)`` only, and the item's random crop and flip are drawn from that seed, so the batches
 of an epoch do not depend on the worker count, on worker processes surviving between epochs, or on
 earlier epochs. A run resumed at an epoch boundary therefore sees the same images and crops.
+
+Data-parallel training follows the rule of the resident loader (``swalab.distributed``): every rank draws the
+same permutation and item seeds from ``(seed, epoch)`` and takes its own ``batch_size`` slice of every global
+batch of ``batch_size * world_size`` items, so the ranks together decode and train on exactly the batches of
+one process, each item once, with the same crops.
 """
 
 from __future__ import annotations
@@ -227,14 +232,19 @@ class SeededSampler(Sampler):
     """Yields ``(index, item seed)`` pairs over ``n`` items; the order and seeds depend on ``(seed, epoch)``.
 
     ``shuffle=False`` keeps the stored order (evaluation). ``set_epoch(e)`` chooses the epoch the next
-    pass uses, as with ``DistributedSampler``; a pass without it advances the epoch by one.
+    pass uses, as with ``DistributedSampler``; a pass without it advances the epoch by one. With ``world_size > 1``
+    it yields only ``rank``'s slices: of every run of ``batch_size * world_size`` items of the pass, the
+    ``batch_size`` items from position ``rank * batch_size`` (a last incomplete global batch is dropped).
     """
 
-    def __init__(self, n: int, seed: int, shuffle: bool):
+    def __init__(self, n: int, seed: int, shuffle: bool, batch_size: int = 1, rank: int = 0, world_size: int = 1):
         self.n, self.seed, self.shuffle, self.epoch = int(n), int(seed), bool(shuffle), 0
+        self.batch_size, self.rank, self.world_size = int(batch_size), int(rank), int(world_size)
 
     def __len__(self) -> int:
-        return self.n
+        if self.world_size == 1:
+            return self.n
+        return self.n // (self.batch_size * self.world_size) * self.batch_size
 
     def set_epoch(self, epoch: int) -> None:
         if epoch < 0:
@@ -246,6 +256,11 @@ class SeededSampler(Sampler):
         self.epoch += 1
         order = torch.randperm(self.n, generator=g) if self.shuffle else torch.arange(self.n)
         seeds = torch.randint(0, 2**62, (self.n,), generator=g)
+        if self.world_size > 1:  # this rank's slice of each global batch, with the seeds those items have in one process
+            b, w = self.batch_size, self.world_size
+            mine = torch.arange(len(self)).view(-1, b) // b  # global batch i of this rank, per item
+            mine = (mine * w + self.rank) * b + torch.arange(b)
+            order, seeds = order[mine.reshape(-1)], seeds[mine.reshape(-1)]
         return iter(zip(order.tolist(), seeds.tolist()))
 
 
@@ -256,22 +271,34 @@ class StreamLoader:
     ``labels`` (every label in iteration order, for evaluation loaders) lets the evaluators skip a
     decoding pass just to collect them. Worker processes stay alive between passes when
     ``persistent_workers`` (the default with workers), so an epoch does not pay their start-up again.
+
+    ``rank, world_size``: data-parallel training; ``batch_size`` is then this rank's share of the global batch
+    (module doc: the ranks' batches together are one process's, item for item). Training only.
     """
 
     def __init__(self, split: ImageFolderSplit, batch_size: int, train: bool, seed: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = True, drop_last: bool | None = None,
-                 prefetch_factor: int | None = None):
-        if len(split) == 0:
+                 prefetch_factor: int | None = None, rank: int = 0, world_size: int = 1):
+        n = len(split)
+        if n == 0:
             raise ValueError("cannot build a loader over an empty split")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if drop_last is None:  # in training, never a tiny last batch, and never one of a single image (BatchNorm)
-            n = len(split)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if world_size > 1 and not train:
+            raise ValueError("rank/world_size shard training batches only; every rank evaluates the whole split")
+        if world_size > 1 and (drop_last is False or n < batch_size * world_size):
+            raise ValueError(f"sharding over {world_size} ranks needs drop_last and at least one global batch "
+                             f"({batch_size * world_size} samples), got drop_last={drop_last} and {n} samples")
+        if world_size > 1:
+            drop_last = True  # the sampler yields whole batches of this rank only
+        elif drop_last is None:  # in training, never a tiny last batch, and never one of a single image (BatchNorm)
             drop_last = train and (n >= 2 * batch_size or (n > batch_size and n % batch_size == 1))
         self.train = bool(train)
-        self.sampler = SeededSampler(len(split), seed, shuffle=train)
+        self.sampler = SeededSampler(n, seed, shuffle=train, batch_size=batch_size, rank=rank, world_size=world_size)
         self._order_labels = None if train else split.labels
         extra = {}
         if num_workers > 0:

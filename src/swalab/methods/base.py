@@ -14,7 +14,8 @@ Hooks run in this order::
     predictors(ctx)                           once, after the last epoch
 
 A method's ``state_dict`` goes into every checkpoint, so resuming in the middle of averaging
-restores the average exactly.
+restores the average exactly. It holds weights and state; test-set predictions a method keeps (FGE's members)
+go to ``ctx.predictions`` once each, and the state names them (``swalab.checkpoint.PredictionFiles``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from swalab.checkpoint import PredictionFiles
 from swalab.config import ConfigError, budget_epochs, require
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.schedules import PaperSGD, Schedule, warmup_factor
@@ -40,9 +42,10 @@ class TrainContext:
     ``test_log_probs(model)`` gives its log-probabilities on the test set (labels in ``test_labels``);
     ``val_log_probs(model)`` on the validation split (``dataset.val_size``; labels in ``val_labels``), None
     without one: a method that keeps predictions it computed once (FGE's members, SWAG's samples) keeps them for
-    both, so that its predictors can be scored and temperature-scaled on the validation split too;
-    ``eval_split`` is the split per-epoch monitoring scores (``run.eval_split``: ``test`` or ``val``);
-    ``log`` adds values to the current epoch's line of the run's history.
+    both, so that its predictors can be scored and temperature-scaled on the validation split too. Scoring and BN
+    updates run in float32 whatever the training precision. ``eval_split`` is the split per-epoch monitoring scores
+    (``run.eval_split``: ``test`` or ``val``); ``log`` adds values to the current epoch's line of the run's history;
+    ``predictions`` keeps the predictions a method computed in files of their own, outside the checkpoints.
     """
 
     model: nn.Module
@@ -53,11 +56,15 @@ class TrainContext:
     update_bn: Callable[[nn.Module], None]
     test_log_probs: Callable[[nn.Module], torch.Tensor]
     test_labels: torch.Tensor
-    amp: bool = True
     log: Callable[[dict], None] = field(default=lambda row: None)
     val_log_probs: Callable[[nn.Module], torch.Tensor] | None = None
     val_labels: torch.Tensor | None = None
     eval_split: str = "test"
+    predictions: PredictionFiles | None = None  # None: PredictionFiles(run_dir)
+
+    def __post_init__(self) -> None:
+        if self.predictions is None:
+            self.predictions = PredictionFiles(self.run_dir)
 
     def log_probs_on(self, split: str, model: nn.Module) -> torch.Tensor:
         """``model``'s log-probabilities on ``split`` (``test`` or ``val``)."""
@@ -173,7 +180,7 @@ class Method:
         pass
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        return {"sgd": ModelPredictor(ctx.model, ctx.device, ctx.amp)}
+        return {"sgd": ModelPredictor(ctx.model, ctx.device)}
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
         """Metrics beyond accuracy/NLL/ECE, merged into ``metrics.json`` per predictor."""

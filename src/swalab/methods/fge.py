@@ -9,7 +9,8 @@ prediction is the mean of the members' softmax probabilities.
 Each member's test probabilities (and, with a validation split, its probabilities there, on which the
 ensemble's ``fge+ts`` temperature is fitted) are computed once, when it is collected, and cached: scoring
 the ensemble of the first k members then needs no forward pass, and the whole accuracy/NLL
-curve against the number of members comes for free. With ``save_members`` the members' weights
+curve against the number of members comes for free. They are written once, to a file of their own
+(``ctx.predictions``), which checkpoints name; a checkpoint holds no member's predictions. With ``save_members`` the members' weights
 are written to ``<run>/members/`` so the ensemble can be re-scored on other data later.
 
 The cycle must be an even number of epochs: members are collected at the end of the epoch that
@@ -31,9 +32,15 @@ from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_log_probs", "member_epochs", "labels"}
 
 
+def member_file(k: int, split: str = "test") -> str:
+    """The name of the ``k``-th member's log-probabilities on ``split`` in ``ctx.predictions`` (1-based)."""
+    return f"fge_member_{k:03d}" if split == "test" else f"fge_member_{k:03d}_{split}"
+
+
 def member_log_probs_of(record: dict) -> list[torch.Tensor]:
-    """The members' log-probabilities in a checkpoint's FGE state or a ``fge_member_probs.pt``; files written
-    before swalab kept log-probabilities hold ``member_probs``, read through ``log_of``."""
+    """The members' log-probabilities in a ``fge_member_probs.pt`` or an earlier swalab's checkpoint (which carried
+    them in the FGE state); files written before swalab kept log-probabilities hold ``member_probs``, read
+    through ``log_of``."""
     if "member_log_probs" in record:
         return list(record["member_log_probs"])
     return [log_of(p) for p in record.get("member_probs", [])]
@@ -64,6 +71,8 @@ class FGE(Method):
                                        if pre_schedule == "reference" else schedule)
         self.ensemble = CachedEnsemble()
         self.member_epochs: list[int] = []
+        self.member_files: list[str] = []  # each member's log-probabilities in ctx.predictions
+        self.member_val_files: list[str] = []  # and on the validation split, when there is one
 
     def validate(self, initialized: bool) -> None:
         super().validate(initialized)
@@ -116,10 +125,14 @@ class FGE(Method):
             return
         if self.bn_update:
             ctx.update_bn(ctx.model)
-        self.ensemble.add(ctx.test_log_probs(ctx.model),
-                          ctx.val_log_probs(ctx.model) if ctx.val_log_probs is not None else None)
+        log_probs = ctx.test_log_probs(ctx.model)
+        val_log_probs = ctx.val_log_probs(ctx.model) if ctx.val_log_probs is not None else None
+        self.ensemble.add(log_probs, val_log_probs)
         self.member_epochs.append(epoch)
-        if self.save_members:
+        self.member_files.append(ctx.predictions.save(member_file(len(self.ensemble)), log_probs))
+        if val_log_probs is not None:  # a member is scored on the validation split too
+            self.member_val_files.append(ctx.predictions.save(member_file(len(self.ensemble), "val"), val_log_probs))
+        if self.save_members and ctx.predictions.write:  # the writing rank only
             path = Path(ctx.run_dir) / "members" / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_save({"model": ctx.model.state_dict(), "epoch": epoch + 1}, path)
@@ -142,11 +155,22 @@ class FGE(Method):
                         "curve": self.ensemble.curve(labels)}}
 
     def state_dict(self) -> dict:
-        out = {"member_log_probs": self.ensemble.member_log_probs, "member_epochs": self.member_epochs}
-        if self.ensemble.member_val_log_probs:  # only with a validation split
-            out["member_val_log_probs"] = self.ensemble.member_val_log_probs
+        out = {"member_files": list(self.member_files), "member_epochs": list(self.member_epochs)}
+        if self.member_val_files:  # only with a validation split
+            out["member_val_files"] = list(self.member_val_files)
         return out
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
-        self.ensemble = CachedEnsemble(member_log_probs_of(state), state.get("member_val_log_probs", ()))
         self.member_epochs = list(state.get("member_epochs", []))
+        if "member_files" in state:
+            self.member_files = list(state["member_files"])
+            self.member_val_files = list(state.get("member_val_files", []))
+            self.ensemble = CachedEnsemble([ctx.predictions.load(name) for name in self.member_files],
+                                           [ctx.predictions.load(name) for name in self.member_val_files])
+            return
+        # a checkpoint of an earlier swalab carries the members' predictions itself: each gets its file now, once
+        members, val_members = member_log_probs_of(state), list(state.get("member_val_log_probs", ()))
+        self.ensemble = CachedEnsemble(members, val_members)
+        self.member_files = [ctx.predictions.save(member_file(k), p) for k, p in enumerate(members, start=1)]
+        self.member_val_files = [ctx.predictions.save(member_file(k, "val"), p)
+                                 for k, p in enumerate(val_members, start=1)]

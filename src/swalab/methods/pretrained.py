@@ -32,4 +32,4 @@ class Pretrained(Method):
         return 0.0
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        return {"pretrained": ModelPredictor(ctx.model, ctx.device, ctx.amp)}
+        return {"pretrained": ModelPredictor(ctx.model, ctx.device)}

@@ -50,6 +50,11 @@ from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_
 PHASES = ("constant", "cyclic", "swalr", "shake_shake")
 
 
+def val_file(name: str) -> str:
+    """The name, in ``ctx.predictions``, of a budget mark's log-probabilities on the validation split."""
+    return f"{name}_val"
+
+
 def budget_predictor(budget: float) -> str:
     """The name of the average scored at ``budget`` budgets (``swa@1.25``); its budget and epoch are in its metrics."""
     return f"swa@{budget:g}"
@@ -93,7 +98,7 @@ class SWA(Method):
         self.schedule_before_start = (PaperSGD(lr=schedule.lr, horizon=max(self.start_epoch, 1), final_lr=self.lr)
                                       if pre_schedule == "reference" else schedule)
         self.averaged: AveragedModel | None = None
-        self.budget_log_probs: dict[str, torch.Tensor] = {}
+        self.budget_log_probs: dict[str, torch.Tensor] = {}  # the average scored at each budget mark, in ctx.predictions
         self.budget_val_log_probs: dict[str, torch.Tensor] = {}  # the same, on the validation split (if any)
 
     # -- checks ------------------------------------------------------------------------
@@ -193,8 +198,10 @@ class SWA(Method):
             if done == self.epoch_of(b) and self.n_averaged:
                 name, model = budget_predictor(b), self.averaged_for_eval(ctx)
                 scored["test"] = self.budget_log_probs[name] = ctx.test_log_probs(model)
+                ctx.predictions.save(name, scored["test"])
                 if ctx.val_log_probs is not None:  # a budget mark is a predictor: scored on the validation split too
                     scored["val"] = self.budget_val_log_probs[name] = ctx.val_log_probs(model)
+                    ctx.predictions.save(val_file(name), scored["val"])
         if self.score_every and done % self.score_every == 0 and self.n_averaged:
             split = ctx.eval_split  # swa_test_* (or swa_val_* with run.eval_split=val)
             if split not in scored:  # a budget mark's scoring serves the epoch's line too
@@ -214,8 +221,8 @@ class SWA(Method):
         swa_model = self.averaged_for_eval(ctx)
         out: dict[str, Predictor] = {name: CachedLogProbs(p, self.budget_val_log_probs.get(name))
                                      for name, p in self.budget_log_probs.items()}
-        out["swa"] = ModelPredictor(swa_model, ctx.device, ctx.amp)
-        out["sgd"] = ModelPredictor(ctx.model, ctx.device, ctx.amp)
+        out["swa"] = ModelPredictor(swa_model, ctx.device)
+        out["sgd"] = ModelPredictor(ctx.model, ctx.device)
         return out
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
@@ -226,15 +233,25 @@ class SWA(Method):
 
     # -- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> dict:
-        out = {"averaged": self.averaged.state_dict() if self.averaged is not None else None,
-               "budget_log_probs": self.budget_log_probs}
-        if self.budget_val_log_probs:  # only with a validation split: checkpoints of other runs stay as they were
-            out["budget_val_log_probs"] = self.budget_val_log_probs
-        return out
+        """The average and the names of the budget marks scored so far (their predictions are in ctx.predictions,
+        on the validation split too when there is one)."""
+        return {"averaged": self.averaged.state_dict() if self.averaged is not None else None,
+                "budget_files": list(self.budget_log_probs), "budget_val_files": list(self.budget_val_log_probs)}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
         if state.get("averaged") is not None:
             self.averaged.load_state_dict(state["averaged"])
+        if "budget_files" in state:
+            self.budget_log_probs = {name: ctx.predictions.load(name) for name in state["budget_files"]}
+            self.budget_val_log_probs = {name: ctx.predictions.load(val_file(name))
+                                         for name in state.get("budget_val_files", [])}
+            return
+        # a checkpoint of an earlier swalab carries the scored marks itself (as probabilities before log-probabilities):
+        # each gets its file now, once
         self.budget_log_probs = dict(state.get("budget_log_probs", {}))
         self.budget_val_log_probs = dict(state.get("budget_val_log_probs", {}))
-        self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})  # older files
+        self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})
+        for name, log_probs in self.budget_log_probs.items():
+            ctx.predictions.save(name, log_probs)
+        for name, log_probs in self.budget_val_log_probs.items():
+            ctx.predictions.save(val_file(name), log_probs)

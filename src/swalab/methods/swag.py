@@ -30,6 +30,7 @@ from collections import deque
 import torch
 from torch import nn
 
+from swalab import distributed
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedEnsemble, Predictor
 from swalab.methods.base import TrainContext
@@ -119,8 +120,9 @@ class SWAG(SWA):
         if self.sq_mean is None:
             raise RuntimeError(f"SWAG has captured no model yet: check {self.setting('start')} and trainer.epochs")
         out = super().predictors(ctx)
-        # one draw from torch's RNG (restored on a resume) seeds the samples: a run and its resume sample alike
-        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+        # one draw from torch's RNG (restored on a resume) seeds the samples: a run and its resume sample alike; under
+        # data parallelism rank 0's draw, so that every rank scores the same samples (each rank has its own stream)
+        generator = torch.Generator().manual_seed(distributed.from_rank_0(int(torch.randint(0, 2**62, (1,)))))
         out["swag"] = self.sampled_log_probs(ctx, low_rank=True, generator=generator)
         out["swag_diag"] = self.sampled_log_probs(ctx, low_rank=False, generator=generator)
         return out

@@ -53,7 +53,6 @@ class Scored:
     model: torch.nn.Module
     test_loader: object
     bn_loader: object
-    amp: bool
 
     @property
     def label(self) -> str:
@@ -66,15 +65,15 @@ class Scored:
         return model.to(self.device)
 
     def log_probs(self, model: torch.nn.Module) -> torch.Tensor:
-        """Log-probabilities of ``model`` on the run's test set (CPU, float32)."""
-        return predict_log_probs(model, self.test_loader, self.device, self.amp)
+        """Log-probabilities of ``model`` on the run's test set (CPU, computed in float32 as the run scored them)."""
+        return predict_log_probs(model, self.test_loader, self.device)
 
     def test_labels(self) -> torch.Tensor:
         return labels_of(self.test_loader)
 
     def update_bn(self, model: torch.nn.Module) -> None:
         """Recompute ``model``'s BN statistics over the run's BN-update data, as the trainer does."""
-        recompute_bn(model, self.bn_loader, self.device, self.amp)
+        recompute_bn(model, self.bn_loader, self.device)
 
 
 def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
@@ -88,8 +87,7 @@ def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
     _, test_loader, bn_loader = run.loaders(data, dev)
     model = run.model(data)
     load_into(model, run.weights("live"), f"{run_dir}/final.pt")
-    return Scored(run=run, device=dev, model=model.to(dev).eval(), test_loader=test_loader, bn_loader=bn_loader,
-                  amp=bool(run.cfg.trainer.amp) and dev.type == "cuda")
+    return Scored(run=run, device=dev, model=model.to(dev).eval(), test_loader=test_loader, bn_loader=bn_loader)
 
 
 def average_members(scored: Scored) -> torch.nn.Module:

@@ -136,12 +136,17 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
 
 
 def batch_size_for(cfg: DictConfig, images: int) -> int:
-    """``trainer.batch_size``, refused when the training set holds fewer images (the one check of it against the
-    data, made once the data are loaded, before anything is written)."""
+    """``trainer.batch_size``, refused when the training set holds fewer images or, data-parallel, when it does not
+    divide evenly over the ranks (the one check of it against the data and the ranks, made once the data are
+    loaded, before anything is written). It is the *global* batch: each rank trains on its
+    ``batch_size / world_size`` slice of it (``swalab.distributed``)."""
     batch_size = int(cfg.trainer.batch_size)
     if batch_size > images:
         raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {images} training images "
                           "(lower it, or raise dataset.train_size)")
+    ranks = distributed.info()
+    if batch_size % ranks.world_size:
+        raise ConfigError(f"trainer.batch_size={batch_size} must divide evenly over {ranks.world_size} ranks")
     return batch_size
 
 
@@ -175,14 +180,18 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     """Training, test and BN-update loaders that decode from disk in worker processes (``dataset.loader=stream``).
 
     Transforms follow the pretrained config of the timm model being trained (``model.arch.model_name``);
-    the BN-update loader reads a fixed seeded ``trainer.bn_update_fraction`` of the training set.
+    the BN-update loader reads a fixed seeded ``trainer.bn_update_fraction`` of the training set. Data-parallel,
+    each rank's training loader yields its slice of every global batch of ``trainer.batch_size`` (the rule of the
+    resident loader); the test and BN-update loaders are whole, and scoring shards their batches.
     """
     from swalab.data.imagenet import StreamLoader, bn_subset_indices
 
     train_tf, test_tf = stream_transforms(cfg)
     batch_size = batch_size_for(cfg, len(data.train))
     common = stream_options(cfg, device)
-    train = StreamLoader(data.train.with_transform(train_tf), batch_size, train=True, seed=int(cfg.seed), **common)
+    ranks = distributed.info()
+    train = StreamLoader(data.train.with_transform(train_tf), batch_size // ranks.world_size, train=True,
+                         seed=int(cfg.seed), rank=ranks.rank, world_size=ranks.world_size, **common)
     test = StreamLoader(data.test.with_transform(test_tf), eval_batch_size(cfg, device), train=False, **common)
     keep = bn_subset_indices(len(data.train), float(cfg.trainer.bn_update_fraction), batch_size, int(cfg.seed) + 1)
     bn_split = data.train if keep is None else data.train.subset(keep)
@@ -240,8 +249,6 @@ def build_loaders(cfg: DictConfig, data, device: torch.device):
     channels_last = bool(cfg.run.channels_last)
     common = dict(device=device, mean=mean, std=std, channels_last=channels_last)
     ranks = distributed.info()  # torchrun: batch_size is the global batch, each rank takes its slice
-    if batch_size % ranks.world_size:
-        raise ConfigError(f"trainer.batch_size={batch_size} must divide evenly over {ranks.world_size} ranks")
     train = ResidentLoader(data.train, batch_size // ranks.world_size, pad=pad, flip=cfg.dataset.flip,
                            train=True, seed=int(cfg.seed), rank=ranks.rank, world_size=ranks.world_size, **common)
     test = ResidentLoader(data.test, eval_batch_size(cfg, device), train=False, **common)

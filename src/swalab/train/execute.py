@@ -4,6 +4,11 @@
 data, builds the model and the resume or branch state, and only then writes the run directory and
 trains. A run refused at this point (missing data, weights that do not fit, a branch that would not
 equal the straight-through run) removes what it created and leaves an existing run's files untouched.
+
+Data-parallel (several processes, ``swalab.distributed``): rank 0 holds the lock and decides whether the run
+trains (another process may have finished it since it was planned); every rank gets its answer, so all
+train, skip or fail together. Only rank 0 logs and writes; every rank returns once rank 0 has written the
+run's last record.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class Built:
 def build_run(plan: RunPlan) -> Built:
     """Load the data, build the model, loaders, resume or branch state and the trainer (no file written)."""
     cfg, run_dir, method = plan.cfg, plan.run_dir, plan.method
-    seed_everything(int(cfg.seed))
+    seed_everything(int(cfg.seed), distributed.info().rank)  # each rank its own stream (records.rank_seed)
     device = distributed.local_device(plan.device)
     data = build(cfg.dataset.source, "dataset.source", **given_record(cfg, plan.data_record))
     expected = cfg.dataset.get("num_classes")
@@ -96,23 +101,13 @@ def build_run(plan: RunPlan) -> Built:
 
 def execute(plan: RunPlan) -> dict:
     """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics."""
-    if plan.finished is not None:
-        log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json kept)")
-        if read_status(plan.run_dir) != "complete" and distributed.is_main():  # killed between its last two renames
-            write_status(plan.run_dir, {"status": "complete"})
-        return plan.finished
     distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
-    lock = RunLock(plan.run_dir) if distributed.is_main() else None
-    if lock is not None:
-        lock.acquire()
+    finished, lock = claim(plan)
+    if finished is not None:
+        return finished
     early: list = []
     try:
         try:
-            if lock is not None:  # another process may have finished this run since it was inspected
-                plan.finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
-                if plan.finished is not None:
-                    log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
-                    return plan.finished
             with warnings.catch_warnings(record=True) as caught:  # held back to reach run.log too, once it is open
                 try:
                     built = build_run(plan)
@@ -128,6 +123,42 @@ def execute(plan: RunPlan) -> dict:
     finally:
         if lock is not None:
             lock.release()
+
+
+def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
+    """``(metrics of the finished run, None)`` when there is nothing to train, else ``(None, the run's lock)``
+    (the lock on rank 0 only).
+
+    Rank 0 decides: a run planned as finished is skipped; otherwise rank 0 takes the lock and looks again, since
+    another process may have finished the run since it was planned. Every rank gets rank 0's answer, and an error
+    of rank 0's (the run locked by another process) is raised on every rank: a rank going on alone would wait for
+    the others in DDP's setup forever."""
+    lock, answer = None, None
+    if distributed.is_main():
+        try:
+            if plan.finished is not None:
+                log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json "
+                         "kept)")
+                if read_status(plan.run_dir) != "complete":  # killed between its last two renames
+                    write_status(plan.run_dir, {"status": "complete"})
+            else:
+                lock = RunLock(plan.run_dir).acquire()
+                plan.finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
+                if plan.finished is not None:
+                    log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
+                    lock.release()
+                    lock = None
+            answer = {"finished": plan.finished}
+        except BaseException as exc:
+            if lock is not None:  # a refusal leaves nothing behind (RunLock.discard)
+                lock.discard()
+            distributed.from_rank_0({"error": one_line(exc)})
+            raise
+    answer = distributed.from_rank_0(answer)
+    if "error" in answer:
+        raise RuntimeError(f"rank 0 could not start {plan.run_dir}: {answer['error']}")
+    plan.finished = answer["finished"]
+    return plan.finished, lock
 
 
 def as_run(resolved: dict, method) -> dict:
@@ -204,7 +235,7 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
     plan.started = True
     write_run_files(plan, built.lineage, built.data_facts)
-    with run_log(run_dir):
+    with run_log(run_dir, main=distributed.is_main()):
         show(early)
         if lock is not None and lock.took_over():
             log.info(f"[swalab] {lock.took_over()}")
@@ -262,4 +293,5 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
         tracker.results(metrics, evaluation.reliability)
         tracker.finish()
         log.info(metrics_table(metrics))
+    distributed.barrier()  # every rank leaves together, once rank 0 has written the run's records
     return metrics

@@ -25,10 +25,23 @@ METRICS_FILE = "metrics.json"
 PREDICTIONS_MAX = 5_000_000  # numbers per predictor (test images x classes) kept in predictions.pt
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Seed Python's, numpy's and torch's generators (every device's) for ``rank`` (:func:`rank_seed`)."""
+    seed = rank_seed(seed, rank)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of ``rank``'s generators: ``seed`` itself for rank 0 (so one process and rank 0 of many draw alike),
+    for rank k a seed mixed from ``(seed, k)`` with numpy's ``SeedSequence``. Each rank thus draws its own dropout
+    masks and Shake-Shake coefficients (the same for all ranks would correlate the noise of the ranks' slices of
+    the batch); the model's initial weights are rank 0's on every rank (DDP broadcasts them), and the data order
+    comes from its own ``(seed, epoch)`` generator, never from these."""
+    if rank == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), int(rank)]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def git_info() -> dict:

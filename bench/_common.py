@@ -230,7 +230,7 @@ class TrainerBench:
     """
 
     def __init__(self, model: torch.nn.Module, train: DataSplit, batch_size: int, device: torch.device,
-                 warmup: int, amp: bool = True, channels_last: bool = True, compile: bool = False,
+                 warmup: int, precision: str = "auto", channels_last: bool = True, compile: bool = False,
                  lr: float = 0.05, deterministic: bool = True):
         steps = len(train) // batch_size
         if steps <= warmup:
@@ -243,7 +243,7 @@ class TrainerBench:
         self.method = TimedSGD(lr, warmup)
         self.tmp = tempfile.TemporaryDirectory(prefix="swalab-bench-")
         self.trainer = paper_sgd_trainer(model, self.method, loader, test, loader, device, self.tmp.name,
-                                         weight_decay=5e-4, epochs=1, amp=amp, channels_last=channels_last,
+                                         weight_decay=5e-4, epochs=1, precision=precision, channels_last=channels_last,
                                          compile=compile, eval_every=0, checkpoint_every=10**6, progress=False,
                                          handle_signals=False, deterministic=deterministic)
         self.batch_size, self.steps, self.warmup = batch_size, steps, warmup

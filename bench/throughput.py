@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     dataset, split, fmt = reference_dataset(args.data, args.images)
     ref = ReferenceBench(build_model(args.model), dataset, args.batch_size, args.workers, device, args.warmup)
     ours = TrainerBench(build_model(args.model), split, args.batch_size, device, args.warmup,
-                        amp=not args.no_amp, channels_last=not args.no_channels_last, compile=args.compile)
+                        precision="fp32" if args.no_amp else "auto", channels_last=not args.no_channels_last, compile=args.compile)
     # The reference loop fed from batches already decoded and augmented in memory: what the reference would
     # reach with a free data pipeline, so swalab's gain splits into data pipeline and compute (layout, compile).
     in_memory = [tuple(b) for b, _ in zip(ref.loader, range(ref.steps))]

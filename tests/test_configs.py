@@ -29,9 +29,9 @@ def test_every_model_config_composes_and_builds(make_cfg, model):
     import inspect
 
     from swalab.methods import FGE, SWA
+    from swalab.train.build import NOT_RECIPE
 
-    recipe = {cls.recipe: [p for p in inspect.signature(cls).parameters if p not in ("schedule", "epochs", "budget",
-                                                                                  "name")] for cls in (SWA, FGE)}
+    recipe = {cls.recipe: [p for p in inspect.signature(cls).parameters if p not in NOT_RECIPE] for cls in (SWA, FGE)}
     for block, keys in recipe.items():  # every argument of SWA/FGE is a key of every model's block, and no other
         assert sorted(cfg.model[block]) == sorted(keys), f"conf/model/{model}.yaml {block}: {sorted(cfg.model[block])}"
     net = instantiate(cfg.model.arch, num_classes=100, in_channels=3)  # as train.build_model passes the data's

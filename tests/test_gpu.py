@@ -114,7 +114,7 @@ def test_a_network_trained_in_bf16_on_cuda_reports_what_its_weights_score_in_flo
     train = ResidentLoader(toy_data(), 32, train=True, pad=1, flip=False, seed=3, **common)
     test = ResidentLoader(toy_data(150), 64, train=False, **common)
     trainer = Trainer(bn_model(), SGD(Constant(lr=0.05), 2), train, test, test, CUDA, tmp_path,
-                      TrainerOptions(epochs=2, amp=True, progress=False, handle_signals=False))
+                      TrainerOptions(epochs=2, precision="bf16", progress=False, handle_signals=False))
     metrics = trainer.fit().metrics["sgd"]
     fresh = copy.deepcopy(trainer.model)
     assert metrics_from_log_probs(predict_log_probs(fresh, test, CUDA), trainer.test_labels) == {
@@ -204,3 +204,37 @@ def test_run_device_cuda_n_is_the_current_device():
         assert distributed.local_device(last) == last and torch.cuda.current_device() == last.index
     finally:
         torch.cuda.set_device(before)
+
+
+# -- issue 29: the recipes' device-specific paths ---------------------------------------------------------------
+@pytest.mark.parametrize("method_name", ["swa", "ema"])
+def test_an_average_kept_on_the_cpu_of_a_gpu_run_lives_there_and_gives_the_same_run(tmp_path, monkeypatch,
+                                                                                       method_name):
+    import test_recipes
+
+    monkeypatch.setattr(test_recipes, "CPU", CUDA)  # the recipe tests' trainers, built on the GPU
+    from swalab.methods import EMA, SWA
+    from swalab.schedules import Constant
+    from test_rank_agreement import bn_model
+
+    def run(where):
+        method = (SWA(Constant(lr=0.05), 3, lr=0.02, start_epoch=1, avg_device=where) if method_name == "swa"
+                  else EMA(Constant(lr=0.05), 3, decay=0.9, avg_device=where))
+        trainer = test_recipes.trainer_for(tmp_path / where, bn_model(), {}, epochs=3, method=method)
+        trainer.fit()
+        average = method.averaged.module if method_name == "swa" else method.ema.module
+        return {k: v.cpu() for k, v in average.state_dict().items()}, method
+
+    on_gpu, _ = run("train")
+    on_cpu, method = run("cpu")
+    for name, value in on_gpu.items():
+        torch.testing.assert_close(on_cpu[name], value, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_fp16_on_a_gpu_scales_its_loss_and_finishes(tmp_path, monkeypatch):
+    import test_recipes
+
+    monkeypatch.setattr(test_recipes, "CPU", CUDA)
+    trainer = test_recipes.trainer_for(tmp_path, test_recipes.no_bn_model(), {"precision": "fp16"}, epochs=2)
+    assert trainer.scaler is not None and trainer.fit().metrics["sgd"]["acc"] >= 0
+    assert trainer.state(2, 0)["scaler"]["scale"] > 0

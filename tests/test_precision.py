@@ -40,23 +40,17 @@ def loaders():
     return train, test, bn
 
 
-def train_swa(run_dir, amp: bool) -> tuple[Trainer, SWA, dict]:
+def train_swa(run_dir, precision: str) -> tuple[Trainer, SWA, dict]:
     train, test, bn = loaders()
     method = SWA(Constant(lr=0.05), 3, lr=0.02, start_epoch=1)
     trainer = Trainer(bn_model(), method, train, test, bn, CPU, run_dir,
-                      TrainerOptions(epochs=3, amp=amp, progress=False, handle_signals=False))
+                      TrainerOptions(epochs=3, precision=precision, progress=False, handle_signals=False))
     return trainer, method, trainer.fit().metrics
 
 
-@pytest.fixture
-def bf16_on_cpu(monkeypatch):
-    """trainer.amp trains in bf16 on the CPU too, as it does on a GPU."""
-    monkeypatch.setattr(precision, "AUTOCAST_DEVICES", ("cuda", "cpu"))
-
-
-def test_a_network_trained_in_bf16_reports_what_its_weights_score_in_float32(tmp_path, bf16_on_cpu):
-    trainer, method, metrics = train_swa(tmp_path / "bf16", amp=True)
-    _, _, fp32_metrics = train_swa(tmp_path / "fp32", amp=False)
+def test_a_network_trained_in_bf16_reports_what_its_weights_score_in_float32(tmp_path):
+    trainer, method, metrics = train_swa(tmp_path / "bf16", "bf16")
+    _, _, fp32_metrics = train_swa(tmp_path / "fp32", "fp32")
     assert metrics["sgd"] != fp32_metrics["sgd"]  # the steps did run in bf16: other weights, other numbers
     _, test, bn = loaders()
     labels = trainer.test_labels
@@ -87,14 +81,18 @@ def test_scoring_and_the_bn_update_stay_float32_inside_an_autocast_region():
     assert rounded.dtype == torch.bfloat16 and not torch.equal(rounded.float(), logits[: len(rounded)])
 
 
-def test_training_autocast_is_bf16_on_cuda_only_by_default():
+def test_auto_is_bf16_on_cuda_only_and_the_named_precisions_autocast_on_any_device():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # without a GPU torch says it would disable it
-        assert precision.training_autocast(torch.device("cuda"), amp=True).fast_dtype == torch.bfloat16
-    with precision.training_autocast(CPU, amp=True):
+        assert precision.training_autocast(torch.device("cuda"), "auto").fast_dtype == torch.bfloat16
+    with precision.training_autocast(CPU, "auto"):
         assert not torch.is_autocast_enabled("cpu")
-    with precision.training_autocast(torch.device("cuda"), amp=False) as context:
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        with precision.training_autocast(CPU, name):
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == dtype
+    with precision.training_autocast(torch.device("cuda"), "fp32") as context:
         assert context is None  # a no-op context
+    assert precision.grad_scaler(CPU, "fp16") is not None and precision.grad_scaler(CPU, "bf16") is None
 
 
 def flags() -> tuple:

@@ -6,6 +6,9 @@ these recipes (exact resume, the paper's recipe unchanged) are at the end of the
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -117,3 +120,188 @@ def test_train_accuracy_of_soft_targets_counts_the_class_of_most_weight():
 def test_a_bad_loss_setting_is_refused_naming_its_key(settings, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
         LossSpec(**settings)
+
+
+# -- the training step: accumulation, clipping, precision -----------------------------------------------------
+def trainer_for(run_dir, model: nn.Module, options: dict, optimizer: OptimizerSpec | None = None,
+                batch: int = 32, epochs: int = 2, method=None):
+    from swalab.data import ResidentLoader
+    from swalab.methods import SGD
+    from swalab.schedules import Constant
+    from swalab.trainer import Trainer, TrainerOptions
+    from test_rank_agreement import toy_data
+
+    common = dict(device=CPU, mean=[0.5], std=[0.25])
+    train = ResidentLoader(toy_data(), batch, train=True, pad=1, flip=False, seed=3, **common)
+    test = ResidentLoader(toy_data(64), 64, train=False, **common)
+    opts = TrainerOptions(epochs=epochs, progress=False, handle_signals=False, eval_every=0, **options)
+    return Trainer(model, method or SGD(Constant(lr=0.05), epochs), train, test, test, CPU, run_dir, opts,
+                   optimizer=optimizer or OptimizerSpec(settings={"momentum": 0.9, "weight_decay": 1e-4}))
+
+
+CPU = torch.device("cpu")
+
+
+def no_bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 4))
+
+
+def test_accumulating_two_micro_batches_of_64_equals_one_batch_of_128_for_a_model_without_bn(tmp_path):
+    whole = trainer_for(tmp_path / "whole", no_bn_model(), {"accumulate": 1}, batch=128)
+    halves = trainer_for(tmp_path / "halves", no_bn_model(), {"accumulate": 2}, batch=128)
+    whole_metrics, halves_metrics = whole.fit().metrics, halves.fit().metrics
+    for (name, a), b in zip(whole.model.state_dict().items(), halves.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)  # equal up to the order of float sums
+        assert not torch.equal(a, b) or a.numel() < 8  # (and it did take another path)
+    assert [r["train_loss"] for r in whole.history] == pytest.approx([r["train_loss"] for r in halves.history], rel=1e-5)
+    assert whole_metrics["sgd"]["acc"] == halves_metrics["sgd"]["acc"]
+
+
+def test_clip_grad_norm_scales_the_step_to_the_norm_it_names(tmp_path):
+    plain = OptimizerSpec(settings={})  # SGD without momentum or decay: the step is -lr x the (clipped) gradient
+    runs = {}
+    for clip in (None, 1e-3):
+        trainer = trainer_for(tmp_path / str(clip), no_bn_model(), {"clip_grad_norm": clip}, optimizer=plain, epochs=1)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.train_loader.set_epoch(0)
+        x, y = next(iter(trainer.train_loader))
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer._forward_backward(x, y)
+        grads = [p.grad.clone() for p in trainer.model.parameters()]
+        trainer._optimizer_step()
+        runs[clip] = (before, grads, [p.detach().clone() for p in trainer.model.parameters()])
+    before, grads, after = runs[1e-3]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    assert norm > 1e-3  # the clip acts
+    step = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(a - b) for a, b in zip(after, before)]))
+    assert float(step) == pytest.approx(0.05 * 1e-3, rel=1e-3)  # lr x the named norm
+    before, grads, after = runs[None]
+    for a, b, g in zip(after, before, grads):
+        torch.testing.assert_close(a, b - 0.05 * g)
+
+
+def test_fp16_trains_with_a_gradient_scaler_whose_overflowed_steps_are_skipped_not_failed(tmp_path):
+    trainer = trainer_for(tmp_path / "fp16", no_bn_model(), {"precision": "fp16"}, epochs=1)
+    assert trainer.scaler is not None
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 120)  # the first steps' gradients overflow in fp16
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train_loader.set_epoch(0)
+    x, y = next(iter(trainer.train_loader))
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss, _ = trainer._forward_backward(x, y)
+    assert torch.isfinite(loss)  # the loss is fine; its scaled gradients are not
+    trainer._optimizer_step()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))  # the scaler skipped the step
+    assert trainer.scaler.get_scale() < 2.0 ** 120  # and lowered its scale
+    evaluation = trainer.fit()  # the whole run trains on and finishes
+    assert evaluation.metrics["sgd"]["acc"] >= 0 and "scaler" in trainer.state(1, 0)
+
+
+def test_bf16_and_fp16_steps_run_under_autocast_and_fp32_and_auto_on_cpu_do_not(tmp_path, monkeypatch):
+    seen = {}
+    for precision in ("auto", "fp32", "bf16", "fp16"):
+        trainer = trainer_for(tmp_path / precision, no_bn_model(), {"precision": precision}, epochs=1)
+        def record(module, args, out, p=precision) -> None:  # (a hook that returns a value replaces the output)
+            seen.setdefault(p, (torch.is_autocast_enabled("cpu"), out.dtype))
+
+        trainer.forward_model.register_forward_hook(record)
+        trainer.fit()
+    assert seen == {"auto": (False, torch.float32), "fp32": (False, torch.float32),
+                    "bf16": (True, torch.bfloat16), "fp16": (True, torch.float16)}
+
+
+def test_a_bad_precision_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="trainer.precision='fp8' must be one of auto, bf16, fp16, fp32"):
+        trainer_for(tmp_path, no_bn_model(), {"precision": "fp8"})
+
+
+# -- where the averages live --------------------------------------------------------------------------------
+@pytest.mark.parametrize("method_name", ["swa", "ema"])
+def test_an_average_kept_on_the_cpu_gives_the_same_run(tmp_path, method_name):
+    from swalab.methods import EMA, SWA
+    from swalab.schedules import Constant
+    from test_rank_agreement import bn_model
+
+    def run(where):
+        method = (SWA(Constant(lr=0.05), 3, lr=0.02, start_epoch=1, avg_device=where) if method_name == "swa"
+                  else EMA(Constant(lr=0.05), 3, decay=0.9, avg_device=where))
+        trainer = trainer_for(tmp_path / where, bn_model(), {}, epochs=3, method=method)
+        metrics = trainer.fit().metrics
+        average = method.averaged.module if method_name == "swa" else method.ema.module
+        return metrics, average.state_dict(), next(average.parameters()).device
+
+    on_train, on_cpu = run("train"), run("cpu")
+    assert on_cpu[2].type == "cpu" and on_train[0] == on_cpu[0]
+    assert all(torch.equal(a, b) for a, b in zip(on_train[1].values(), on_cpu[1].values()))
+
+
+def test_a_bad_avg_device_is_refused_naming_the_run_key():
+    from swalab.methods import SWA
+    from swalab.schedules import Constant
+
+    with pytest.raises(ConfigError, match="run.avg_device='gpu' must be 'train'"):
+        SWA(Constant(lr=0.05), 3, lr=0.02, start_epoch=1, avg_device="gpu")
+
+
+# -- whole runs --------------------------------------------------------------------------------------------------
+MODERN = ["optimizer=adamw", "model.lr=0.003", "model.weight_decay=0.05", "optimizer.filter_bias_and_bn=true",
+          "loss.label_smoothing=0.1", "loss.mixup_alpha=0.4", "loss.cutmix_alpha=1.0", "schedule=cosine",
+          "schedule.warmup_epochs=1", "trainer.clip_grad_norm=5", "trainer.accumulate=2", "trainer.precision=bf16",
+          "method=swa", "model.swa.pre_schedule=base", "model.swa.start_epoch=2", "model.swa.lr=0.001",
+          "trainer.epochs=4", "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8"]
+
+
+def test_a_run_with_every_recipe_option_pauses_and_resumes_bit_equal(tmp_path, make_cfg, monkeypatch, one_thread):
+    """AdamW's moments, the mixup draws (numpy's generator), the warmup's step count and the bf16 steps all come back
+    from a mid-epoch checkpoint: the resumed run ends with the weights of the one that ran straight through."""
+    from swalab import faults
+    from swalab.train import train
+    from swalab.trainer import Preempted
+
+    straight = train(make_cfg(*MODERN), run_dir=tmp_path / "straight")
+    faults.reset()  # the hit counts of earlier tests in this process
+    monkeypatch.setenv(faults.ENV, "train_step:6:TERM")  # step 2 of epoch 2
+    with pytest.raises(Preempted):
+        train(make_cfg(*MODERN), run_dir=tmp_path / "paused")
+    monkeypatch.delenv(faults.ENV)
+    faults.reset()
+    assert train(make_cfg(*MODERN), run_dir=tmp_path / "paused") == straight
+    a = torch.load(tmp_path / "straight" / "final.pt", weights_only=False)
+    b = torch.load(tmp_path / "paused" / "final.pt", weights_only=False)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert all(torch.equal(a["methods"]["swa"][k], b["methods"]["swa"][k]) for k in a["methods"]["swa"])
+    history = [json.loads(line) for line in (tmp_path / "straight" / "history.jsonl").read_text().splitlines()]
+    cosine = [0.003 * (1 + math.cos(math.pi * (e + 3 / 4) / 4)) / 2 for e in (0, 1)]  # each epoch's last of 4 steps,
+    assert [row["lr"] for row in history[:2]] == pytest.approx(cosine)  # the warmup's last step reached the cosine
+
+
+def test_the_paper_recipe_is_the_default_and_every_recipe_key_names_its_run(make_cfg, tmp_path):
+    from test_run_identity import plan_of
+
+    cfg = make_cfg()
+    assert (cfg.optimizer._target_, cfg.optimizer.momentum, cfg.optimizer.nesterov) == ("torch.optim.SGD", 0.9, False)
+    assert (cfg.loss.label_smoothing, cfg.loss.mixup_alpha, cfg.loss.cutmix_alpha) == (0.0, 0.0, 0.0)
+    assert (cfg.schedule.warmup_epochs, cfg.trainer.precision, cfg.trainer.accumulate) == (0.0, "auto", 1)
+    assert cfg.trainer.clip_grad_norm is None
+    typed = ["optimizer=adamw", "optimizer.filter_bias_and_bn=true", "loss.label_smoothing=0.1", "trainer.accumulate=2"]
+    name = plan_of(tmp_path, *typed).run_dir.parent.name
+    assert name == "optimizer-adamw+loss.label_smoothing-0.1+optimizer.filter_bias_and_bn-True+trainer.accumulate-2"
+
+
+def test_a_run_of_an_earlier_swalab_reads_as_the_paper_recipe_and_its_old_keys_name_the_new_ones():
+    from swalab.config import moved_keys, upgraded_config
+    from swalab.identity import upgraded
+
+    old = {"trainer": {"amp": False, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": False, "batch_size": 128}}
+    config = upgraded_config(old)
+    assert config["optimizer"] == {"_target_": "torch.optim.SGD", "filter_bias_and_bn": False, "momentum": 0.9,
+                                   "weight_decay": 5e-4, "nesterov": False}
+    assert config["trainer"] == {"batch_size": 128, "precision": "fp32", "clip_grad_norm": None, "accumulate": 1}
+    assert config["loss"]["label_smoothing"] == 0.0 and config["schedule"]["warmup_epochs"] == 0.0
+    identity = upgraded({"trainer.amp": True, "trainer.momentum": 0.9, "seed": 0})
+    assert (identity["trainer.precision"], identity["optimizer.momentum"]) == ("auto", 0.9)
+    assert identity["optimizer._target_"] == "torch.optim.SGD" and identity["trainer.accumulate"] == 1
+    assert moved_keys(["trainer.amp=false", "trainer.momentum=0.5"]) == [
+        "trainer.amp is now trainer.precision: write trainer.precision=fp32",
+        "trainer.momentum is now optimizer.momentum: write optimizer.momentum=0.5"]

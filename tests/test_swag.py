@@ -131,7 +131,7 @@ def test_on_a_gpu_the_moments_stay_on_the_cpu_unless_asked_and_sample_the_same_w
                           ResidentLoader(split(20, seed=2), 7, train=False, **common),
                           ResidentLoader(train_split, 8, train=True, pad=1, drop_last=False, seed=1, **common), cuda,
                           tmp_path / moments, TrainerOptions(epochs=6, progress=False, handle_signals=False,
-                                                             eval_every=0, amp=False, checkpoint_every=1000))
+                                                             eval_every=0, precision="fp32", checkpoint_every=1000))
         runs[moments] = (method, trainer.fit().metrics)
     method, metrics = runs[where]
     assert method.sq_mean.device.type == device and method.deviations[0].device.type == device

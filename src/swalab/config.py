@@ -124,7 +124,8 @@ KEYS: dict[str, tuple] = {
     "trainer.batch_size": ("int", 1, None),
     "run.eval_batch_size": ("int?", 1, None),
     "run.eval_every": ("int", 0, None),
-    "trainer.amp": ("bool", None, None),
+    "trainer.clip_grad_norm": ("number?", 0, None),
+    "trainer.accumulate": ("int", 1, None),
     "run.channels_last": ("bool", None, None),
     "run.deterministic": ("bool", None, None),
     "run.compile": ("bool", None, None),
@@ -150,7 +151,7 @@ KEYS: dict[str, tuple] = {
     "model.std": ("numbers?", 0, None),
 }
 # keys whose lower bound is excluded (a value of exactly ``low`` is refused)
-OPEN_LOW = ("trainer.bn_update_fraction", "dataset.std", "model.std")
+OPEN_LOW = ("trainer.bn_update_fraction", "trainer.clip_grad_norm", "dataset.std", "model.std")
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -213,6 +214,7 @@ MOVED_KEYS = {
     **{f"dataset.{k}": f"run.{k}" for k in ("cache_dir", "download", "num_workers", "prefetch_factor")},
     "run.init_from": "model.init_from",
     **{f"trainer.{k}": f"optimizer.{k}" for k in ("momentum", "weight_decay", "nesterov")},
+    "trainer.amp": "trainer.precision",  # its values respelled: swalab.identity.RESPELLED
     "method.swa_start": "model.swa.start", "method.swa_start_epoch": "model.swa.start_epoch",
     "method.swa_lr": "model.swa.lr", "method.swa_lr_min": "model.swa.lr_min",
     **{f"method.{k}": f"model.swa.{k} (SWA) or model.fge.{k} (FGE)" for k in ("cycle_epochs", "pre_schedule",
@@ -225,14 +227,16 @@ MOVED_KEYS = {
 
 def upgraded_config(config: dict) -> dict:
     """A resolved config written by an earlier swalab (a run's ``config.yaml``) with its moved keys in their places
-    today (``MOVED_KEYS``; SWA's and FGE's settings into the recipe block of the run's method), so that the run can
-    be rebuilt and scored again as it was trained. A config of today comes back unchanged."""
+    today (``MOVED_KEYS``; SWA's and FGE's settings into the recipe block of the run's method; ``trainer.amp``
+    respelled as ``trainer.precision``) and the keys added since at the values that did what it did
+    (``swalab.identity.ADDED_AT``: the paper's SGD, plain cross-entropy, no warmup), so that the run can be rebuilt
+    and scored again as it was trained. A config of today comes back unchanged."""
     import copy
+
+    from swalab.identity import ADDED_AT, RESPELLED
 
     out = copy.deepcopy(config)
     method = (out.get("method") or {}).get("name")
-    if "optimizer" not in out and "trainer" in out:  # written before the optimizer group: the paper's SGD
-        out["optimizer"] = {"_target_": "torch.optim.SGD", "filter_bias_and_bn": False}
 
     def pop(dotted: str):
         group, _, key = dotted.partition(".")
@@ -246,6 +250,10 @@ def upgraded_config(config: dict) -> dict:
             node = node.setdefault(part, {})
         node.setdefault(leaf, value)
 
+    for old, (new, values) in RESPELLED.items():  # trainer.amp: true -> trainer.precision: auto
+        value = pop(old)
+        if value is not _MISSING:
+            put(new, values.get(value, value))
     for old, new in MOVED_KEYS.items():
         if " or " in new:  # a setting both SWA and FGE had: it moves into the run's own method's block
             new = f"model.{method}.{old.split('.', 1)[1]}" if method in ("swa", "fge") else None
@@ -254,6 +262,9 @@ def upgraded_config(config: dict) -> dict:
         value = pop(old)
         if value is not _MISSING and new is not None:
             put(new, value)
+    if "trainer" in out:  # a run's config: the keys added since it was written, at the values that did what it did
+        for key, value in ADDED_AT.items():
+            put(key, value)
     return out
 
 
@@ -262,10 +273,16 @@ _MISSING = object()
 
 def moved_keys(args: Sequence[str]) -> list[str]:
     """For each ``key=value`` among ``args`` whose key moved (``MOVED_KEYS``), a line saying where it lives now."""
+    from swalab.identity import RESPELLED
+
     lines = []
     for arg in args:
         key = arg.lstrip("+~").split("=", 1)[0]
-        if "=" in arg and key in MOVED_KEYS:
+        if "=" in arg and key in RESPELLED:
+            new, values = RESPELLED[key]
+            spelled = {str(k).lower(): v for k, v in values.items()}.get(arg.split("=", 1)[1].lower(), "<value>")
+            lines.append(f"{key} is now {new}: write {new}={spelled}")
+        elif "=" in arg and key in MOVED_KEYS:
             lines.append(f"{key} is now {MOVED_KEYS[key]}: write {MOVED_KEYS[key].split(' ')[0]}={arg.split('=', 1)[1]}"
                          if " or " not in MOVED_KEYS[key] else f"{key} is now {MOVED_KEYS[key]}")
     return lines

@@ -95,7 +95,7 @@ ADDED_AT = {
     "loss.label_smoothing": 0.0, "loss.mixup_alpha": 0.0, "loss.cutmix_alpha": 0.0, "loss.mix_prob": 1.0,
     "loss.switch_prob": 0.5, "loss.mix_mode": "batch",
     "schedule.warmup_epochs": 0.0,
-    "trainer.clip_grad_norm": None, "trainer.accumulate": 1,
+    "trainer.clip_grad_norm": None, "trainer.accumulate": 1, "trainer.precision": "auto",
 }
 RECIPE_SETTINGS = {
     "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",

@@ -1,12 +1,17 @@
 """Numerics of a run: in what precision it trains, that it scores in float32, and whether the GPU must repeat
 itself bit for bit.
 
-Three decisions live here, each in one function, so a change to one (another training precision, say) is a
-change to one place:
+Four decisions live here, each in one function, so a change to one is a change to one place:
 
-* :func:`training_autocast`: the autocast context of a training step's forward pass and loss. bf16 on CUDA
-  when ``trainer.amp`` is on; none elsewhere (``AUTOCAST_DEVICES``). A CPU without bf16 instructions would
-  emulate it, and the tests use it there on purpose, by adding ``"cpu"`` to ``AUTOCAST_DEVICES``.
+* :func:`training_dtype` / :func:`training_autocast`: the autocast of a training step's forward pass and loss,
+  from ``trainer.precision`` (``PRECISIONS``): ``auto`` is bf16 on CUDA and float32 elsewhere (what swalab always
+  did); ``bf16`` and ``fp16`` autocast on any device, the CPU included (torch runs both there, slowly, which is how
+  the tests exercise them); ``fp32`` never. ``fp16`` is for GPUs without bf16 (V100, T4) and needs a gradient scaler.
+* :func:`grad_scaler`: ``torch.amp.GradScaler`` for ``fp16`` (None otherwise). fp16 gradients underflow to zero
+  unless the loss is scaled up first; the scaler does that, unscales before the optimizer step, and *skips* a step
+  whose gradients overflowed (and lowers its scale): such a step is the scaler's to skip, not a failure of the run.
+  Its state (the scale and its growth tracker) goes into every checkpoint, so a resumed run scales as one that ran
+  straight through.
 * :func:`scoring_precision`: every number a run reports (test passes, the BN update of an averaged model) is
   computed in float32, whatever the training precision: a logit rounded to bf16 moves NLL, ECE and even
   predictions by as much as the differences the paper's tables compare (issue 31: 12 of 800 ImageNet
@@ -25,17 +30,39 @@ from collections.abc import Iterator
 
 import torch
 
-# Device types on which trainer.amp turns bf16 autocast on for training steps.
-AUTOCAST_DEVICES: tuple[str, ...] = ("cuda",)
+from swalab.config import ConfigError
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # cuBLAS reuses one workspace per stream only with this setting; torch refuses deterministic matmuls without it.
 CUBLAS_WORKSPACE = ":4096:8"
 
 
-def training_autocast(device: torch.device, amp: bool):
-    """The autocast context of a training step: bf16 on ``AUTOCAST_DEVICES`` when ``amp``, else a no-op."""
-    if amp and device.type in AUTOCAST_DEVICES:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} must be one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def training_dtype(device: torch.device, precision: str) -> torch.dtype | None:
+    """The autocast dtype of a training step on ``device``, or None for float32 (module doc)."""
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[check_precision(precision)]
+
+
+def training_autocast(device: torch.device, precision: str):
+    """The autocast context of a training step (:func:`training_dtype`), or a no-op in float32."""
+    dtype = training_dtype(device, precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
+    """The gradient scaler of an ``fp16`` run (module doc), None for the others (bf16 has float32's range)."""
+    if training_dtype(device, precision) != torch.float16:
+        return None
+    return torch.amp.GradScaler(device.type)
 
 
 def scoring_precision(device: torch.device):

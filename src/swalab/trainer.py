@@ -43,7 +43,7 @@ from swalab.evaluate import (labels_of, mean_loss_and_accuracy, metrics_from_log
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec
-from swalab.precision import deterministic, training_autocast
+from swalab.precision import check_precision, deterministic, grad_scaler, training_autocast
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
@@ -191,7 +191,9 @@ class TrainerOptions:
     """Loop settings, all explicit (``swalab.train`` fills them from ``conf/trainer`` and ``conf/run``)."""
 
     epochs: int
-    amp: bool = True                 # bf16 autocast of training steps on CUDA (swalab.precision.training_autocast)
+    precision: str = "auto"          # training steps' autocast: auto | bf16 | fp16 | fp32 (swalab.precision)
+    clip_grad_norm: float | None = None  # clip the gradients' global norm to this before each step (None: no clipping)
+    accumulate: int = 1              # micro-batches each batch is split into, one optimizer step per batch
     channels_last: bool = True       # CUDA and CPU: oneDNN convolutions are 1.1-1.4x faster in it too
     compile: bool = False
     eval_every: int = 1              # score the live model on the test set every N epochs (0: end only)
@@ -235,7 +237,8 @@ class Trainer:
             raise ConfigError("run.temperature_scaling=true fits each temperature on the validation split, and this "
                               "run has none: set dataset.val_size=<images or a fraction>")
         self.identity, self.on_epoch = identity or {}, on_epoch
-        self.amp = options.amp  # for training steps only: swalab.precision.training_autocast decides per device
+        self.precision = check_precision(options.precision)  # for training steps only: scoring is float32
+        self.scaler = grad_scaler(device, self.precision)  # fp16 only
         self.model = model.to(device)
         if options.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -302,6 +305,8 @@ class Trainer:
                  "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
                  "rng": rng_state(self.device), "history": self.history, "partial": partial or {},
                  "identity": self.identity}
+        if self.scaler is not None:  # fp16: the loss scale and its growth tracker
+            state["scaler"] = self.scaler.state_dict()
         if rng_ranks is not None and len(rng_ranks) > 1:
             state["rng_ranks"] = rng_ranks
         return state
@@ -320,6 +325,8 @@ class Trainer:
     def restore(self, state: dict) -> tuple[int, int, dict]:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         if state.get("method") is not None:  # None: a branch (run.branch_from) starts its method fresh
             self.method.load_state_dict(state["method"], self.ctx)
         self.history = list(state["history"])
@@ -379,20 +386,18 @@ class Trainer:
                 group["lr"] = tally.lr
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             x, target = self.loss.prepare(x, y)  # mixup/cutmix when asked (swalab.losses)
-            with training_autocast(self.device, self.amp):
-                out = self.forward_model(x)
-                loss = self.loss(out, target)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, correct = self._forward_backward(x, target)
             if self.opts.nonfinite == "skip" and self._skip(loss, epoch, step, tally.skips):
+                self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are dropped with it
                 tally.skips += 1
                 continue
-            bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss.detach()), step, bad_step)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+            bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss), step, bad_step)
+            self._optimizer_step()
             self.method.on_step_end(self.ctx, epoch, step)
             faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
-            tally.loss_sum += loss.detach().float() * y.shape[0]
-            tally.correct += self.loss.correct(out, target)
+            tally.loss_sum += loss.float() * y.shape[0]
+            tally.correct += correct
             tally.seen += y.shape[0]
             if bar is not None:
                 if step % 10 == 0:
@@ -411,6 +416,42 @@ class Trainer:
                 f"checkpoint in {self.store.dir} and history.jsonl are kept. Lower the learning rate or set "
                 "trainer.nonfinite=skip.")
         return tally
+
+    def _forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's loss (detached: the mean over the batch) and its count of right predictions, with the gradients
+        of the whole batch accumulated: in ``trainer.accumulate`` micro-batches, each loss weighted by its share of
+        the batch (so that the gradient is the batch mean's, up to float order), all but the last without the
+        data-parallel gradient all-reduce. Under fp16 the loss is scaled before backward (:meth:`_optimizer_step`
+        unscales)."""
+        chunks = list(zip(x.chunk(self.opts.accumulate), target.chunk(self.opts.accumulate)))
+        total, correct = None, None
+        for i, (xi, ti) in enumerate(chunks):
+            last = i == len(chunks) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.forward_model, "no_sync") \
+                else self.forward_model.no_sync()
+            with sync:
+                with training_autocast(self.device, self.precision):
+                    out = self.forward_model(xi)
+                    loss = self.loss(out, ti)
+                weighted = loss if len(chunks) == 1 else loss * (len(xi) / len(x))
+                (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
+            total = weighted.detach() if total is None else total + weighted.detach()
+            right = self.loss.correct(out, ti)
+            correct = right if correct is None else correct + right
+        return total, correct
+
+    def _optimizer_step(self) -> None:
+        """The optimizer step, after clipping the gradients' global norm (``trainer.clip_grad_norm``); under fp16 the
+        scaler unscales first and skips the step when the gradients overflowed (``swalab.precision.grad_scaler``)."""
+        if self.opts.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip_grad_norm)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
 
     def _end_epoch(self, epoch: int, tally: EpochTally) -> None:
         """The method's epoch hook, the history row (scored every ``eval_every`` epochs), the checkpoint."""

@@ -203,6 +203,34 @@ class Method:
         pass
 
 
+AVG_DEVICES = ("train", "cpu")
+
+
+def check_avg_device(avg_device: str) -> str:
+    """``run.avg_device``, checked by the method that takes it (SWA, EMA) when it is built."""
+    if avg_device not in AVG_DEVICES:
+        raise ConfigError(f"run.avg_device={avg_device!r} must be 'train' (the training device) or 'cpu'")
+    return avg_device
+
+
+def averages_device(avg_device: str, ctx: TrainContext) -> torch.device:
+    """Where a method keeps its average (``run.avg_device``): the training device, or the CPU, where WRN-28-10's
+    SWA average (146 MB) and EMA copy stay off a small GPU. The result is the same either way: averaging is
+    elementwise, and what is scored is scored on the training device (:func:`on_training_device`)."""
+    return torch.device("cpu") if avg_device == "cpu" else ctx.device
+
+
+def on_training_device(module: nn.Module, ctx: TrainContext, for_good: bool) -> nn.Module:
+    """``module`` where it is scored, the training device: itself when it lives there; else moved there for good
+    (``for_good``: at the end of training, where its recomputed BN statistics go into ``final.pt``), or a copy (a
+    score during training, after which the average goes on where it lives)."""
+    if next(module.parameters()).device == ctx.device:
+        return module
+    import copy
+
+    return module.to(ctx.device) if for_good else copy.deepcopy(module).to(ctx.device)
+
+
 def check_pre_schedule(name: str, schedule: Schedule, method: str, key: str) -> None:
     """``pre_schedule`` of SWA and FGE (``key``: ``model.swa.pre_schedule``): ``reference`` (the paper's shape,
     from ``schedule.lr`` alone) or ``base`` (the schedule group). ``reference`` with a schedule group other than the

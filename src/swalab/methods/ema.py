@@ -23,7 +23,7 @@ from timm.utils import ModelEmaV3
 
 from swalab.config import ConfigError, require
 from swalab.evaluate import ModelPredictor, Predictor
-from swalab.methods.base import Method, TrainContext
+from swalab.methods.base import Method, TrainContext, averages_device, check_avg_device, on_training_device
 from swalab.schedules import Schedule
 
 
@@ -68,8 +68,9 @@ class EMA(Method):
 
     def __init__(self, schedule: Schedule, epochs: int, decay: float = 0.999, warmup: bool = False,
                  warmup_gamma: float = 1.0, warmup_power: float = 2 / 3, update_every: int = 1,
-                 bn: str = "average", budget: float = 1.0, name: str | None = None):
+                 bn: str = "average", budget: float = 1.0, name: str | None = None, avg_device: str = "train"):
         super().__init__(schedule, epochs, budget, name)
+        self.avg_device = check_avg_device(avg_device)  # run.avg_device: where the EMA copy lives
         self.decay = float(require("method.decay", decay, "number", 0, 1, low_open=True, high_open=True))
         self.warmup = require("method.warmup", warmup, "bool")
         self.warmup_gamma = require("method.warmup_gamma", warmup_gamma, "number", 0, low_open=True)
@@ -93,11 +94,14 @@ class EMA(Method):
                               f"'ema' would score the initial weights. Set method.update_every to at most {steps}")
 
     def on_train_start(self, ctx: TrainContext) -> None:
+        where = averages_device(self.avg_device, ctx)
+        elsewhere = where != ctx.device  # a copy on the CPU of a model trained on a GPU: timm's per-tensor update
         self.ema = ModelEmaV3(ctx.model, decay=self.decay, use_warmup=self.warmup,
                               warmup_gamma=self.warmup_gamma, warmup_power=self.warmup_power,
-                              exclude_buffers=self.bn == "recompute")
+                              exclude_buffers=self.bn == "recompute", device=where if elsewhere else None,
+                              foreach=not elsewhere)
         self.tensors = (EmaTensors(self.ema.module, ctx.model, self.bn == "recompute")
-                        if EmaTensors.supports(self.ema.module) else None)
+                        if EmaTensors.supports(self.ema.module) and not elsewhere else None)
 
     def on_step_end(self, ctx: TrainContext, epoch: int, step: int) -> None:
         global_step = epoch * ctx.steps_per_epoch + step + 1
@@ -110,9 +114,11 @@ class EMA(Method):
                 self.tensors.update(self.ema.get_decay(step_arg))
 
     def ema_for_eval(self, ctx: TrainContext) -> torch.nn.Module:
+        """The EMA on the training device at the end of training, its BN statistics recomputed with ``bn=recompute``."""
+        model = on_training_device(self.ema.module, ctx, for_good=True)
         if self.bn == "recompute":
-            ctx.update_bn(self.ema.module)
-        return self.ema.module
+            ctx.update_bn(model)
+        return model
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         return {"ema": ModelPredictor(self.ema_for_eval(ctx), ctx.device),

@@ -44,7 +44,8 @@ from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 from swalab import faults
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, log_of, metrics_from_log_probs
-from swalab.methods.base import Method, TrainContext, check_pre_schedule
+from swalab.methods.base import (Method, TrainContext, averages_device, check_avg_device, check_pre_schedule,
+                                 on_training_device)
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 
 PHASES = ("constant", "cyclic", "swalr", "shake_shake")
@@ -73,8 +74,9 @@ class SWA(Method):
                  cycle_epochs: float = 1, capture_every: int = 1, anneal_epochs: int = 5,
                  anneal_strategy: str = "cos", pre_schedule: str = "reference", bn_update: bool = True,
                  score_every: int = 0, score_at_budgets: Sequence[float] = (), budget: float = 1.0,
-                 name: str | None = None):
+                 name: str | None = None, avg_device: str = "train"):
         super().__init__(schedule, epochs, budget, name)
+        self.avg_device = check_avg_device(avg_device)  # run.avg_device: where the average lives (methods.base.averages_device)
         key = self.setting
         require(key("start"), start, "number?", 0)
         require(key("start_epoch"), start_epoch, "int?", 0)
@@ -169,7 +171,8 @@ class SWA(Method):
 
     # -- hooks -------------------------------------------------------------------------
     def on_train_start(self, ctx: TrainContext) -> None:
-        self.averaged = AveragedModel(ctx.model, multi_avg_fn=get_swa_multi_avg_fn())
+        self.averaged = AveragedModel(ctx.model, device=averages_device(self.avg_device, ctx),
+                                      multi_avg_fn=get_swa_multi_avg_fn())
 
     def capture(self, ctx: TrainContext) -> None:
         self.averaged.update_parameters(ctx.model)
@@ -209,16 +212,18 @@ class SWA(Method):
             metrics = metrics_from_log_probs(scored[split], ctx.labels_on(split))
             ctx.log({f"swa_{split}_{k}": v for k, v in metrics.items()})
 
-    def averaged_for_eval(self, ctx: TrainContext) -> torch.nn.Module:
-        """The average, with BatchNorm statistics recomputed on the training data (its own copy)."""
+    def averaged_for_eval(self, ctx: TrainContext, for_good: bool = False) -> torch.nn.Module:
+        """The average on the training device, with BatchNorm statistics recomputed on the training data (its own
+        copy of the network); ``for_good`` at the end of training, when it need not go back to ``run.avg_device``."""
         if self.n_averaged == 0:
             raise RuntimeError(f"SWA has averaged no model yet: check {self.setting('start')} and trainer.epochs")
+        model = on_training_device(self.averaged.module, ctx, for_good)
         if self.bn_update:
-            ctx.update_bn(self.averaged.module)
-        return self.averaged.module
+            ctx.update_bn(model)
+        return model
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        swa_model = self.averaged_for_eval(ctx)
+        swa_model = self.averaged_for_eval(ctx, for_good=True)
         out: dict[str, Predictor] = {name: CachedLogProbs(p, self.budget_val_log_probs.get(name))
                                      for name, p in self.budget_log_probs.items()}
         out["swa"] = ModelPredictor(swa_model, ctx.device)

@@ -136,9 +136,9 @@ def load_into(model: torch.nn.Module, state: dict, source: str) -> None:
 
 
 def batch_size_for(cfg: DictConfig, images: int) -> int:
-    """``trainer.batch_size``, refused when the training set holds fewer images or, data-parallel, when it does not
-    divide evenly over the ranks (the one check of it against the data and the ranks, made once the data are
-    loaded, before anything is written). It is the *global* batch: each rank trains on its
+    """``trainer.batch_size``, refused when the training set holds fewer images, data-parallel when it does not
+    divide evenly over the ranks, or when it cannot be split into ``trainer.accumulate`` micro-batches (the one check
+    of it against the data and the ranks, made once the data are loaded, before anything is written). It is the *global* batch: each rank trains on its
     ``batch_size / world_size`` slice of it (``swalab.distributed``)."""
     batch_size = int(cfg.trainer.batch_size)
     if batch_size > images:
@@ -147,6 +147,11 @@ def batch_size_for(cfg: DictConfig, images: int) -> int:
     ranks = distributed.info()
     if batch_size % ranks.world_size:
         raise ConfigError(f"trainer.batch_size={batch_size} must divide evenly over {ranks.world_size} ranks")
+    accumulate = int(cfg.trainer.accumulate)
+    if accumulate > batch_size // ranks.world_size:
+        raise ConfigError(f"trainer.accumulate={accumulate} micro-batches cannot split a batch of "
+                          f"{batch_size // ranks.world_size} images" + (" per rank" if ranks.enabled else "")
+                          + ": lower trainer.accumulate or raise trainer.batch_size")
     return batch_size
 
 
@@ -307,6 +312,10 @@ def method_recipe(cfg: DictConfig) -> tuple[str | None, dict]:
     return recipe, OmegaConf.to_container(block, resolve=True)
 
 
+# A method's arguments that no recipe block sets: swalab passes them (the run's length, its schedule, run.avg_device).
+NOT_RECIPE = ("schedule", "epochs", "budget", "name", "avg_device")
+
+
 def build_method(cfg: DictConfig, epochs: int):
     """The base schedule and the method, from their config groups, with the model's recipe block for a method that
     has one (``model.swa`` for SWA); each checks its own arguments, and a setting the method does not take is
@@ -320,12 +329,16 @@ def build_method(cfg: DictConfig, epochs: int):
         from hydra.utils import get_method
 
         takes = arguments_of(get_method(str(cfg.method._target_)))
-        unknown = [k for k in settings if k not in takes or k in ("schedule", "epochs", "budget", "name")]
+        unknown = [k for k in settings if k not in takes or k in NOT_RECIPE]
         if unknown:
-            allowed = [p for p in takes if p not in ("self", "schedule", "epochs", "budget", "name")]
+            allowed = [p for p in takes if p not in ("self", *NOT_RECIPE)]
             raise ConfigError(f"model.{recipe}.{unknown[0]} is not a setting of {cfg.method._target_}; model.{recipe} "
                               f"takes: {', '.join(allowed)}")
-    return build(cfg.method, "method", schedule=schedule, epochs=epochs, **settings)
+    from hydra.utils import get_class
+
+    placement = ({"avg_device": str(cfg.run.avg_device)}  # where a method that keeps an average keeps it
+                 if "avg_device" in arguments_of(get_class(str(cfg.method._target_))) else {})
+    return build(cfg.method, "method", schedule=schedule, epochs=epochs, **settings, **placement)
 
 
 def optimizer_spec(cfg: DictConfig) -> OptimizerSpec:

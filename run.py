@@ -30,7 +30,8 @@ from swalab import distributed
 from swalab.checkpoint import CheckpointError
 from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
-from swalab.train import execute, message, one_line, prepare
+from swalab.train import execute, prepare
+from swalab.train.records import message, one_line
 from swalab.train.records import write_status
 from swalab.trainer import INTERRUPTED_EXIT_CODE, NonFiniteLossError, Preempted
 

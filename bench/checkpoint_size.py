@@ -47,7 +47,7 @@ def child(conf: Path, model_name: str, method_name: str) -> dict:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from swalab.train import build_method
+    from swalab.train.build import build_method
 
     dataset = MODELS[model_name]
     n_test, classes = DATASETS[dataset]

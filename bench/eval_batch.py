@@ -3,7 +3,7 @@
 The scoring passes (``swalab.evaluate.predict_logits``: eval mode, no grad, channels_last as the trainer runs
 them) over the same images at several batch sizes, interleaved rounds, medians, reported as seconds per
 10,000 images. On a CPU large batches are slower (their activations fall out of the caches), on a GPU they
-fill the device; the result chose the defaults in ``swalab.train.eval_batch_size``.
+fill the device; the result chose the defaults in ``swalab.train.build.eval_batch_size``.
 
 Usage::
 

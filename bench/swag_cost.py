@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     val = DataSplit(test.images[args.test_images:], test.labels[args.test_images:])  # images apart from the test's
     test = DataSplit(test.images[:args.test_images], test.labels[:args.test_images])
     common = dict(device=device, mean=CIFAR_MEAN, std=CIFAR_STD, channels_last=True)
-    eval_batch = 1000 if device.type == "cuda" else 128  # swalab.train.eval_batch_size's defaults
+    eval_batch = 1000 if device.type == "cuda" else 128  # swalab.train.build.eval_batch_size's defaults
     model = build_model(args.model).to(device).to(memory_format=torch.channels_last)
     method = filled_swag(model, args.rank, samples=1, device=device)
     with tempfile.TemporaryDirectory(prefix="swalab-bench-") as tmp:

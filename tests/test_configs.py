@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from conftest import CONF_DIR
 from swalab.config import ConfigError, budget_epochs
 from swalab.tracking import NullTracker
-from swalab.train import build_method, validate
+from swalab.train import validate
+from swalab.train.build import build_method
 
 
 def options(group: str) -> list[str]:

@@ -136,7 +136,7 @@ def stream_cfg(root: Path):
 def stream_epoch(root: Path, epoch: int = 1) -> dict:
     """This process's training batches of ``epoch`` from ``build_stream_loaders``, and the items they hold."""
     from swalab.data.imagenet import load_imagenet
-    from swalab.train import build_stream_loaders
+    from swalab.train.build import build_stream_loaders
 
     train, _, _ = build_stream_loaders(stream_cfg(root), load_imagenet(root), torch.device("cpu"))
     train.set_epoch(epoch)

@@ -25,7 +25,7 @@ from swalab.evaluate import metrics_from_log_probs, predict_log_probs, predict_l
 from swalab.methods import SWA
 from swalab.precision import deterministic
 from swalab.schedules import Constant
-from swalab.train import trainer_options
+from swalab.train.build import trainer_options
 from swalab.trainer import Trainer, TrainerOptions
 from test_rank_agreement import bn_model, toy_data
 

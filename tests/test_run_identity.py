@@ -22,7 +22,8 @@ from swalab.config import ConfigError, default_choices
 from swalab.grid import read_jobs
 from swalab.identity import group_hash, identity_of, run_name
 from swalab.runlock import RunLock, RunLocked
-from swalab.train import one_line, prepare, train
+from swalab.train import prepare, train
+from swalab.train.records import one_line
 
 QUIET = ["logger=none", "run.progress=false"]
 TINY = [*QUIET, "dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=2", "model.arch.depth=8",

@@ -14,7 +14,8 @@ from swalab.data import load_cifar, load_digits, load_folder, subset
 from swalab.data.imagenet import load_imagenet
 from swalab.data.splits import VAL_SPLIT_SEED, DataSplit, hold_out, split_off_val, stratified_permutation, val_count
 from swalab.identity import identity_of
-from swalab.train import build_loaders, build_val_loader, train
+from swalab.train import train
+from swalab.train.build import build_loaders, build_val_loader
 
 from test_data import CIFAR10_NAMES, _ids, _indexed_split, write_cifar10_pickles
 from test_folder_data import write_folder

@@ -216,7 +216,7 @@ DEFAULT_OPTIMIZER = OptimizerSpec("torch.optim.SGD", {"momentum": 0.9})
 class Trainer:
     def __init__(self, model: nn.Module, method: Method, train_loader, test_loader, bn_loader: Iterable,
                  device: torch.device, run_dir: str | Path, options: TrainerOptions,
-                 identity: dict | None = None, on_epoch: Callable[[dict], None] | None = None,
+                 identity: dict | None = None,
                  optimizer: OptimizerSpec = DEFAULT_OPTIMIZER, loss: TrainingLoss | None = None,
                  val_loader: Iterable | None = None):
         """``val_loader``: the validation split (``dataset.val_size``), or None. The BN-update loader must read the
@@ -236,7 +236,8 @@ class Trainer:
         if options.temperature_scaling is True and val_loader is None:
             raise ConfigError("run.temperature_scaling=true fits each temperature on the validation split, and this "
                               "run has none: set dataset.val_size=<images or a fraction>")
-        self.identity, self.on_epoch = identity or {}, on_epoch
+        self.identity = identity or {}
+        self.on_epoch: Callable[[dict], None] | None = None  # fit's: called with each epoch's history row
         self.precision = check_precision(options.precision)  # for training steps only: scoring is float32
         self.scaler = grad_scaler(device, self.precision)  # fp16 only
         self.model = model.to(device)
@@ -349,8 +350,10 @@ class Trainer:
         tmp.replace(path)
 
     # -- the loop ------------------------------------------------------------------------
-    def fit(self, resume: dict | None = None) -> Evaluation:
-        """Train from the start, or from ``resume`` (a checkpoint's state), then score every predictor."""
+    def fit(self, resume: dict | None = None, on_epoch: Callable[[dict], None] | None = None) -> Evaluation:
+        """Train from the start, or from ``resume`` (a checkpoint's state), then score every predictor; ``on_epoch``
+        gets each epoch's history row (on the writing rank: the run's log line, the W&B tracker)."""
+        self.on_epoch = on_epoch
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with deterministic(self.device, self.opts.deterministic):
             self.method.on_train_start(self.ctx)

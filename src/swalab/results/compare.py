@@ -36,7 +36,7 @@ from swalab.results.runs import Run, open_run
 from swalab.cli import output_file
 from swalab.config import ConfigError
 from swalab.identity import label_of
-from swalab.train import load_into
+from swalab.train.build import load_into
 from swalab.train.records import write_text
 from swalab.train.build import unfinished
 from swalab.trainer import select_device

@@ -109,7 +109,7 @@ def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
     per seed.
     """
     from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
-    from swalab.train import PREDICTIONS_FILE
+    from swalab.train.records import PREDICTIONS_FILE
 
     out: dict[str, dict] = {}
     every_swa = [(c, cell, f"{c.label} · {r.label}" if r is not row else c.label) for r in (row, *kin)

@@ -44,7 +44,8 @@ from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.config import ConfigError
-from swalab.train import build_method, locate
+from swalab.train.build import build_method
+from swalab.train.plan import locate
 from swalab.train.plan import apart_from_defaults, identity_for
 from swalab.train.records import DamagedRecord, final_metrics, write_text
 

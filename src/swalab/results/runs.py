@@ -34,7 +34,7 @@ from swalab.data import ImageData, subset
 from swalab.data.splits import cap_test_split
 from swalab.identity import identity_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
-from swalab.train import build_loaders, build_model, load_init_weights
+from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
 from swalab.runlock import gone_holder
 from swalab.train.records import DamagedRecord, final_metrics

@@ -34,15 +34,10 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from swalab.train.build import (build_loaders, build_method, build_model, build_stream_loaders, build_val_loader,
-                                eval_batch_size, load_init_weights, load_into, trainer_options)
 from swalab.train.execute import execute
-from swalab.train.plan import RunPlan, inspect_run_dir, locate, prepare, validate
-from swalab.train.records import PREDICTIONS_FILE, message, one_line
+from swalab.train.plan import RunPlan, prepare, validate
 
-__all__ = ["train", "prepare", "execute", "validate", "locate", "inspect_run_dir", "RunPlan", "build_method",
-           "build_model", "build_loaders", "build_stream_loaders", "build_val_loader", "eval_batch_size", "trainer_options",
-           "load_init_weights", "load_into", "PREDICTIONS_FILE", "message", "one_line"]
+__all__ = ["train", "prepare", "validate", "execute", "RunPlan"]  # the builders: swalab.train.build
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequence[str] | None = None,

@@ -13,6 +13,7 @@ run's last record.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import traceback
 import warnings
@@ -100,29 +101,40 @@ def build_run(plan: RunPlan) -> Built:
 
 
 def execute(plan: RunPlan) -> dict:
-    """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics."""
+    """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics: claim it (skip a
+    finished run, take its lock), build what it trains with (nothing written: a refusal here leaves nothing behind),
+    then train and record it (:func:`_train`)."""
     distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     finished, lock = claim(plan)
     if finished is not None:
         return finished
-    early: list = []
-    try:
-        try:
-            with warnings.catch_warnings(record=True) as caught:  # held back to reach run.log too, once it is open
-                try:
-                    built = build_run(plan)
-                finally:
-                    early = list(caught)
-        except BaseException:
-            show(early)
-            if lock is not None:
-                lock.discard()
-                lock = None
-            raise
-        return _train(plan, built, lock, early)
-    finally:
+    with contextlib.ExitStack() as held:
         if lock is not None:
-            lock.release()
+            held.callback(lock.release)  # however the run ends (a discarded lock is released already)
+        with warnings_of_the_build() as early:
+            try:
+                built = build_run(plan)
+            except BaseException:
+                if lock is not None:
+                    lock.discard()  # a refused run leaves no directory behind
+                raise
+        return _train(plan, built, lock, early)
+
+
+@contextlib.contextmanager
+def warnings_of_the_build():
+    """Warnings raised while a run is built (a corrupt checkpoint skipped), held back so that they reach the run's
+    ``run.log`` too once it is open (:func:`show` in :func:`_train`); shown at once when the build fails."""
+    caught: list = []  # filled when the build ends, outside the recording (where showing one would record it again)
+    try:
+        with warnings.catch_warnings(record=True) as recorded:
+            try:
+                yield caught
+            finally:
+                caught.extend(recorded)
+    except BaseException:
+        show(caught)
+        raise
 
 
 def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
@@ -252,12 +264,11 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
             tracker.log_epoch(row)
             log.info(epoch_line(row, method.epochs, trainer.run_eta(row["epoch"])))
 
-        trainer.on_epoch = on_epoch
         if built.branched:  # the trunk's epochs are this run's history too
             for row in built.resume_state["history"]:
                 tracker.log_epoch(row)
         try:
-            evaluation = trainer.fit(built.resume_state)
+            evaluation = trainer.fit(built.resume_state, on_epoch=on_epoch)
             metrics = evaluation.metrics
             final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": method.epochs,
                      "identity": plan.identity}

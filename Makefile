@@ -31,7 +31,7 @@ test-all: install
 # into mutants/ and runs the tests that cover each mutant; `.venv/bin/mutmut results` lists the survivors afterwards.
 mutate: install
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	PYTHONPATH=$(CURDIR)/mutants/src OMP_NUM_THREADS=1 WANDB_MODE=disabled $(VENV)/bin/mutmut run
+	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(VENV)/bin/mutmut run
 	$(VENV)/bin/mutmut export-cicd-stats 2>/dev/null; $(VENV)/bin/mutmut results > mutants/survivors.txt; \
 	  tail -n 3 mutants/survivors.txt
 

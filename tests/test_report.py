@@ -168,7 +168,7 @@ def test_paper_numbers_are_shown_beside_ours_when_asked(tmp_path):
 def test_branched_runs_are_named_under_the_table(tmp_path):
     make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)}, lineage={"parent": "/runs/sgd/seed0", "epoch": 100})
     table = report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()
-    assert "- cifar10 / preresnet20, SWA 1B (4 ep), seed 0: branched from /runs/sgd/seed0 at epoch 100" in table
+    assert "- cifar10 / preresnet20, SWA 1B (4 ep), seed 0: branched from runs/sgd/seed0 at epoch 100" in table
 
 
 def test_mixing_datasets_is_said_and_each_keeps_its_own_row(tmp_path, capsys):
@@ -481,3 +481,33 @@ def test_test_error_axis_reads_in_plain_percent(grid, tmp_path, monkeypatch):
     ax = drawn(monkeypatch, plot_test_error, grid, tmp_path).axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert labels and not any("^" in t or "times" in t for t in labels), labels  # 20, 30, not 2×10^1
+
+
+def test_a_branched_runs_parent_outside_the_working_directory_is_named_below_what_they_share(tmp_path, monkeypatch):
+    from swalab.results.write import shown_parent
+
+    out = tmp_path / "out" / "imagenet" / "lite0"
+    child, parent = out / "swa" / "x" / "seed0", out / "ema" / "y" / "seed0"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert shown_parent(child, str(parent)) == "ema/y/seed0"  # no path of this machine in a committed report
+    monkeypatch.chdir(tmp_path)
+    assert shown_parent(child, str(parent)) == "out/imagenet/lite0/ema/y/seed0"  # below the working directory
+    assert shown_parent(child, "runs/ema/seed0") == "runs/ema/seed0"  # as recorded when recorded relative
+
+
+def test_runs_scored_only_at_their_end_draw_no_test_error_figure(tmp_path):
+    """With run.eval_every=0 each run has one scored epoch: a point per run is not a curve, so no figure is drawn
+    (it was two dots on an axis of unlabelled ticks); with two scored epochs there is one."""
+    from swalab.results.plots import plot_test_error
+    from swalab.results.runs import Run, run_dirs
+    from swalab.results.table import build_table
+
+    end_only = [{"epoch": 1}, {"epoch": 2, "test_acc": 52.0}]
+    for method, seed in (("sgd", 0), ("swa", 0)):
+        make_run(tmp_path / "end", method, seed, {method: {"acc": 52.0, "nll": 1.0, "ece": 0.1}}, history=end_only)
+    table = build_table([Run(p) for p in run_dirs([tmp_path / "end"])])
+    assert not plot_test_error(table, tmp_path / "end.png") and not (tmp_path / "end.png").exists()
+    make_run(tmp_path / "curve", "sgd", 0, {"sgd": {"acc": 52.0, "nll": 1.0, "ece": 0.1}})
+    assert plot_test_error(build_table([Run(p) for p in run_dirs([tmp_path / "curve"])]), tmp_path / "curve.png")

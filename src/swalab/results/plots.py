@@ -100,40 +100,16 @@ def plot_test_error(table: Table, path: Path) -> bool:
     Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run; SWA and SWAG of one SWAG run) are drawn
     once, named together; ``+ts`` columns have no curve of their own. Runs monitored on the validation split
     (``run.eval_split=val``) draw its error instead, and the axis says so."""
-    rows = [r for r in table.rows if monitored_split(r.runs())]
-    if not rows:
+    panels = [(row, curves) for row in table.rows if monitored_split(row.runs())
+              for curves in [test_error_curves(row)] if any(len(points) > 1 for points, *_ in curves)]
+    if not panels:  # a run scored only at its end (run.eval_every=0) has a point, not a curve
         return False
     plt = _pyplot()
-    fig, axes = _panels(plt, len(rows), 6.5, 4.2)
-    for ax, row in zip(axes, rows):
-        split = monitored_split(row.runs())
-        groups: dict[tuple, list] = {}  # the same runs (one SWA run's budget columns) drawn once
-        for column in sorted(row.cells, key=lambda c: c.order):
-            if column.scaled:
-                continue
-            runs = tuple(sorted({str(e.run.path): e.run for e in row.cells[column].entries}.items()))
-            groups.setdefault(runs, []).append(column)
-        for i, (runs, columns) in enumerate(groups.items()):
-            runs = [run for _, run in runs]
-            longest = max(columns, key=lambda c: c.epochs)
-            methods = list(dict.fromkeys(c.base for c in columns))
-            name = longest.label if len(columns) == 1 else " · ".join(
-                f"{next(c for c in columns if c.base == m).name} "
-                f"{', '.join(f'{c.budget:g}B' for c in columns if c.base == m)}" for m in methods
-            ) + f" ({longest.epochs} ep)"
-            own = [k for k in scored_during_training(runs, split) if k in {f"{m}_{split}_acc" for m in methods}]
-            series = [(key, f" · {key.removesuffix(f'_{split}_acc').upper()} model", "-") for key in own]
-            iterate = any(m not in ("sgd", "pretrained") for m in methods)
-            series.append((f"{split}_acc", iterate_label(methods[0]) if iterate else "", "--" if iterate else "-"))
-            for key, suffix, style in series:
-                points: dict[int, list[float]] = defaultdict(list)
-                for run in runs:
-                    for h in run.history:
-                        if key in h and int(h["epoch"]) <= longest.epochs:
-                            points[int(h["epoch"])].append(max(100.0 - float(h[key]), 1e-2))
-                if points:
-                    _mean_band(ax, points, style, f"{name}{suffix} (n={len(runs)})", color=f"C{i}")
-        what = "test error" if split == "test" else "validation error"
+    fig, axes = _panels(plt, len(panels), 6.5, 4.2)
+    for ax, (row, curves) in zip(axes, panels):
+        for points, style, label, color in curves:
+            _mean_band(ax, points, style, label, color=color)
+        what = "test error" if monitored_split(row.runs()) == "test" else "validation error"
         ax.set(xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
         _title(ax, row.name, 6.5)
         _plain_log_ticks(ax.yaxis)
@@ -141,6 +117,40 @@ def plot_test_error(table: Table, path: Path) -> bool:
         ax.legend(fontsize=7)
     _finish(plt, fig, path)
     return True
+
+
+def test_error_curves(row) -> list[tuple[dict, str, str, str]]:
+    """``(points, line style, label, colour)`` per curve of a row's test-error panel (:func:`plot_test_error`):
+    ``points`` maps an epoch to the error (%) of each seed's run scored there."""
+    split = monitored_split(row.runs())
+    groups: dict[tuple, list] = {}  # the same runs (one SWA run's budget columns) drawn once
+    for column in sorted(row.cells, key=lambda c: c.order):
+        if column.scaled:
+            continue
+        runs = tuple(sorted({str(e.run.path): e.run for e in row.cells[column].entries}.items()))
+        groups.setdefault(runs, []).append(column)
+    curves = []
+    for i, (runs, columns) in enumerate(groups.items()):
+        runs = [run for _, run in runs]
+        longest = max(columns, key=lambda c: c.epochs)
+        methods = list(dict.fromkeys(c.base for c in columns))
+        name = longest.label if len(columns) == 1 else " · ".join(
+            f"{next(c for c in columns if c.base == m).name} "
+            f"{', '.join(f'{c.budget:g}B' for c in columns if c.base == m)}" for m in methods
+        ) + f" ({longest.epochs} ep)"
+        own = [k for k in scored_during_training(runs, split) if k in {f"{m}_{split}_acc" for m in methods}]
+        series = [(key, f" · {key.removesuffix(f'_{split}_acc').upper()} model", "-") for key in own]
+        iterate = any(m not in ("sgd", "pretrained") for m in methods)
+        series.append((f"{split}_acc", iterate_label(methods[0]) if iterate else "", "--" if iterate else "-"))
+        for key, suffix, style in series:
+            points: dict[int, list[float]] = defaultdict(list)
+            for run in runs:
+                for h in run.history:
+                    if key in h and int(h["epoch"]) <= longest.epochs:
+                        points[int(h["epoch"])].append(max(100.0 - float(h[key]), 1e-2))
+            if points:
+                curves.append((points, style, f"{name}{suffix} (n={len(runs)})", f"C{i}"))
+    return curves
 
 
 def plot_fge_curve(table: Table, path: Path) -> bool:

@@ -57,6 +57,24 @@ def _markdown_table(header: list[str], lines: list[list[str]]) -> list[str]:
             *("| " + " | ".join(line) + " |" for line in lines)]
 
 
+def shown_parent(child: Path, parent: str | None) -> str | None:
+    """The run a branched run started from, as a report shows it: relative to the working directory when below it,
+    else the part of its path below what it shares with the branched run's (``ema/<settings>/seed0``): a report
+    never names a path of the machine it was made on."""
+    if not parent or not Path(parent).is_absolute():
+        return parent
+    below_cwd = shown(parent)
+    if below_cwd != parent:
+        return below_cwd
+    import os
+
+    try:
+        common = os.path.commonpath([str(Path(parent).resolve()), str(Path(child).resolve())])
+    except ValueError:
+        return Path(parent).name
+    return Path(parent).resolve().relative_to(common).as_posix() or Path(parent).name
+
+
 def shown(path: str | None) -> str | None:
     """A path as a report shows it: relative to the working directory when below it (a report committed
     from a project names no path of the machine it was made on), else as stored."""
@@ -220,7 +238,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                 if e.run.lineage and not c.scaled:
                     filled.setdefault(str(e.run.path), (e.run, []))[1].append(c.label)
         lineage += [f"- {row.name}, {', '.join(labels)}, seed {run.seed}: branched from "
-                    f"{shown(run.lineage.get('parent'))} at epoch {run.lineage.get('epoch')}"
+                    f"{shown_parent(run.path, run.lineage.get('parent'))} at epoch {run.lineage.get('epoch')}"
                     for run, labels in sorted(filled.values(), key=lambda rl: (rl[1][0], str(rl[0].seed)))]
     if lineage:
         out += ["", "Branched runs (each equals the run trained straight through, docs/branching.md):", *lineage]

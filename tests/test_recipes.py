@@ -216,6 +216,34 @@ def test_a_bad_precision_is_refused_naming_the_key(tmp_path):
         trainer_for(tmp_path, no_bn_model(), {"precision": "fp8"})
 
 
+def test_with_mixup_the_bn_update_and_every_score_see_clean_images(tmp_path):
+    """Mixing is the training step's alone: the average's BN statistics and its scores are those of the clean BN
+    and test loaders, recomputed here without the trainer."""
+    import copy
+
+    import numpy as np
+
+    from swalab.evaluate import metrics_from_log_probs, predict_log_probs, recompute_bn
+    from swalab.methods import SWA
+    from swalab.schedules import Constant
+    from swalab.trainer import Trainer, TrainerOptions
+    from test_rank_agreement import bn_model
+
+    np.random.seed(0)
+    method = SWA(Constant(lr=0.05), 3, lr=0.02, start_epoch=1)
+    base = trainer_for(tmp_path / "mixed", bn_model(), {}, epochs=3, method=method)
+    trainer = Trainer(base.model, method, base.train_loader, base.test_loader, base.bn_loader, CPU, tmp_path / "run",
+                      TrainerOptions(epochs=3, progress=False, handle_signals=False, eval_every=0),
+                      loss=LossSpec(mixup_alpha=0.4, cutmix_alpha=1.0).build(4))
+    metrics = trainer.fit().metrics
+    average = copy.deepcopy(method.averaged.module)
+    recompute_bn(average, trainer.bn_loader, CPU)
+    for name, value in method.averaged.module.state_dict().items():
+        assert torch.equal(average.state_dict()[name], value), name
+    fresh = metrics_from_log_probs(predict_log_probs(average, trainer.test_loader, CPU), trainer.test_labels)
+    assert fresh == {k: v for k, v in metrics["swa"].items() if k in fresh}
+
+
 # -- where the averages live --------------------------------------------------------------------------------
 @pytest.mark.parametrize("method_name", ["swa", "ema"])
 def test_an_average_kept_on_the_cpu_gives_the_same_run(tmp_path, method_name):

@@ -31,13 +31,7 @@ CPU = torch.device("cpu")
 CLASSES = 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Toy models gain nothing from threads, and lose a lot to them on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # toy models gain nothing from threads, lose on a busy machine
 
 
 def split(n: int, seed: int, channels: int = 2, size: int = 6) -> DataSplit:

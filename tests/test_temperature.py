@@ -19,12 +19,7 @@ from swalab.trainer import Trainer, TrainerOptions
 from test_methods import CPU, split, toy_net
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # toy models gain nothing from threads, lose on a busy machine
 
 
 # -- the fit ---------------------------------------------------------------------------------------------------------

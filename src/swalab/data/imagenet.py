@@ -38,7 +38,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .folder import IMAGE_EXTENSIONS
-from .loader import epoch_generator
+from .loader import check_shard, epoch_generator
 from .splits import TEST_SUBSET_SEED, check_size, hold_out, subset_indices
 
 TRAIN_SPLIT, EVAL_SPLIT = "train", "val"
@@ -286,13 +286,7 @@ class StreamLoader:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        if world_size > 1 and not train:
-            raise ValueError("rank/world_size shard training batches only; every rank evaluates the whole split")
-        if world_size > 1 and (drop_last is False or n < batch_size * world_size):
-            raise ValueError(f"sharding over {world_size} ranks needs drop_last and at least one global batch "
-                             f"({batch_size * world_size} samples), got drop_last={drop_last} and {n} samples")
+        check_shard(n, batch_size, train, drop_last, rank, world_size)
         if world_size > 1:
             drop_last = True  # the sampler yields whole batches of this rank only
         elif drop_last is None:  # in training, never a tiny last batch, and never one of a single image (BatchNorm)

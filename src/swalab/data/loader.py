@@ -106,6 +106,19 @@ def random_crop_flip(
     return crops, oy, ox, fl
 
 
+def check_shard(n: int, batch_size: int, train: bool, drop_last: bool | None, rank: int, world_size: int) -> None:
+    """The one rule of every loader sharded by rank (this one and ``imagenet.StreamLoader``): ``rank`` within the
+    world, training batches only (every rank evaluates the whole split), whole batches only, at least one global
+    batch of ``batch_size x world_size`` samples."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if world_size > 1 and not train:
+        raise ValueError("rank/world_size shard training batches only; every rank evaluates the whole split")
+    if world_size > 1 and (drop_last is False or n < batch_size * world_size):
+        raise ValueError(f"sharding over {world_size} ranks needs drop_last and at least one global batch "
+                         f"({batch_size * world_size} samples), got drop_last={drop_last} and {n} samples")
+
+
 class ResidentLoader:
     """Iterate over a :class:`DataSplit` held on the training device, in normalised float batches.
 
@@ -185,13 +198,7 @@ class ResidentLoader:
             raise ValueError(f"std must be positive, got {list(std)}")
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating type, got {dtype}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        if world_size > 1 and not train:
-            raise ValueError("rank/world_size shard training batches only; every rank evaluates the whole split")
-        if world_size > 1 and (drop_last is False or n < batch_size * world_size):
-            raise ValueError(f"sharding over {world_size} ranks needs drop_last and at least one global batch "
-                             f"({batch_size * world_size} samples), got drop_last={drop_last} and {n} samples")
+        check_shard(n, batch_size, train, drop_last, rank, world_size)
         self.rank, self.world_size = int(rank), int(world_size)
         if drop_last is None:
             drop_last = train and n >= 2 * batch_size * world_size

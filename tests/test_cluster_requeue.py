@@ -81,7 +81,7 @@ def test_usr1_scontrol_requeue_and_a_preemption_each_requeue_the_job_from_a_chec
         interruptions = [
             ["scancel", "--signal=USR1", job],                        # what SLURM sends signal_delay_s before the limit
             ["scontrol", "requeue", job],                              # SIGTERM; SLURM requeues the job
-            ["sbatch", "--partition=urgent", "--cpus-per-task=2", "--wrap=sleep 1"],  # preempts the job (USR1, then requeue)
+            ["sbatch", "--partition=urgent", "--cpus-per-task=2", f"--output={tmp_path}/urgent-%j.out", "--wrap=sleep 1"],  # preempts the job (USR1, then requeue)
         ]
         for n, command in enumerate(interruptions, start=1):
             wait_for(after_epochs(2 * n), f"epoch {2 * n}", 240)

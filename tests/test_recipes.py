@@ -304,6 +304,31 @@ def test_a_run_with_every_recipe_option_pauses_and_resumes_bit_equal(tmp_path, m
     assert [row["lr"] for row in history[:2]] == pytest.approx(cosine)  # the warmup's last step reached the cosine
 
 
+def test_an_fp16_run_pauses_and_resumes_bit_equal_with_its_loss_scale(tmp_path, make_cfg, monkeypatch, one_thread):
+    """fp16 keeps a GradScaler whose scale and growth tracker change the steps it takes: both come back from a
+    mid-epoch checkpoint, so the last checkpoint's scaler and the final weights equal the straight run's."""
+    from swalab import faults
+    from swalab.train import train
+    from swalab.trainer import Preempted
+
+    fp16 = [*[o for o in MODERN if not o.startswith("trainer.precision=")], "trainer.precision=fp16"]
+    straight = train(make_cfg(*fp16), run_dir=tmp_path / "straight")
+    faults.reset()
+    monkeypatch.setenv(faults.ENV, "train_step:6:TERM")  # step 2 of epoch 2
+    with pytest.raises(Preempted):
+        train(make_cfg(*fp16), run_dir=tmp_path / "paused")
+    paused_at = torch.load(next((tmp_path / "paused" / "checkpoints").glob("*_step*.pt")), weights_only=False)
+    assert paused_at["scaler"]["_growth_tracker"] > 0  # the tracker counted steps: restarting it would change the run
+    monkeypatch.delenv(faults.ENV)
+    faults.reset()
+    assert train(make_cfg(*fp16), run_dir=tmp_path / "paused") == straight
+    last = [torch.load(max((tmp_path / run / "checkpoints").glob("epoch*.pt")), weights_only=False)
+            for run in ("straight", "paused")]
+    assert last[0]["scaler"] == last[1]["scaler"]
+    a, b = (torch.load(tmp_path / run / "final.pt", weights_only=False)["model"] for run in ("straight", "paused"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_the_paper_recipe_is_the_default_and_every_recipe_key_names_its_run(make_cfg, tmp_path):
     from test_run_identity import plan_of
 

@@ -8,7 +8,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import OmegaConf
 
 from conftest import CONF_DIR
-from swalab.config import ConfigError, budget_epochs
+from swalab.config import ConfigError, epochs_of_budget
 from swalab.tracking import NullTracker
 from swalab.train import validate
 from swalab.train.build import build_method
@@ -110,7 +110,7 @@ def test_sgd_baseline_config_is_the_papers(make_cfg):
 
 
 def test_budgets_round_to_whole_epochs():
-    assert budget_epochs(1.25, 150) == 188 and budget_epochs(1.5, 200) == 300
+    assert epochs_of_budget(1.25, 150) == 188 and epochs_of_budget(1.5, 200) == 300
 
 
 def test_resolved_config_has_no_missing_values(make_cfg):

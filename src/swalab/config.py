@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
-def budget_epochs(budget: float, base: float) -> int:
+def epochs_of_budget(budget: float, base: float) -> int:
     """``budget`` budgets of ``base`` epochs, rounded to whole epochs (1.25 x 150 = 188). A non-finite product
     (``method.budget=inf``) is returned as it is, for :func:`check_config` to refuse by name."""
     epochs = float(budget) * float(base)
@@ -47,7 +47,7 @@ def class_name(target: str) -> str:
 
 
 def register_resolvers() -> None:
-    OmegaConf.register_new_resolver("swalab.epochs", budget_epochs, replace=True)
+    OmegaConf.register_new_resolver("swalab.epochs", epochs_of_budget, replace=True)
     OmegaConf.register_new_resolver("swalab.basename", folder_name, replace=True)
     OmegaConf.register_new_resolver("swalab.classname", class_name, replace=True)
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from swalab.checkpoint import PredictionFiles
-from swalab.config import ConfigError, budget_epochs, require
+from swalab.config import ConfigError, epochs_of_budget, require
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.schedules import PaperSGD, Schedule, warmup_factor
 
@@ -110,7 +110,7 @@ class Method:
 
     def epoch_of(self, fraction: float) -> int:
         """``fraction`` of the budget B in whole epochs (0.805 of 200 is epoch 161)."""
-        return budget_epochs(fraction, self.budget_epochs)
+        return epochs_of_budget(fraction, self.budget_epochs)
 
     # -- checks before anything trains ---------------------------------------------------
     def validate(self, initialized: bool) -> None:

@@ -92,9 +92,9 @@ def _load_probs(path: Path) -> dict | None:
 def same_budget(column, fge_column) -> bool:
     """Whether ``column`` was trained at the budget B of ``fge_column`` (SWA 1.5B (6 ep) and FGE 1B (4 ep): B = 4),
     by the rule that made its epochs (``swalab.config.budget_epochs``), as the paired table pairs with SGD."""
-    from swalab.config import budget_epochs
+    from swalab.config import epochs_of_budget
 
-    return bool(fge_column.budget) and budget_epochs(column.budget, fge_column.epochs / fge_column.budget) == column.epochs
+    return bool(fge_column.budget) and epochs_of_budget(column.budget, fge_column.epochs / fge_column.budget) == column.epochs
 
 
 def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:

@@ -22,7 +22,7 @@ from torch import nn
 from swalab.data import ResidentLoader
 from swalab.data.splits import DataSplit
 from swalab.evaluate import predict_logits, recompute_bn
-from swalab.methods import EMA, FGE, SGD, SWA
+from swalab.methods import EMA, FGE, SGD, SWA, SWAG
 from swalab.optim import OptimizerSpec
 from swalab.schedules import Constant
 from swalab.trainer import Trainer, TrainerOptions
@@ -49,7 +49,8 @@ def methods() -> dict:
     return {"sgd": SGD(lr, EPOCHS),
             "swa": SWA(lr, EPOCHS, lr=0.02, start_epoch=2),  # its BN update is sharded
             "ema": EMA(lr, EPOCHS, decay=0.9),                       # averages each rank's own BN buffers
-            "fge": FGE(lr, EPOCHS, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=2, bn_update=True)}
+            "fge": FGE(lr, EPOCHS, lr_max=0.05, lr_min=0.01, cycle_epochs=2, pretrain_epochs=2, bn_update=True),
+            "swag": SWAG(lr, EPOCHS, lr=0.02, start_epoch=2, rank=2, samples=2)}  # every rank draws rank 0's samples
 
 
 def loaders(rank: int, world_size: int):
@@ -69,6 +70,7 @@ def train_all(run_dir: Path, rank: int, world_size: int) -> dict[str, dict]:
         trainer = Trainer(bn_model(), method, train, test, bn, torch.device("cpu"), run_dir / name,
                           TrainerOptions(epochs=EPOCHS, progress=False, handle_signals=False),
                           optimizer=OptimizerSpec(settings={"momentum": 0.9, "weight_decay": 1e-4}))
+        torch.manual_seed(100 + rank)  # each rank its own stream, as the ranks of a run have
         metrics[name] = trainer.fit().metrics
     return metrics
 
@@ -126,7 +128,8 @@ def two_ranks(tmp_path_factory) -> dict[int, dict]:
 def test_every_rank_returns_the_same_metrics_for_every_predictor(two_ranks):
     per_rank = [two_ranks[r]["metrics"] for r in (0, 1)]
     predictors = {(m, p) for m, scored in per_rank[0].items() for p in scored}
-    assert {("sgd", "sgd"), ("swa", "swa"), ("swa", "sgd"), ("ema", "ema"), ("ema", "sgd"), ("fge", "fge")} <= predictors
+    assert {("sgd", "sgd"), ("swa", "swa"), ("swa", "sgd"), ("ema", "ema"), ("ema", "sgd"), ("fge", "fge"),
+            ("swag", "swag"), ("swag", "swag_diag")} <= predictors
     for method, predictor in sorted(predictors):
         assert per_rank[0][method][predictor] == per_rank[1][method][predictor], (method, predictor)
 

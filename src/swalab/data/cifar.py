@@ -76,9 +76,9 @@ def _layout_help(spec: _CifarSpec, root_arg: str | Path, root: Path) -> str:
         f"  (a) torchvision's pickle layout: {root / spec.pickle_dir}/{{{pickle_files}}}\n"
         f"  (b) an image folder: {root}/train/<class>/*.{{{exts},...}} and {root}/test/<class>/*, "
         f"{spec.num_classes} class folders whose sorted names give the label order\n"
-        f"To get them: set run.download=true on a machine with internet access (torchvision fetches "
-        f"the pickles into dataset.root), or copy either layout from a machine that has it and point "
-        f"dataset.root at the folder holding it."
+        f"To get them: run the command once on a machine with internet access, with run.download=true "
+        f"(the default: torchvision fetches the pickles into dataset.root), or copy either layout from a "
+        f"machine that has it and point dataset.root at the folder holding it."
     )
 
 

@@ -1,0 +1,87 @@
+"""A benchmark started from a working tree with uncommitted changes refuses to write its result unless
+``SWALAB_BENCH_ALLOW_DIRTY=1`` says so, and then the file records ``"dirty": true`` (bench/_common.py's module doc).
+
+bench/_common.py reads the tree's state with ``git status`` in the repository it lies in, when it is imported; so the
+module is copied into a throwaway git repository, made clean or dirty there, and imported by a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# what a benchmark does at its end: bench/<name>.py imports _common from its own folder and calls write_result
+BENCHMARK = """
+import sys, torch
+import _common
+path = _common.write_result("probe", torch.device("cpu"), {"value": 1.5}, out=sys.argv[1])
+print("WROTE", path)
+"""
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+                   cwd=repo, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def bench_repo(tmp_path) -> Path:
+    """A git repository holding bench/_common.py and one tracked file, committed: a clean tree."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    shutil.copy(REPO / "bench" / "_common.py", repo / "bench" / "_common.py")
+    (repo / "tracked.txt").write_text("committed\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "init")
+    return repo
+
+
+def run_benchmark(repo: Path, out: Path, allow_dirty: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SWALAB_BENCH_ALLOW_DIRTY"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if allow_dirty is not None:
+        env["SWALAB_BENCH_ALLOW_DIRTY"] = allow_dirty
+    return subprocess.run([sys.executable, "-c", BENCHMARK, str(out)], cwd=repo / "bench", env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_benchmark_from_a_dirty_tree_writes_nothing_unless_allowed_and_then_says_dirty(bench_repo, tmp_path):
+    (bench_repo / "tracked.txt").write_text("an uncommitted change\n")  # a tracked file changed: the tree is dirty
+
+    refused = tmp_path / "refused.json"
+    done = run_benchmark(bench_repo, refused)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "not written: the working tree had uncommitted changes" in done.stderr
+    assert "SWALAB_BENCH_ALLOW_DIRTY=1" in done.stderr
+    assert not refused.exists()
+
+    other = tmp_path / "other_value.json"  # only "1" allows it
+    done = run_benchmark(bench_repo, other, allow_dirty="yes")
+    assert done.returncode != 0 and not other.exists()
+
+    allowed = tmp_path / "allowed.json"
+    done = run_benchmark(bench_repo, allowed, allow_dirty="1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(allowed.read_text())
+    assert result["value"] == 1.5 and result["provenance"]["dirty"] is True
+
+
+def test_a_benchmark_from_a_clean_tree_writes_its_result_marked_clean(bench_repo, tmp_path):
+    (bench_repo / "untracked.txt").write_text("not part of the code\n")  # untracked files do not make it dirty
+    out = tmp_path / "clean.json"
+    done = run_benchmark(bench_repo, out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["provenance"]["dirty"] is False and len(result["provenance"]["commit"]) == 40

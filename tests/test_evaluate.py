@@ -9,8 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swalab.evaluate import (CachedEnsemble, ModelPredictor, ensemble_log_mean, mean_loss_and_accuracy,
-                             metrics_from_log_probs)
+from swalab.evaluate import (CachedEnsemble, CachedLogProbs, ModelPredictor, ensemble_log_mean, ensemble_mean,
+                             expected_calibration_error, labels_of, mean_loss_and_accuracy, metrics_from_log_probs,
+                             metrics_from_probs, metrics_table, reliability_bins, val_log_probs_of)
+
+CPU = torch.device("cpu")
 
 
 class FixedLogits(nn.Module):
@@ -109,3 +112,201 @@ def test_the_brier_score_equals_a_hand_computation():
     m = metrics_from_probs(probs, torch.tensor([0, 1]))
     # image 0: (0.7-1)^2 + 0.2^2 + 0.1^2 = 0.14; image 1: 0.1^2 + (0.3-1)^2 + 0.6^2 = 0.86
     assert m["brier"] == pytest.approx((0.14 + 0.86) / 2, rel=1e-6)
+
+
+# ============================================================================= written out by hand (docs/mutation.md)
+# Every expected number below is computed in the comment next to it, not by calling the code under test; each test
+# kills mutants that survived mutmut's first run on this module.
+
+
+class CountingLoader:
+    """One batch of (x, y); counts how many times it was read."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.batch, self.passes = (x, y), 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter([self.batch])
+
+
+# ----------------------------------------------------------------------------- per-epoch loss and accuracy
+
+
+def test_per_epoch_loss_and_accuracy_read_the_labels_from_the_loader_when_not_given():
+    logits = torch.tensor([[60.0, 0.0, 0.0], [0.0, 3.0, 0.0]])  # image 0 predicts 0 (label 2: wrong), image 1 right
+    loader = [(torch.zeros(2, 1), torch.tensor([2, 1]))]
+    loss, acc = mean_loss_and_accuracy(FixedLogits(logits), loader, CPU)
+    assert acc == 50.0
+    assert loss == pytest.approx((60 + math.log(1 + 2 * math.exp(-60)) + math.log(2 + math.exp(3)) - 3) / 2, rel=1e-6)
+
+
+def test_per_epoch_loss_and_accuracy_with_known_labels_read_the_loader_once():
+    logits = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # predicts 0, 0, 1, 0
+    labels = torch.tensor([0, 1, 1, 1])                                     # right, wrong, right, wrong
+    loader = CountingLoader(torch.zeros(4, 1), labels)
+    _, acc = mean_loss_and_accuracy(FixedLogits(logits), loader, CPU, labels=labels)
+    assert acc == 50.0
+    assert loader.passes == 1
+
+
+# ----------------------------------------------------------------------------- labels_of
+
+
+def test_labels_of_a_loader_that_knows_them_takes_them_without_reading_a_batch():
+    class Streaming:
+        labels = torch.tensor([3, 1, 4])
+
+        def __iter__(self):
+            raise AssertionError("labels_of decoded the images to collect labels it was given")
+
+    assert labels_of(Streaming()).tolist() == [3, 1, 4]
+
+
+def test_labels_of_a_plain_loader_are_its_batches_labels_in_order():
+    loader = [(torch.zeros(2, 1), torch.tensor([3, 1])), (torch.zeros(1, 1), torch.tensor([4]))]
+    assert labels_of(loader).tolist() == [3, 1, 4]
+
+
+# ----------------------------------------------------------------------------- cached predictors
+
+
+def test_cached_log_probs_keep_test_and_validation_log_probs_in_float32():
+    test = torch.tensor([[-0.5, -1.0]], dtype=torch.float64)
+    val = torch.tensor([[-2.0, -0.25]], dtype=torch.float64)
+    cached = CachedLogProbs(test, val)
+    assert cached.predict_log_proba().dtype == torch.float32 and cached.predict_log_proba().tolist() == [[-0.5, -1.0]]
+    assert cached.val_log_proba().dtype == torch.float32 and cached.val_log_proba().tolist() == [[-2.0, -0.25]]
+    assert CachedLogProbs(test).val_log_proba() is None
+
+
+def test_an_ensemble_scored_on_the_validation_split_gives_its_members_mean_probability_there():
+    val_a, val_b = torch.tensor([[0.9, 0.1]]).log(), torch.tensor([[0.5, 0.5]]).log()
+    test = torch.tensor([[0.6, 0.4]]).log()
+    built = CachedEnsemble([test, test], [val_a, val_b])
+    torch.testing.assert_close(built.val_log_proba().exp(), torch.tensor([[0.7, 0.3]]))
+    added = CachedEnsemble()
+    added.add(test, val_a)
+    added.add(test, val_b)
+    torch.testing.assert_close(added.val_log_proba().exp(), torch.tensor([[0.7, 0.3]]))
+    torch.testing.assert_close(added.predict_log_proba().exp(), torch.tensor([[0.6, 0.4]]))  # the test split's, too
+
+
+def test_an_ensemble_knows_nothing_of_the_validation_split_unless_every_member_was_scored_there():
+    test, val = torch.tensor([[0.6, 0.4]]).log(), torch.tensor([[0.9, 0.1]]).log()
+    partly = CachedEnsemble()
+    partly.add(test, val)
+    partly.add(test)  # this member was not scored on the validation split
+    assert len(partly) == 2 and partly.val_log_proba() is None
+    assert CachedEnsemble([test, test]).val_log_proba() is None
+
+
+def test_an_ensembles_curve_scores_the_first_k_members_for_k_from_one():
+    a, b = torch.tensor([[0.9, 0.1]]).log(), torch.tensor([[0.5, 0.5]]).log()
+    ensemble = CachedEnsemble([a, b])
+    torch.testing.assert_close(ensemble.log_probs(1), a)
+    curve = ensemble.curve(torch.tensor([0]))
+    assert [row["members"] for row in curve] == [1, 2]
+    assert curve[0]["nll"] == pytest.approx(-math.log(0.9), rel=1e-6)  # member a alone
+    assert curve[1]["nll"] == pytest.approx(-math.log(0.7), rel=1e-6)  # (0.9 + 0.5) / 2
+
+
+@pytest.mark.parametrize("combine", [ensemble_log_mean, ensemble_mean])
+def test_an_ensemble_with_no_members_refuses_to_score(combine):
+    with pytest.raises(ValueError, match="the ensemble has no members yet: nothing to score"):
+        combine([])
+
+
+def test_an_ensemble_of_one_member_is_that_member():
+    a = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+    assert ensemble_mean([a]).dtype == torch.float32
+    torch.testing.assert_close(ensemble_mean([a]), a)
+
+
+# ----------------------------------------------------------------------------- val_log_probs_of
+
+
+def test_validation_log_probs_of_a_cached_predictor_are_those_it_kept():
+    test = torch.full((4, 3), math.log(1 / 3))                     # 4 test images, 3 classes
+    val = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]).log()   # 2 validation images
+    labels = torch.tensor([0, 2])
+    got = val_log_probs_of(CachedLogProbs(test, val), [(torch.zeros(2, 1), labels)], labels, "swa")
+    torch.testing.assert_close(got, val)
+    assert val_log_probs_of(CachedLogProbs(test), [(torch.zeros(2, 1), labels)], labels, "swa") is None
+
+
+def test_validation_log_probs_of_a_network_are_its_prediction_on_the_validation_loader():
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    labels = torch.tensor([0, 2])
+    got = val_log_probs_of(ModelPredictor(FixedLogits(logits), CPU), [(torch.zeros(2, 1), labels)], labels, "sgd")
+    torch.testing.assert_close(got, logits.log_softmax(dim=1))
+
+
+def test_a_predictor_that_answers_with_the_test_sets_rows_is_refused_naming_it_and_the_remedy():
+    class TestSetOnly:
+        def predict_log_proba(self, loader):
+            return torch.zeros(4, 3)  # computed once on 4 test images, whatever the loader
+
+    labels = torch.tensor([0, 2])
+    with pytest.raises(RuntimeError) as refused:
+        val_log_probs_of(TestSetOnly(), [(torch.zeros(2, 1), labels)], labels, "fge")
+    message = str(refused.value)
+    assert "predictor 'fge' gave 4 rows for the 2 validation images" in message
+    assert "the validation split through val_log_proba() (swalab.evaluate.CachedLogProbs takes both)" in message
+
+
+# ----------------------------------------------------------------------------- reliability bins, ECE, top-5
+
+
+# three classes, five images: confidence (the max), predicted class (argmax) and whether it is right
+PROBS = torch.tensor([[0.6, 0.3, 0.1],     # conf 0.6, predicts 0, label 0: right
+                      [0.7, 0.2, 0.1],     # conf 0.7, predicts 0, label 1: wrong
+                      [0.05, 0.9, 0.05],   # conf 0.9, predicts 1, label 1: right
+                      [1.0, 0.0, 0.0],     # conf 1.0, predicts 0, label 0: right (a certain prediction)
+                      [0.5, 0.3, 0.2]])    # conf 0.5, predicts 0, label 0: right (on a bin edge)
+LABELS = torch.tensor([0, 1, 1, 0, 0])
+
+
+def test_reliability_bins_are_equal_width_right_closed_and_empty_bins_say_none():
+    rows = reliability_bins(PROBS, LABELS, bins=4)
+    assert [(r["lo"], r["hi"]) for r in rows] == [(0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0)]
+    assert [r["count"] for r in rows] == [0, 1, 2, 2]  # 0.5 in (0.25, 0.5]; 0.6, 0.7; 0.9, 1.0 in (0.75, 1]
+    assert [r["acc"] for r in rows] == [None, 1.0, 0.5, 1.0]
+    assert rows[0]["conf"] is None
+    assert [r["conf"] for r in rows[1:]] == pytest.approx([0.5, 0.65, 0.95])
+
+
+def test_ece_uses_the_number_of_bins_it_is_given():
+    # 4 bins: 1/5 |1 - 0.5| + 2/5 |0.5 - 0.65| + 2/5 |1 - 0.95| = 0.1 + 0.06 + 0.02
+    assert expected_calibration_error(PROBS, LABELS, bins=4) == pytest.approx(0.18, rel=1e-5)
+
+
+def test_ece_of_no_predictions_is_zero():
+    assert expected_calibration_error(torch.empty(0, 3), torch.empty(0, dtype=torch.long)) == 0.0
+
+
+def test_top5_accuracy_is_reported_only_with_more_than_five_classes():
+    probs = torch.tensor([[0.4, 0.3, 0.15, 0.1, 0.05]])
+    assert set(metrics_from_probs(probs, torch.tensor([4]))) == {"acc", "nll", "ece", "brier"}
+
+
+# ----------------------------------------------------------------------------- the metrics table
+
+
+def test_the_metrics_table_prints_one_aligned_line_per_scored_predictor():
+    table = metrics_table({"sgd": {"acc": 93.456, "nll": 0.21234, "ece": 0.01234, "brier": 0.1},
+                           "swa": {"acc": 92.0, "nll": 0.25, "ece": 0.02},  # an earlier file: no Brier score
+                           "fge_curve": {"members": 3}})                    # no accuracy: not a table row
+    assert table.split("\n") == [
+        "predictor       acc %      nll      ece    brier",
+        "sgd             93.46   0.2123   0.0123   0.1000",
+        "swa             92.00   0.2500   0.0200        –",
+    ]
+
+
+def test_the_metrics_tables_first_column_widens_to_the_longest_name():
+    table = metrics_table({"swa_budget_1.25": {"acc": 50.0, "nll": 1.0, "ece": 0.5, "brier": 0.25}})
+    assert table.split("\n") == [
+        "predictor          acc %      nll      ece    brier",
+        "swa_budget_1.25    50.00   1.0000   0.5000   0.2500",
+    ]

@@ -318,3 +318,49 @@ def test_a_warmup_longer_than_the_run_is_refused_naming_the_key():
     method = SWA(schedule=Constant(lr=0.1, warmup_epochs=30), epochs=20, start_epoch=12, lr=0.02, pre_schedule="base")
     with pytest.raises(ValueError, match="schedule.warmup_epochs=30 is longer than the run's 20 epochs"):
         method.validate(initialized=False)
+
+
+# ----------------------------------------------------------------------------- written out by hand (docs/mutation.md)
+
+
+def test_cosine_lr_starts_at_lr_and_is_halfway_between_lr_and_lr_min_at_mid_run():
+    assert cosine_lr(0.0, 0.2, 0.02) == pytest.approx(0.2)
+    assert cosine_lr(0.5, 0.2, 0.02) == pytest.approx(0.11)  # 0.02 + (0.2 - 0.02) / 2
+
+
+def test_a_cosine_schedules_lr_at_the_last_epoch_is_lr_min():
+    s = Cosine(lr=0.2, horizon=10, lr_min=0.02)
+    assert s(10) == pytest.approx(0.02)
+    assert s(5) == pytest.approx(0.11)
+
+
+def test_a_horizon_of_one_epoch_or_less_is_accepted():
+    assert Cosine(lr=0.2)(0.5) == pytest.approx(0.1)  # the default horizon, 1 epoch
+    assert Cosine(lr=0.2, horizon=0.5)(0.25) == pytest.approx(0.1)
+    assert Piecewise(lr=0.1, horizon=0.5, milestones=(0.5,), gamma=0.1)(0.25) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Constant(lr=0.0), "schedule.lr=0.0 must be > 0"),
+    (lambda: Constant(lr=0.1, per_iteration="yes"), "schedule.per_iteration='yes' must be true or false"),
+    (lambda: PaperSGD(lr=0.1, horizon=0), "schedule.horizon=0 must be > 0"),
+    (lambda: PaperSGD(lr=0.1, final_lr=0), "schedule.final_lr=0 must be > 0"),
+    (lambda: Cosine(lr=0.1, horizon=0), "schedule.horizon=0 must be > 0"),
+    (lambda: Cosine(lr=0.1, lr_min=-0.01), "schedule.lr_min=-0.01 must be >= 0"),
+    (lambda: Piecewise(lr=0.1, horizon=0), "schedule.horizon=0 must be > 0"),
+    (lambda: Piecewise(lr=0.1, gamma=0), "schedule.gamma=0 must be > 0"),
+])
+def test_a_schedule_refuses_a_bad_value_saying_key_value_and_range(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+
+
+def test_swalr_with_no_anneal_epochs_is_at_swa_lr_from_its_first_epoch():
+    for strategy in ("cos", "linear"):
+        assert swalr_lr(0, 0.05, 0.2, 0, strategy) == 0.05
+        assert swalr_lr(3, 0.05, 0.2, 0, strategy) == 0.05
+
+
+def test_swalr_over_one_anneal_epoch_starts_at_the_lr_in_force():
+    assert swalr_lr(0, 0.05, 0.2, 1, "linear") == 0.2
+    assert swalr_lr(1, 0.05, 0.2, 1, "linear") == 0.05

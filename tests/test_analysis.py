@@ -302,6 +302,44 @@ def test_curves_take_sgd_from_test_acc_and_swa_from_swa_test_acc(tmp_path):
     assert out.stat().st_size > 0
 
 
+def half_written_then_disk_full(target, *args, **kwargs):
+    """A writer that puts a few bytes where it writes (a path or an open file), then finds the disk full."""
+    if hasattr(target, "write"):
+        target.write(b"\x89PNG half")
+    else:
+        Path(target).write_bytes(b"\x89PNG half")
+    raise OSError(28, "No space left on device")
+
+
+def test_a_curves_figure_that_fails_while_written_leaves_the_earlier_one(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    run = tmp_path / "r" / "seed0"
+    run.mkdir(parents=True)
+    (run / "history.jsonl").write_text(json.dumps({"epoch": 1, "test_acc": 50.0}) + "\n")
+    out = tmp_path / "fig.png"
+    curves.main([str(run), "--out", str(out)])
+    before = out.read_bytes()
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: half_written_then_disk_full(*a))
+    with pytest.raises(OSError):
+        curves.main([str(run), "--out", str(out)])
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png", "r"]  # no temp file left
+
+
+def test_arrays_that_fail_while_written_leave_the_earlier_ones(tmp_path, monkeypatch):
+    from swalab.analysis.probe import save_arrays
+
+    out = tmp_path / "segment.npz"
+    save_arrays(out, t=np.arange(3.0))
+    monkeypatch.setattr(np, "savez", half_written_then_disk_full)
+    with pytest.raises(OSError):
+        save_arrays(out, t=np.arange(5.0))
+    monkeypatch.undo()
+    np.testing.assert_array_equal(np.load(out)["t"], np.arange(3.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["segment.npz"]
+
+
 @pytest.mark.parametrize("experiment", ["fig6_swa_lr_study", "fig7_constant_vs_decay"])
 def test_figure_experiments_compose(experiment):
     from hydra import compose, initialize_config_dir

@@ -39,8 +39,8 @@ def test_a_slurm_job_of_two_tasks_trains_like_torchrun(slurm_cluster, torchrun_r
     assert_same_weights(run_dir, torchrun_reference)
 
 
-def test_torchrun_on_two_nodes_of_one_process_trains_like_one_node_of_two(slurm_cluster, torchrun_reference,
-                                                                           tmp_path):
+def test_torchrun_on_two_nodes_of_one_process_trains_like_one_node_of_two(torchrun_reference, tmp_path):
+    """Two torchrun launches on this machine, no SLURM: it runs wherever the multi-process tests are asked for."""
     rendezvous = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
                   "--rdzv_id=swalab-two-nodes"]
     run_dir = tmp_path / "run"

@@ -152,3 +152,19 @@ def test_a_key_a_config_file_adds_to_the_trainer_or_run_group_and_nothing_reads_
     assert "trainer.eval_batch_size is not a key of conf/trainer/default.yaml, so nothing would read it: it is now " \
            "run.eval_batch_size" in str(refused.value)
     assert "run.epochs is not a key of conf/run/default.yaml" in str(refused.value)
+
+
+def test_the_docs_write_no_key_of_an_earlier_version():
+    """A command copied from the docs runs: none of its ``key=value`` uses a key that moved (swalab refuses it)."""
+    import re
+
+    from swalab.config import MOVED_KEYS
+    from swalab.identity import RESPELLED
+
+    root = CONF_DIR.parent
+    written = re.compile(r"(?<![\w./])\+{0,2}([a-z_]+(?:\.[a-z_0-9]+)+)=")
+    docs = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    old = [f"{path.relative_to(root)}:{n}: {key}" for path in docs
+           for n, line in enumerate(path.read_text().splitlines(), 1) for key in written.findall(line)
+           if key in MOVED_KEYS or key in RESPELLED]
+    assert old == []

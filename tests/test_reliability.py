@@ -612,6 +612,32 @@ def test_full_disk_at_checkpoint_time_keeps_the_previous_checkpoint(tmp_path, re
     assert_same_run(run, reference)
 
 
+def test_a_grid_summary_the_disk_cannot_hold_leaves_the_earlier_summary_whole(tmp_path, monkeypatch):
+    import io
+
+    from swalab.grid import close_grid, record_job
+
+    grid = tmp_path / "grid"
+    record_job(grid, 0, ["method=sgd"], tmp_path / "runs" / "sgd", "complete")
+    close_grid(grid)
+    before = (grid / "summary.txt").read_text()
+    record_job(grid, 1, ["method=swa"], tmp_path / "runs" / "swa", "failed", "RuntimeError: boom")
+    real_open = io.open
+
+    def disk_full_after_a_few_bytes(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        if "w" in mode:
+            f.write(b"[swa" if "b" in mode else "[swa")
+            f.close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return f
+    monkeypatch.setattr(io, "open", disk_full_after_a_few_bytes)
+    close_grid(grid)  # prints the summary; writing it fails
+    monkeypatch.undo()
+    assert (grid / "summary.txt").read_text() == before
+    assert sorted(p.name for p in grid.iterdir()) == ["jobs", "summary.txt"]  # no temp file left
+
+
 # -- a resume restores every random number generator -----------------------------------------------
 RANDOM_MODELS = {  # networks that draw from torch's global RNG in every training step
     "shake-shake": ["model=shakeshake26_2x64d", "model.arch.depth=8", "model.arch.base_width=4"],

@@ -200,6 +200,16 @@ def test_a_directory_without_finished_runs_says_so(tmp_path, capsys):
     assert not (tmp_path / "out" / "table.md").exists()
 
 
+def test_a_directory_without_finished_runs_leaves_the_earlier_report_as_it_was(grid, tmp_path, capsys):
+    out = tmp_path / "report"
+    report([grid], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    make_run(tmp_path / "g", "sgd", 0, {}, status="running")
+    assert main([str(tmp_path / "g"), "--out", str(out)]) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no file replaced, none deleted
+    assert f"nothing to report; the earlier report in {out} is left as it was" in capsys.readouterr().err
+
+
 def test_a_missing_directory_is_an_error_not_an_empty_table(tmp_path, capsys):
     from swalab.cli import run_command
 

@@ -210,7 +210,8 @@ def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run"
 # FGE's settings to the model's recipe blocks (under the names their methods take), init_from to the model.
 MOVED_KEYS = {
     **{f"trainer.{k}": f"run.{k}" for k in ("device", "progress", "eval_batch_size", "compile", "channels_last",
-                                           "eval_every")},
+                                           "eval_every", "deterministic")},
+    "method.avg_device": "run.avg_device",  # where SWA's average and EMA's copy live: how a run runs, not what
     **{f"dataset.{k}": f"run.{k}" for k in ("cache_dir", "download", "num_workers", "prefetch_factor")},
     "run.init_from": "model.init_from",
     **{f"trainer.{k}": f"optimizer.{k}" for k in ("momentum", "weight_decay", "nesterov")},

@@ -22,6 +22,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from swalab.train.records import atomic_write
+
 JOBS_DIR = "jobs"
 SUMMARY_FILE = "summary.txt"
 OK_STATES = ("complete", "skipped")
@@ -95,8 +97,8 @@ def close_grid(grid_dir: str | Path, interrupted: bool = False) -> list[dict[str
                      "(finished runs are skipped, paused ones continue)")
     text = "\n".join(lines)
     print(text, flush=True)
-    try:
-        (Path(grid_dir) / SUMMARY_FILE).write_text(text + "\n")
+    try:  # atomically: a grid stopped while it writes keeps the summary it had
+        atomic_write(Path(grid_dir) / SUMMARY_FILE, lambda f: f.write((text + "\n").encode("utf-8")))
     except OSError:
         pass
     return jobs

@@ -30,7 +30,7 @@ import torch
 from swalab.analysis import plots
 from swalab.checkpoint import CheckpointStore
 from swalab.analysis.loading import add_common_arguments, load_weights, open_study, run_of
-from swalab.analysis.probe import Probe, ResultLog
+from swalab.analysis.probe import Probe, ResultLog, save_arrays
 
 METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
 
@@ -157,7 +157,7 @@ def main(argv=None) -> dict:
 
     names = list(points)
     traj_xy = np.array([[x, y] for _, (x, y, _) in trajectory]).reshape(-1, 2)
-    np.savez(out / "plane.npz", xs=xs, ys=ys, **surfaces, point_names=np.array(names),
+    save_arrays(out / "plane.npz", xs=xs, ys=ys, **surfaces, point_names=np.array(names),
              point_xyz=np.array([points[n] for n in names]), trajectory_epochs=np.array([e for e, _ in trajectory]),
              trajectory_xyz=np.array([c for _, c in trajectory]).reshape(-1, 3))
     title = study.describe()

@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from mpl_toolkits.axes_grid1 import make_axes_locatable  # noqa: E402
 
+from swalab.train.records import atomic_write  # noqa: E402
+
 
 #: label suffix of a live-model (SGD iterate) curve; ``curves_figure`` draws those dashed
 SGD_ITERATE = "SGD iterate"
@@ -129,8 +131,13 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
 
 
 def _save(fig, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` atomically, in the format its suffix names (PNG without one): a figure redrawn
+    over an earlier one is never left half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")  # equal-aspect planes leave empty bands otherwise
-    plt.close(fig)
+    try:  # bbox tight: equal-aspect planes leave empty bands otherwise
+        atomic_write(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower() or None, dpi=130,
+                                                 bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return path

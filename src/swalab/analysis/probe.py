@@ -18,11 +18,13 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from swalab.evaluate import predict_logits, recompute_bn
+from swalab.train.records import atomic_write
 from swalab.analysis.weights import ParamSpace, squared_norm
 
 
@@ -57,6 +59,12 @@ class Probe:
         l2 = 0.5 * self.weight_decay * squared_norm(vector)
         return {"train_loss": train_ce + l2, "train_ce": train_ce, "train_err": train_err,
                 "test_loss": test_loss, "test_err": test_err}
+
+
+def save_arrays(path: str | Path, **arrays) -> Path:
+    """An analysis' arrays as ``.npz`` (``np.savez``), written atomically: an analysis run again into the same
+    ``--out`` and stopped while it writes keeps the arrays of the earlier one, whole."""
+    return atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 class ResultLog:

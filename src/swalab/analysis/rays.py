@@ -27,7 +27,7 @@ import numpy as np
 from swalab.analysis import plots
 from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
 from swalab.analysis.plane import METRICS
-from swalab.analysis.probe import Probe, ResultLog
+from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.analysis.weights import random_unit_directions
 
 
@@ -77,7 +77,7 @@ def main(argv=None) -> dict:
                                                         points=args.points))
     probe = study.probe(starts["swa"][1])
     curves = evaluate_rays(starts, directions, distances, probe, log, progress=not args.quiet)
-    np.savez(out / "rays.npz", distances=distances,
+    save_arrays(out / "rays.npz", distances=distances,
              **{f"{name}_{m}": curves[name][m] for name in curves for m in METRICS})
     title = f"{study.describe()}: {args.directions} random directions"
     plots.rays_figure(out / "rays.png", distances, curves, title=title)

@@ -25,7 +25,7 @@ import numpy as np
 from swalab.analysis import plots
 from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
 from swalab.analysis.plane import METRICS
-from swalab.analysis.probe import Probe, ResultLog
+from swalab.analysis.probe import Probe, ResultLog, save_arrays
 
 
 def segment_ts(t_min: float, t_max: float, points: int) -> np.ndarray:
@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
     probe = study.probe(swa[1])
     values = evaluate_segment(swa, sgd, ts, probe, log, progress=not args.quiet)
     distances = ts * length
-    np.savez(out / "segment.npz", t=ts, distance=distances, sgd_distance=length, **values)
+    save_arrays(out / "segment.npz", t=ts, distance=distances, sgd_distance=length, **values)
     title = study.describe().replace(" (", ": SWA to SGD\n(", 1)
     plots.segment_figure(out / "segment.png", distances, values["train_loss"], values["test_err"], length,
                          title=title)

@@ -73,24 +73,21 @@ REPORT_FILES = ("table.md", "table.csv", "runs.csv", "test_error.png", "fge_curv
                 "test_error.pdf", "fge_curve.pdf", "reliability.pdf", "wandb_report.json")
 
 
-def write_report(work: Path, roots: Sequence[str | Path], runs, finished, table: Table, notes: list[str],
+def write_report(work: Path, roots: Sequence[str | Path], runs, table: Table, notes: list[str],
                  costs: list[dict], paper: bool, ensembles: Sequence = (),
                  reliability: Sequence[str] | None = None) -> dict:
-    """Write every file of the report but W&B's into ``work``; return their names."""
-    names: dict = {}
-    if finished:
-        (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs, ensembles)
-                                       + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-                                          if notes else ""))
-        write_csv(table, work / "table.csv", ensembles)
-        names.update({"table.md": True, "table.csv": True})
-        for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
-                           ("reliability", lambda t, p: plot_reliability(t, p, reliability))):
-            if plot(table, work / f"{name}.png"):
-                names.update({f"{name}.png": True, f"{name}.pdf": True})
-    if runs:
-        write_runs_csv(runs, work / "runs.csv", roots)
-        names["runs.csv"] = True
+    """Write every file of the report of ``runs`` (some of them finished) but W&B's into ``work``; return their
+    names."""
+    (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs, ensembles)
+                                   + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+                                      if notes else ""))
+    write_csv(table, work / "table.csv", ensembles)
+    write_runs_csv(runs, work / "runs.csv", roots)
+    names: dict = {"table.md": True, "table.csv": True, "runs.csv": True}
+    for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
+                       ("reliability", lambda t, p: plot_reliability(t, p, reliability))):
+        if plot(table, work / f"{name}.png"):
+            names.update({f"{name}.png": True, f"{name}.pdf": True})
     return names
 
 
@@ -127,24 +124,32 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     if reliability and not any(c.method in reliability for c in table.columns):
         notes.append(f"--reliability {' '.join(reliability)}: no column of these methods (the columns: "
                      f"{', '.join(sorted({c.method for c in table.columns}))}); no reliability diagram")
+    found = {"runs": runs, "finished": finished, "table": table, "notes": notes, "ensembles": ensembles}
+    if not finished:  # nothing to report: an earlier report in ``out`` stays as it was, every file of it
+        return {**found, "written": {}, "wandb": None}
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # the report is made here, then moved
     try:
-        names = write_report(work, roots, runs, finished, table, notes, costs, paper, ensembles, reliability)
+        names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability)
         publish(work, out, names)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     written = {name: out / name for name in names}
     wandb = None
-    if wandb_mode and finished:
+    if wandb_mode:
         from swalab.results.wandb_report import SPEC_FILE, publish_report
 
         wandb = publish_report(table, out, wandb_mode, project=wandb_project, entity=wandb_entity,
                                paper=load_paper_tables())
         if wandb["spec"] is not None:
             written[SPEC_FILE] = wandb["spec"]
-    return {"runs": runs, "finished": finished, "table": table, "notes": notes, "written": written, "wandb": wandb,
-            "ensembles": ensembles}
+    return {**found, "written": written, "wandb": wandb}
+
+
+def left_as_it_was(out: Path) -> str:
+    """What a report with nothing to write says of ``out``: that an earlier report there was kept, if there is one."""
+    earlier = [name for name in REPORT_FILES if (out / name).exists()]
+    return f"; the earlier report in {out} is left as it was" if earlier else "; no table written"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,8 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in result["notes"]:
         print(f"[swalab.results.report] {note}")
     if not finished:
-        print(f"[swalab.results.report] no finished runs (none has a metrics.json that reads back) below {', '.join(args.dirs)}: "
-              "no table written", file=sys.stderr)
+        print(f"[swalab.results.report] no finished runs (none has a metrics.json that reads back) below "
+              f"{', '.join(args.dirs)}: nothing to report{left_as_it_was(Path(args.out))}", file=sys.stderr)
         return 1
     print((Path(args.out) / "table.md").read_text())
     print(f"[swalab.results.report] wrote {', '.join(sorted(result['written']))} to {args.out}")

@@ -8,9 +8,12 @@ summary keep. Only the main rank writes (data-parallel runs share one directory)
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -56,14 +59,30 @@ def git_info() -> dict:
     return {"commit": commit or None, "dirty": dirty}
 
 
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Have ``write`` fill a temp file beside ``path`` (it is handed the open binary file), then rename it over
+    ``path``. For any file a reader may open while it is rewritten (a record, a summary, a figure, an array): a
+    kill leaves the old file or the new one, never half of one; an error while writing leaves the old file and
+    no temp file behind."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; these are shared like any other output
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a temp file renamed over it): a kill leaves the old file or the
-    new one, never half of one. Only the main rank writes (data-parallel runs share one directory)."""
+    """Write ``text`` to ``path`` atomically (:func:`atomic_write`). Only the main rank writes (data-parallel runs
+    share one directory)."""
     if not distributed.is_main():
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_json(path: Path, obj) -> None:

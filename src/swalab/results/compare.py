@@ -79,7 +79,7 @@ class Scored:
 def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
     """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device``."""
     run = open_run(run_dir)
-    why = unfinished(run.path)
+    why = unfinished(run.path, epoch_pick=False)
     if why is not None:  # its newest checkpoint is not its result
         raise FileNotFoundError(why)
     dev = select_device(device)

@@ -24,10 +24,11 @@ from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer import TrainerOptions
 
 
-def unfinished(run_dir: Path) -> str | None:
+def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
     """Why ``run_dir`` cannot stand for its final weights, or None when it has finished: a run still training
     (or stopped) has only intermediate checkpoints, which are never taken for its end without an explicit
-    ``@<epoch>``."""
+    ``@<epoch>``. ``epoch_pick``: whether the caller takes ``<run dir>@<epoch>`` (``model.init_from`` does; compare,
+    which scores a run's own predictors, does not), and so whether the message offers it."""
     try:
         if final_metrics(run_dir) is not None:
             return None
@@ -44,7 +45,7 @@ def unfinished(run_dir: Path) -> str | None:
         pass
     where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
     total = f" of {epochs}" if epochs is not None and newest is not None else ""
-    pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None else ""
+    pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None and epoch_pick else ""
     status = read_status(run_dir)
     if status == "running" and gone_holder(run_dir) is not None:
         why = "no process trains it"

@@ -460,6 +460,30 @@ def test_an_fge_curve_of_one_member_has_whole_member_ticks_and_says_so_where_it_
     assert all(t in ax.get_legend().get_texts() or not t.get_window_extent(renderer).overlaps(legend) for t in said)
 
 
+def test_the_fge_curve_draws_swa_of_the_fges_budget_only_and_the_spread_of_its_seeds(tmp_path, monkeypatch):
+    """FGE 1B (4 ep) beside SWA 1.5B (6 ep), B = 4 like it, and SWA 1.5B (24 ep), B = 16: as in section 3.5 only the
+    first is drawn, and the legend says why the other is not; two FGE seeds show their spread as error bars."""
+    from matplotlib.container import ErrorbarContainer
+
+    from swalab.results.plots import plot_fge_curve
+
+    root = tmp_path / "g"
+    for seed, acc in ((0, 90.0), (1, 92.0)):
+        make_run(root, "fge", seed, {"fge": m(acc, curve=[{"members": 1, "acc": acc - 2}, {"members": 2, "acc": acc}])})
+        for name, epochs in (("b4", 6), ("b16", 24)):
+            make_run(root, "swa", seed, {"swa": m(91.0 + seed, epoch=epochs)}, budget=1.5, name=name,
+                     extra={"trainer": {"epochs": epochs}})
+    ax = drawn(monkeypatch, plot_fge_curve, root, tmp_path).axes[0]
+    swa = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_label().split(" average")[0] for line in swa] == ["SWA 1.5B (6 ep)"]
+    said = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    assert "SWA 1.5B (24 ep)" not in said and "not drawn" in said and "B = 16 ep" in said.replace("\n", " ")
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert bars and bars[0].has_yerr
+    low, high = bars[0].lines[2][0].get_segments()[1][:, 1]  # the bar at 2 members: lowest to highest seed
+    assert (low, high) == (90.0, 92.0)
+
+
 def test_reliability_panel_titles_never_run_into_each_other(tmp_path, monkeypatch):
     from swalab.results.plots import plot_reliability
 

@@ -154,33 +154,62 @@ def test_error_curves(row) -> list[tuple[dict, str, str, str]]:
 
 
 def plot_fge_curve(table: Table, path: Path) -> bool:
-    """FGE ensemble accuracy against the number of members (whole numbers; min-max band over seeds); each SWA
-    column's accuracy as a line. One member is said in the legend: it is a single snapshot, not an ensemble."""
+    """FGE ensemble accuracy against the number of members (whole numbers), the mean over seeds with an error bar
+    from the lowest to the highest seed; each SWA column of the FGE's budget B as a line (dashed: the mean, a light
+    band: lowest to highest seed), by the rule of section 3.5 (:func:`swalab.results.diagnostics.same_budget`):
+    SWA trained at another B is not drawn, and the legend says which B they had. One member is said in the legend:
+    it is a single snapshot, not an ensemble."""
+    from swalab.results.diagnostics import same_budget
+
     rows = [r for r in table.rows if any(c.method == "fge" and any(e.metrics.get("curve") for e in cell.entries)
                                          for c, cell in r.cells.items())]
     if not rows:
         return False
     plt = _pyplot()
+    import textwrap
+
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = _panels(plt, len(rows), 6, 4)
     for ax, row in zip(axes, rows):
-        most = 1
+        most, fges = 1, []
         for column, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order):
-            if column.method == "fge":
-                points: dict[int, list[float]] = defaultdict(list)
-                for e in cell.entries:
-                    for p in e.metrics.get("curve") or []:
-                        points[int(p["members"])].append(float(p["acc"]))
-                most = max([most, *points])
-                single = " · 1 member: a single SGD snapshot, not an ensemble" if max(points, default=1) == 1 else ""
-                _mean_band(ax, points, "-", f"{column.label} ensemble (n={len(cell.entries)}){single}")
+            if column.method != "fge" or not any(e.metrics.get("curve") for e in cell.entries):
+                continue
+            fges.append(column)
+            points: dict[int, list[float]] = defaultdict(list)
+            for e in cell.entries:
+                for p in e.metrics.get("curve") or []:
+                    points[int(p["members"])].append(float(p["acc"]))
+            most = max([most, *points])
+            xs = sorted(points)
+            mean = [statistics.fmean(points[x]) for x in xs]
+            spread = any(len(points[x]) > 1 for x in xs)
+            single = " · 1 member: a single SGD snapshot, not an ensemble" if max(points, default=1) == 1 else ""
+            ax.errorbar(xs, mean, yerr=[[m - min(points[x]) for m, x in zip(mean, xs)],
+                                        [max(points[x]) - m for m, x in zip(mean, xs)]] if spread else None,
+                        fmt="-o", ms=4, capsize=4, color=f"C{len(fges) - 1}",
+                        label=f"{column.label} ensemble (n={len(cell.entries)}"
+                              f"{', bar: lowest to highest seed' if spread else ''}){single}")
         kin = [(row, "")] + [(r, f" · {r.label}") for r in table.rows if r.shares_with is row]  # SWA of other settings
         swa = [(c, cell, tail) for r, tail in kin for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order)
                if c.method == "swa"]
-        for i, (column, cell, tail) in enumerate(swa):
-            ax.axhline(statistics.fmean(cell.values("acc")), color=f"C{i + 1}", ls="--",
-                       label=f"{column.label} average{tail} (n={len(cell.entries)})")
+        drawn = [s for s in swa if any(same_budget(s[0], f) for f in fges)]
+        for i, (column, cell, tail) in enumerate(drawn):
+            values = cell.values("acc")
+            color = f"C{len(fges) + i}"
+            ax.axhline(statistics.fmean(values), color=color, ls="--",
+                       label=f"{column.label} average{tail} (n={len(cell.entries)}"
+                             f"{', band: lowest to highest seed' if len(values) > 1 else ''})")
+            if len(values) > 1:
+                ax.axhspan(min(values), max(values), color=color, alpha=0.1, lw=0)
+        apart = sorted({c.epochs / c.budget for c, cell, tail in swa if (c, cell, tail) not in drawn and c.budget})
+        if apart:
+            fge_b = ", ".join(f"{f.epochs / f.budget:.3g}" for f in fges if f.budget)
+            others = ", ".join(f"{b:.3g}" for b in apart)
+            note, = ax.plot([], [], " ", label=textwrap.fill(
+                f"SWA not drawn: trained at B = {others} ep, not the FGE's {fge_b} ep (compared only at the same B, "
+                "as in section 3.5)", 90))
         ax.set(xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
         _title(ax, row.name, 6)
         if most <= 12:  # every member count (MaxNLocator falls back to fractions when one whole number is in view)
@@ -188,7 +217,10 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)  # beneath: no line hidden
+        handles, labels = ax.get_legend_handles_labels()
+        order = sorted(range(len(handles)), key=lambda k: apart and handles[k] is note)  # the note beneath the lines
+        ax.legend([handles[k] for k in order], [labels[k] for k in order], fontsize=8,
+                  loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)  # beneath: no line hidden
     _finish(plt, fig, path)
     return True
 

@@ -507,6 +507,36 @@ def test_test_error_axis_reads_in_plain_percent(grid, tmp_path, monkeypatch):
     assert labels and not any("^" in t or "times" in t for t in labels), labels  # 20, 30, not 2×10^1
 
 
+def test_test_error_lines_stay_told_apart_their_bands_faint_and_panels_two_to_a_row(grid, tmp_path, monkeypatch):
+    """Lines that lie on each other (an FGE run's iterate over the SGD run of its seed) differ in marker and dash
+    pattern, each drawn under later ones a little wider; each seed band is faint and in its own line's colour; three
+    rows of panels are two to a row, a page's width."""
+    from matplotlib.colors import to_rgb
+
+    from swalab.results.plots import plot_test_error
+
+    for name, lr in (("a", 0.005), ("b", 0.05)):
+        with_apart(make_run(grid, "swa", 0, {"swa": m(91.0)}, budget=1.5, name=name, extra={"method": {"swa_lr": lr}}),
+                   {"model.swa.lr": lr})
+    figure = drawn(monkeypatch, plot_test_error, grid, tmp_path)
+    axes = [ax for ax in figure.axes if ax.get_lines()]
+    assert len(axes) == 3 and len({round(ax.get_position().x0, 2) for ax in axes}) == 2
+    assert figure.get_figwidth() <= 10.5
+    lines = [line for line in axes[0].get_lines() if not line.get_label().startswith("_")]
+    colours = {line.get_label(): to_rgb(line.get_color()) for line in lines}
+    looks = {(to_rgb(line.get_color()), line.get_marker(), line.get_linestyle()) for line in lines}
+    assert len(lines) >= 4 and len(looks) == len(lines)
+    groups = {}
+    for line in lines:
+        groups.setdefault(line.get_color(), line)
+    assert len({line.get_marker() for line in groups.values()}) == len(groups)  # no two methods share a marker
+    widths = [line.get_linewidth() for line in groups.values()]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]  # the first drawn shows beneath
+    bands = axes[0].collections
+    assert bands and all(band.get_facecolor()[0][3] <= 0.1 for band in bands)
+    assert all(tuple(band.get_facecolor()[0][:3]) in colours.values() for band in bands)
+
+
 def test_a_branched_runs_parent_outside_the_working_directory_is_named_below_what_they_share(tmp_path, monkeypatch):
     from swalab.results.write import shown_parent
 

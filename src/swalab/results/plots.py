@@ -47,9 +47,16 @@ def _plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
-def _panels(plt, n: int, width: float, height: float):
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
-    return fig, axes[0]
+def _panels(plt, n: int, width: float, height: float, across: int | None = None):
+    """``n`` panels of ``width`` x ``height`` inches: in one row, or with ``across`` in rows of at most that many
+    (a page-wide figure whose text stays legible), the last row's unused places left blank."""
+    across = min(n, across or n)
+    rows = -(-n // across)
+    fig, axes = plt.subplots(rows, across, figsize=(width * across, height * rows), squeeze=False)
+    flat = [ax for line in axes for ax in line]
+    for ax in flat[n:]:
+        ax.remove()
+    return fig, flat[:n]
 
 
 def _finish(plt, fig, path: Path) -> None:
@@ -60,14 +67,29 @@ def _finish(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
-def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color: str | None = None):
-    """The mean over seeds of ``{x: [value per seed]}``, with a band from the lowest to the highest seed."""
+#: marker of the i-th curve group of a panel: lines that run together (an FGE or EMA run's iterate over the SGD
+#: run of its seed until their schedules part) stay told apart, hollow markers showing through each other
+MARKERS = "osD^vPX<>"
+#: dash pattern of the i-th group's iterate (dashed: not the method's own model), each group's its own
+DASHES = [(5, 2), (2, 1.5), (7, 2, 1.5, 2), (1, 1.5), (4, 1.5, 1.5, 1.5, 1.5, 1.5), (9, 3), (3, 3)]
+BAND_ALPHA = 0.07  # a seed band's fill: bands of several curves laid over each other keep their own colours
+
+
+def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color: str | None = None,
+               marker: str = "o", dashes: tuple | None = None, under: int = 0):
+    """The mean over seeds of ``{x: [value per seed]}``, with a band from the lowest to the highest seed, filled
+    faintly and edged in the line's own colour. ``under`` curves drawn after this one: its line is that much wider
+    and its marker larger, so that where later lines lie on it its edges still show."""
+    from matplotlib.colors import to_rgba
+
     xs = sorted(points)
     mean = [statistics.fmean(points[x]) for x in xs]
-    line, = ax.plot(xs, mean, style, marker="o", ms=3, label=label, color=color)
+    line, = ax.plot(xs, mean, style, marker=marker, ms=3.5 + 0.7 * under, mfc="none", mew=1.0,
+                    lw=0.9 + 0.22 * under, label=label, color=color, **({"dashes": dashes} if dashes and style != "-" else {}))
     if any(len(points[x]) > 1 for x in xs):
-        ax.fill_between(xs, [min(points[x]) for x in xs], [max(points[x]) for x in xs], color=line.get_color(),
-                        alpha=0.15, lw=0)
+        ax.fill_between(xs, [min(points[x]) for x in xs], [max(points[x]) for x in xs],
+                        facecolor=to_rgba(line.get_color(), BAND_ALPHA), edgecolor=to_rgba(line.get_color(), 0.45),
+                        lw=0.5)
     return line
 
 
@@ -98,20 +120,25 @@ def plot_test_error(table: Table, path: Path) -> bool:
     during training (SGD's run; SWA's average with ``model.swa.score_every``, ``<predictor>_test_acc``) solid, the
     iterate a method trains beside its own model dashed and named so; mean over seeds with a min-max band.
     Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run; SWA and SWAG of one SWAG run) are drawn
-    once, named together; ``+ts`` columns have no curve of their own. Runs monitored on the validation split
-    (``run.eval_split=val``) draw its error instead, and the axis says so."""
+    once, named together; ``+ts`` columns have no curve of their own. Each group of columns has its own colour,
+    hollow marker and dash pattern, so that lines lying on each other (an FGE run's iterate over the SGD run of its
+    seed) stay visible; panels are two to a row. Runs monitored on the validation split (``run.eval_split=val``) draw
+    its error instead, and the axis says so."""
     panels = [(row, curves) for row in table.rows if monitored_split(row.runs())
               for curves in [test_error_curves(row)] if any(len(points) > 1 for points, *_ in curves)]
     if not panels:  # a run scored only at its end (run.eval_every=0) has a point, not a curve
         return False
     plt = _pyplot()
-    fig, axes = _panels(plt, len(panels), 6.5, 4.2)
+    fig, axes = _panels(plt, len(panels), 5, 3.8, across=2)  # two across: 10 in, a page's width at legible text
     for ax, (row, curves) in zip(axes, panels):
+        groups = len({color for *_, color in curves})
         for points, style, label, color in curves:
-            _mean_band(ax, points, style, label, color=color)
+            group = int(color[1:])
+            _mean_band(ax, points, style, label, color=color, marker=MARKERS[group % len(MARKERS)],
+                       dashes=DASHES[group % len(DASHES)], under=min(groups - 1 - group, 5))
         what = "test error" if monitored_split(row.runs()) == "test" else "validation error"
         ax.set(xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
-        _title(ax, row.name, 6.5)
+        _title(ax, row.name, 5)
         _plain_log_ticks(ax.yaxis)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)

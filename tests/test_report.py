@@ -499,6 +499,26 @@ def test_reliability_panel_titles_never_run_into_each_other(tmp_path, monkeypatc
     assert not any(a.overlaps(b) for i, a in enumerate(titles) for b in titles[i + 1:])
 
 
+def test_reliability_legends_cover_no_panel_and_bins_at_accuracy_0_and_1_are_drawn_whole(tmp_path, monkeypatch):
+    from swalab.results.plots import plot_reliability
+
+    root = tmp_path / "g"
+    edge = [{**b, "acc": 1.0 if i == 14 else 0.0 if b["count"] else None} for i, b in enumerate(BINS)]
+    for method in ("sgd", "swa"):
+        run = make_run(root, method, 0, {method: m(90.0)}, budget=1.5 if method == "swa" else 1.0)
+        (run / "reliability.json").write_text(json.dumps({method: edge}))
+    figure = drawn(monkeypatch, plot_reliability, root, tmp_path)
+    renderer = figure.canvas.get_renderer()
+    panels = [ax.get_window_extent(renderer) for ax in figure.axes]
+    legends = [ax.get_legend() for ax in figure.axes if ax.get_legend()]
+    assert legends and not any(lg.get_window_extent(renderer).overlaps(p) for lg in legends for p in panels)
+    reliability = figure.axes[0]
+    low, high = reliability.get_ylim()
+    bins = [line for line in reliability.get_lines() if not line.get_label().startswith("perfect")]
+    assert {0.0, 1.0} <= {y for line in bins for y in line.get_ydata()}
+    assert (low < 0 and high > 1) or not any(line.get_clip_on() for line in bins)  # markers at 0 and 1 not cut
+
+
 def test_test_error_axis_reads_in_plain_percent(grid, tmp_path, monkeypatch):
     from swalab.results.plots import plot_test_error
 

@@ -85,7 +85,8 @@ def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color
     xs = sorted(points)
     mean = [statistics.fmean(points[x]) for x in xs]
     line, = ax.plot(xs, mean, style, marker=marker, ms=3.5 + 0.7 * under, mfc="none", mew=1.0,
-                    lw=0.9 + 0.22 * under, label=label, color=color, **({"dashes": dashes} if dashes and style != "-" else {}))
+                    lw=0.9 + 0.22 * under, label=label, color=color,
+                    **({"dashes": dashes} if dashes and style != "-" else {}))
     if any(len(points[x]) > 1 for x in xs):
         ax.fill_between(xs, [min(points[x]) for x in xs], [max(points[x]) for x in xs],
                         facecolor=to_rgba(line.get_color(), BAND_ALPHA), edgecolor=to_rgba(line.get_color(), 0.45),
@@ -288,13 +289,15 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
     """Reliability diagrams, one panel per row: accuracy against mean confidence per bin (bins pooled over seeds,
     weighted by their counts), the legend giving each column's ECE and Brier score (means over seeds); bins holding
     under 1% of the images hollow and left out of the line, so a handful of images cannot make it jump; beneath,
-    the share of images in each bin. ``methods`` chooses the columns (:func:`reliability_columns`): ``sgd swa swag
-    fge`` draws SGD, SWA, SWAG and FGE in one figure."""
+    the share of images in each bin, and beneath that the legend, outside the axes (no bin is hidden behind it). A
+    bin at accuracy 0 or 1 is drawn whole (the axis is padded, markers are not clipped). ``methods`` chooses the
+    columns (:func:`reliability_columns`): ``sgd swa swag fge`` draws SGD, SWA, SWAG and FGE in one figure."""
     rows = [r for r in table.rows if any(run.reliability for run in r.runs()) and reliability_columns(r, methods)]
     if not rows:
         return False
     plt = _pyplot()
-    fig, grid = plt.subplots(2, len(rows), figsize=(5 * len(rows), 6.5), squeeze=False,
+    entries = max(len(reliability_columns(r, methods)) for r in rows) + 1  # legend lines beneath the panels
+    fig, grid = plt.subplots(2, len(rows), figsize=(5 * len(rows), 6.8 + 0.16 * entries), squeeze=False,
                              gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
     for j, row in enumerate(rows):
         ax, hist = grid[0][j], grid[1][j]
@@ -311,14 +314,20 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             tail = "".join(f", {name} {statistics.fmean(cell.values(metric)):.3f}"
                            for metric, name in (("ece", "ECE"), ("brier", "Brier")) if cell.values(metric))
             ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], "-o", ms=4, color=color,
-                    label=f"{column.label} (n={len(cell.entries)}{tail})")
-            ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color)
+                    clip_on=not dense, label=f"{column.label} (n={len(cell.entries)}{tail})")
+            # unclipped, a bin at accuracy 0 or 1 is drawn whole; an empty line unclipped would stretch the panel's
+            # extent over the whole figure (tight_layout then gives up)
+            if sparse:
+                ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color,
+                        clip_on=False)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
-        ax.set(ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        ax.set(ylabel="accuracy", xlim=(0, 1), ylim=(-0.03, 1.03))  # a bin at accuracy 0 or 1 is drawn whole
         _title(ax, row.name, 5)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best", title="hollow: bins with < 1% of the images", title_fontsize=7)
+        # beneath the share of images, outside both axes: no bin hidden behind it
+        hist.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45),
+                    frameon=False, title="hollow: bins with < 1% of the images", title_fontsize=7)
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))
         hist.grid(alpha=0.3)
     _finish(plt, fig, path)

@@ -407,6 +407,28 @@ def test_a_paired_table_without_a_single_pair_says_why_rather_than_vanishing(tmp
     assert lines[2] == "| cifar10 / preresnet20 | no SGD run of B = 5.33 ep |"
 
 
+def test_every_column_section_says_why_a_delta_is_missing_and_why_t_is_blank(tmp_path):
+    """SWA 1.5B (8 ep) has B = 5.33, and the SGD runs B = 6: its Δ says so, as the paired table does; with no
+    validation split no temperature is fitted, and one note under the tables says it."""
+    import torch
+
+    root = tmp_path / "g"
+    labels = torch.tensor([0, 1, 2, 1])
+    for seed in (0, 1):
+        for method, budget, epochs in (("sgd", 1.0, 6), ("swa", 1.5, 8)):
+            run = make_run(root, method, seed, {method: m(90.0 + seed)}, budget=budget,
+                           extra={"trainer": {"epochs": epochs}})
+            torch.save({"probs": {method: torch.rand(4, 3).softmax(1)}, "labels": labels}, run / "predictions.pt")
+    report([root], tmp_path / "out")
+    text = (tmp_path / "out" / "table.md").read_text()
+    section = text.split("## Every column of a row: accuracy, NLL, ECE, Brier\n")[1].split("\n## ")[0]
+    swa = next(line for line in section.splitlines() if line.startswith("| SWA 1.5B (8 ep) |"))
+    assert swa.split(" | ")[-2:] == ["no SGD run of B = 5.33 ep", "no SGD run of B = 5.33 ep |"]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows and all("–" not in cell for line in rows[1:] for cell in line[-2:])  # every Δ a value or a reason
+    assert section.count("no validation split") + section.count("held out a validation split") == 1
+
+
 def test_section_35_sets_swa_against_the_fge_ensemble_of_its_own_budget_only(tmp_path):
     """SWA 1.5B (6 ep) has B = 4 like FGE 1B (4 ep); SWA 1.5B (24 ep) trained four times as long (B = 16): its
     distance to a 4-epoch ensemble measures the length, not the basin, so the table says why it is not there."""

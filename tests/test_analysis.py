@@ -340,6 +340,29 @@ def test_arrays_that_fail_while_written_leave_the_earlier_ones(tmp_path, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["segment.npz"]
 
 
+def test_a_swa_run_that_did_not_score_its_average_says_so_once_and_only_swa_of_it_is_an_error(tmp_path, capsys):
+    """model.swa.score_every=0: the history has the iterate's test_acc only. Without --only its iterate is drawn, named
+    as the iterate, with one line saying why there is no average; with --only swa that one line is the error, and
+    nothing is written."""
+    from swalab.analysis.__main__ import main as analysis
+
+    run = tmp_path / "swa" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"method": {"name": "swa"}})))
+    (run / "history.jsonl").write_text("".join(json.dumps({"epoch": e, "test_acc": 50.0 + e}) + "\n" for e in (1, 2)))
+    got = curves.main([str(run), "--labels", "swa", "--out", str(tmp_path / "all.png")])
+    assert [c[0] for c in got] == ["swa: SGD iterate"] and (tmp_path / "all.png").exists()
+    said = [line for line in capsys.readouterr().out.splitlines() if "did not score" in line]
+    assert len(said) == 1 and "model.swa.score_every=N" in said[0] and "only its SGD iterate is drawn" in said[0]
+    with pytest.raises(SystemExit) as done:
+        analysis(["curves", str(run), "--only", "swa", "--out", str(tmp_path / "swa.png")])
+    out, err = capsys.readouterr()
+    assert done.value.code == 2 and out == "" and not (tmp_path / "swa.png").exists()
+    assert len(err.strip().splitlines()) == 1, err
+    assert "did not score its SWA average during training" in err and "model.swa.score_every=N" in err
+    assert "drawn" not in err.replace("nothing to draw", "")
+
+
 @pytest.mark.parametrize("experiment", ["fig6_swa_lr_study", "fig7_constant_vs_decay"])
 def test_figure_experiments_compose(experiment):
     from hydra import compose, initialize_config_dir

@@ -417,6 +417,28 @@ def test_a_paired_table_without_a_single_pair_says_why_rather_than_vanishing(tmp
     assert lines[2] == "| cifar10 / preresnet20 | no SGD run of B = 5.33 ep |"
 
 
+def test_every_column_section_says_why_a_delta_is_missing_and_why_t_is_blank(tmp_path):
+    """SWA 1.5B (8 ep) has B = 5.33, and the SGD runs B = 6: its Δ says so, as the paired table does; with no
+    validation split no temperature is fitted, and one note under the tables says it."""
+    import torch
+
+    root = tmp_path / "g"
+    labels = torch.tensor([0, 1, 2, 1])
+    for seed in (0, 1):
+        for method, budget, epochs in (("sgd", 1.0, 6), ("swa", 1.5, 8)):
+            run = make_run(root, method, seed, {method: m(90.0 + seed)}, budget=budget,
+                           extra={"trainer": {"epochs": epochs}})
+            torch.save({"probs": {method: torch.rand(4, 3).softmax(1)}, "labels": labels}, run / "predictions.pt")
+    report([root], tmp_path / "out")
+    text = (tmp_path / "out" / "table.md").read_text()
+    section = text.split("## Every column of a row: accuracy, NLL, ECE, Brier\n")[1].split("\n## ")[0]
+    swa = next(line for line in section.splitlines() if line.startswith("| SWA 1.5B (8 ep) |"))
+    assert swa.split(" | ")[-2:] == ["no SGD run of B = 5.33 ep", "no SGD run of B = 5.33 ep |"]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows and all("–" not in cell for line in rows[1:] for cell in line[-2:])  # every Δ a value or a reason
+    assert section.count("no validation split") + section.count("held out a validation split") == 1
+
+
 def test_section_35_sets_swa_against_the_fge_ensemble_of_its_own_budget_only(tmp_path):
     """SWA 1.5B (6 ep) has B = 4 like FGE 1B (4 ep); SWA 1.5B (24 ep) trained four times as long (B = 16): its
     distance to a 4-epoch ensemble measures the length, not the basin, so the table says why it is not there."""
@@ -470,6 +492,30 @@ def test_an_fge_curve_of_one_member_has_whole_member_ticks_and_says_so_where_it_
     assert all(t in ax.get_legend().get_texts() or not t.get_window_extent(renderer).overlaps(legend) for t in said)
 
 
+def test_the_fge_curve_draws_swa_of_the_fges_budget_only_and_the_spread_of_its_seeds(tmp_path, monkeypatch):
+    """FGE 1B (4 ep) beside SWA 1.5B (6 ep), B = 4 like it, and SWA 1.5B (24 ep), B = 16: as in section 3.5 only the
+    first is drawn, and the legend says why the other is not; two FGE seeds show their spread as error bars."""
+    from matplotlib.container import ErrorbarContainer
+
+    from swalab.results.plots import plot_fge_curve
+
+    root = tmp_path / "g"
+    for seed, acc in ((0, 90.0), (1, 92.0)):
+        make_run(root, "fge", seed, {"fge": m(acc, curve=[{"members": 1, "acc": acc - 2}, {"members": 2, "acc": acc}])})
+        for name, epochs in (("b4", 6), ("b16", 24)):
+            make_run(root, "swa", seed, {"swa": m(91.0 + seed, epoch=epochs)}, budget=1.5, name=name,
+                     extra={"trainer": {"epochs": epochs}})
+    ax = drawn(monkeypatch, plot_fge_curve, root, tmp_path).axes[0]
+    swa = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_label().split(" average")[0] for line in swa] == ["SWA 1.5B (6 ep)"]
+    said = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    assert "SWA 1.5B (24 ep)" not in said and "not drawn" in said and "B = 16 ep" in said.replace("\n", " ")
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert bars and bars[0].has_yerr
+    low, high = bars[0].lines[2][0].get_segments()[1][:, 1]  # the bar at 2 members: lowest to highest seed
+    assert (low, high) == (90.0, 92.0)
+
+
 def test_reliability_panel_titles_never_run_into_each_other(tmp_path, monkeypatch):
     from swalab.results.plots import plot_reliability
 
@@ -485,12 +531,62 @@ def test_reliability_panel_titles_never_run_into_each_other(tmp_path, monkeypatc
     assert not any(a.overlaps(b) for i, a in enumerate(titles) for b in titles[i + 1:])
 
 
+def test_reliability_legends_cover_no_panel_and_bins_at_accuracy_0_and_1_are_drawn_whole(tmp_path, monkeypatch):
+    from swalab.results.plots import plot_reliability
+
+    root = tmp_path / "g"
+    edge = [{**b, "acc": 1.0 if i == 14 else 0.0 if b["count"] else None} for i, b in enumerate(BINS)]
+    for method in ("sgd", "swa"):
+        run = make_run(root, method, 0, {method: m(90.0)}, budget=1.5 if method == "swa" else 1.0)
+        (run / "reliability.json").write_text(json.dumps({method: edge}))
+    figure = drawn(monkeypatch, plot_reliability, root, tmp_path)
+    renderer = figure.canvas.get_renderer()
+    panels = [ax.get_window_extent(renderer) for ax in figure.axes]
+    legends = [ax.get_legend() for ax in figure.axes if ax.get_legend()]
+    assert legends and not any(lg.get_window_extent(renderer).overlaps(p) for lg in legends for p in panels)
+    reliability = figure.axes[0]
+    low, high = reliability.get_ylim()
+    bins = [line for line in reliability.get_lines() if not line.get_label().startswith("perfect")]
+    assert {0.0, 1.0} <= {y for line in bins for y in line.get_ydata()}
+    assert (low < 0 and high > 1) or not any(line.get_clip_on() for line in bins)  # markers at 0 and 1 not cut
+
+
 def test_test_error_axis_reads_in_plain_percent(grid, tmp_path, monkeypatch):
     from swalab.results.plots import plot_test_error
 
     ax = drawn(monkeypatch, plot_test_error, grid, tmp_path).axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert labels and not any("^" in t or "times" in t for t in labels), labels  # 20, 30, not 2×10^1
+
+
+def test_test_error_lines_stay_told_apart_their_bands_faint_and_panels_two_to_a_row(grid, tmp_path, monkeypatch):
+    """Lines that lie on each other (an FGE run's iterate over the SGD run of its seed) differ in marker and dash
+    pattern, each drawn under later ones a little wider; each seed band is faint and in its own line's colour; three
+    rows of panels are two to a row, a page's width."""
+    from matplotlib.colors import to_rgb
+
+    from swalab.results.plots import plot_test_error
+
+    for name, lr in (("a", 0.005), ("b", 0.05)):
+        with_apart(make_run(grid, "swa", 0, {"swa": m(91.0)}, budget=1.5, name=name, extra={"method": {"swa_lr": lr}}),
+                   {"model.swa.lr": lr})
+    figure = drawn(monkeypatch, plot_test_error, grid, tmp_path)
+    axes = [ax for ax in figure.axes if ax.get_lines()]
+    assert len(axes) == 3 and len({round(ax.get_position().x0, 2) for ax in axes}) == 2
+    assert figure.get_figwidth() <= 10.5
+    lines = [line for line in axes[0].get_lines() if not line.get_label().startswith("_")]
+    colours = {line.get_label(): to_rgb(line.get_color()) for line in lines}
+    looks = {(to_rgb(line.get_color()), line.get_marker(), line.get_linestyle()) for line in lines}
+    assert len(lines) >= 4 and len(looks) == len(lines)
+    groups = {}
+    for line in lines:
+        groups.setdefault(line.get_color(), line)
+    assert len({line.get_marker() for line in groups.values()}) == len(groups)  # no two methods share a marker
+    widths = [line.get_linewidth() for line in groups.values()]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]  # the first drawn shows beneath
+    bands = axes[0].collections
+    assert bands and all(band.get_facecolor()[0][3] <= 0.1 for band in bands)
+    assert all(tuple(band.get_facecolor()[0][:3]) in colours.values() for band in bands)
 
 
 def test_a_branched_runs_parent_outside_the_working_directory_is_named_below_what_they_share(tmp_path, monkeypatch):

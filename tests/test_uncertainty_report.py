@@ -117,11 +117,12 @@ def test_every_column_of_a_row_stands_on_a_line_with_its_temperature_and_paired_
 
 def test_reliability_diagrams_give_ece_and_brier_and_draw_the_columns_asked_for(uncertainty_grid, tmp_path,
                                                                                   monkeypatch):
-    legends = {}  # per figure file, the legend of its first panel
+    legends = {}  # per figure file, the legend of its first panel (drawn on one of that panel's axes)
     real = plots._finish
 
     def keep_legend(plt, fig, path):
-        legends[path.name] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        legend = next(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)
+        legends[path.name] = [t.get_text() for t in legend.get_texts()]
         real(plt, fig, path)
 
     monkeypatch.setattr(plots, "_finish", keep_legend)

@@ -2,8 +2,9 @@
 
 For each run the live model's curve comes from ``test_acc`` (labelled ``<name>: SGD iterate``) and, where the
 run logged it (SWA with ``model.swa.score_every=1``), the average's curve from ``swa_test_acc``
-(``<name>: SWA average``). A SWA run that did not score its average says so (and how to have it scored);
-``--only swa`` over runs of which none did is an error naming the setting. Errors are ``100 - accuracy``.
+(``<name>: SWA average``). A SWA run that did not score its average says so in one line, naming the setting
+that scores it: its iterate is drawn alone, or with ``--only swa`` nothing of it; ``--only swa`` over runs of
+which none scored it is that one line as an error, and nothing is written. Errors are ``100 - accuracy``.
 
 Usage::
 
@@ -19,6 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
+
+
+#: how a SWA run has its average scored during training, said wherever a run did not
+SCORE_EVERY = "model.swa.score_every=N scores it every N epochs"
 
 
 def read_history(run_dir: str | Path) -> list[dict]:
@@ -67,14 +72,18 @@ def main(argv=None) -> list:
     histories = [read_history(run) for run in args.runs]
     unscored = [run for run, h in zip(args.runs, histories)
                 if _method(run) == "swa" and not any(r.get("swa_test_acc") is not None for r in h)]
-    for run in unscored if args.only != "sgd" else ():
-        print(f"[curves] {run} did not score its SWA average during training: only its iterate is drawn "
-              "(train with model.swa.score_every=1 to have the average scored each epoch)")
     curves = [c for h, label in zip(histories, labels) for c in error_curves(h, label, args.only)]
     if not curves:
-        what = {"swa": "swa_test_acc (the SWA average scored during training: model.swa.score_every=1)",
+        if args.only == "swa" and unscored:
+            which = (f"{unscored[0]} did not score its SWA average" if len(unscored) == 1
+                     else f"none of the {len(unscored)} SWA runs scored its average")
+            raise FileNotFoundError(f"{which} during training ({SCORE_EVERY}): nothing to draw with --only swa")
+        what = {"swa": f"swa_test_acc (the SWA average scored during training: {SCORE_EVERY})",
                 "sgd": "test_acc (run.eval_every=1)"}.get(args.only, "test_acc or swa_test_acc")
         raise FileNotFoundError(f"none of the runs logged {what}: nothing to draw")
+    drawn = "it has no curve here" if args.only == "swa" else "only its SGD iterate is drawn"
+    for run in unscored if args.only != "sgd" else ():
+        print(f"[curves] {run} did not score its SWA average during training ({SCORE_EVERY}): {drawn}")
     plots.curves_figure(args.out, curves, title=args.title)
     print(f"[curves] wrote {args.out} ({len(curves)} curves)")
     return curves

@@ -40,16 +40,25 @@ def _plain_log_ticks(axis) -> None:
 
     from matplotlib.ticker import FuncFormatter
 
-    def minor(v, _):
-        return f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+    def minor(v, _):  # within one decade every minor tick is labelled (30, 40, ...), else only 2 and 5
+        low, high = sorted(axis.get_view_interval())
+        shown = range(2, 10) if low > 0 and high / low < 10 else (2, 5)
+        return f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in shown else ""
 
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
-def _panels(plt, n: int, width: float, height: float):
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
-    return fig, axes[0]
+def _panels(plt, n: int, width: float, height: float, across: int | None = None):
+    """``n`` panels of ``width`` x ``height`` inches: in one row, or with ``across`` in rows of at most that many
+    (a page-wide figure whose text stays legible), the last row's unused places left blank."""
+    across = min(n, across or n)
+    rows = -(-n // across)
+    fig, axes = plt.subplots(rows, across, figsize=(width * across, height * rows), squeeze=False)
+    flat = [ax for line in axes for ax in line]
+    for ax in flat[n:]:
+        ax.remove()
+    return fig, flat[:n]
 
 
 def _finish(plt, fig, path: Path) -> None:
@@ -60,14 +69,30 @@ def _finish(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
-def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color: str | None = None):
-    """The mean over seeds of ``{x: [value per seed]}``, with a band from the lowest to the highest seed."""
+#: marker of the i-th curve group of a panel: lines that run together (an FGE or EMA run's iterate over the SGD
+#: run of its seed until their schedules part) stay told apart, hollow markers showing through each other
+MARKERS = "osD^vPX<>"
+#: dash pattern of the i-th group's iterate (dashed: not the method's own model), each group's its own
+DASHES = [(5, 2), (2, 1.5), (7, 2, 1.5, 2), (1, 1.5), (4, 1.5, 1.5, 1.5, 1.5, 1.5), (9, 3), (3, 3)]
+BAND_ALPHA = 0.07  # a seed band's fill: bands of several curves laid over each other keep their own colours
+
+
+def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color: str | None = None,
+               marker: str = "o", dashes: tuple | None = None, under: int = 0):
+    """The mean over seeds of ``{x: [value per seed]}``, with a band from the lowest to the highest seed, filled
+    faintly and edged in the line's own colour. ``under`` curves drawn after this one: its line is that much wider
+    and its marker larger, so that where later lines lie on it its edges still show."""
+    from matplotlib.colors import to_rgba
+
     xs = sorted(points)
     mean = [statistics.fmean(points[x]) for x in xs]
-    line, = ax.plot(xs, mean, style, marker="o", ms=3, label=label, color=color)
+    line, = ax.plot(xs, mean, style, marker=marker, ms=3.5 + 0.7 * under, mfc="none", mew=1.0,
+                    lw=0.9 + 0.22 * under, label=label, color=color,
+                    **({"dashes": dashes} if dashes and style != "-" else {}))
     if any(len(points[x]) > 1 for x in xs):
-        ax.fill_between(xs, [min(points[x]) for x in xs], [max(points[x]) for x in xs], color=line.get_color(),
-                        alpha=0.15, lw=0)
+        ax.fill_between(xs, [min(points[x]) for x in xs], [max(points[x]) for x in xs],
+                        facecolor=to_rgba(line.get_color(), BAND_ALPHA), edgecolor=to_rgba(line.get_color(), 0.45),
+                        lw=0.5)
     return line
 
 
@@ -98,20 +123,25 @@ def plot_test_error(table: Table, path: Path) -> bool:
     during training (SGD's run; SWA's average with ``model.swa.score_every``, ``<predictor>_test_acc``) solid, the
     iterate a method trains beside its own model dashed and named so; mean over seeds with a min-max band.
     Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run; SWA and SWAG of one SWAG run) are drawn
-    once, named together; ``+ts`` columns have no curve of their own. Runs monitored on the validation split
-    (``run.eval_split=val``) draw its error instead, and the axis says so."""
+    once, named together; ``+ts`` columns have no curve of their own. Each group of columns has its own colour,
+    hollow marker and dash pattern, so that lines lying on each other (an FGE run's iterate over the SGD run of its
+    seed) stay visible; panels are two to a row. Runs monitored on the validation split (``run.eval_split=val``) draw
+    its error instead, and the axis says so."""
     panels = [(row, curves) for row in table.rows if monitored_split(row.runs())
               for curves in [test_error_curves(row)] if any(len(points) > 1 for points, *_ in curves)]
     if not panels:  # a run scored only at its end (run.eval_every=0) has a point, not a curve
         return False
     plt = _pyplot()
-    fig, axes = _panels(plt, len(panels), 6.5, 4.2)
+    fig, axes = _panels(plt, len(panels), 5, 3.8, across=2)  # two across: 10 in, a page's width at legible text
     for ax, (row, curves) in zip(axes, panels):
+        groups = len({color for *_, color in curves})
         for points, style, label, color in curves:
-            _mean_band(ax, points, style, label, color=color)
+            group = int(color[1:])
+            _mean_band(ax, points, style, label, color=color, marker=MARKERS[group % len(MARKERS)],
+                       dashes=DASHES[group % len(DASHES)], under=min(groups - 1 - group, 5))
         what = "test error" if monitored_split(row.runs()) == "test" else "validation error"
         ax.set(xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
-        _title(ax, row.name, 6.5)
+        _title(ax, row.name, 5)
         _plain_log_ticks(ax.yaxis)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
@@ -154,33 +184,62 @@ def test_error_curves(row) -> list[tuple[dict, str, str, str]]:
 
 
 def plot_fge_curve(table: Table, path: Path) -> bool:
-    """FGE ensemble accuracy against the number of members (whole numbers; min-max band over seeds); each SWA
-    column's accuracy as a line. One member is said in the legend: it is a single snapshot, not an ensemble."""
+    """FGE ensemble accuracy against the number of members (whole numbers), the mean over seeds with an error bar
+    from the lowest to the highest seed; each SWA column of the FGE's budget B as a line (dashed: the mean, a light
+    band: lowest to highest seed), by the rule of section 3.5 (:func:`swalab.results.diagnostics.same_budget`):
+    SWA trained at another B is not drawn, and the legend says which B they had. One member is said in the legend:
+    it is a single snapshot, not an ensemble."""
+    from swalab.results.diagnostics import same_budget
+
     rows = [r for r in table.rows if any(c.method == "fge" and any(e.metrics.get("curve") for e in cell.entries)
                                          for c, cell in r.cells.items())]
     if not rows:
         return False
     plt = _pyplot()
+    import textwrap
+
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = _panels(plt, len(rows), 6, 4)
     for ax, row in zip(axes, rows):
-        most = 1
+        most, fges = 1, []
         for column, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order):
-            if column.method == "fge":
-                points: dict[int, list[float]] = defaultdict(list)
-                for e in cell.entries:
-                    for p in e.metrics.get("curve") or []:
-                        points[int(p["members"])].append(float(p["acc"]))
-                most = max([most, *points])
-                single = " · 1 member: a single SGD snapshot, not an ensemble" if max(points, default=1) == 1 else ""
-                _mean_band(ax, points, "-", f"{column.label} ensemble (n={len(cell.entries)}){single}")
+            if column.method != "fge" or not any(e.metrics.get("curve") for e in cell.entries):
+                continue
+            fges.append(column)
+            points: dict[int, list[float]] = defaultdict(list)
+            for e in cell.entries:
+                for p in e.metrics.get("curve") or []:
+                    points[int(p["members"])].append(float(p["acc"]))
+            most = max([most, *points])
+            xs = sorted(points)
+            mean = [statistics.fmean(points[x]) for x in xs]
+            spread = any(len(points[x]) > 1 for x in xs)
+            single = " · 1 member: a single SGD snapshot, not an ensemble" if max(points, default=1) == 1 else ""
+            ax.errorbar(xs, mean, yerr=[[m - min(points[x]) for m, x in zip(mean, xs)],
+                                        [max(points[x]) - m for m, x in zip(mean, xs)]] if spread else None,
+                        fmt="-o", ms=4, capsize=4, color=f"C{len(fges) - 1}",
+                        label=f"{column.label} ensemble (n={len(cell.entries)}"
+                              f"{', bar: lowest to highest seed' if spread else ''}){single}")
         kin = [(row, "")] + [(r, f" · {r.label}") for r in table.rows if r.shares_with is row]  # SWA of other settings
         swa = [(c, cell, tail) for r, tail in kin for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order)
                if c.method == "swa"]
-        for i, (column, cell, tail) in enumerate(swa):
-            ax.axhline(statistics.fmean(cell.values("acc")), color=f"C{i + 1}", ls="--",
-                       label=f"{column.label} average{tail} (n={len(cell.entries)})")
+        drawn = [s for s in swa if any(same_budget(s[0], f) for f in fges)]
+        for i, (column, cell, tail) in enumerate(drawn):
+            values = cell.values("acc")
+            color = f"C{len(fges) + i}"
+            ax.axhline(statistics.fmean(values), color=color, ls="--",
+                       label=f"{column.label} average{tail} (n={len(cell.entries)}"
+                             f"{', band: lowest to highest seed' if len(values) > 1 else ''})")
+            if len(values) > 1:
+                ax.axhspan(min(values), max(values), color=color, alpha=0.1, lw=0)
+        apart = sorted({c.epochs / c.budget for c, cell, tail in swa if (c, cell, tail) not in drawn and c.budget})
+        if apart:
+            fge_b = ", ".join(f"{f.epochs / f.budget:.3g}" for f in fges if f.budget)
+            others = ", ".join(f"{b:.3g}" for b in apart)
+            note, = ax.plot([], [], " ", label=textwrap.fill(
+                f"SWA not drawn: trained at B = {others} ep, not the FGE's {fge_b} ep (compared only at the same B, "
+                "as in section 3.5)", 90))
         ax.set(xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
         _title(ax, row.name, 6)
         if most <= 12:  # every member count (MaxNLocator falls back to fractions when one whole number is in view)
@@ -188,7 +247,10 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)  # beneath: no line hidden
+        handles, labels = ax.get_legend_handles_labels()
+        order = sorted(range(len(handles)), key=lambda k: apart and handles[k] is note)  # the note beneath the lines
+        ax.legend([handles[k] for k in order], [labels[k] for k in order], fontsize=8,
+                  loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)  # beneath: no line hidden
     _finish(plt, fig, path)
     return True
 
@@ -229,13 +291,15 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
     """Reliability diagrams, one panel per row: accuracy against mean confidence per bin (bins pooled over seeds,
     weighted by their counts), the legend giving each column's ECE and Brier score (means over seeds); bins holding
     under 1% of the images hollow and left out of the line, so a handful of images cannot make it jump; beneath,
-    the share of images in each bin. ``methods`` chooses the columns (:func:`reliability_columns`): ``sgd swa swag
-    fge`` draws SGD, SWA, SWAG and FGE in one figure."""
+    the share of images in each bin, and beneath that the legend, outside the axes (no bin is hidden behind it). A
+    bin at accuracy 0 or 1 is drawn whole (the axis is padded, markers are not clipped). ``methods`` chooses the
+    columns (:func:`reliability_columns`): ``sgd swa swag fge`` draws SGD, SWA, SWAG and FGE in one figure."""
     rows = [r for r in table.rows if any(run.reliability for run in r.runs()) and reliability_columns(r, methods)]
     if not rows:
         return False
     plt = _pyplot()
-    fig, grid = plt.subplots(2, len(rows), figsize=(5 * len(rows), 6.5), squeeze=False,
+    entries = max(len(reliability_columns(r, methods)) for r in rows) + 1  # legend lines beneath the panels
+    fig, grid = plt.subplots(2, len(rows), figsize=(5 * len(rows), 6.8 + 0.16 * entries), squeeze=False,
                              gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
     for j, row in enumerate(rows):
         ax, hist = grid[0][j], grid[1][j]
@@ -252,14 +316,20 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             tail = "".join(f", {name} {statistics.fmean(cell.values(metric)):.3f}"
                            for metric, name in (("ece", "ECE"), ("brier", "Brier")) if cell.values(metric))
             ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], "-o", ms=4, color=color,
-                    label=f"{column.label} (n={len(cell.entries)}{tail})")
-            ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color)
+                    clip_on=not dense, label=f"{column.label} (n={len(cell.entries)}{tail})")
+            # unclipped, a bin at accuracy 0 or 1 is drawn whole; an empty line unclipped would stretch the panel's
+            # extent over the whole figure (tight_layout then gives up)
+            if sparse:
+                ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color,
+                        clip_on=False)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
-        ax.set(ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+        ax.set(ylabel="accuracy", xlim=(0, 1), ylim=(-0.03, 1.03))  # a bin at accuracy 0 or 1 is drawn whole
         _title(ax, row.name, 5)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best", title="hollow: bins with < 1% of the images", title_fontsize=7)
+        # beneath the share of images, outside both axes: no bin hidden behind it
+        hist.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45),
+                    frameon=False, title="hollow: bins with < 1% of the images", title_fontsize=7)
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))
         hist.grid(alpha=0.3)
     _finish(plt, fig, path)

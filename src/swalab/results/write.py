@@ -171,6 +171,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
            "Mean ± sample std over seeds (n seeds). T: the temperature fitted on the validation split (mean over "
            "seeds). Δ: the paired difference to the row's SGD run of the same seed and budget B (mean ± std over "
            "seeds). An ensemble of seeds has one value; its Δ is to the mean of the SGD seeds.", ""]
+    fitted = any("temperature" in e.metrics for row in table.rows for cell in row.cells.values() for e in cell.entries)
     for row in table.rows:
         acc_diffs, nll_diffs = paired_differences(row, "acc"), paired_differences(row, "nll")
         lines = []
@@ -180,18 +181,23 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             lines.append([column.label, str(len(cell.entries)),
                           *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
                           f"{sum(temps) / len(temps):.3f}" if temps else "",
-                          _mean_pm(acc_diffs.get(column, []), 2, sign=True),
-                          _mean_pm(nll_diffs.get(column, []), 4, sign=True)])
+                          *(_mean_pm(diffs[column], d, sign=True) if diffs.get(column) else diff_text(row, column, [])
+                            for diffs, d in ((acc_diffs, 2), (nll_diffs, 4)))])  # an empty Δ says why, as paired
         sgd = row.sgd_cells()
         for e in (e for e in formed if e.row is row):
             base = sgd.get(sgd_baseline(row, e.column)) if sgd_baseline(row, e.column) is not None else None
-            delta = {m: (f"{e.metrics[m] - mean_std(base.values(m))[0]:+.{d}f}" if base and base.values(m) else "–")
+            b = budget_epochs_of(e.column)
+            why = ("no SGD run of its B" if b is None else f"no SGD run of B = {b:.3g} ep") if base is None else "–"
+            delta = {m: (f"{e.metrics[m] - mean_std(base.values(m))[0]:+.{d}f}" if base and base.values(m) else why)
                      for m, d in (("acc", 2), ("nll", 4))}
             lines.append([e.label, f"{len(e.seeds)} (ensemble)",
                           *(f"{e.metrics[m]:.{2 if m == 'acc' else 4}f}" for m in ("acc", "nll", "ece", "brier")), "",
                           delta["acc"], delta["nll"]])
         out += [f"### {row.name}", "", *_markdown_table(["column", "n", "accuracy %", "NLL", "ECE", "Brier", "T",
                                                          "Δ accuracy", "Δ NLL"], lines), ""]
+    if not fitted:
+        out += ["T is blank in every row: none of these runs held out a validation split (dataset.val_size), so no "
+                "temperature was fitted.", ""]
     return out
 
 

@@ -144,7 +144,7 @@ def plot_test_error(table: Table, path: Path) -> bool:
         _title(ax, row.name, 5)
         _plain_log_ticks(ax.yaxis)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.24), frameon=False)  # beneath: never on a curve
     _finish(plt, fig, path)
     return True
 

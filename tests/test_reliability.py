@@ -259,7 +259,7 @@ def test_ctrl_c_in_a_grid_prints_its_summary_closes_its_records_and_exits_130(tm
     done = subprocess.run([PYTHON, "run.py", "-m", *TINY, "method=sgd,swa", f"paths.output_dir={tmp_path}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 130, done.stderr[-2000:]
-    assert "grid summary: 0 of 1 jobs finished; 1 did not: interrupted" in done.stdout
+    assert "grid summary: 0 of 1 jobs started before the grid stopped finished; 1 did not: interrupted" in done.stdout
     assert "re-run the same command to continue it" in done.stdout
     [grid] = (tmp_path / "grids").iterdir()
     [job] = [json.loads(p.read_text()) for p in (grid / "jobs").glob("*.json")]

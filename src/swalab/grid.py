@@ -71,9 +71,10 @@ def job_run_dir(grid_dir: str | Path, stored: str) -> Path:
     return beside if beside.exists() or not path.exists() else path
 
 
-def summary_lines(jobs: list[dict[str, Any]]) -> list[str]:
+def summary_lines(jobs: list[dict[str, Any]], interrupted: bool = False) -> list[str]:
     """A count line, then ``#<n>  <state>  <run dir>  <error>`` per job. A job still marked ``running`` at
-    the end was killed before it could record how it ended."""
+    the end was killed before it could record how it ended. ``interrupted``: the jobs are those started before the
+    grid stopped (the grid's own length is not known here), and the count says so."""
     lines = []
     width = max([9, *(len(str(job["state"])) for job in jobs)])  # 'interrupted' keeps the run dirs in one column
     for job in jobs:
@@ -81,7 +82,8 @@ def summary_lines(jobs: list[dict[str, Any]]) -> list[str]:
         tail = f"  {job['error']}" if job.get("error") else ""
         lines.append(f"  #{job['job']:<3} {job['state']:<{width}} {where}{tail}")
     bad = [j for j in jobs if j["state"] not in OK_STATES]
-    count = f"{len(jobs) - len(bad)} of {len(jobs)} jobs finished"
+    started = " started before the grid stopped" if interrupted else ""
+    count = f"{len(jobs) - len(bad)} of {len(jobs)} jobs{started} finished"
     if bad:
         count += f"; {len(bad)} did not: " + ", ".join(sorted({j['state'] for j in bad}))
     return [f"[swalab] grid summary: {count}", *lines]
@@ -91,7 +93,7 @@ def close_grid(grid_dir: str | Path, interrupted: bool = False) -> list[dict[str
     """Print the grid's summary and write it to ``summary.txt``; return its job records. ``interrupted``: the
     grid stopped before its last job (Ctrl-C, a preemption), which the summary says, with how to go on."""
     jobs = read_jobs(grid_dir)
-    lines = summary_lines(jobs)
+    lines = summary_lines(jobs, interrupted)
     if interrupted:
         lines.append("[swalab] the grid was stopped before its end: re-run the same command to continue it "
                      "(finished runs are skipped, paused ones continue)")

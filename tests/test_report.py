@@ -210,6 +210,20 @@ def test_a_directory_without_finished_runs_leaves_the_earlier_report_as_it_was(g
     assert f"nothing to report; the earlier report in {out} is left as it was" in capsys.readouterr().err
 
 
+def test_a_report_removes_the_work_folder_a_killed_report_left_and_keeps_a_live_ones(grid, tmp_path):
+    import os
+
+    out = tmp_path / "report"
+    abandoned = tmp_path / ".report.999999999.x1y2"  # no process has this id
+    live = tmp_path / f".report.{os.getpid()}.z3"    # a report still running in this process
+    for folder in (abandoned, live):
+        folder.mkdir()
+        (folder / "table.csv").write_text("half")
+    report([grid], out)
+    assert not abandoned.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".report.")) == [live.name]
+
+
 def test_a_missing_directory_is_an_error_not_an_empty_table(tmp_path, capsys):
     from swalab.cli import run_command
 

@@ -91,6 +91,26 @@ def write_report(work: Path, roots: Sequence[str | Path], runs, table: Table, no
     return names
 
 
+def remove_abandoned_work(out: Path) -> None:
+    """Remove the work folders (``.<out name>.<pid>.<random>`` beside ``out``) of reports whose process is gone: a
+    report killed while it was made leaves its own behind. A live report's folder, another process's, stays."""
+    for work in out.parent.glob(f".{out.name}.*.*"):
+        pid = work.name[len(out.name) + 2:].split(".", 1)[0]
+        if work.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host has the id ``pid``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 def publish(work: Path, out: Path, names: dict) -> None:
     """Move the finished report from ``work`` into ``out``, each file with an atomic rename, then remove what an
     earlier report left there that this one did not write (a stale FGE curve would pass for this one's). A report
@@ -128,7 +148,8 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     if not finished:  # nothing to report: an earlier report in ``out`` stays as it was, every file of it
         return {**found, "written": {}, "wandb": None}
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # the report is made here, then moved
+    remove_abandoned_work(out)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))  # made here, then moved
     try:
         names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability)
         publish(work, out, names)

@@ -249,6 +249,8 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
     write_run_files(plan, built.lineage, built.data_facts)
     with run_log(run_dir, main=distributed.is_main()):
         show(early)
+        if built.cache_note:  # the first line a run writes names the decode cache it created
+            log.info(f"[swalab] {built.cache_note}")
         if lock is not None and lock.took_over():
             log.info(f"[swalab] {lock.took_over()}")
         if built.resume_state is not None and not built.branched:
@@ -256,8 +258,6 @@ def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) 
         else:
             log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                      f"{record(plan.identity)['hash']})")
-        if built.cache_note:
-            log.info(f"[swalab] {built.cache_note}")
         tracker = make_tracker(plan, built)
 
         def on_epoch(row: dict) -> None:

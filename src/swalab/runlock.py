@@ -64,13 +64,19 @@ def gone_holder(run_dir: str | Path) -> str | None:
     pid, host = info.get("pid"), info.get("host")
     if host != socket.gethostname() or not isinstance(pid, int):
         return None
+    return None if process_exists(pid) else f"{_describe(info)} is gone: killed or crashed"
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process of this host has the id ``pid`` (one of another user's counts: it cannot be signalled,
+    but it is there)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return f"{_describe(info)} is gone: killed or crashed"
+        return False
     except OSError:  # alive, another user's
-        return None
-    return None
+        return True
+    return True
 
 
 class RunLock:

@@ -51,6 +51,7 @@ from swalab.results.row import row_cost, row_records
 from swalab.results.runs import Run, run_dirs
 from swalab.results.table import Table, build_table
 from swalab.results.write import load_paper_tables, to_markdown, write_csv, write_runs_csv
+from swalab.runlock import process_exists
 
 
 def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
@@ -96,19 +97,8 @@ def remove_abandoned_work(out: Path) -> None:
     report killed while it was made leaves its own behind. A live report's folder, another process's, stays."""
     for work in out.parent.glob(f".{out.name}.*.*"):
         pid = work.name[len(out.name) + 2:].split(".", 1)[0]
-        if work.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+        if work.is_dir() and pid.isdigit() and not process_exists(int(pid)):
             shutil.rmtree(work, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process of this host has the id ``pid``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def publish(work: Path, out: Path, names: dict) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from swalab.train.records import atomic_write
+from swalab.train.records import write_text
 
 JOBS_DIR = "jobs"
 SUMMARY_FILE = "summary.txt"
@@ -100,7 +100,7 @@ def close_grid(grid_dir: str | Path, interrupted: bool = False) -> list[dict[str
     text = "\n".join(lines)
     print(text, flush=True)
     try:  # atomically: a grid stopped while it writes keeps the summary it had
-        atomic_write(Path(grid_dir) / SUMMARY_FILE, lambda f: f.write((text + "\n").encode("utf-8")))
+        write_text(Path(grid_dir) / SUMMARY_FILE, text + "\n")
     except OSError:
         pass
     return jobs

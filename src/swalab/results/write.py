@@ -186,8 +186,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
         sgd = row.sgd_cells()
         for e in (e for e in formed if e.row is row):
             base = sgd.get(sgd_baseline(row, e.column)) if sgd_baseline(row, e.column) is not None else None
-            b = budget_epochs_of(e.column)
-            why = ("no SGD run of its B" if b is None else f"no SGD run of B = {b:.3g} ep") if base is None else "–"
+            why = diff_text(row, e.column, []) if base is None else "–"  # the paired table's reason
             delta = {m: (f"{e.metrics[m] - mean_std(base.values(m))[0]:+.{d}f}" if base and base.values(m) else why)
                      for m, d in (("acc", 2), ("nll", 4))}
             lines.append([e.label, f"{len(e.seeds)} (ensemble)",

@@ -30,7 +30,7 @@ from swalab import distributed
 from swalab.checkpoint import CheckpointError
 from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
-from swalab.train import execute, prepare
+from swalab.train import TrainingFailed, execute, prepare
 from swalab.train.records import message, one_line
 from swalab.train.records import write_status
 from swalab.trainer import INTERRUPTED_EXIT_CODE, NonFiniteLossError, Preempted
@@ -64,7 +64,6 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(code)
 
     record("running")
-    plan = None
     try:
         plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices),
                        grid=hydra_cfg.sweep.dir if multirun else None)
@@ -91,17 +90,25 @@ def main(cfg: DictConfig) -> float | None:
         print("[swalab] interrupted (Ctrl-C): nothing of the run is lost; re-run the same command to continue",
               file=sys.stderr)
         stop_grid(INTERRUPTED_EXIT_CODE)
-    except Exception as exc:
-        refused = plan is None or not plan.started
-        record("locked" if isinstance(exc, RunLocked) else "refused" if refused else "failed", one_line(exc))
+    except TrainingFailed as failed:  # training had started: status.json records the error
+        exc = failed.__cause__
+        record("failed", one_line(exc))
         if multirun:
-            print(f"[swalab] job {'did not run' if refused else 'failed'}, the grid goes on: {one_line(exc)}",
-                  file=sys.stderr)
+            print(f"[swalab] job failed, the grid goes on: {one_line(exc)}", file=sys.stderr)
             return None
-        if os.environ.get("SWALAB_TRACEBACK") or not (refused or isinstance(exc, SELF_EXPLAINED)):
+        if os.environ.get("SWALAB_TRACEBACK") or not isinstance(exc, SELF_EXPLAINED):
+            raise exc from None
+        print(f"[swalab] {message(exc)}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as exc:  # refused before anything was written
+        record("locked" if isinstance(exc, RunLocked) else "refused", one_line(exc))
+        if multirun:
+            print(f"[swalab] job did not run, the grid goes on: {one_line(exc)}", file=sys.stderr)
+            return None
+        if os.environ.get("SWALAB_TRACEBACK"):
             raise
         print(f"[swalab] {message(exc)}", file=sys.stderr)
-        sys.exit(REFUSED_EXIT_CODE if refused else 1)
+        sys.exit(REFUSED_EXIT_CODE)
     record("skipped" if skipped else "complete")
     first = next((m for m in metrics.values() if "acc" in m), None)
     return None if first is None else first["acc"]

@@ -9,6 +9,7 @@ run in-process does, to keep the default suite short.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -459,6 +460,32 @@ def poison_losses(monkeypatch):
             return loss * float("nan") if count[0] in calls else loss
         monkeypatch.setattr(torch.nn.functional, "cross_entropy", cross_entropy)
     return install
+
+
+def test_a_failure_once_training_started_is_told_from_a_refusal_by_its_type(tmp_path, poison_losses):
+    """run.py exits 2 ("refused", nothing written) or 1 ("failed", status.json says why) by the type of what
+    ``execute`` raises; the plan it runs is never changed on the way."""
+    from swalab.runlock import RunLock, RunLocked
+    from swalab.train import TrainingFailed, execute, prepare
+
+    locked = tmp_path / "locked"
+    holder = RunLock(locked).acquire()  # as if another process trained it
+    try:
+        with pytest.raises(RunLocked):  # refused before anything was written: raised as it is
+            execute(prepare(make_cfg(), run_dir=locked))
+    finally:
+        holder.release()
+    assert sorted(p.name for p in locked.iterdir()) == [".lock"]
+
+    plan = prepare(make_cfg("trainer.nonfinite=stop"), run_dir=tmp_path / "run")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.finished = {}
+    poison_losses({7})
+    with pytest.raises(TrainingFailed) as failed:
+        execute(plan)
+    assert isinstance(failed.value.__cause__, NonFiniteLossError)
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
+    assert plan.finished is None and plan.run_dir == tmp_path / "run"
 
 
 def test_nan_loss_stops_naming_epoch_and_step_and_keeps_the_good_checkpoint(tmp_path, reference, poison_losses,

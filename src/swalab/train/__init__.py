@@ -34,10 +34,10 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from swalab.train.execute import execute
+from swalab.train.execute import TrainingFailed, execute
 from swalab.train.plan import RunPlan, prepare, validate
 
-__all__ = ["train", "prepare", "validate", "execute", "RunPlan"]  # the builders: swalab.train.build
+__all__ = ["train", "prepare", "validate", "execute", "RunPlan", "TrainingFailed"]  # the builders: swalab.train.build
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequence[str] | None = None,
@@ -45,6 +45,10 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequenc
     """Train one run as ``cfg`` says and return its final metrics (``{predictor: {metric: value}}``).
 
     ``run_dir`` places the run (default: ``run.dir``, else the name made from the config); see
-    :func:`prepare` for ``overrides`` and ``choices``.
+    :func:`prepare` for ``overrides`` and ``choices``. Raises what stopped the run: a refusal, a pause, or the error
+    that failed it once training had started (``execute`` wraps that one in :class:`TrainingFailed`).
     """
-    return execute(prepare(cfg, run_dir, overrides, choices))
+    try:
+        return execute(prepare(cfg, run_dir, overrides, choices))
+    except TrainingFailed as failed:
+        raise failed.__cause__ from None

@@ -9,6 +9,10 @@ Data-parallel (several processes, ``swalab.distributed``): rank 0 holds the lock
 trains (another process may have finished it since it was planned); every rank gets its answer, so all
 train, skip or fail together. Only rank 0 logs and writes; every rank returns once rank 0 has written the
 run's last record.
+
+An error before training starts is a refusal (nothing written) and is raised as it is; an error once training has
+started is recorded in ``status.json`` and raised as :class:`TrainingFailed`, so that a caller (``run.py``) tells the
+two apart by type. A pause (:class:`swalab.trainer.Preempted`, Ctrl-C) is raised as it is.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import contextlib
 import inspect
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
@@ -41,6 +45,11 @@ from swalab.trainer import Preempted, Trainer
 log = get_logger()
 
 
+class TrainingFailed(Exception):
+    """A run failed after it started training; its ``status.json`` says so and why. The error that failed it is
+    ``__cause__`` (``swalab.train.train`` raises that error itself)."""
+
+
 def given_record(cfg, record: dict | None) -> dict:
     """``{"record": record}`` for a loader that takes the record of its files (the plan has just made it), else {}."""
     from hydra.utils import get_method
@@ -53,6 +62,7 @@ def given_record(cfg, record: dict | None) -> dict:
 class Built:
     """Everything a run trains with, built after its lock is held."""
 
+    plan: RunPlan                    # the plan, with the fingerprint of data downloaded while it was built
     trainer: Trainer
     lineage: dict | None
     resume_state: dict | None
@@ -71,8 +81,8 @@ def build_run(plan: RunPlan) -> Built:
     if expected is not None and data.num_classes != expected:
         raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
     if plan.data_record is None and getattr(data, "record", None) is not None:  # downloaded just now
-        plan.data_record = data.record
-        plan.identity = {**plan.identity, DATA_FINGERPRINT: data.record["fingerprint"]}
+        plan = replace(plan, data_record=data.record,
+                       identity={**plan.identity, DATA_FINGERPRINT: data.record["fingerprint"]})
         inspect_run_dir(run_dir, plan.identity, cfg.run.resume, data.record)
     train_loader, test_loader, bn_loader = build_loaders(cfg, data, device)
     val_loader = build_val_loader(cfg, data, device)
@@ -96,14 +106,14 @@ def build_run(plan: RunPlan) -> Built:
     trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
                       identity=plan.identity, optimizer=optimizer_spec(cfg), loss=loss_spec(cfg).build(data.num_classes),
                       val_loader=val_loader)
-    return Built(trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched,
+    return Built(plan=plan, trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched,
                  data_facts=data_facts(data, plan.data_record), cache_note=getattr(data, "cache_note", None))
 
 
 def execute(plan: RunPlan) -> dict:
     """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics: claim it (skip a
     finished run, take its lock), build what it trains with (nothing written: a refusal here leaves nothing behind),
-    then train and record it (:func:`_train`)."""
+    then train and record it (:func:`_train`; a failure there is raised as :class:`TrainingFailed`)."""
     distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     finished, lock = claim(plan)
     if finished is not None:
@@ -118,7 +128,12 @@ def execute(plan: RunPlan) -> dict:
                 if lock is not None:
                     lock.discard()  # a refused run leaves no directory behind
                 raise
-        return _train(plan, built, lock, early)
+        try:
+            return _train(built, lock, early)
+        except Preempted:  # a pause, not a failure
+            raise
+        except Exception as exc:
+            raise TrainingFailed(f"{built.plan.run_dir} failed: {one_line(exc)}") from exc
 
 
 @contextlib.contextmanager
@@ -148,19 +163,20 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
     lock, answer = None, None
     if distributed.is_main():
         try:
-            if plan.finished is not None:
+            finished = plan.finished
+            if finished is not None:
                 log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json "
                          "kept)")
                 if read_status(plan.run_dir) != "complete":  # killed between its last two renames
                     write_status(plan.run_dir, {"status": "complete"})
             else:
                 lock = RunLock(plan.run_dir).acquire()
-                plan.finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
-                if plan.finished is not None:
+                finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
+                if finished is not None:
                     log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
                     lock.release()
                     lock = None
-            answer = {"finished": plan.finished}
+            answer = {"finished": finished}
         except BaseException as exc:
             if lock is not None:  # a refusal leaves nothing behind (RunLock.discard)
                 lock.discard()
@@ -169,8 +185,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
     answer = distributed.from_rank_0(answer)
     if "error" in answer:
         raise RuntimeError(f"rank 0 could not start {plan.run_dir}: {answer['error']}")
-    plan.finished = answer["finished"]
-    return plan.finished, lock
+    return answer["finished"], lock
 
 
 def as_run(resolved: dict, method) -> dict:
@@ -243,9 +258,9 @@ def show(caught: list) -> None:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
-def _train(plan: RunPlan, built: Built, lock: RunLock | None, early: list = ()) -> dict:
+def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
+    plan = built.plan
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
-    plan.started = True
     write_run_files(plan, built.lineage, built.data_facts)
     with run_log(run_dir, main=distributed.is_main()):
         show(early)

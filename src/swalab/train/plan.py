@@ -29,9 +29,11 @@ from swalab.train.records import DamagedRecord, final_metrics, read_data_record
 from swalab.trainer import select_device
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
-    """An accepted config, ready to train: where, as what, and what it has already checked."""
+    """An accepted config, ready to train: where, as what, and what it has already checked. Immutable: what a
+    later step learns (the fingerprint of data downloaded while the run is built) makes a new plan
+    (``dataclasses.replace``), so a plan says exactly what :func:`prepare` checked."""
 
     cfg: DictConfig
     run_dir: Path
@@ -45,7 +47,6 @@ class RunPlan:
     finished: dict | None = None          # the metrics of a finished run of this identity (to skip)
     data_record: dict | None = None       # the files the data set reads (swalab.data.fingerprint), when known
     settings: dict | None = None          # what sets it apart from its defaults, in user keys (apart_from_defaults)
-    started: bool = False                 # set once training starts: an error before it is a refusal
 
 
 def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:

@@ -22,7 +22,7 @@ import swalab.data.folder as folder_mod
 from swalab.config import ConfigError
 from swalab.train import validate
 from swalab.data import ImageData, cap_test_split, load_cifar, load_folder, subset
-from swalab.data.cache import cache_path, root_key
+from swalab.data.cache import CACHE_FORMAT_VERSION, cache_path, root_key
 from swalab.train import prepare
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -354,7 +354,7 @@ def test_folder_config_builds_the_data_set(make_cfg, tmp_path):
     assert data.name == "data" and data.num_classes == 3  # named after its folder
     assert data.channels == 1 and data.mean == [0.5]
     assert data.train.images.shape == (6, 1, 8, 8) and len(data.test) == 3
-    assert len(list((tmp_path / "cache").glob(f"data-{root_key(root)}-folder-*-v1.pt"))) == 1
+    assert len(list((tmp_path / "cache").glob(f"data-{root_key(root)}-folder-*-v{CACHE_FORMAT_VERSION}.pt"))) == 1
 
 
 def test_folder_config_requires_a_root(make_cfg):
@@ -449,16 +449,69 @@ def test_a_run_of_an_earlier_version_without_a_data_fingerprint_still_resumes(ma
     assert train(folder_run_cfg(make_cfg, root), run_dir=run) == first
 
 
-def test_16_bit_grey_images_keep_every_grey_level(tmp_path):
-    levels = (np.arange(64).reshape(8, 8) * 1000).astype(np.uint16)  # 0 .. 63000 of 65535
+def test_16_bit_grey_images_are_read_at_their_full_depth(tmp_path):
+    levels = (np.arange(64).reshape(8, 8) * 1000 + 7).astype(np.uint16)  # 7 .. 63007 of 65535: not one is 8-bit
     for split in ("train", "test"):
         (tmp_path / split / "a").mkdir(parents=True)
         Image.fromarray(levels).save(tmp_path / split / "a" / "0.png")
         assert Image.open(tmp_path / split / "a" / "0.png").mode == "I;16"
     data = load_folder(tmp_path)
-    expected = torch.from_numpy(np.rint(levels.astype(np.float64) * 255 / 65535).astype(np.uint8))
-    assert data.channels == 1 and torch.equal(data.train.images[0, 0], expected)  # PIL's convert left 2 levels
-    assert data.train.images.unique().numel() == 64
+    assert data.channels == 1 and data.train.images.dtype == torch.uint16  # PIL's convert would leave 2 levels
+    assert torch.equal(data.train.images[0, 0], torch.from_numpy(levels.astype(np.int32)).to(torch.uint16))
+    assert data.mean[0] == pytest.approx(levels.astype(np.float64).mean() / 65535)
+
+
+def test_8_bit_images_beside_16_bit_ones_are_scaled_to_the_same_full_scale(tmp_path):
+    deep = np.full((4, 4), 65535, dtype=np.uint16)
+    shallow = np.full((4, 4), 255, dtype=np.uint8)   # white in 8 bits is white in 16 bits: 255 * 257 = 65535
+    for split in ("train", "test"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        Image.fromarray(shallow).save(tmp_path / split / "a" / "0.png")   # the first image is 8-bit
+        Image.fromarray(deep).save(tmp_path / split / "a" / "1.png")
+    images = load_folder(tmp_path, std=[0.3]).train.images  # (one grey level: its std cannot be measured)
+    assert images.dtype == torch.uint16 and bool((images.to(torch.int32) == 65535).all())
+
+
+def test_a_16_bit_image_resized_keeps_16_bit_values(tmp_path):
+    ramp = np.tile(np.linspace(0, 65535, 16).round().astype(np.uint16), (16, 1))
+    for split in ("train", "test"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        Image.fromarray(ramp).save(tmp_path / split / "a" / "0.png")
+    images = load_folder(tmp_path, image_size=8).train.images.to(torch.int32)
+    assert images.shape == (1, 1, 8, 8) and images.unique().numel() == 8 and int(images.max()) > 60000
+
+
+def test_16_bit_pixels_reach_the_model_as_their_8_bit_equivalents_would(tmp_path):
+    from swalab.data import DataSplit
+    from swalab.data.loader import ResidentLoader
+
+    pixels = torch.randint(0, 256, (6, 1, 4, 4), dtype=torch.uint8)
+    labels = torch.zeros(6, dtype=torch.int64)
+    as_8 = ResidentLoader(DataSplit(pixels, labels), 6, "cpu", [0.5], [0.25], train=False)
+    as_16 = ResidentLoader(DataSplit((pixels.to(torch.int32) * 257).to(torch.uint16), labels), 6, "cpu", [0.5],
+                           [0.25], train=False)
+    (x8, _), (x16, _) = next(iter(as_8)), next(iter(as_16))
+    assert torch.allclose(x8, x16, atol=1e-5) and float(x8.max()) <= (1 - 0.5) / 0.25 + 1e-5
+    augmented = [ResidentLoader(DataSplit(images, labels), 6, "cpu", [0.5], [0.25], train=True, pad=2, seed=3)
+                 for images in (pixels, (pixels.to(torch.int32) * 257).to(torch.uint16))]
+    (a8, _), (a16, _) = (next(iter(loader)) for loader in augmented)
+    assert torch.allclose(a8, a16, atol=1e-5)  # the same crops and flips, the same padding value
+
+
+def test_a_run_on_16_bit_images_trains_and_records_their_depth(make_cfg, tmp_path):
+    from swalab.train import train
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 8), ("test", 4)):
+        for label in ("a", "b"):
+            (tmp_path / "ds" / split / label).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 65536, (8, 8)).astype(np.uint16)).save(
+                    tmp_path / "ds" / split / label / f"{i}.png")
+    metrics = train(folder_run_cfg(make_cfg, tmp_path / "ds"), run_dir=tmp_path / "run")
+    facts = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert facts["bits_per_pixel"] == 16 and facts["channels"] == 1
+    assert 0.4 < facts["measured_mean"][0] < 0.6 and metrics["sgd"]["nll"] > 0
 
 
 def test_the_decode_cache_lives_in_the_users_cache_directory_and_the_run_names_it(make_cfg, tmp_path, monkeypatch,
@@ -473,7 +526,7 @@ def test_the_decode_cache_lives_in_the_users_cache_directory_and_the_run_names_i
             train(folder_run_cfg(make_cfg, root), run_dir=tmp_path / "run")
     finally:
         root.chmod(0o755)
-    cached = list((tmp_path / "xdg" / "swalab").glob(f"ds-{root_key(root)}-folder-*-v1.pt"))
+    cached = list((tmp_path / "xdg" / "swalab").glob(f"ds-{root_key(root)}-folder-*-v{CACHE_FORMAT_VERSION}.pt"))
     assert len(cached) == 1 and not (root / ".swalab_cache").exists()
     assert f"decoded images cached in {cached[0]}" in caplog.text
     first = (tmp_path / "run" / "run.log").read_text().splitlines()[0]

@@ -1,8 +1,8 @@
 """A decode cache for image data sets: decoded uint8 tensors saved in the user's cache directory.
 
 Decoding the 60,000 JPEGs of CIFAR-10 takes far longer than reading the same pixels back from one
-tensor file, so the first load saves its result to ``<cache>/<name>-<root key>-<layout>-v1.pt`` (a subset
-or another decode setting to ``<name>-<root key>-<layout>-<hash>-v1.pt``) and later loads read that
+tensor file, so the first load saves its result to ``<cache>/<name>-<root key>-<layout>-v2.pt`` (a subset
+or another decode setting to ``<name>-<root key>-<layout>-<hash>-v2.pt``) and later loads read that
 instead. ``<cache>`` is ``run.cache_dir`` when set, else :func:`default_cache_dir`
 (``$XDG_CACHE_HOME/swalab``, ``~/.cache/swalab`` by default): never the data folder itself, which is often
 read-only or shared. ``<root key>`` is a hash of the data folder's absolute path, so two folders of the
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 CACHE_DIR = "swalab"  # below $XDG_CACHE_HOME (~/.cache)
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: 16-bit grey images kept at 16 bits (uint16), where 1 held them scaled to 8
 CACHE_KEYS = ("format_version", "source", "train_images", "train_labels", "test_images", "test_labels", "classes")
 
 
@@ -51,7 +51,7 @@ def cache_path(root: Path, name: str, layout: str, cache_dir: str | Path | None 
     """Where the cache for data set ``name`` read from ``layout`` under ``root`` lives (see the module doc).
 
     ``variant``, a short hash of the chosen files and decode options, gives every subset (``train_size``
-    / ``test_size``) and every decode setting its own file: ``<name>-<root key>-<layout>-<variant>-v1.pt``.
+    / ``test_size``) and every decode setting its own file: ``<name>-<root key>-<layout>-<variant>-v2.pt``.
     A subset and the full set therefore never overwrite each other's cache when runs alternate.
     """
     stem = f"{name}-{root_key(root)}-{layout}" + (f"-{variant}" if variant else "")

@@ -212,7 +212,7 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
     """Decode the chosen files of a CIFAR image folder (through the decode cache).
 
     Subsets are chosen from the file listing (:func:`~swalab.data.folder.select_files`) before anything
-    is decoded. The whole folder is cached as ``<name>-folder-v1.pt``; a subset in its own small file
+    is decoded. The whole folder is cached as ``<name>-folder-v2.pt``; a subset in its own small file
     named by a hash of the chosen files, so the two never replace each other.
     """
     classes, files = list_image_folder(root)
@@ -277,7 +277,7 @@ def load_cifar(
             files are decoded (the same images a subset of the whole split would give).
         seed: seeds the ``train_size`` subset.
         cache: for the image-folder layout, keep decoded tensors in
-            ``<cache_dir>/<name>-<root key>-folder-v1.pt`` (a subset: ``...-folder-<hash>-v1.pt``; written
+            ``<cache_dir>/<name>-<root key>-folder-v2.pt`` (a subset: ``...-folder-<hash>-v2.pt``; written
             atomically, rebuilt with a warning when stale or unreadable, skipped with a warning when the
             cache directory is not writable; :mod:`swalab.data.cache`). The pickle layout is never cached: it
             already stores decoded pixels and reads as fast as the cache.

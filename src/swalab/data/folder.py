@@ -176,32 +176,48 @@ def infer_channels(paths: list[str], workers: int | None = None) -> int:
     return 1
 
 
-def _to_8bit(im: Image.Image) -> Image.Image:
-    """``im`` with 8 bits per channel. 16-bit grey images (PIL modes ``I;16*``) are scaled by their full range,
-    ``round(v * 255 / 65535)``, so every grey level keeps its place; PIL's own ``convert`` clips them to 0 or 255.
-    A 32-bit integer image (mode ``I``) is read as 8-bit when its values fit 0..255 and as 16-bit when they fit
-    0..65535; wider values are refused. Other modes are left to ``convert``."""
+def _deep_grey(im: Image.Image) -> np.ndarray | None:
+    """The pixels of a grey image deeper than 8 bits as a ``uint16`` array ``[H, W]``, at their full depth; None for
+    every other image (left to PIL's ``convert``, which would clip 16-bit values to 0 or 255).
+
+    16-bit grey images (PIL modes ``I;16*``) are deep. A 32-bit integer image (mode ``I``) is deep when its values
+    exceed 255 and read as 8-bit when they fit 0..255; values outside 0..65535 are refused."""
     if not (im.mode.startswith("I;16") or im.mode == "I"):
-        return im
-    values = np.asarray(im).astype(np.float64)
-    top = 65535.0 if im.mode.startswith("I;16") or values.max() > 255 else 255.0
-    if values.min() < 0 or values.max() > 65535:
-        raise ValueError(f"a {im.mode} image with values in [{values.min():g}, {values.max():g}]: swalab reads grey "
+        return None
+    values = np.asarray(im)
+    if values.size and (values.min() < 0 or values.max() > 65535):
+        raise ValueError(f"a {im.mode} image with values in [{values.min()}, {values.max()}]: swalab reads grey "
                          "images of up to 16 bits (0..65535)")
-    return Image.fromarray(np.rint(values * (255.0 / top)).astype(np.uint8), mode="L")
+    if im.mode == "I" and (not values.size or values.max() <= 255):
+        return None
+    return values.astype(np.uint16)
+
+
+def _resize_deep(values: np.ndarray, resize: int) -> np.ndarray:
+    """A ``uint16`` grey image scaled to ``resize`` x ``resize`` with PIL's bilinear filter, in floating point (PIL
+    resizes 32-bit float images, not 16-bit integer ones), rounded back to 16 bits."""
+    scaled = Image.fromarray(values.astype(np.float32), mode="F").resize((resize, resize), Image.Resampling.BILINEAR)
+    return np.clip(np.rint(np.asarray(scaled)), 0, 65535).astype(np.uint16)
 
 
 def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None) -> np.ndarray:
-    """Decode one file to a ``uint8`` array ``[H, W, C]``, naming the file if it cannot be read.
+    """Decode one file to a ``uint8`` array ``[H, W, C]`` (``uint16`` for a 16-bit grey image, read at its full
+    depth: :func:`_deep_grey`), naming the file if it cannot be read.
 
     ``mode`` is the PIL mode converted to: ``"RGB"`` (C = 3; alpha dropped, grey replicated) or ``"L"``
-    (C = 1; colour becomes luma, ``L = 0.299 R + 0.587 G + 0.114 B``). Deep grey images are first scaled to
-    8 bits over their full range (:func:`_to_8bit`). ``resize``: scale to ``resize`` x ``resize`` pixels with
-    PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept).
+    (C = 1; colour becomes luma, ``L = 0.299 R + 0.587 G + 0.114 B``). ``resize``: scale to ``resize`` x ``resize``
+    pixels with PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept).
     """
     try:
         with Image.open(path) as im:
-            converted = _to_8bit(im).convert(mode)
+            deep = _deep_grey(im)
+            if deep is not None:
+                if resize is not None and deep.shape != (resize, resize):
+                    deep = _resize_deep(deep, resize)
+                return np.repeat(deep[:, :, None], 3 if mode == "RGB" else 1, axis=2)
+            if im.mode == "I":  # 32-bit integers that fit 8 bits (_deep_grey): grey, exactly
+                im = Image.fromarray(np.asarray(im).astype(np.uint8), mode="L")
+            converted = im.convert(mode)
             if resize is not None and converted.size != (resize, resize):
                 converted = converted.resize((resize, resize), Image.Resampling.BILINEAR)
             arr = np.asarray(converted)
@@ -220,6 +236,9 @@ def decode_images(
 ) -> torch.Tensor:
     """Decode ``paths`` into one ``uint8`` tensor ``[N, C, H, W]`` (C = 3 for ``mode="RGB"``, 1 for ``"L"``).
 
+    When any image is a 16-bit grey one, the tensor is ``uint16`` and holds every image at 16 bits: the 8-bit
+    ones scaled by 257 (255 -> 65535, exact), so that no image loses depth and all share one full scale.
+
     With ``resize`` every image is scaled to ``resize`` x ``resize`` (see :func:`_decode_image`).
     Otherwise all images must have the same size (``size`` if given, else that of the first image); a
     file of another size raises ``ValueError`` naming it (and the first file, whose size it differs
@@ -229,9 +248,10 @@ def decode_images(
         raise ValueError("no images to decode")
     first = _decode_image(paths[0], mode, resize)
     expected = size if size is not None else first.shape[:2]
-    out = np.empty((len(paths), expected[0], expected[1], first.shape[2]), dtype=np.uint8)
+    out = np.empty((len(paths), expected[0], expected[1], first.shape[2]), dtype=first.dtype)
 
     def put(i: int, arr: np.ndarray) -> None:
+        nonlocal out
         if arr.shape[:2] != tuple(expected):
             than = f"expected {expected[1]}x{expected[0]}" if size is not None else (
                 f"{paths[0]} is {expected[1]}x{expected[0]}")
@@ -239,7 +259,9 @@ def decode_images(
                 f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but {than}: all images of a data set "
                 f"must have the same size{hint}"
             )
-        out[i] = arr
+        if arr.dtype == np.uint16 and out.dtype == np.uint8:  # the first deep image: all so far go to 16 bits
+            out = out.astype(np.uint16) * 257  # (the rows not decoded yet are overwritten below)
+        out[i] = arr.astype(np.uint16) * 257 if out.dtype == np.uint16 and arr.dtype == np.uint8 else arr
 
     put(0, first)
     workers = workers or min(8, os.cpu_count() or 1)

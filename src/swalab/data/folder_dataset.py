@@ -123,7 +123,8 @@ def load_folder(
         image_size: resize every image to ``image_size`` x ``image_size`` pixels with PIL's bilinear
             filter (antialiased when shrinking; the aspect ratio is not kept). ``None`` keeps the images'
             own size, which must then be the same for all of them.
-        channels: 1 converts every image to grayscale (PIL mode ``L``), 3 to RGB. ``None`` infers it
+        channels: 1 converts every image to grayscale (PIL mode ``L``; 16-bit grey images stay 16-bit, and the
+            split is then ``uint16``: ``swalab.data.folder.decode_images``), 3 to RGB. ``None`` infers it
             from the *whole* training split (not only the ``train_size`` subset, so the choice never
             depends on the seed): 1 if every training image has a single grey band (PIL modes ``1``,
             ``L``, ``LA``, ``I``, ``I;16``, ``F``; alpha is ignored, palette images count as colour),
@@ -137,7 +138,7 @@ def load_folder(
             never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
         seed: the run seed; it picks the ``train_size`` subset only.
         cache: keep the decoded tensors and measured statistics in
-            ``<cache_dir>/<name>-<root key>-folder-<hash>-v1.pt`` (``swalab.data.cache``), the hash naming the
+            ``<cache_dir>/<name>-<root key>-folder-<hash>-v2.pt`` (``swalab.data.cache``), the hash naming the
             chosen files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
         cache_dir: where the cache goes (``run.cache_dir``); None: the user's cache directory.
         name: the data set's name in :class:`ImageData` and in the cache file name.

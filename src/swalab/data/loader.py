@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .splits import DataSplit
+from .splits import DataSplit, pixel_max
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -132,13 +132,14 @@ class ResidentLoader:
     epoch by one, so a forgotten call does not repeat the same shuffle every epoch.
 
     Yields ``(x, y)``: ``x`` of ``dtype`` ``[B, C, H, W]`` on ``device`` equal to
-    ``(pixels / 255 - mean) / std`` (``channels_last`` if asked), ``y`` ``int64`` on ``device``.
+    ``(pixels / pixel_max - mean) / std`` (``channels_last`` if asked; ``pixel_max`` is 255 for 8-bit images and
+    65535 for 16-bit ones, ``splits.pixel_max``), ``y`` ``int64`` on ``device``.
 
     Args:
         split: the data; it is copied to ``device`` once (the whole split must fit there).
         batch_size: images per batch.
         device: where the data, the batches and the augmentation live.
-        mean, std: per-channel normalisation, in units of ``pixels / 255``.
+        mean, std: per-channel normalisation, in units of ``pixels / pixel_max`` (pixels in [0, 1]).
         train: augment and shuffle (training) or not (evaluation).
         pad: zero padding for the random crop (4 for 32x32 CIFAR, as in the paper).
         flip: random horizontal flips (turn off for data where mirroring changes the label, e.g. digits).
@@ -219,13 +220,16 @@ class ResidentLoader:
         self.epoch = 0
         self._n = n
         self._size = (int(height), int(width))
-        images = split.images.to(self.device)
+        top = pixel_max(split.images)
+        # 16-bit pixels travel as int32: uint16 has few kernels on accelerators (padding, gathers); values unchanged
+        images = split.images if split.images.dtype == torch.uint8 else split.images.to(torch.int32)
+        images = images.to(self.device)
         if self.train and self.pad > 0:
             images = F.pad(images, (self.pad,) * 4)  # once per run, not once per batch
         self._labels = split.labels.to(self.device)
         mean_t = torch.tensor(mean, dtype=torch.float32)
         std_t = torch.tensor(std, dtype=torch.float32)
-        self._scale = (1.0 / (255.0 * std_t)).view(1, -1, 1, 1).to(self.device)
+        self._scale = (1.0 / (top * std_t)).view(1, -1, 1, 1).to(self.device)
         self._shift = (-mean_t / std_t).view(1, -1, 1, 1).to(self.device)
         self.prenormalized = self.device.type == "cuda" if prenormalize is None else bool(prenormalize)
         self._images = self._to_float(images) if self.prenormalized else images

@@ -22,14 +22,25 @@ TEST_SUBSET_SEED = 0  # test_size subsets are drawn with this seed, never the ru
 # Another constant than TEST_SUBSET_SEED, so that the held-out images are not the ones seed 0's train_size subset starts with.
 VAL_SPLIT_SEED = 7919
 
+# The pixel types a split may hold and the value of a full-scale pixel in each: 8-bit images (every loader) and
+# 16-bit grey images (PNG/TIFF ``I;16``, read at their full depth by swalab.data.folder). The loaders divide by it,
+# so pixels of either depth reach the model as [0, 1] before normalisation.
+PIXEL_MAX = {torch.uint8: 255, torch.uint16: 65535}
+
+
+def pixel_max(images: torch.Tensor) -> int:
+    """The value of a full-scale pixel of ``images`` (:data:`PIXEL_MAX`): 255 for ``uint8``, 65535 for ``uint16``."""
+    return PIXEL_MAX[images.dtype]
+
 
 @dataclass
 class DataSplit:
     """One split (train or test) of an image data set, decoded and resident in CPU memory.
 
     Attributes:
-        images: ``uint8`` tensor ``[N, C, H, W]`` with raw pixel values 0..255 (no normalisation; the
-            loader normalises on the training device, so the split stays 4x smaller than float32).
+        images: ``uint8`` tensor ``[N, C, H, W]`` with raw pixel values 0..255, or ``uint16`` with 0..65535 for
+            16-bit images (no normalisation; the loader normalises on the training device, so the split stays 4x
+            (2x) smaller than float32).
         labels: ``int64`` tensor ``[N]`` of class indices.
 
     The constructor checks dtypes and shapes so that a wrongly built split fails here, with a message
@@ -40,9 +51,9 @@ class DataSplit:
     labels: torch.Tensor
 
     def __post_init__(self) -> None:
-        if not isinstance(self.images, torch.Tensor) or self.images.dtype != torch.uint8 or self.images.dim() != 4:
+        if not isinstance(self.images, torch.Tensor) or self.images.dtype not in PIXEL_MAX or self.images.dim() != 4:
             got = (self.images.dtype, tuple(self.images.shape)) if isinstance(self.images, torch.Tensor) else type(self.images)
-            raise ValueError(f"DataSplit.images must be a uint8 tensor [N, C, H, W]; got {got}")
+            raise ValueError(f"DataSplit.images must be a uint8 or uint16 tensor [N, C, H, W]; got {got}")
         if not isinstance(self.labels, torch.Tensor) or self.labels.dtype != torch.int64 or self.labels.dim() != 1:
             got = (self.labels.dtype, tuple(self.labels.shape)) if isinstance(self.labels, torch.Tensor) else type(self.labels)
             raise ValueError(f"DataSplit.labels must be an int64 tensor [N]; got {got}")
@@ -137,14 +148,15 @@ def subset_indices(labels: torch.Tensor, size: int | None, seed: int, key: str =
 
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[list[float], list[float]]:
-    """Per-channel mean and standard deviation of ``uint8`` images ``[N, C, H, W]``, pixels scaled to [0, 1].
+    """Per-channel mean and standard deviation of ``uint8`` or ``uint16`` images ``[N, C, H, W]``, pixels scaled to
+    [0, 1] (divided by :func:`pixel_max`).
 
     Use it to measure normalisation constants on the training images. The standard deviation is the
     population one (divided by the pixel count, numpy's default) over every pixel of every image. Sums
     are exact integers accumulated ``chunk`` images at a time, so a large split needs no float copy.
     """
-    if images.dtype != torch.uint8 or images.dim() != 4 or len(images) == 0:
-        raise ValueError(f"channel_stats needs a non-empty uint8 tensor [N, C, H, W], got {images.dtype} "
+    if images.dtype not in PIXEL_MAX or images.dim() != 4 or len(images) == 0:
+        raise ValueError(f"channel_stats needs a non-empty uint8 or uint16 tensor [N, C, H, W], got {images.dtype} "
                          f"{tuple(images.shape)}")
     total = torch.zeros(images.shape[1], dtype=torch.int64)
     squares = torch.zeros(images.shape[1], dtype=torch.int64)
@@ -153,8 +165,9 @@ def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[list[float],
         total += x.sum(dim=(0, 2, 3))
         squares += (x * x).sum(dim=(0, 2, 3))
     count = images.shape[0] * images.shape[2] * images.shape[3]
-    mean = total.double() / count / 255.0
-    var = squares.double() / count / 255.0**2 - mean**2
+    top = float(pixel_max(images))
+    mean = total.double() / count / top
+    var = squares.double() / count / top**2 - mean**2
     return mean.tolist(), var.clamp_min(0).sqrt().tolist()
 
 

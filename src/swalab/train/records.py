@@ -94,14 +94,15 @@ DATA_FILE = "data.json"
 
 def data_facts(data, record: dict | None) -> dict:
     """What a run found in its data set (``data.json``): the record of the files read (per class folder a count
-    and a hash, ``swalab.data.fingerprint``), the classes, channels, image size, split sizes, the
-    normalisation measured on the training images (when the loader measures it) and the decode cache; with a
+    and a hash, ``swalab.data.fingerprint``), the classes, channels, image size, bits per pixel and channel (8, or
+    16 for 16-bit grey images), split sizes, the normalisation measured on the training images (when the loader measures it) and the decode cache; with a
     validation split (``dataset.val_size``), how many images it holds (``val_images``, never among ``train_images``)."""
     images = getattr(data.train, "images", None)
     val = getattr(data, "val", None)
     return {"name": data.name, "num_classes": int(data.num_classes), "classes": list(data.classes),
             "channels": getattr(data, "channels", None),
             "image_size": list(images.shape[-2:]) if images is not None else None,
+            "bits_per_pixel": 16 if images is not None and images.dtype == torch.uint16 else 8,
             "train_images": len(data.train), "test_images": len(data.test),
             **({"val_images": len(val)} if val is not None else {}),
             "measured_mean": getattr(data, "mean", None), "measured_std": getattr(data, "std", None),

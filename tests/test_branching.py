@@ -245,3 +245,12 @@ def test_a_rows_record_moves_with_its_output_directory_and_its_wall_time_comes_f
     report([tmp_path / "moved"], tmp_path / "rep")  # two records of the same runs: one row of the table
     table = (tmp_path / "rep" / "table.md").read_text()
     assert "## Wall time of the branched rows" in table and table.count(f"| 0 | {cost['epochs']} |") == 1
+
+
+def test_the_row_summary_keeps_its_columns_aligned_for_long_column_names():
+    from swalab.results.row import format_row
+
+    scores = {"acc": 78.0, "nll": 0.7, "ece": 0.08}
+    lines = format_row({"SGD": {**scores, "epoch": 30}, "SWAG-diag 1.5B": {**scores, "epoch": 45}}).splitlines()
+    assert len({line.index("78.00") for line in lines[1:]}) == 1
+    assert lines[0].index("epochs") + len("epochs") == lines[1].index("30") + 2

@@ -322,9 +322,10 @@ def row_cost(record: dict) -> dict | None:
 
 def format_row(metrics: dict[str, dict]) -> str:
     """The row as a small table: one line per column, in the paper's order, with accuracy, NLL and ECE."""
-    lines = [f"{'column':<10} {'epochs':>6} {'acc %':>7} {'nll':>7} {'ece':>7}"]
+    width = max([len("column"), *map(len, metrics)])  # the widest column name ("SWAG-diag 1.5B") sets the width
+    lines = [f"{'column':<{width}} {'epochs':>6} {'acc %':>7} {'nll':>7} {'ece':>7}"]
     for column, m in metrics.items():
-        lines.append(f"{column:<10} {m.get('epoch', ''):>6} {m['acc']:7.2f} {m['nll']:7.4f} {m['ece']:7.4f}")
+        lines.append(f"{column:<{width}} {m.get('epoch', ''):>6} {m['acc']:7.2f} {m['nll']:7.4f} {m['ece']:7.4f}")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from PIL import Image
 
 import swalab.data.cache as cache_mod
 import swalab.data.folder as folder_mod
-from swalab.data.cache import cache_path
+from swalab.data.cache import CACHE_FORMAT_VERSION, cache_path
 from swalab.data import (
     DataSplit,
     ImageData,
@@ -231,7 +231,7 @@ def test_image_folder_loads_exact_pixels_and_caches(tmp_path, monkeypatch):
     path = cache_path(tmp_path, "cifar10", "folder")
     assert path.is_file() and not list(path.parent.glob("*.tmp"))
     saved = torch.load(path, weights_only=True)
-    assert saved["format_version"] == 1 and saved["classes"] == written["classes"]
+    assert saved["format_version"] == CACHE_FORMAT_VERSION and saved["classes"] == written["classes"]
     assert {"source", "train_images", "train_labels", "test_images", "test_labels"} <= set(saved)
 
     def must_not_decode(p):
@@ -256,7 +256,7 @@ def test_cache_with_other_format_version_is_rebuilt(tmp_path):
     with pytest.warns(UserWarning, match="format_version 0"):
         rebuilt = load_cifar("cifar10", tmp_path, download=False)
     assert torch.equal(rebuilt.train.images, first.train.images)
-    assert torch.load(path, weights_only=True)["format_version"] == 1
+    assert torch.load(path, weights_only=True)["format_version"] == CACHE_FORMAT_VERSION
 
 
 def test_unreadable_or_stale_cache_is_rebuilt(tmp_path):

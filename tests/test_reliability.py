@@ -720,3 +720,18 @@ def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stdout
     assert_same_run(run, reference)
+
+
+def test_a_run_records_the_thread_count_of_each_start_and_resume(tmp_path):
+    """A CPU run is reproduced bit for bit only at the same thread count: each start says which it used."""
+    run, threads = tmp_path / "run", torch.get_num_threads()
+    train(make_cfg(), run_dir=run)
+    (run / "metrics.json").unlink()  # as if interrupted after its last epoch: the same command scores it again
+    torch.set_num_threads(threads + 1)
+    try:
+        train(make_cfg(), run_dir=run)
+    finally:
+        torch.set_num_threads(threads)
+    entries = json.loads((run / "environment.json").read_text())
+    assert [e["threads"] for e in entries] == [threads, threads + 1]
+    assert entries[0]["torch"] == torch.__version__ and entries[0]["device"] == "cpu" and "commit" in entries[0]

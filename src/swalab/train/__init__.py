@@ -10,6 +10,7 @@ The run directory::
 
     config.yaml      the resolved config           identity.json  the run's identity and its hashes
     overrides.yaml   the command line's overrides  git.json       commit and dirty flag
+    environment.json per start or resume of the run: time, commit, torch version, CPU threads, device
     history.jsonl    one line per epoch            metrics.json   final metrics per predictor
     status.json      running / failed / preempted / requeued / cancelled / interrupted (complete once
                      metrics.json is written), with the error line if any

@@ -38,8 +38,9 @@ from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record,
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
                                 load_into, loss_spec, optimizer_spec, read_status, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
-from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, data_facts, git_info, one_line,
-                                  save_predictions, seed_everything, write_json, write_status, write_text)
+from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, append_environment, data_facts,
+                                  environment_entry, git_info, one_line, save_predictions, seed_everything,
+                                  write_json, write_status, write_text)
 from swalab.trainer import Preempted, Trainer
 
 log = get_logger()
@@ -205,6 +206,7 @@ def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = No
     if plan.overrides is not None:
         write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     write_json(run_dir / "git.json", git_info())
+    append_environment(run_dir, environment_entry(plan.device))
     if facts is not None:
         write_json(run_dir / DATA_FILE, facts)
     if lineage is not None:

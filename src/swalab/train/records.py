@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -57,6 +58,28 @@ def git_info() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", False
     return {"commit": commit or None, "dirty": dirty}
+
+
+ENVIRONMENT_FILE = "environment.json"
+
+
+def environment_entry(device) -> dict:
+    """What a run's numbers depend on beyond its config, as this process runs it: when it started, the commit
+    (:func:`git_info`), torch's version, its CPU thread count and the device. The thread count matters on a CPU:
+    it changes the order of float sums, so a run is reproduced bit for bit only at the same count
+    (docs/cluster.md); a run resumed at another count says so in its second entry."""
+    return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **git_info(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "device": str(device)}
+
+
+def append_environment(run_dir: str | Path, entry: dict) -> None:
+    """Add ``entry`` to the run's ``environment.json``, one entry per time the run started or resumed."""
+    path = Path(run_dir) / ENVIRONMENT_FILE
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        entries = []
+    write_json(path, [*(entries if isinstance(entries, list) else []), entry])
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:

@@ -21,6 +21,7 @@ import torch
 
 from swalab import distributed
 from swalab.checkpoint import atomic_save
+from swalab.data.splits import pixel_max
 from swalab.logs import get_logger
 
 log = get_logger()
@@ -63,12 +64,12 @@ def git_info() -> dict:
 ENVIRONMENT_FILE = "environment.json"
 
 
-def environment_entry(device) -> dict:
+def environment_entry(device, git: dict) -> dict:
     """What a run's numbers depend on beyond its config, as this process runs it: when it started, the commit
-    (:func:`git_info`), torch's version, its CPU thread count and the device. The thread count matters on a CPU:
+    (``git``, from :func:`git_info`), torch's version, its CPU thread count and the device. The thread count matters on a CPU:
     it changes the order of float sums, so a run is reproduced bit for bit only at the same count
     (docs/cluster.md); a run resumed at another count says so in its second entry."""
-    return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **git_info(), "torch": torch.__version__,
+    return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **git, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "device": str(device)}
 
 
@@ -125,7 +126,7 @@ def data_facts(data, record: dict | None) -> dict:
     return {"name": data.name, "num_classes": int(data.num_classes), "classes": list(data.classes),
             "channels": getattr(data, "channels", None),
             "image_size": list(images.shape[-2:]) if images is not None else None,
-            "bits_per_pixel": 16 if images is not None and images.dtype == torch.uint16 else 8,
+            "bits_per_pixel": pixel_max(images).bit_length() if images is not None else 8,  # 255: 8, 65535: 16
             "train_images": len(data.train), "test_images": len(data.test),
             **({"val_images": len(val)} if val is not None else {}),
             "measured_mean": getattr(data, "mean", None), "measured_std": getattr(data, "std", None),

@@ -421,6 +421,34 @@ def test_runs_that_differ_only_in_what_they_measure_never_share_a_row_name(tmp_p
     assert "cifar10 / preresnet20 · model.swa.start=0.5" in names
 
 
+def test_a_row_of_a_methods_own_settings_is_paired_with_the_sgd_of_the_row_it_shares_everything_else_with(tmp_path):
+    """The row tool's SWA branch runs with model.swa.pre_schedule=base, so it sits in a row of its own; its paired
+    differences are to the SGD runs of the default row (same seeds), never to another method of that row."""
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA"}
+    for seed, (sgd, fge, swa_acc) in enumerate([(90.0, 95.0, 91.0), (92.0, 97.0, 93.5)]):
+        with_apart(make_run(root, "sgd", seed, {"sgd": m(sgd)}), {})
+        with_apart(make_run(root, "fge", seed, {"fge": m(fge)}), {})
+        with_apart(make_run(root, "swa", seed, {"swa": m(swa_acc)}, name="base", extra={"method": swa}),
+                   {"model.swa.pre_schedule": "base"})
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
+    assert lines[0] == "| row | FGE 1B (4 ep) − SGD | SWA 1B (4 ep) − SGD |"
+    assert lines[2] == "| cifar10 / preresnet20 | +5.00 ± 0.00 (+5.00, +5.00) | not run |"
+    assert lines[3] == "| cifar10 / preresnet20 · model.swa.pre_schedule=base | not run | +1.25 ± 0.35 (+1.00, +1.50) |"
+
+
+def test_settings_that_only_add_measurements_keep_a_run_in_the_default_row(tmp_path):
+    """SWA scored every epoch and at earlier budget marks (what the row tool asks for) trains as the default SWA:
+    it shares the default row with SGD, unlabelled."""
+    root = tmp_path / "g"
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, name="scored", extra={"method": {"_target_": "swalab.methods.SWA"}}),
+               {"model.swa.score_every": 1, "model.swa.score_at_budgets": [1, 1.25]})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[2:] == ["| cifar10 / preresnet20 | 90.00 (n=1) | 93.00 (n=1) |"]
+
+
 def test_a_paired_table_without_a_single_pair_says_why_rather_than_vanishing(tmp_path):
     root = tmp_path / "g"
     make_run(root, "sgd", 0, {"sgd": m(90.0)}, extra={"trainer": {"epochs": 6}})

@@ -438,13 +438,14 @@ def test_a_row_of_a_methods_own_settings_is_paired_with_the_sgd_of_the_row_it_sh
     assert lines[3] == "| cifar10 / preresnet20 · model.swa.pre_schedule=base | not run | +1.25 ± 0.35 (+1.00, +1.50) |"
 
 
-def test_settings_that_only_add_measurements_keep_a_run_in_the_default_row(tmp_path):
+@pytest.mark.parametrize("group", ["model.swa", "method"])
+def test_settings_that_only_add_measurements_keep_a_run_in_the_default_row(tmp_path, group):
     """SWA scored every epoch and at earlier budget marks (what the row tool asks for) trains as the default SWA:
-    it shares the default row with SGD, unlabelled."""
+    it shares the default row with SGD, unlabelled, whether the keys were typed under model.swa or method."""
     root = tmp_path / "g"
     with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
     with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, name="scored", extra={"method": {"_target_": "swalab.methods.SWA"}}),
-               {"model.swa.score_every": 1, "model.swa.score_at_budgets": [1, 1.25]})
+               {f"{group}.score_every": 1, f"{group}.score_at_budgets": [1, 1.25]})
     report([root], tmp_path / "out")
     assert table_lines(tmp_path / "out")[2:] == ["| cifar10 / preresnet20 | 90.00 (n=1) | 93.00 (n=1) |"]
 

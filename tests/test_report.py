@@ -660,3 +660,19 @@ def test_runs_scored_only_at_their_end_draw_no_test_error_figure(tmp_path):
     assert not plot_test_error(table, tmp_path / "end.png") and not (tmp_path / "end.png").exists()
     make_run(tmp_path / "curve", "sgd", 0, {"sgd": {"acc": 52.0, "nll": 1.0, "ece": 0.1}})
     assert plot_test_error(build_table([Run(p) for p in run_dirs([tmp_path / "curve"])]), tmp_path / "curve.png")
+
+
+def test_a_column_without_an_sgd_twin_leaves_the_pairs_of_the_columns_after_it(tmp_path):
+    """paired_differences goes on past a column that has no SGD run of its B (SWA 1.5B (8 ep): B = 5.33)."""
+    from types import SimpleNamespace
+
+    from swalab.results.table import Cell, Column, Entry, Row, paired_differences
+
+    def cell(column, *accs):
+        return Cell([Entry(SimpleNamespace(seed=seed), column.method, column, {"acc": acc})
+                     for seed, acc in enumerate(accs)])
+
+    sgd, swa8, fge = Column("sgd", 1.0, 6), Column("swa", 1.5, 8), Column("fge", 1.0, 6)
+    row = Row("cifar10", "preresnet20", "", {sgd: cell(sgd, 90.0, 92.0), swa8: cell(swa8, 95.0, 96.0),
+                                             fge: cell(fge, 91.0, 94.0)})
+    assert paired_differences(row) == {fge: [1.0, 2.0]}

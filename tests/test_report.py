@@ -444,7 +444,8 @@ def test_settings_that_only_add_measurements_keep_a_run_in_the_default_row(tmp_p
     it shares the default row with SGD, unlabelled, whether the keys were typed under model.swa or method."""
     root = tmp_path / "g"
     with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
-    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, name="scored", extra={"method": {"_target_": "swalab.methods.SWA"}}),
+    swa = {"_target_": "swalab.methods.SWA"}
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, name="scored", extra={"method": swa}),
                {f"{group}.score_every": 1, f"{group}.score_at_budgets": [1, 1.25]})
     report([root], tmp_path / "out")
     assert table_lines(tmp_path / "out")[2:] == ["| cifar10 / preresnet20 | 90.00 (n=1) | 93.00 (n=1) |"]
@@ -662,7 +663,7 @@ def test_runs_scored_only_at_their_end_draw_no_test_error_figure(tmp_path):
     assert plot_test_error(build_table([Run(p) for p in run_dirs([tmp_path / "curve"])]), tmp_path / "curve.png")
 
 
-def test_a_column_without_an_sgd_twin_leaves_the_pairs_of_the_columns_after_it(tmp_path):
+def test_a_column_without_an_sgd_twin_leaves_the_pairs_of_the_columns_after_it():
     """paired_differences goes on past a column that has no SGD run of its B (SWA 1.5B (8 ep): B = 5.33)."""
     from types import SimpleNamespace
 

@@ -336,9 +336,12 @@ def sgd_baseline(row: Row, column: Column) -> Column | None:
     of exactly the same budget B as ``column``: SWA 1.5B (45 ep) is set against SGD 1B
     (30 ep), never against an SGD run of another length (SWA 1.5B (8 ep), B = 5.33, has no SGD twin at 6 ep).
     Epochs are whole, so B matches exactly when the column's epochs are the SGD run's epochs times its budget,
-    rounded by the rule that made them (``swalab.config.budget_epochs``: 1.25 x 150 = 188)."""
+    rounded by the rule that made them (``swalab.config.budget_epochs``: 1.25 x 150 = 188). A column of no budget
+    (``method=pretrained``: nothing trained) has no B and so no twin, whatever SGD runs share its row."""
     from swalab.config import epochs_of_budget
 
+    if not column.budget:
+        return None
     candidates = [c for c in row.sgd_cells() if c.budget == 1 and epochs_of_budget(column.budget, c.epochs) == column.epochs]
     return min(candidates, key=lambda c: abs(c.epochs - budget_epochs_of(column))) if candidates else None
 

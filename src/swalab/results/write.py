@@ -128,7 +128,7 @@ def diff_text(row, column, values) -> str:
         return "(the baseline)"
     if sgd_baseline(row, column) is None:
         b = budget_epochs_of(column)
-        return f"no SGD run of B = {b:.3g} ep" if b is not None else "no SGD run of its B"
+        return f"no SGD run of B = {b:.3g} ep" if b is not None else "nothing trained: no B to pair with SGD"
     return _fmt_diff(values) if values else "no seed in common with SGD"
 
 

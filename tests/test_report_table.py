@@ -1,0 +1,151 @@
+"""``swalab.results.table``: the rules that put runs into cells, rows and pairs, each on the smallest set of hand-made
+run directories that shows it (the run directories are those of ``tests/test_report.py``). Most of these came from
+mutation testing of the module (docs/mutation.md): each fails on an edit of the rule it names."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from test_report import m, make_run, table_lines, with_apart
+
+from swalab.results.report import report
+from swalab.results.runs import Run, run_dirs
+from swalab.results.table import _label, build_table, fmt_cell, paired_differences
+
+PAIRED = "Paired differences against SGD (accuracy points, per seed)"
+
+
+def table_of(*roots):
+    return build_table([Run(p) for p in run_dirs(roots)])
+
+
+def row_names(out):
+    return [line.split(" | ")[0].removeprefix("| ") for line in table_lines(out)[2:]]
+
+
+def test_a_cell_shows_mean_and_sample_std_to_two_decimals_with_its_count_and_an_empty_one_a_dash():
+    assert fmt_cell([90.0, 92.0]) == "91.00 ± 1.41 (n=2)"
+    assert fmt_cell([90.0]) == "90.00 (n=1)"
+    assert fmt_cell([0.1234, 0.2], 4) == "0.1617 ± 0.0542 (n=2)"  # std = 0.0766 / sqrt(2)
+    assert fmt_cell([]) == "–"
+
+
+def test_a_row_label_names_a_target_by_its_class_and_a_key_a_run_lacks_by_a_dash():
+    values = {"schedule._target_": "swalab.schedules.Cosine", "trainer.batch_size": 64}
+    assert _label(["schedule._target_", "trainer.batch_size"], values) == "schedule=Cosine, trainer.batch_size=64"
+    assert _label(["schedule._target_", "dataset.train_size"], {}) == "schedule=–, dataset.train_size=–"
+
+
+def test_runs_without_records_are_labelled_by_the_identity_keys_that_vary_between_their_rows(tmp_path):
+    """Runs of earlier versions keep no record of what was typed (no identity.json): their rows are told apart by
+    the identity keys whose values differ, a schedule by its class."""
+    root = tmp_path / "g"
+    for name, target, acc in (("cos", "swalab.schedules.Cosine", 90.0), ("step", "swalab.schedules.Step", 91.0)):
+        make_run(root, "sgd", 0, {"sgd": m(acc)}, name=name,
+                 extra={"schedule": {"_target_": target}, "trainer": {"batch_size": 64 if name == "cos" else 128}})
+    assert sorted(row.label for row in table_of(root).rows) == ["schedule=Cosine, trainer.batch_size=64",
+                                                                "schedule=Step, trainer.batch_size=128"]
+
+
+@pytest.mark.parametrize("first", ["lr05", "lr01"])
+def test_of_two_unrecorded_variants_with_as_many_seeds_the_one_written_first_leads_the_row(tmp_path, first):
+    root = tmp_path / "g"
+    runs = {name: make_run(root, "swa", 0, {"swa": m(acc)}, budget=1.5, name=name,
+                           extra={"method": {"_target_": "swalab.methods.SWA"}, "model": {"swa": {"lr": lr}}})
+            for name, lr, acc in (("lr05", 0.05, 93.0), ("lr01", 0.01, 91.0))}
+    make_run(root, "sgd", 0, {"sgd": m(90.0)})
+    second = next(name for name in runs if name != first)
+    os.utime(runs[first] / "config.yaml", (1_000_000, 1_000_000))
+    os.utime(runs[second] / "config.yaml", (2_000_000, 2_000_000))
+    lead, other = table_of(root).rows
+    assert lead.label == ""
+    swa_cells = [cell for column, cell in lead.cells.items() if column.method == "swa"]
+    assert [e.run.path for cell in swa_cells for e in cell.entries] == [runs[first]]
+    assert [e.run.path for cell in other.cells.values() for e in cell.entries] == [runs[second]]
+
+
+def test_a_predictor_listed_after_one_the_run_does_not_own_is_still_counted(tmp_path):
+    """A SWA run's metrics.json may list its last iterate (``sgd``, not its column) before ``swa``."""
+    root = tmp_path / "g"
+    make_run(root, "swa", 0, {"sgd": m(10.0), "swa": m(93.0)}, budget=1.5)
+    [row] = table_of(root).rows
+    assert [(c.label, cell.values("acc")) for c, cell in row.cells.items()] == [("SWA 1.5B (6 ep)", [93.0])]
+
+
+def test_an_entry_without_accuracy_is_no_column(tmp_path):
+    """What a method adds to metrics.json beside its scored predictors (SWAG-diag's sampling settings, a SWA
+    average's count) is not a predictor: it makes no column, not even an empty one."""
+    root = tmp_path / "g"
+    make_run(root, "swa", 0, {"swa_extra": {"n_averaged": 0}, "swa": m(93.0)}, budget=1.5)
+    [row] = table_of(root).rows
+    assert [c.method for c in row.cells] == ["swa"]
+
+
+def test_a_pretrained_column_beside_sgd_is_not_paired_and_the_report_says_why(tmp_path):
+    """method=pretrained trains nothing (budget 0): it has no B, so no SGD twin, even with SGD runs in its row."""
+    root = tmp_path / "g"
+    make_run(root, "pretrained", 0, {"pretrained": m(76.0, budget=0.0, epoch=0)}, budget=0)
+    make_run(root, "sgd", 0, {"sgd": m(80.0)})
+    make_run(root, "swa", 0, {"swa": m(81.0)}, budget=1.5)
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", PAIRED, paragraph=1)
+    assert lines[0] == "| row | PRETRAINED 0B (0 ep) − SGD | SWA 1.5B (6 ep) − SGD |"
+    assert lines[2] == "| cifar10 / preresnet20 | nothing trained: no B to pair with SGD | +1.00 (+1.00) |"
+
+
+def test_a_setting_every_method_of_a_row_shares_labels_the_row_and_keeps_sgd_and_swa_together(tmp_path):
+    root = tmp_path / "g"
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}, extra={"dataset": {"train_size": 1000}}),
+               {"dataset.train_size": 1000})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, budget=1.5, extra={"dataset": {"train_size": 1000}}),
+               {"dataset.train_size": 1000})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[2:] == ["| cifar10 / preresnet20 · dataset.train_size=1000 | 90.00 (n=1) | "
+                                                 "93.00 (n=1) |"]
+
+
+def test_a_setting_typed_under_method_sets_its_run_apart(tmp_path):
+    root = tmp_path / "g"
+    with_apart(make_run(root, "ema", 0, {"ema": m(91.0)}), {})
+    with_apart(make_run(root, "ema", 0, {"ema": m(92.0)}, name="d99", extra={"method": {"decay": 0.99}}),
+               {"method.decay": 0.99})
+    report([root], tmp_path / "out")
+    assert row_names(tmp_path / "out") == ["cifar10 / preresnet20", "cifar10 / preresnet20 · method.decay=0.99"]
+
+
+def test_a_rows_label_is_what_its_methods_share_even_when_its_first_run_has_settings_of_its_own(tmp_path):
+    """The row's label comes from its first run's record (here a SWA run, found first): of that record only what
+    every method of the row shares (not ``model.swa.*``, not the epochs its column shows)."""
+    shared = {"dataset.train_size": 1000, "trainer.epochs": 6}
+    extra = {"dataset": {"train_size": 1000}, "trainer": {"epochs": 6}}
+    with_apart(make_run(tmp_path / "a", "swa", 0, {"swa": m(93.0)}, budget=1.5, extra=extra),
+               {**shared, "model.swa.lr": 0.05})
+    with_apart(make_run(tmp_path / "b", "swa", 0, {"swa": m(92.0)}, budget=1.5, extra=extra), shared)
+    with_apart(make_run(tmp_path / "b", "sgd", 0, {"sgd": m(90.0)}, extra={**extra, "trainer": {"epochs": 4}}),
+               {"dataset.train_size": 1000, "trainer.epochs": 4})
+    report([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
+    assert row_names(tmp_path / "out") == ["cifar10 / preresnet20 · dataset.train_size=1000",
+                                           "cifar10 / preresnet20 · dataset.train_size=1000, model.swa.lr=0.05"]
+
+
+def test_of_the_sgd_runs_whose_half_budget_gives_a_columns_epochs_its_twin_is_the_one_of_its_own_b(tmp_path):
+    """Half a budget of 7, 8 or 9 epochs is 4 epochs (3.5 and 4.5 rounded as run.py rounds them), so each SGD run
+    could have made SWA 0.5B (4 ep); its twin is the SGD run whose B is the column's own, 4 / 0.5 = 8."""
+    root = tmp_path / "g"
+    for epochs, acc in ((7, 90.0), (8, 91.0), (9, 92.0)):
+        make_run(root, "sgd", 0, {"sgd": m(acc)}, name=f"e{epochs}", extra={"trainer": {"epochs": epochs}})
+    make_run(root, "swa", 0, {"swa": m(95.0)}, budget=0.5, extra={"trainer": {"epochs": 4}})
+    [(column, diffs)] = [(c, d) for row in table_of(root).rows for c, d in paired_differences(row).items()]
+    assert (column.label, diffs) == ("SWA 0.5B (4 ep)", [4.0])
+
+
+def test_per_seed_differences_follow_the_seed_order_of_the_cells(tmp_path):
+    root = tmp_path / "g"
+    for seed, (sgd, swa) in ((2, (90.0, 91.0)), (10, (90.0, 93.0))):
+        make_run(root, "sgd", seed, {"sgd": m(sgd)})
+        make_run(root, "swa", seed, {"swa": m(swa)}, budget=1.5)
+    [row] = table_of(root).rows
+    [(column, diffs)] = paired_differences(row).items()
+    by_seed = {2: 1.0, 10: 3.0}
+    assert diffs == [by_seed[s] for s in row.cells[column].seeds]

@@ -115,18 +115,26 @@ def test_a_setting_typed_under_method_sets_its_run_apart(tmp_path):
 
 
 def test_a_rows_label_is_what_its_methods_share_even_when_its_first_run_has_settings_of_its_own(tmp_path):
-    """The row's label comes from its first run's record (here a SWA run, found first): of that record only what
-    every method of the row shares (not ``model.swa.*``, not the epochs its column shows)."""
+    """The row's label comes from its first run's record (here an EMA run of its own decay, found first): of that
+    record only what every method of the row shares (not ``method.*``, not the epochs its column shows)."""
     shared = {"dataset.train_size": 1000, "trainer.epochs": 6}
     extra = {"dataset": {"train_size": 1000}, "trainer": {"epochs": 6}}
-    with_apart(make_run(tmp_path / "a", "swa", 0, {"swa": m(93.0)}, budget=1.5, extra=extra),
-               {**shared, "model.swa.lr": 0.05})
-    with_apart(make_run(tmp_path / "b", "swa", 0, {"swa": m(92.0)}, budget=1.5, extra=extra), shared)
-    with_apart(make_run(tmp_path / "b", "sgd", 0, {"sgd": m(90.0)}, extra={**extra, "trainer": {"epochs": 4}}),
-               {"dataset.train_size": 1000, "trainer.epochs": 4})
+    with_apart(make_run(tmp_path / "a", "ema", 0, {"ema": m(93.0)}, extra={**extra, "method": {"decay": 0.99}}),
+               {**shared, "method.decay": 0.99})
+    with_apart(make_run(tmp_path / "b", "ema", 0, {"ema": m(92.0)}, extra=extra), shared)
+    with_apart(make_run(tmp_path / "b", "sgd", 0, {"sgd": m(90.0)}, extra=extra), shared)
     report([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
     assert row_names(tmp_path / "out") == ["cifar10 / preresnet20 · dataset.train_size=1000",
-                                           "cifar10 / preresnet20 · dataset.train_size=1000, model.swa.lr=0.05"]
+                                           "cifar10 / preresnet20 · dataset.train_size=1000, method.decay=0.99"]
+
+
+def test_a_run_whose_metrics_name_no_budget_or_epoch_takes_both_from_its_config(tmp_path):
+    """Runs of earlier versions wrote no ``budget`` or ``epoch`` beside a predictor's metrics: its column comes from
+    ``method.budget`` and ``trainer.epochs``, zero for a pretrained model, never a budget it did not run."""
+    root = tmp_path / "g"
+    make_run(root, "pretrained", 0, {"pretrained": m(76.0)}, budget=0)
+    make_run(root, "swa", 0, {"swa": m(81.0)}, budget=1.25)
+    assert [c.label for row in table_of(root).rows for c in row.cells] == ["PRETRAINED 0B (0 ep)", "SWA 1.25B (5 ep)"]
 
 
 def test_of_the_sgd_runs_whose_half_budget_gives_a_columns_epochs_its_twin_is_the_one_of_its_own_b(tmp_path):

@@ -157,3 +157,73 @@ def test_per_seed_differences_follow_the_seed_order_of_the_cells(tmp_path):
     [(column, diffs)] = paired_differences(row).items()
     by_seed = {2: 1.0, 10: 3.0}
     assert diffs == [by_seed[s] for s in row.cells[column].seeds]
+
+
+def test_a_key_only_some_unrecorded_rows_hold_still_labels_them(tmp_path):
+    """A run of an earlier version may lack a key a later one has (here ``trainer.batch_size``): the row without it
+    says ``–`` rather than dropping the key, whichever row is found first."""
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(90.0)}, name="a_step", extra={"schedule": {"_target_": "swalab.schedules.Step"}})
+    make_run(root, "sgd", 0, {"sgd": m(91.0)}, name="b_cos",
+             extra={"schedule": {"_target_": "swalab.schedules.Cosine"}, "trainer": {"batch_size": 64}})
+    assert sorted(row.label for row in table_of(root).rows) == ["schedule=Cosine, trainer.batch_size=64",
+                                                                "schedule=Step, trainer.batch_size=–"]
+
+
+def test_of_unrecorded_variants_the_one_with_most_seeds_leads_and_a_seed_never_labels_a_row(tmp_path):
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA"}
+    for seed in (0, 1):
+        make_run(root, "swa", seed, {"swa": m(93.0)}, budget=1.5, name="b_two_seeds",
+                 extra={"method": swa, "model": {"swa": {"lr": 0.05}}})
+    make_run(root, "swa", 1, {"swa": m(91.0)}, budget=1.5, name="a_one_seed",
+             extra={"method": swa, "model": {"swa": {"lr": 0.01}}})
+    lead, other = table_of(root).rows
+    assert [len(cell.entries) for cell in lead.cells.values()] == [2] and lead.label == ""
+    assert other.label == "model.swa.lr=0.01"
+
+
+def test_a_row_whose_every_run_has_settings_of_its_own_is_shown_only_by_its_labelled_row(tmp_path):
+    root = tmp_path / "g"
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, budget=1.5, extra={"method": {"_target_": "swalab.methods.SWA"}}),
+               {"model.swa.lr": 0.05})
+    report([root], tmp_path / "out")
+    assert row_names(tmp_path / "out") == ["cifar10 / preresnet20 · model.swa.lr=0.05"]
+
+
+def test_the_budget_marks_of_a_labelled_swa_run_share_its_row(tmp_path):
+    """A SWA run of its own lr scored at 1B and 1.5B is one row with two columns, not two rows of one label."""
+    root = tmp_path / "g"
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5,
+                        extra={"method": {"_target_": "swalab.methods.SWA"}}), {"model.swa.lr": 0.05})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[2:] == [
+        "| cifar10 / preresnet20 | 90.00 (n=1) | not run | not run |",
+        "| cifar10 / preresnet20 · model.swa.lr=0.05 | not run | 91.00 (n=1) | 93.00 (n=1) |"]
+
+
+def test_a_cells_seeds_are_in_seed_order_wherever_their_directories_lie(tmp_path):
+    make_run(tmp_path / "a", "sgd", 1, {"sgd": m(91.0)})
+    make_run(tmp_path / "b", "sgd", 0, {"sgd": m(90.0)})
+    [row] = table_of(tmp_path / "a", tmp_path / "b").rows
+    [cell] = row.cells.values()
+    assert cell.seeds == [0, 1] and cell.values("acc") == [90.0, 91.0]
+
+
+def test_which_copy_of_a_run_counts_does_not_depend_on_the_order_the_runs_are_given(tmp_path):
+    first, second = (make_run(tmp_path / root, "sgd", 0, {"sgd": m(90.0)}) for root in ("a", "b"))
+    for runs in ([first, second], [second, first]):
+        table = build_table([Run(p) for p in runs])
+        assert table.duplicates == [f"{second} repeats {first} (same config and seed): counted once"]
+
+
+def test_a_repeat_of_a_run_still_adds_the_predictors_the_first_copy_lacks(tmp_path):
+    """The same config and seed in a second directory, scored there at one more budget mark: that mark counts."""
+    make_run(tmp_path / "a", "swa", 0, {"swa": m(93.0)}, budget=1.5)
+    make_run(tmp_path / "b", "swa", 0, {"swa": m(93.0), "swa@1.25": m(92.0, budget=1.25, epoch=5)}, budget=1.5)
+    table = table_of(tmp_path / "a", tmp_path / "b")
+    [row] = table.rows
+    assert sorted((c.label, cell.values("acc")[0]) for c, cell in row.cells.items()) == [
+        ("SWA 1.25B (5 ep)", 92.0), ("SWA 1.5B (6 ep)", 93.0)]
+    assert len(table.duplicates) == 1

@@ -1,0 +1,135 @@
+"""``swalab.checkpoint`` file by file: a full disk met through torch's writer, the checkpoints a run keeps for good
+(branching and the loss plane read them), and the prediction files a resume reads back. Most of these came from
+mutation testing of the module (docs/mutation.md): each fails on an edit of the rule it names."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+from swalab.checkpoint import CheckpointError, CheckpointStore, PredictionFiles, atomic_save
+
+
+def full_disk_inside_torch(obj, f):
+    """What torch's zip writer does on a full disk: a RuntimeError raised while handling the OSError."""
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0") from None
+
+
+def full_disk_as_cause(obj, f):
+    raise RuntimeError("writer failed") from OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("save", [full_disk_inside_torch, full_disk_as_cause])
+def test_a_full_disk_reported_by_torch_is_named_and_the_earlier_file_stays(tmp_path, monkeypatch, save):
+    path = atomic_save({"epoch": 1}, tmp_path / "epoch0001.pt")
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(OSError) as raised:
+        atomic_save({"epoch": 2}, path)
+    assert raised.value.errno == errno.ENOSPC
+    assert str(raised.value).startswith(f"[Errno {errno.ENOSPC}] cannot write {path} (No space left on device); "
+                                        "nothing was replaced")
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False) == {"epoch": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch0001.pt"]  # no temp file left
+
+
+def test_an_error_with_no_os_error_behind_it_is_raised_as_it_was(tmp_path, monkeypatch):
+    def broken(obj, f):
+        raise RuntimeError("not a disk problem")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(RuntimeError, match="^not a disk problem$"):
+        atomic_save({"epoch": 1}, tmp_path / "epoch0001.pt")
+
+
+def store_with_epochs(tmp_path, *epochs, keep=2):
+    store = CheckpointStore(tmp_path, keep=keep)
+    for epoch in epochs:
+        store.save({"epoch": epoch}, epoch)
+    return store
+
+
+def test_a_checkpoint_kept_for_good_outlives_the_rolling_deletion_and_is_found_first(tmp_path):
+    store = store_with_epochs(tmp_path, 1, 2)
+    saved = store.keep_for_good(1)
+    assert saved == tmp_path / "checkpoints" / "saved" / "epoch0001.pt"
+    assert saved.stat().st_ino == (tmp_path / "checkpoints" / "epoch0001.pt").stat().st_ino  # a link, not a copy
+    store.save({"epoch": 3}, 3)
+    store.save({"epoch": 4}, 4)
+    assert not (tmp_path / "checkpoints" / "epoch0001.pt").exists()
+    assert store.find(1) == saved and torch.load(saved, weights_only=False)["epoch"] == 1
+    assert store.find(4) == tmp_path / "checkpoints" / "epoch0004.pt"
+    assert store.find(2) is None  # rolled away, never kept
+
+
+def test_keeping_an_epoch_twice_replaces_the_saved_copy_with_a_hard_link(tmp_path):
+    store = store_with_epochs(tmp_path, 1)
+    store.keep_for_good(1)
+    store.save({"epoch": 1, "again": True}, 1)  # the epoch written anew (a resumed run)
+    saved = store.keep_for_good(1)
+    assert torch.load(saved, weights_only=False).get("again") is True
+    assert saved.stat().st_ino == (tmp_path / "checkpoints" / "epoch0001.pt").stat().st_ino  # no second copy
+
+
+def test_where_no_hard_link_can_be_made_the_checkpoint_is_copied(tmp_path, monkeypatch):
+    store = store_with_epochs(tmp_path, 1)
+
+    def no_links(self, target):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(Path, "hardlink_to", no_links)
+    saved = store.keep_for_good(1)
+    assert saved.read_bytes() == (tmp_path / "checkpoints" / "epoch0001.pt").read_bytes()
+    assert saved.stat().st_ino != (tmp_path / "checkpoints" / "epoch0001.pt").stat().st_ino
+
+
+def test_kept_lists_each_epoch_boundary_once_saved_or_rolling_never_a_mid_epoch_one(tmp_path):
+    store = store_with_epochs(tmp_path, 1, 2, keep=3)
+    store.keep_for_good(1)
+    store.save({"epoch": 3, "step": 10}, 3, step=10)  # preempted 10 steps into epoch 4
+    checkpoints = tmp_path / "checkpoints"
+    assert store.kept() == [(1, checkpoints / "epoch0001.pt"), (2, checkpoints / "epoch0002.pt")]
+    (checkpoints / "epoch0001.pt").unlink()
+    assert store.kept() == [(1, checkpoints / "saved" / "epoch0001.pt"), (2, checkpoints / "epoch0002.pt")]
+
+
+def test_a_missing_prediction_file_says_the_run_cannot_resume_and_what_to_do(tmp_path):
+    files = PredictionFiles(tmp_path)
+    with pytest.raises(CheckpointError) as raised:
+        files.load("fge_member_001")
+    assert str(raised.value).endswith("the run cannot resume without it. Move the run directory away to start the "
+                                      "run afresh")
+
+
+def test_an_unreadable_prediction_file_is_named_with_the_reason(tmp_path):
+    files = PredictionFiles(tmp_path)
+    files.save("swa@1.25", torch.zeros(2, 3))
+    files.path("swa@1.25").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match=r"^cannot read .*swa@1\.25\.pt: (UnpicklingError|RuntimeError): "):
+        files.load("swa@1.25")
+
+
+class NotATensor:
+    pass
+
+
+def test_a_prediction_file_is_read_as_tensors_only_never_as_arbitrary_objects(tmp_path):
+    """Prediction files hold tensors; one holding any other pickled object is refused, so reading a run directory
+    of unknown origin runs no code from it."""
+    files = PredictionFiles(tmp_path)
+    files.dir.mkdir(parents=True)
+    torch.save(NotATensor(), files.path("fge_member_001"))
+    with pytest.raises(CheckpointError, match="cannot read .*fge_member_001.pt: UnpicklingError: "):
+        files.load("fge_member_001")
+    assert torch.equal(files.load(files.save("ok", torch.ones(2))), torch.ones(2))
+
+
+def test_a_prediction_name_with_characters_a_file_name_should_not_hold_is_refused_saying_which(tmp_path):
+    with pytest.raises(ValueError, match=r"^prediction name 'a/b': use letters, digits and _ \. @ \+ - only$"):
+        PredictionFiles(tmp_path).path("a/b")

@@ -133,3 +133,66 @@ def test_a_prediction_file_is_read_as_tensors_only_never_as_arbitrary_objects(tm
 def test_a_prediction_name_with_characters_a_file_name_should_not_hold_is_refused_saying_which(tmp_path):
     with pytest.raises(ValueError, match=r"^prediction name 'a/b': use letters, digits and _ \. @ \+ - only$"):
         PredictionFiles(tmp_path).path("a/b")
+
+
+def test_the_newest_readable_checkpoint_is_loaded_skipping_a_torn_one_with_a_warning_naming_it(tmp_path):
+    from swalab.checkpoint import load_latest
+
+    store = store_with_epochs(tmp_path, 1, 2, 3, keep=3)
+    torn = tmp_path / "checkpoints" / "epoch0003.pt"
+    torn.write_bytes(torn.read_bytes()[:100])
+    with pytest.warns(RuntimeWarning, match=rf"^cannot read checkpoint {torn}: .*; falling back to the previous"):
+        state = load_latest(store.dir)
+    assert (state["epoch"], state["path"]) == (2, str(tmp_path / "checkpoints" / "epoch0002.pt"))
+    assert load_latest(tmp_path / "none") is None
+
+
+def test_when_every_checkpoint_is_torn_the_run_is_refused_saying_what_to_do(tmp_path):
+    from swalab.checkpoint import load_latest
+
+    store = store_with_epochs(tmp_path, 1)
+    (store.dir / "epoch0001.pt").write_bytes(b"torn")
+    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError) as raised:
+        load_latest(store.dir)
+    assert str(raised.value) == (f"no readable checkpoint in {store.dir}: every one is corrupt. Move the directory "
+                                 "away to start the run afresh.")
+
+
+@pytest.mark.parametrize("state, says", [
+    ({"epoch": 1}, "is not a swalab checkpoint (no 'swalab-checkpoint' marker)"),
+    ("not a dict", "is not a swalab checkpoint (no 'swalab-checkpoint' marker)"),
+])
+def test_a_file_that_is_no_swalab_checkpoint_is_refused_by_name(tmp_path, state, says):
+    from swalab.checkpoint import read_checkpoint
+
+    path = atomic_save(state, tmp_path / "epoch0001.pt")
+    with pytest.raises(CheckpointError, match=f"^{path} {says.replace('(', '[(]').replace(')', '[)]')}$"):
+        read_checkpoint(path)
+
+
+def test_a_checkpoint_of_another_version_names_both(tmp_path):
+    from swalab.checkpoint import FORMAT, VERSION, read_checkpoint
+
+    path = atomic_save({"format": FORMAT, "version": VERSION + 1}, tmp_path / "epoch0001.pt")
+    with pytest.raises(CheckpointError, match=f"^{path} has checkpoint version {VERSION + 1}, this swalab reads "
+                                              f"{VERSION}$"):
+        read_checkpoint(path)
+
+
+def test_a_checkpoint_of_another_config_or_of_none_is_refused_naming_the_keys_and_the_remedy(tmp_path):
+    from swalab.checkpoint import load_latest
+
+    store = CheckpointStore(tmp_path)
+    store.save({"identity": {"seed": 0, "model.lr": 0.1}}, 1)
+    path = store.dir / "epoch0001.pt"
+    assert load_latest(store.dir, {"seed": 0, "model.lr": 0.1})["identity"] == {"seed": 0, "model.lr": 0.1}
+    assert load_latest(store.dir)["path"] == str(path)  # no identity to check against: taken as it is
+    with pytest.raises(CheckpointError) as raised:
+        load_latest(store.dir, {"seed": 1, "model.lr": 0.1})
+    assert str(raised.value) == (f"checkpoint {path} belongs to a run of another config (seed: 0 there, 1 here). "
+                                 "Choose another directory with run.dir=<dir>, or move this one away.")
+    store.save({}, 2)
+    with pytest.raises(CheckpointError) as raised:
+        load_latest(store.dir, {"seed": 0})
+    assert str(raised.value) == (f"checkpoint {store.dir / 'epoch0002.pt'} carries no run identity (written by an "
+                                 "older swalab): move the run directory away to start the run afresh")

@@ -284,22 +284,26 @@ def _shown(value: Any) -> str:
 
 def stored_identity(run_dir: str | Path) -> dict[str, Any] | None:
     """The identity of the run in ``run_dir`` under today's names (:func:`upgraded`): ``identity.json``, else computed
-    from its ``config.yaml``."""
+    from its ``config.yaml``; None without either. A file that cannot be read, or holds something else than a
+    mapping (damaged, or edited by hand), counts as absent."""
     run_dir = Path(run_dir)
     path = run_dir / IDENTITY_FILE
     if path.exists():
         try:
-            return upgraded(json.loads(path.read_text())["identity"])
+            identity = json.loads(path.read_text())["identity"]
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            identity = None
+        if isinstance(identity, Mapping):
+            return upgraded(identity)
     config = run_dir / "config.yaml"
     if config.exists():
         import yaml
 
         try:
-            return upgraded(identity_of(yaml.safe_load(config.read_text()) or {}))
-        except yaml.YAMLError:
+            resolved = yaml.safe_load(config.read_text()) or {}
+        except (OSError, yaml.YAMLError):
             return None
+        return upgraded(identity_of(resolved)) if isinstance(resolved, Mapping) else None
     return None
 
 

@@ -361,6 +361,18 @@ def test_a_damaged_metrics_file_is_listed_by_name(grid, tmp_path, capsys):
                for n in found["notes"])
 
 
+def test_a_finished_run_whose_config_holds_no_config_is_listed_not_dropped(grid, tmp_path):
+    """A config.yaml damaged into a list (and an identity.json into null) leaves the run out of every row: the report
+    says which run, and the rest of the table stands."""
+    run = grid / "cifar10" / "preresnet20" / "ema" / "default" / "seed1"
+    (run / "config.yaml").write_text("- 1\n")
+    (run / "identity.json").write_text(json.dumps({"identity": None}))
+    found = report([grid], tmp_path / "report")
+    assert f"damaged: {run}: config.yaml is missing or holds no config, so the run is in no row of the table" in \
+        found["notes"]
+    assert cell_values(tmp_path / "report", "EMA 1B (4 ep)")[0]["n"] == "1"
+
+
 def with_apart(run, apart):
     """What run.py records of a run launched with overrides: what sets it apart from its defaults."""
     from swalab.identity import identity_of

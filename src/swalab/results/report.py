@@ -61,6 +61,9 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
         if not r.finished:
             why = f": {r.error.splitlines()[0]}" if r.error else ""
             notes.append(f"{r.status}: {r.path}{why}")
+        elif not r.config:
+            notes.append(f"damaged: {r.path}: config.yaml is missing or holds no config, so the run is in no row of "
+                         "the table")
     notes += table.duplicates
     datasets = sorted({r.dataset_name for r in runs if r.finished})
     if len(datasets) > 1:

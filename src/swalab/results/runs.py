@@ -61,9 +61,10 @@ class Run:
     def config(self) -> dict:
         """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged)."""
         try:
-            return upgraded_config(yaml.safe_load((self.path / "config.yaml").read_text()) or {})
+            loaded = yaml.safe_load((self.path / "config.yaml").read_text()) or {}
         except (OSError, yaml.YAMLError):
             return {}
+        return upgraded_config(loaded) if isinstance(loaded, dict) else {}  # a list or a scalar: damaged
 
     @cached_property
     def cfg(self) -> DictConfig:

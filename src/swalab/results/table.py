@@ -340,10 +340,11 @@ def sgd_baseline(row: Row, column: Column) -> Column | None:
     (``method=pretrained``: nothing trained) has no B and so no twin, whatever SGD runs share its row."""
     from swalab.config import epochs_of_budget
 
-    if not column.budget:
+    b = budget_epochs_of(column)
+    if b is None:
         return None
     candidates = [c for c in row.sgd_cells() if c.budget == 1 and epochs_of_budget(column.budget, c.epochs) == column.epochs]
-    return min(candidates, key=lambda c: abs(c.epochs - budget_epochs_of(column))) if candidates else None
+    return min(candidates, key=lambda c: abs(c.epochs - b)) if candidates else None
 
 
 def paired_differences(row: Row, metric: str = "acc") -> dict[Column, list[float]]:

@@ -18,6 +18,7 @@ from swalab.identity import (
 RECIPES = ("swa", "fge")  # the model's recipe blocks, passed so that no method class is imported
 
 # What ``upgraded`` adds to an identity that lacks them (``ADDED_AT``): what every run did before the key existed.
+# Written out rather than imported, so that a changed or added value in ``ADDED_AT`` fails here on purpose.
 EARLIER_DEFAULTS = {
     "optimizer._target_": "torch.optim.SGD", "optimizer.filter_bias_and_bn": False,
     "loss.label_smoothing": 0.0, "loss.mixup_alpha": 0.0, "loss.cutmix_alpha": 0.0, "loss.mix_prob": 1.0,

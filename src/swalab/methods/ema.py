@@ -64,9 +64,12 @@ class EmaTensors:
 
 
 class EMA(Method):
+    """EMA (module doc). Its settings are the method's own keys ``method.*``; the defaults here are
+    ``conf/method/ema.yaml``'s, so ``EMA(schedule, epochs)`` in Python is ``method=ema`` on the command line."""
+
     name = "ema"
 
-    def __init__(self, schedule: Schedule, epochs: int, decay: float = 0.999, warmup: bool = False,
+    def __init__(self, schedule: Schedule, epochs: int, decay: float = 0.999, warmup: bool = True,
                  warmup_gamma: float = 1.0, warmup_power: float = 2 / 3, update_every: int = 1,
                  bn: str = "average", budget: float = 1.0, name: str | None = None, avg_device: str = "train"):
         super().__init__(schedule, epochs, budget, name)

@@ -140,6 +140,10 @@ class SWAG(SWA):
         return {**super().state_dict(), "sq_mean": self.sq_mean, "deviations": list(self.deviations)}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
+        """The moments go back to ``moments_device``: a checkpoint is read onto the CPU, and with
+        ``moments_device=train`` on a GPU the next capture would otherwise mix the two devices."""
         super().load_state_dict(state, ctx)
-        self.sq_mean = state.get("sq_mean")
-        self.deviations = deque(state.get("deviations") or [], maxlen=self.rank)
+        device = self._device(ctx)
+        sq_mean = state.get("sq_mean")
+        self.sq_mean = None if sq_mean is None else sq_mean.to(device)
+        self.deviations = deque((d.to(device) for d in state.get("deviations") or []), maxlen=self.rank)

@@ -221,3 +221,17 @@ def test_a_swag_with_moments_on_the_training_device_resumes_from_a_checkpoint_re
     method.load_state_dict(state, ctx)
     capture(method, ctx, [[7.0, 1.0]])
     assert method.sq_mean.device == META and all(d.device == META for d in method.deviations)
+
+
+def test_a_swag_checkpointed_before_its_first_capture_resumes_and_its_first_capture_starts_the_moments(tmp_path):
+    """A checkpoint from the SGD phase holds no moments yet (sq_mean None, no deviations); the resumed run's first
+    capture starts them as a straight run's does."""
+    before = swag(start_epoch=3)
+    ctx = context(tmp_path)
+    before.on_train_start(ctx)
+    resumed = swag(start_epoch=3)
+    resumed.on_train_start(ctx)
+    resumed.load_state_dict(before.state_dict(), ctx)
+    assert resumed.sq_mean is None and len(resumed.deviations) == 0
+    capture(resumed, ctx, [[1.0, 2.0]])
+    assert resumed.sq_mean.tolist() == [1.0, 4.0] and [d.tolist() for d in resumed.deviations] == [[0.0, 0.0]]

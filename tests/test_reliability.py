@@ -255,6 +255,19 @@ def test_ctrl_c_is_a_pause_one_line_exit_130_and_the_same_command_continues_exac
     assert_same_run(run, reference)
 
 
+def test_ctrl_c_before_the_first_step_reads_interrupted_and_the_same_command_trains_the_run(tmp_path, reference):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="run_start:1:INT")  # the run's first line is out, no step taken, no checkpoint
+    assert paused.returncode == 130, paused.stderr[-2000:]
+    assert "Traceback" not in paused.stderr
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "interrupted" and "re-run the same command" in status["message"]
+    assert not (run / "checkpoints").exists()
+    again = run_cli(run)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_same_run(run, reference)
+
+
 def test_ctrl_c_in_a_grid_prints_its_summary_closes_its_records_and_exits_130(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}, faults.ENV: "train_step:6:INT"}
     done = subprocess.run([PYTHON, "run.py", "-m", *TINY, "method=sgd,swa", f"paths.output_dir={tmp_path}"],

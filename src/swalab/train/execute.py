@@ -266,26 +266,28 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
     write_run_files(plan, built.lineage, built.data_facts)
     with run_log(run_dir, main=distributed.is_main()):
-        show(early)
-        if built.cache_note:  # the first line a run writes names the decode cache it created
-            log.info(f"[swalab] {built.cache_note}")
-        if lock is not None and lock.took_over():
-            log.info(f"[swalab] {lock.took_over()}")
-        if built.resume_state is not None and not built.branched:
-            log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']}")
-        else:
-            log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
-                     f"{record(plan.identity)['hash']})")
-        tracker = make_tracker(plan, built)
-
-        def on_epoch(row: dict) -> None:
-            tracker.log_epoch(row)
-            log.info(epoch_line(row, method.epochs, trainer.run_eta(row["epoch"])))
-
-        if built.branched:  # the trunk's epochs are this run's history too
-            for row in built.resume_state["history"]:
-                tracker.log_epoch(row)
+        tracker = NullTracker()  # until the run's own is made: a Ctrl-C before then still ends as interrupted
         try:
+            show(early)
+            if built.cache_note:  # the first line a run writes names the decode cache it created
+                log.info(f"[swalab] {built.cache_note}")
+            if lock is not None and lock.took_over():
+                log.info(f"[swalab] {lock.took_over()}")
+            if built.resume_state is not None and not built.branched:
+                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']}")
+            else:
+                log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
+                         f"{record(plan.identity)['hash']})")
+            faults.hit("run_start")  # test-only kill/signal point (swalab.faults)
+            tracker = make_tracker(plan, built)
+
+            def on_epoch(row: dict) -> None:
+                tracker.log_epoch(row)
+                log.info(epoch_line(row, method.epochs, trainer.run_eta(row["epoch"])))
+
+            if built.branched:  # the trunk's epochs are this run's history too
+                for row in built.resume_state["history"]:
+                    tracker.log_epoch(row)
             evaluation = trainer.fit(built.resume_state, on_epoch=on_epoch)
             metrics = evaluation.metrics
             final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": method.epochs,
@@ -306,8 +308,8 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
             log.info(f"[swalab] {run_dir} {exc.status}: {exc}")
             tracker.finish(exit_code=1)
             raise
-        except KeyboardInterrupt:  # Ctrl-C outside the training loop (the final scoring): nothing to checkpoint
-            message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint is kept; "
+        except KeyboardInterrupt:  # Ctrl-C outside the training loop (before its first step, the final scoring)
+            message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
                        "re-run the same command to continue")
             write_status(run_dir, {"status": "interrupted", "message": message})
             log.info(f"[swalab] {run_dir} interrupted: {message}")

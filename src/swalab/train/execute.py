@@ -274,7 +274,9 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
             if lock is not None and lock.took_over():
                 log.info(f"[swalab] {lock.took_over()}")
             if built.resume_state is not None and not built.branched:
-                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']}")
+                done, step = int(built.resume_state["epoch"]), int(built.resume_state.get("step", 0))
+                where = f"at epoch {done + 1}, step {step}" if step else f"after epoch {done}"  # as the epoch lines count
+                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']} ({where})")
             else:
                 log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                          f"{record(plan.identity)['hash']})")

@@ -61,7 +61,14 @@ def run_cli(run_dir: Path, *overrides: str, fault: str | None = None, timeout: i
     if fault:
         env[faults.ENV] = fault
     cmd = [*(python or [PYTHON, "run.py"]), *TINY, *overrides, f"run.dir={run_dir}"]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=ctrl_c_as_in_a_terminal)
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT back to its default in the child, so that Python turns it into KeyboardInterrupt as in a terminal
+    (a suite started in the background, ``nohup ... &``, hands its children SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def history(run_dir: Path) -> list[dict]:

@@ -16,18 +16,14 @@ from swalab.methods import FGE, TrainContext
 from swalab.methods.fge import member_log_probs_of
 from swalab.schedules import Constant, fge_cyclic_lr
 
+from method_stand_ins import scores
+
 CPU = torch.device("cpu")
 X_TEST, X_VAL = torch.tensor([[1.0, -2.0], [0.5, 3.0], [2.0, 0.0]]), torch.tensor([[-1.0, 4.0], [0.0, 1.0]])
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def scores(x: torch.Tensor):
-    def log_probs(model: nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return model(x).log_softmax(1)
-
-    return log_probs
 
 
 def weights_at(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:

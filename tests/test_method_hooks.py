@@ -21,6 +21,8 @@ from swalab.methods.base import Method, averages_device, known_recipes, on_train
 from swalab.methods.pretrained import Pretrained
 from swalab.schedules import Constant, Cosine, PaperSGD
 
+from method_stand_ins import fill_weights, scores
+
 CPU = torch.device("cpu")
 # A device that compares unequal to the one CPU tensors report (``cpu``): it stands in for a GPU run's training device
 # on a machine without one, so the "not on the training device" branches run on the CPU.
@@ -30,12 +32,6 @@ X_TEST, X_VAL = torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([[-1.0, 4.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def scores(x: torch.Tensor):
-    def log_probs(model: nn.Module) -> torch.Tensor:
-        with torch.no_grad():
-            return model(x).log_softmax(1)
-
-    return log_probs
 
 
 def make_ctx(model: nn.Module, tmp_path, steps: int = 1, **kw) -> TrainContext:
@@ -53,10 +49,6 @@ def linear(w: float = 1.0) -> nn.Linear:
     return net
 
 
-def set_weights(model: nn.Module, value: float) -> None:
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(value)
 
 
 class OwnSchedule:
@@ -256,13 +248,13 @@ def test_ema_update_every_may_be_the_runs_step_count_but_not_one_more():
 
 def scalar(w: float) -> nn.Linear:
     model = nn.Linear(1, 1, bias=False)
-    set_weights(model, w)
+    fill_weights(model, w)
     return model
 
 
 def run_steps(method: EMA, ctx: TrainContext, values: dict[tuple[int, int], float]) -> None:
     for (epoch, step), w in values.items():
-        set_weights(ctx.model, w)
+        fill_weights(ctx.model, w)
         method.on_step_end(ctx, epoch, step)
 
 
@@ -294,7 +286,7 @@ def test_ema_warmup_follows_warmup_gamma_and_warmup_power(tmp_path):
 
 def bf16_bn_model() -> nn.Module:
     model = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64)).to(torch.bfloat16)
-    set_weights(model, 1.0)
+    fill_weights(model, 1.0)
     model[1].running_mean.fill_(1.0)
     return model
 
@@ -307,7 +299,7 @@ def test_a_bf16_ema_accumulates_updates_below_bf16_resolution_and_treats_bn_buff
     ctx = make_ctx(model, tmp_path, steps=100)
     method = EMA(Constant(lr=0.1), 1, decay=0.999, warmup=False, bn=bn)
     method.on_train_start(ctx)
-    set_weights(model, 2.0)
+    fill_weights(model, 2.0)
     model[1].running_mean.fill_(2.0)
     run_steps(method, ctx, {(0, s): 2.0 for s in range(100)})
     ema = method.ema.module
@@ -325,7 +317,7 @@ def test_a_bf16_ema_with_warmup_copies_the_live_weights_at_its_first_update(tmp_
     ctx = make_ctx(model, tmp_path)
     method = EMA(Constant(lr=0.1), 1, decay=0.999, warmup=True)
     method.on_train_start(ctx)
-    set_weights(model, 2.0)
+    fill_weights(model, 2.0)
     method.on_step_end(ctx, 0, 0)
     assert torch.equal(method.ema.module[0].weight.float(), torch.full((64, 64), 2.0))
 
@@ -336,12 +328,12 @@ def test_an_ema_kept_on_the_cpu_averages_like_one_kept_on_the_training_device(tm
     finals = []
     for where in ("train", "cpu"):
         model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-        set_weights(model, 0.0)
+        fill_weights(model, 0.0)
         ctx = make_ctx(model, tmp_path, steps=4, device=CPU0)
         method = EMA(Constant(lr=0.1), 1, decay=0.5, warmup=False, avg_device=where)
         method.on_train_start(ctx)
         for step in range(4):
-            set_weights(model, step + 1.0)
+            fill_weights(model, step + 1.0)
             model[1].running_mean.fill_(step + 1.0)
             method.on_step_end(ctx, 0, step)
         finals.append(method.ema.module.state_dict())
@@ -359,7 +351,7 @@ def test_the_ema_of_a_gpu_run_lives_where_run_avg_device_says(tmp_path, avg_devi
     ctx = make_ctx(model, tmp_path, device=torch.device("cuda", 0))
     method = EMA(Constant(lr=0.1), 1, decay=0.5, warmup=False, avg_device=avg_device)
     method.on_train_start(ctx)
-    set_weights(model, 3.0)
+    fill_weights(model, 3.0)
     method.on_step_end(ctx, 0, 0)
     assert next(method.ema.module.parameters()).device.type == lives_on
     assert torch.equal(method.ema.module[0].weight.detach().cpu(), torch.full((3, 2), 2.0))  # (1 + 3) / 2
@@ -370,7 +362,7 @@ def test_the_ema_of_a_gpu_run_lives_where_run_avg_device_says(tmp_path, avg_devi
 
 def bn_model() -> nn.Module:
     model = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
-    set_weights(model, 1.0)
+    fill_weights(model, 1.0)
     return model
 
 
@@ -408,7 +400,7 @@ def test_ema_predictors_score_the_ema_as_ema_and_the_live_model_as_sgd(tmp_path)
     ctx = make_ctx(model, tmp_path)
     method = EMA(Constant(lr=0.1), 1, decay=0.5, warmup=False)
     method.on_train_start(ctx)
-    set_weights(model, 3.0)
+    fill_weights(model, 3.0)
     method.on_step_end(ctx, 0, 0)  # ema weights 2, live weights 3
     predictors = method.predictors(ctx)
     assert set(predictors) == {"ema", "sgd"}

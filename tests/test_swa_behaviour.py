@@ -21,6 +21,8 @@ from swalab.config import ConfigError
 from swalab.methods import SWA, TrainContext
 from swalab.schedules import Constant, PaperSGD, Piecewise, Schedule
 
+from method_stand_ins import fill_weights, weight_row
+
 CPU = torch.device("cpu")
 META = torch.device("meta")  # stand-in for a training device other than the CPU
 
@@ -33,19 +35,12 @@ def swa(epochs: int = 10, schedule=None, **kw) -> SWA:
     return SWA(schedule or PaperSGD(lr=0.1, horizon=epochs), epochs, **kw)
 
 
-def weight_row(model: nn.Module) -> torch.Tensor:
-    """A stand-in scorer: the model's weights as one row of "log-probabilities" (what was scored is then readable)."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).reshape(1, -1).clone()
 
 
 def one_weight() -> nn.Module:
     return nn.Linear(1, 1, bias=False)
 
 
-def set_weight(model: nn.Module, value: float) -> None:
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(value)
 
 
 def context(model, tmp_path, steps: int = 1, device=CPU, val=None, test=weight_row, **kw) -> TrainContext:
@@ -59,7 +54,7 @@ def drive(method, ctx, epochs: int, steps: int = 1, weight=lambda epoch, step: f
     grew = []
     for epoch in range(epochs):
         for step in range(steps):
-            set_weight(ctx.model, weight(epoch, step))
+            fill_weights(ctx.model, weight(epoch, step))
             before = method.n_averaged
             method.on_step_end(ctx, epoch, step)
             if method.n_averaged > before:
@@ -326,10 +321,10 @@ def test_the_final_weights_are_a_snapshot_later_captures_leave_alone(tmp_path):
     method = swa(start_epoch=0)
     ctx = context(one_weight(), tmp_path)
     method.on_train_start(ctx)
-    set_weight(ctx.model, 2.0)
+    fill_weights(ctx.model, 2.0)
     method.capture(ctx)
     final = method.final_weights()
-    set_weight(ctx.model, 4.0)
+    fill_weights(ctx.model, 4.0)
     method.capture(ctx)
     assert float(method.averaged.module.weight.detach()) == 3.0
     assert final["swa"]["weight"].tolist() == [[2.0]]

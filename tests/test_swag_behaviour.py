@@ -21,6 +21,8 @@ from swalab.methods import SWAG, TrainContext
 from swalab.methods.swag import flat_parameters
 from swalab.schedules import PaperSGD
 
+from method_stand_ins import weight_row
+
 CPU = torch.device("cpu")
 META = torch.device("meta")
 
@@ -37,9 +39,6 @@ def swag(epochs: int = 6, **kw) -> SWAG:
     return SWAG(PaperSGD(lr=0.1, horizon=epochs), epochs, lr=0.05, **kw)
 
 
-def weight_row(model: nn.Module) -> torch.Tensor:
-    """A stand-in scorer: the model's weights as one row of "log-probabilities" (what was scored is then readable)."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).reshape(1, -1).clone()
 
 
 def context(tmp_path, device=CPU, val=None) -> TrainContext:

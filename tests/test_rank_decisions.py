@@ -304,3 +304,17 @@ def test_run_device_cuda_n_becomes_the_current_cuda_device(monkeypatch):
     assert distributed.local_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
     assert distributed.local_device(torch.device("cpu")) == torch.device("cpu")
     assert chosen == [torch.device("cuda", 1)]
+
+
+def test_run_device_auto_trains_on_the_current_gpu_named_by_its_index_as_its_tensors_report_it(monkeypatch):
+    """run.device=auto selects ``cuda`` (no index), while a tensor on that GPU reports ``cuda:N``: the training
+    device is the indexed one, so a model's device compares equal to it (an SWA average living there is then scored
+    as it is, not copied). GPU 1 stands in for the current GPU, so the check runs without one."""
+    from swalab import distributed
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    device = distributed.local_device(torch.device("cuda"))
+    assert device == torch.device("cuda", 1) and device != torch.device("cuda", 0)
+    assert chosen == [torch.device("cuda", 1)]

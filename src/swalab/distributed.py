@@ -106,11 +106,15 @@ def is_main() -> bool:
 def local_device(device: torch.device) -> torch.device:
     """The device this process trains on, made CUDA's current device: each rank's own GPU (``cuda:LOCAL_RANK``), or
     ``run.device=cuda:N`` for one process (without ``set_device``, pinned-memory copies, NCCL and every tensor made
-    with ``device="cuda"`` would go to GPU 0); CPU stays CPU."""
+    with ``device="cuda"`` would go to GPU 0); CPU stays CPU. ``cuda`` without an index (``run.device=auto``) becomes
+    the current GPU by its index, as its tensors report it (``cuda:0``): a model's device then compares equal to the
+    training device (``torch.device("cuda") != torch.device("cuda", 0)``)."""
     current = info()
     if device.type == "cuda" and current.enabled:
         device = torch.device("cuda", current.local_rank)
-    if device.type == "cuda" and device.index is not None:
+    elif device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
 

@@ -220,20 +220,11 @@ def averages_device(avg_device: str, ctx: TrainContext) -> torch.device:
     return torch.device("cpu") if avg_device == "cpu" else ctx.device
 
 
-def same_device(a: torch.device, b: torch.device) -> bool:
-    """Whether ``a`` and ``b`` are one device: ``cuda`` (as ``run.device=auto`` selects it) is the current GPU,
-    while a tensor on it says ``cuda:0``, and the two ``torch.device`` objects compare unequal."""
-    def indexed(d: torch.device) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
-
-    return indexed(a) == indexed(b)
-
-
 def on_training_device(module: nn.Module, ctx: TrainContext, for_good: bool) -> nn.Module:
     """``module`` where it is scored, the training device: itself when it lives there; else moved there for good
     (``for_good``: at the end of training, where its recomputed BN statistics go into ``final.pt``), or a copy (a
     score during training, after which the average goes on where it lives)."""
-    if same_device(next(module.parameters()).device, ctx.device):
+    if next(module.parameters()).device == ctx.device:
         return module
     import copy
 

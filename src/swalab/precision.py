@@ -50,12 +50,13 @@ def training_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[check_precision(precision)]
 
 
-def training_autocast(device: torch.device, precision: str):
-    """The autocast context of a training step (:func:`training_dtype`), or a no-op in float32."""
+def training_autocast(device: torch.device, precision: str, cache: bool = True):
+    """The autocast context of a training step (:func:`training_dtype`), or a no-op in float32; ``cache=False``
+    inside a CUDA graph's capture (``swalab.graphed``), where cached casts must not outlive the step."""
     dtype = training_dtype(device, precision)
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
 
 
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
@@ -83,19 +84,28 @@ def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
     warns once and stays nondeterministic. ``bench/models.py --nondeterministic`` measures the difference.
     ``CUBLAS_WORKSPACE_CONFIG`` must be set before the process's first cuBLAS call to take effect; swalab sets it
     here, before training, unless it is set already.
+
+    ``torch.utils.deterministic.fill_uninitialized_memory`` is turned off while the block runs: by default
+    deterministic mode fills every new allocation with NaN (a ``fill_`` kernel per ``empty``; a third more
+    operations in a PreResNet-164 step) so that a program reading memory it never wrote reads the same NaN each
+    time. swalab's step never reads uninitialised memory, so the fill buys nothing; torch documents that turning it
+    off keeps the run deterministic for such programs, and the GPU bit-repeat tests (tests/test_gpu.py) are the guard.
     """
     if device.type != "cuda":
         yield
         return
     cudnn = torch.backends.cudnn
+    fill = torch.utils.deterministic
     before = (cudnn.deterministic, cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
-              torch.is_deterministic_algorithms_warn_only_enabled())
+              torch.is_deterministic_algorithms_warn_only_enabled(), fill.fill_uninitialized_memory)
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     cudnn.deterministic, cudnn.benchmark = enabled, not enabled
     torch.use_deterministic_algorithms(enabled, warn_only=True)
+    fill.fill_uninitialized_memory = False
     try:
         yield
     finally:
         cudnn.deterministic, cudnn.benchmark = before[0], before[1]
         torch.use_deterministic_algorithms(before[2], warn_only=before[3])
+        fill.fill_uninitialized_memory = before[4]

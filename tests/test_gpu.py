@@ -145,10 +145,13 @@ def test_the_same_run_twice_and_a_paused_run_end_bit_equal_on_cuda_under_run_det
 
 
 # -- 6. no host sync --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cuda_graphs", ["off", "on"])
 @pytest.mark.parametrize("method_name", ["sgd", "ema"])
-def test_a_training_step_and_a_bn_update_batch_make_no_host_sync_on_cuda(tmp_path, method_name):
+def test_a_training_step_and_a_bn_update_batch_make_no_host_sync_on_cuda(tmp_path, method_name, cuda_graphs):
     import contextlib
     import io
+
+    from swalab.graphed import WARMUP_STEPS
 
     from swalab.data import DataSplit, ResidentLoader
     from swalab.evaluate import recompute_bn
@@ -159,10 +162,10 @@ def test_a_training_step_and_a_bn_update_batch_make_no_host_sync_on_cuda(tmp_pat
 
     base = {"sgd": SGD, "ema": EMA}[method_name]
 
-    class Watched(base):  # sync debug mode "error" from the end of step 2 to the end of the last step
+    class Watched(base):  # sync debug mode "error" once the step is captured, to the end of the last step
         def on_step_end(self, ctx, epoch, step):
             super().on_step_end(ctx, epoch, step)
-            torch.cuda.set_sync_debug_mode("error" if 2 <= step + 1 < ctx.steps_per_epoch else "default")
+            torch.cuda.set_sync_debug_mode("error" if WARMUP_STEPS + 1 <= step + 1 < ctx.steps_per_epoch else "default")
 
     split = DataSplit(torch.randint(0, 256, (8 * 12, 3, 16, 16), dtype=torch.uint8), torch.arange(8 * 12) % 10)
     common = dict(device=CUDA, mean=(0.5,) * 3, std=(0.25,) * 3)
@@ -170,7 +173,8 @@ def test_a_training_step_and_a_bn_update_batch_make_no_host_sync_on_cuda(tmp_pat
     test = ResidentLoader(split, 64, train=False, **common)
     method = Watched(Constant(lr=0.01), 1, **({"decay": 0.99} if method_name == "ema" else {}))
     trainer = Trainer(PreResNet(depth=8, num_classes=10, in_channels=3), method, train, test, train, CUDA, tmp_path,
-                      TrainerOptions(epochs=1, eval_every=0, progress=None, handle_signals=False))
+                      TrainerOptions(epochs=1, eval_every=0, progress=None, handle_signals=False,
+                                     cuda_graphs=cuda_graphs))
     batches = list(train)  # on the GPU already: the loader's once-a-pass copy of its epoch's draws is not per batch
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # off a terminal
@@ -179,6 +183,7 @@ def test_a_training_step_and_a_bn_update_batch_make_no_host_sync_on_cuda(tmp_pat
         recompute_bn(copy.deepcopy(trainer.model), batches, CUDA)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert (trainer.graphed is not None and trainer.graphed.replays == 12 - WARMUP_STEPS) == (cuda_graphs == "on")
 
 
 # -- 7. predictions in files of their own ---------------------------------------------------------------------------
@@ -238,3 +243,66 @@ def test_fp16_on_a_gpu_scales_its_loss_and_finishes(tmp_path, monkeypatch):
     trainer = test_recipes.trainer_for(tmp_path, test_recipes.no_bn_model(), {"precision": "fp16"}, epochs=2)
     assert trainer.scaler is not None and trainer.fit().metrics["sgd"]["acc"] >= 0
     assert trainer.state(2, 0)["scaler"]["scale"] > 0
+
+
+# -- issue 39: the CUDA-graphed training step ------------------------------------------------------------------------
+GRAPHED_MODELS = {
+    "preresnet": [],
+    # dropout draws from the GPU's generator inside the graph; a replay must draw what the eager kernels drew
+    "wrn_dropout": ["model=wrn28_10", "model.arch.depth=10", "model.arch.widen_factor=1", "model.arch.dropout=0.3"],
+}
+
+
+@pytest.mark.parametrize("model", list(GRAPHED_MODELS))
+def test_a_graphed_run_and_its_pause_and_resume_end_bit_equal_to_an_eager_run(tmp_path, monkeypatch, model):
+    from swalab import faults
+    from swalab.train import train
+    from swalab.trainer import Preempted
+    from test_reliability import assert_same_run, make_cfg
+
+    def cfg(graphs):
+        return make_cfg("dataset=digits", *GRAPHED_MODELS[model], "run.device=cuda", "run.deterministic=true",
+                        f"run.cuda_graphs={graphs}")
+
+    train(cfg("off"), run_dir=tmp_path / "eager")
+    train(cfg("on"), run_dir=tmp_path / "graphed")
+    assert "captured as a CUDA graph" in (tmp_path / "graphed" / "run.log").read_text()
+    assert "captured as a CUDA graph" not in (tmp_path / "eager" / "run.log").read_text()
+    assert_same_run(tmp_path / "graphed", tmp_path / "eager")
+    monkeypatch.setenv(faults.ENV, "train_step:6:TERM")
+    faults.reset()
+    with pytest.raises(Preempted):
+        train(cfg("on"), run_dir=tmp_path / "paused")
+    monkeypatch.delenv(faults.ENV)
+    train(cfg("on"), run_dir=tmp_path / "paused")
+    assert_same_run(tmp_path / "paused", tmp_path / "eager")
+
+
+def test_sgd_on_cuda_is_fused_and_a_graphed_step_follows_each_steps_learning_rate(tmp_path):
+    from swalab.data import DataSplit, ResidentLoader
+    from swalab.methods import SGD
+    from swalab.schedules import Constant
+    from swalab.trainer import Trainer, TrainerOptions
+    from test_rank_agreement import bn_model
+
+    class Halving(SGD):  # a new learning rate every step: a graph that froze the lr would train at the first
+        def step_lr(self, epoch, step, steps):
+            return 0.1 / 2 ** (epoch * steps + step)
+
+    from swalab.graphed import WARMUP_STEPS
+
+    split = DataSplit(torch.randint(0, 256, (8 * 8, 1, 8, 8), dtype=torch.uint8), torch.arange(8 * 8) % 4)
+    runs = {}
+    for graphs in ("off", "on"):
+        torch.manual_seed(0)
+        loader = ResidentLoader(split, 8, train=True, drop_last=True, device=CUDA, mean=[0.5], std=[0.25])
+        trainer = Trainer(bn_model(), Halving(Constant(lr=0.1), 1), loader, loader, loader, CUDA, tmp_path / graphs,
+                          TrainerOptions(epochs=1, eval_every=0, progress=False, handle_signals=False,
+                                         cuda_graphs=graphs))
+        assert all(group["fused"] for group in trainer.optimizer.param_groups)
+        trainer.fit()
+        runs[graphs] = trainer
+    assert runs["on"].graphed.replays == 8 - WARMUP_STEPS and runs["off"].graphed is None
+    assert [g["lr"] for g in runs["on"].optimizer.param_groups] == [0.1 / 2 ** 7]
+    for name, value in runs["off"].model.state_dict().items():
+        assert torch.equal(runs["on"].model.state_dict()[name], value), name

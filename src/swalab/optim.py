@@ -8,7 +8,8 @@ step (``Method.step_lr``), whatever the optimizer, so schedules, SWA's phases an
 ``filter_bias_and_bn`` (timm's rule, off by default) exempts every one-dimensional parameter (biases and the
 weights of normalisation layers) from weight decay: decaying a BatchNorm scale towards zero only fights the
 normalisation, and with AdamW's decoupled decay it is the usual choice. The optimizer's state goes into every
-checkpoint, so a resumed run continues with the same moments.
+checkpoint, so a resumed run continues with the same moments. On CUDA, SGD runs fused unless ``fused`` or
+``foreach`` is set (:func:`fuses_by_default`): what lets the training step run as a CUDA graph.
 
 :class:`OptimizerSpec` is what ``swalab.train`` builds from the config and checks before anything is written
 (every number finite, the ranges torch itself does not check, an argument the class does not take named by its
@@ -49,6 +50,16 @@ def _finite(key: str, value: Any) -> None:
             _finite(key, item)
     elif isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}={value!r} must be a finite number")
+
+
+def fuses_by_default(cls: type, settings: dict[str, Any], groups: list[dict]) -> bool:
+    """Whether SGD runs fused without being asked: ``torch.optim.SGD`` on CUDA parameters, ``fused`` and ``foreach``
+    left unset. The fused update is one kernel for every parameter and reads the learning rate from a tensor when
+    given one, which lets a CUDA graph replay it at each step's lr (``swalab.graphed``); ``optimizer.fused=false``
+    keeps torch's foreach update."""
+    params = [p for group in groups for p in group["params"]]
+    return (cls is torch.optim.SGD and "fused" not in settings and "foreach" not in settings and bool(params)
+            and all(p.is_cuda for p in params))
 
 
 @dataclass
@@ -93,6 +104,8 @@ class OptimizerSpec:
             raise ConfigError(f"{KEY}.{unknown[0]} is not a setting of {self.target}; it takes: {', '.join(allowed)}")
         settings = dict(self.settings)
         groups = param_groups(model, float(settings.pop("weight_decay", 0.0)), self.filter_bias_and_bn)
+        if fuses_by_default(cls, settings, groups):
+            settings["fused"] = True
         try:
             return cls(groups, lr=lr, **settings)
         except (ValueError, TypeError) as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import signal
 import statistics
@@ -38,6 +39,7 @@ from swalab import distributed, faults
 from swalab.checkpoint import CheckpointStore, PredictionFiles, checkpoint_name
 from swalab.config import ConfigError
 from swalab.calibration import fit_temperature, scaled, scaled_name
+from swalab.graphed import GraphedStep, check_graph_mode, why_not_graphed
 from swalab.evaluate import (labels_of, mean_loss_and_accuracy, metrics_from_log_probs, predict_log_probs,
                              recompute_bn, reliability_bins, val_log_probs_of)
 from swalab.losses import LossSpec, TrainingLoss
@@ -203,6 +205,7 @@ class TrainerOptions:
     max_skips: int = 10
     progress: bool | None = None     # None: a bar only on an interactive terminal
     deterministic: bool = True       # CUDA: deterministic algorithms, bit-equal reruns (precision.deterministic)
+    cuda_graphs: str = "auto"        # CUDA: the training step captured once and replayed: auto | on | off (swalab.graphed)
     save_at: tuple[int, ...] = ()    # epochs whose checkpoints are kept for good (branching)
     handle_signals: bool = True
     eval_split: str = "test"         # the split per-epoch monitoring scores: test | val (the validation split)
@@ -239,6 +242,7 @@ class Trainer:
         self.identity = identity or {}
         self.on_epoch: Callable[[dict], None] | None = None  # fit's: called with each epoch's history row
         self.precision = check_precision(options.precision)  # for training steps only: scoring is float32
+        check_graph_mode(options.cuda_graphs)
         self.scaler = grad_scaler(device, self.precision)  # fp16 only
         self.model = model.to(device)
         if options.channels_last:
@@ -249,8 +253,10 @@ class Trainer:
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
         self.ranks = distributed.info()
         self.optimizer = optimizer.build(self.model, lr=method.step_lr(0, 0, 1))
+        self.ungraphed_because = self._why_not_graphed()  # None: the training step runs as a CUDA graph
         self.loss = loss if loss is not None else LossSpec().build(num_classes=0)
         self.history: list[dict] = []
+        self.graphed: GraphedStep | None = None  # fit's CUDA-graphed step (swalab.graphed), when this run has one
         self._pending_log: dict = {}
         self._signal: int | None = None
         self.test_labels = labels_of(test_loader)
@@ -325,7 +331,12 @@ class Trainer:
 
     def restore(self, state: dict) -> tuple[int, int, dict]:
         self.model.load_state_dict(state["model"])
+        # how the update runs (fused, foreach) is this machine's choice, not the checkpoint's: a run checkpointed on
+        # a CPU (foreach) and resumed on a GPU runs fused there, as the CUDA graph needs (swalab.optim)
+        kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, chosen in zip(self.optimizer.param_groups, kernels):
+            group.update(chosen)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if state.get("method") is not None:  # None: a branch (run.branch_from) starts its method fresh
@@ -361,6 +372,8 @@ class Trainer:
             if resume is not None:
                 start_epoch, start_step, partial = self.restore(resume)
             skips = int(partial.get("skips", 0))
+            self.ungraphed_because = self._why_not_graphed()  # again: the restored optimizer's groups
+            self.graphed = self._graphed_step()
             with self._preemption_signals():
                 for epoch in range(start_epoch, self.opts.epochs):
                     tally = self._train_epoch(epoch, start_step if epoch == start_epoch else 0, partial, skips)
@@ -385,18 +398,21 @@ class Trainer:
             if step < first_step:
                 continue
             tally.lr = self.method.step_lr(epoch, step, steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = tally.lr
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             x, target = self.loss.prepare(x, y)  # mixup/cutmix when asked (swalab.losses)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss, correct = self._forward_backward(x, target)
-            if self.opts.nonfinite == "skip" and self._skip(loss, epoch, step, tally.skips):
-                self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are dropped with it
-                tally.skips += 1
-                continue
+            if self.graphed is not None:
+                loss, correct = self.graphed(x, target, tally.lr)
+            else:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = tally.lr
+                self.optimizer.zero_grad(set_to_none=True)
+                loss, correct = self._forward_backward(x, target)
+                if self.opts.nonfinite == "skip" and self._skip(loss, epoch, step, tally.skips):
+                    self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are dropped with it
+                    tally.skips += 1
+                    continue
+                self._optimizer_step()
             bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss), step, bad_step)
-            self._optimizer_step()
             self.method.on_step_end(self.ctx, epoch, step)
             faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
             tally.loss_sum += loss.float() * y.shape[0]
@@ -420,12 +436,44 @@ class Trainer:
                 "trainer.nonfinite=skip.")
         return tally
 
-    def _forward_backward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _why_not_graphed(self) -> str | None:
+        """Why this run trains eagerly rather than as a CUDA graph (``run.cuda_graphs``, swalab.graphed), or None when
+        it will be graphed; ``on`` refuses a run that cannot be, before anything is written."""
+        if self.opts.cuda_graphs == "off":
+            return "run.cuda_graphs=off"
+        reason = why_not_graphed(self.device, self.optimizer, accumulate=self.opts.accumulate,
+                                 nonfinite=self.opts.nonfinite, data_parallel=self.ranks.enabled,
+                                 compiled=self.opts.compile, grad_scaled=self.scaler is not None)
+        if reason is not None and self.opts.cuda_graphs == "on":
+            raise ConfigError(f"run.cuda_graphs=on, but {reason}; set run.cuda_graphs=auto (train eagerly where a "
+                              "graph cannot hold the step) or off")
+        return reason
+
+    def _graphed_step(self) -> GraphedStep | None:
+        """This fit's CUDA-graphed step, or None to train eagerly (under ``auto`` on a GPU, run.log says why)."""
+        log = logging.getLogger("swalab.trainer")
+        if self.ungraphed_because is not None:
+            if self.opts.cuda_graphs == "auto" and self.device.type == "cuda" and self.main:
+                log.info(f"[swalab] training eagerly, not as a CUDA graph: {self.ungraphed_because}")
+            return None
+        return GraphedStep(self._whole_step, self.optimizer, self.device, strict=self.opts.cuda_graphs == "on",
+                           note=log.info if self.main else lambda line: None)
+
+    def _whole_step(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero the gradients, forward, loss, backward, the optimizer update: the step a CUDA graph captures."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, correct = self._forward_backward(x, target, autocast_cache=False)
+        self._optimizer_step()
+        return loss, correct
+
+    def _forward_backward(self, x: torch.Tensor, target: torch.Tensor,
+                          autocast_cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's loss (detached: the mean over the batch) and its count of right predictions, with the gradients
         of the whole batch accumulated: in ``trainer.accumulate`` micro-batches, each loss weighted by its share of
         the batch (so that the gradient is the batch mean's, up to float order), all but the last without the
         data-parallel gradient all-reduce. Under fp16 the loss is scaled before backward (:meth:`_optimizer_step`
-        unscales)."""
+        unscales). ``autocast_cache=False`` for a step captured as a CUDA graph: autocast's cache of cast weights
+        must not outlive the capture (the same casts, recomputed; the same numbers)."""
         chunks = list(zip(x.chunk(self.opts.accumulate), target.chunk(self.opts.accumulate)))
         total, correct = None, None
         for i, (xi, ti) in enumerate(chunks):
@@ -433,7 +481,7 @@ class Trainer:
             sync = contextlib.nullcontext() if last or not hasattr(self.forward_model, "no_sync") \
                 else self.forward_model.no_sync()
             with sync:
-                with training_autocast(self.device, self.precision):
+                with training_autocast(self.device, self.precision, cache=autocast_cache):
                     out = self.forward_model(xi)
                     loss = self.loss(out, ti)
                 weighted = loss if len(chunks) == 1 else loss * (len(xi) / len(x))

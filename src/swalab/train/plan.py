@@ -23,6 +23,7 @@ from swalab.data.fingerprint import changes
 from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
                              run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
+from swalab.graphed import check_graph_mode
 from swalab.precision import check_precision
 from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
 from swalab.train.records import DamagedRecord, final_metrics, read_data_record
@@ -155,6 +156,7 @@ def validate(cfg: DictConfig):
         optimizer_spec(cfg).check()
         loss_spec(cfg)
         check_precision(str(cfg.trainer.precision))
+        check_graph_mode(str(cfg.run.cuda_graphs))
         method = build_method(cfg, cfg.trainer.epochs)  # the method checks trainer.epochs (an integer >= 0)
         method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
                                          or cfg.model.get("pretrained")))

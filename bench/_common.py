@@ -231,7 +231,7 @@ class TrainerBench:
 
     def __init__(self, model: torch.nn.Module, train: DataSplit, batch_size: int, device: torch.device,
                  warmup: int, precision: str = "auto", channels_last: bool = True, compile: bool = False,
-                 lr: float = 0.05, deterministic: bool = True):
+                 lr: float = 0.05, deterministic: bool = True, cuda_graphs: str = "auto"):
         steps = len(train) // batch_size
         if steps <= warmup:
             raise ValueError(f"{len(train)} images at batch {batch_size} give {steps} steps: need more than "
@@ -245,7 +245,8 @@ class TrainerBench:
         self.trainer = paper_sgd_trainer(model, self.method, loader, test, loader, device, self.tmp.name,
                                          weight_decay=5e-4, epochs=1, precision=precision, channels_last=channels_last,
                                          compile=compile, eval_every=0, checkpoint_every=10**6, progress=False,
-                                         handle_signals=False, deterministic=deterministic)
+                                         handle_signals=False, deterministic=deterministic,
+                                         **({} if cuda_graphs == "auto" else {"cuda_graphs": cuda_graphs}))
         self.batch_size, self.steps, self.warmup = batch_size, steps, warmup
 
     def run(self) -> float:

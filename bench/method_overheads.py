@@ -6,7 +6,12 @@ scoring, ensemble scoring, then again), medians reported. Everything is scaled t
 per-step / per-batch times measured on a subset, so the CPU numbers finish in minutes.
 
 * SWA: one ``AveragedModel.update_parameters`` per epoch (the paper's capture rule).
-* EMA: ``timm.utils.ModelEmaV3.update`` after every step, i.e. steps-per-epoch updates per epoch.
+* EMA: what a run executes after every optimizer step, ``swalab.methods.ema.EMA.on_step_end`` (for a float32
+  EMA on the training device that is ``EmaTensors.update``: one ``_foreach_lerp_`` and one ``_foreach_copy_``
+  over tensor lists paired once), on the copy ``EMA.on_train_start`` builds from the trainer's own context, at
+  ``conf/method/ema.yaml``'s settings; steps-per-epoch updates per epoch. The JSON names the path that ran
+  (``settings.ema.path``); timm's ``ModelEmaV3.update`` is not timed, because a run only falls back to it for a
+  bf16/fp16 EMA or ``run.avg_device=cpu``.
 * BN update: ``Trainer.update_bn`` (one no-grad train-mode pass over the training data).
 * FGE member: one test pass (``Trainer.test_log_probs``) when a member is collected.
 * FGE ensemble of 20 cached members: ``CachedEnsemble.curve`` + ``probs``; a global forward hook
@@ -15,7 +20,13 @@ per-step / per-batch times measured on a subset, so the CPU numbers finish in mi
 Usage::
 
     python bench/method_overheads.py --device cpu --model preresnet20 --rounds 3
-    python bench/method_overheads.py --device cuda --model wrn28_10 --rounds 5
+    python bench/method_overheads.py --device cuda --model wrn28_10 --warmup 5 --rounds 5
+
+On CUDA ``--warmup`` must exceed the eager steps before the Trainer captures its step as a CUDA graph
+(``swalab.graphed.WARMUP_STEPS``, 3), so that the epoch the costs are divided by is the replayed step's.
+
+Targets: SWA <= 1%, EMA <= 3% (``targets.ema_updates``) and, on a GPU, <= 1% (``targets.ema_updates_1pct``,
+issue 39), BN update <= 40%, a 20-member FGE ensemble <= 1% with no forward pass.
 """
 
 from __future__ import annotations
@@ -34,9 +45,16 @@ from _common import (CIFAR_MEAN, CIFAR_STD, DEFAULT_DATA, TrainerBench, build_mo
 
 from swalab.data import ResidentLoader  # noqa: E402
 from swalab.evaluate import CachedEnsemble, predict_logits  # noqa: E402
+from swalab.graphed import WARMUP_STEPS as GRAPH_WARMUP_STEPS  # noqa: E402
+from swalab.methods.ema import EMA  # noqa: E402
+from swalab.schedules import Constant  # noqa: E402
 
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000
-TARGETS = {"swa_average": 0.01, "ema_updates": 0.03, "bn_update": 0.40, "fge_ensemble_20": 0.01}
+# target -> (the cost it bounds, the largest fraction of an epoch it may take)
+TARGETS = {"swa_average": ("swa_average", 0.01), "ema_updates": ("ema_updates", 0.03),
+           "ema_updates_1pct": ("ema_updates", 0.01), "bn_update": ("bn_update", 0.40),
+           "fge_ensemble_20": ("fge_ensemble_20", 0.01)}
+GPU_TARGETS = ("ema_updates_1pct",)  # issue 39's GPU target: reported everywhere, counted in all_pass on CUDA only
 
 
 class ForwardCounter:
@@ -73,8 +91,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = pick_device(args.device)
+    if device.type == "cuda" and args.warmup <= GRAPH_WARMUP_STEPS:
+        p.error(f"--warmup {args.warmup}: on CUDA the Trainer captures its step as a graph at step "
+                f"{GRAPH_WARMUP_STEPS + 1} of every fit, and the capture must not be timed: use --warmup "
+                f"{GRAPH_WARMUP_STEPS + 1} or more")
     torch.manual_seed(0)
-    from timm.utils import ModelEmaV3
 
     split, source = load_split(args.data, (args.steps + args.warmup) * args.batch_size)
     test_split, _ = load_split(args.data, args.test_images, "test")
@@ -87,7 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
     trainer.bn_loader = bn_loader
     test_loader = ResidentLoader(test_split, args.eval_batch_size, train=False, **common)
     averaged = AveragedModel(model, multi_avg_fn=get_swa_multi_avg_fn())
-    ema = ModelEmaV3(model, decay=0.999, use_warmup=True)
+    ema = EMA(Constant(lr=0.05), epochs=1)  # conf/method/ema.yaml's settings
+    ema.on_train_start(trainer.ctx)  # the copy and tensor pairing a run's Trainer.fit makes
+    ema_path = ("swalab.methods.ema.EMA.on_step_end -> EmaTensors.update" if ema.tensors is not None
+                else "swalab.methods.ema.EMA.on_step_end -> timm ModelEmaV3.update (the bf16/fp16 fallback)")
     labels = torch.randint(0, 10, (TEST_IMAGES,))
     steps_per_epoch = TRAIN_IMAGES // args.batch_size
     members = [torch.randn(TEST_IMAGES, 10).log_softmax(1) for _ in range(args.members)]
@@ -96,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     for r in range(args.rounds):
         step_s = bench.step_seconds(bench.run())
         swa_s = timed(lambda: averaged.update_parameters(model), device)
-        t = timed(lambda: [ema.update(model, step=i + 1) for i in range(args.ema_updates)], device)
+        t = timed(lambda: [ema.on_step_end(trainer.ctx, 0, i) for i in range(args.ema_updates)], device)
         ema_s = t / args.ema_updates
         bn_s = timed(lambda: trainer.update_bn(averaged.module), device) / bn_n
         with ForwardCounter() as member_count:
@@ -120,8 +144,12 @@ def main(argv: list[str] | None = None) -> dict:
     costs = {k: median([r[k] for r in rows]) for k in
              ("swa_average", "ema_updates", "bn_update", "fge_member_test_pass", "fge_ensemble_20")}
     fractions = {k: median([r[k] / r["epoch_seconds"] for r in rows]) for k in costs}
-    targets = {k: {"fraction_at_most": v, "fraction": fractions[k], "pass": fractions[k] <= v}
-               for k, v in TARGETS.items()}
+    targets = {k: {"fraction_at_most": v, "fraction": fractions[cost], "pass": fractions[cost] <= v}
+               for k, (cost, v) in TARGETS.items()}
+    for k in GPU_TARGETS:
+        targets[k]["scope"] = "GPU (issue 39)"
+    for k in ("ema_updates", "ema_updates_1pct"):
+        targets[k]["path"] = ema_path
     targets["fge_ensemble_20"]["forward_calls"] = max(ensemble_forwards)
     targets["fge_ensemble_20"]["pass"] = targets["fge_ensemble_20"]["pass"] and max(ensemble_forwards) == 0
     payload = {
@@ -132,13 +160,15 @@ def main(argv: list[str] | None = None) -> dict:
                      "steps_per_epoch": steps_per_epoch, "train_images": TRAIN_IMAGES, "test_images": TEST_IMAGES,
                      "timed": {"train_steps": args.steps, "bn_images": bn_n, "test_images": len(test_split),
                                "ema_updates": args.ema_updates}, "rounds": args.rounds,
+                     "ema": {"path": ema_path, "decay": ema.decay, "warmup": ema.warmup, "bn": ema.bn,
+                             "update_every": ema.update_every},
                      "scaled": "per-step/per-image times x a full CIFAR epoch (50k train, 10k test)"},
         "rounds": rows,
         "epoch_seconds": epoch,
         "seconds_per_epoch_equivalent": costs,
         "fraction_of_epoch": fractions,
         "targets": targets,
-        "all_pass": all(t["pass"] for t in targets.values()),
+        "all_pass": all(t["pass"] for k, t in targets.items() if device.type == "cuda" or k not in GPU_TARGETS),
     }
     write_result("method_overheads" if args.model == "preresnet20" else f"method_overheads_{args.model}", device,
                  payload, args.out)

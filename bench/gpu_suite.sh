@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The first thing to run when a GPU is there: the GPU tests, then each GPU benchmark, every result into one folder
+# to commit. About 6 to 9 minutes on one H100 or H200; each stage has its own time limit, so a stage that hangs
+# costs its limit and the next stage still runs.
+#
+#   bench/gpu_suite.sh [results folder]     (default: bench/results/gpu_suite)
+#
+# Run from the repository root with swalab installed (pip install -e .); SWALAB_CIFAR10_JPG names the CIFAR-10
+# JPEG folder the data benchmarks read (throughput.py, method_overheads.py; default ../shared/data/cifar10-jpg).
+# PYTHON picks the interpreter (default python3). The folder receives suite.log (versions, device, every stage's
+# output and exit code), pytest_gpu.txt and the JSON results; its JSONs are copied into bench/results/ afterwards
+# by whoever commits them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+out=${1:-bench/results/gpu_suite}
+data=${SWALAB_CIFAR10_JPG:-../shared/data/cifar10-jpg}
+mkdir -p "$out"
+log="$out/suite.log"
+export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-disabled}
+: > "$log"
+say() { echo "[gpu_suite $(date -u +%H:%M:%S)] $*" | tee -a "$log"; }
+
+# stage <name> <seconds> <command...>: run it under its limit, its output into the log, its JSONs into $out
+stage() {
+  local name=$1 limit=$2; shift 2
+  local stamp; stamp=$(mktemp); local t0=$SECONDS
+  say "stage $name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
+  local rc=$?
+  find bench/results -maxdepth 1 -name '*.json' -newer "$stamp" -exec cp {} "$out/" \;
+  rm -f "$stamp"
+  say "stage $name: exit $rc after $((SECONDS - t0))s"
+}
+
+say "commit $(git rev-parse --short HEAD 2>/dev/null) dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$log" 2>&1
+$py -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" >> "$log" 2>&1
+
+# 1. the GPU tests (bit-equal graphed and eager runs, no host sync, resumes) and the CPU-side graph tests
+stage tests 150 $py -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_graphed.py \
+  --junitxml="$out/pytest_gpu.xml"
+# 2. eager against graphed per precision, beside the reference with cudnn.benchmark; VGG-16's real epochs
+stage gpu_step_vgg16 90 $py bench/gpu_step.py --device cuda --models vgg16 --rounds 3 --full-epochs 2 --out-dir "$out"
+stage gpu_step_deep_wide 180 $py bench/gpu_step.py --device cuda --models preresnet164 wrn28_10 --rounds 3 --out-dir "$out"
+# 3. the methods' overheads on the trainer's own paths (EMA: EmaTensors), as fractions of a graphed epoch
+stage method_overheads 80 $py bench/method_overheads.py --device cuda --model wrn28_10 --data "$data" --steps 20 \
+  --warmup 5 --bn-batches 40 --test-images 10000 --ema-updates 100 --rounds 3
+# 4. the whole pipeline (JPEG data, the trainer's loader) against the reference's DataLoader with cudnn.benchmark
+for model in preresnet164 wrn28_10; do
+  stage "throughput_$model" 75 $py bench/throughput.py --device cuda --model "$model" --data "$data" --images 3840 \
+    --batch-size 128 --workers 4 --warmup 5 --rounds 3
+done
+say "done; results in $out"

@@ -38,17 +38,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>
 $py -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" >> "$log" 2>&1
 
 # 1. the GPU tests (bit-equal graphed and eager runs, no host sync, resumes) and the CPU-side graph tests
-stage tests 150 $py -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_graphed.py \
+stage tests 120 $py -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu.py tests/test_graphed.py \
   --junitxml="$out/pytest_gpu.xml"
 # 2. eager against graphed per precision, beside the reference with cudnn.benchmark; VGG-16's real epochs
 stage gpu_step_vgg16 90 $py bench/gpu_step.py --device cuda --models vgg16 --rounds 3 --full-epochs 2 --out-dir "$out"
-stage gpu_step_deep_wide 180 $py bench/gpu_step.py --device cuda --models preresnet164 wrn28_10 --rounds 3 --out-dir "$out"
+stage gpu_step_deep_wide 160 $py bench/gpu_step.py --device cuda --models preresnet164 wrn28_10 --rounds 3 --out-dir "$out"
 # 3. the methods' overheads on the trainer's own paths (EMA: EmaTensors), as fractions of a graphed epoch
 stage method_overheads 80 $py bench/method_overheads.py --device cuda --model wrn28_10 --data "$data" --steps 20 \
   --warmup 5 --bn-batches 40 --test-images 10000 --ema-updates 100 --rounds 3
 # 4. the whole pipeline (JPEG data, the trainer's loader) against the reference's DataLoader with cudnn.benchmark
 for model in preresnet164 wrn28_10; do
-  stage "throughput_$model" 75 $py bench/throughput.py --device cuda --model "$model" --data "$data" --images 3840 \
+  stage "throughput_$model" 60 $py bench/throughput.py --device cuda --model "$model" --data "$data" --images 3840 \
     --batch-size 128 --workers 4 --warmup 5 --rounds 3
 done
 say "done; results in $out"

@@ -268,6 +268,8 @@ def test_a_graphed_run_and_its_pause_and_resume_end_bit_equal_to_an_eager_run(tm
     train(cfg("on"), run_dir=tmp_path / "graphed")
     assert "captured as a CUDA graph" in (tmp_path / "graphed" / "run.log").read_text()
     assert "captured as a CUDA graph" not in (tmp_path / "eager" / "run.log").read_text()
+    environment, = json.loads((tmp_path / "graphed" / "environment.json").read_text())
+    assert environment["device_name"] == torch.cuda.get_device_name(0) and environment["training_autocast"] == "bfloat16"
     assert_same_run(tmp_path / "graphed", tmp_path / "eager")
     monkeypatch.setenv(faults.ENV, "train_step:6:TERM")
     faults.reset()

@@ -147,3 +147,17 @@ def test_a_restore_keeps_this_machines_update_kernels_and_takes_the_rest_from_th
     momentum = [resumed.optimizer.state[p]["momentum_buffer"] for p in resumed.model.parameters()]
     assert all(torch.equal(m, written.optimizer.state[p]["momentum_buffer"])
                for m, p in zip(momentum, written.model.parameters()))
+
+
+def test_environment_json_records_what_the_training_precision_resolved_to(tmp_path):
+    import json
+
+    from swalab.train import train
+    from test_reliability import make_cfg
+
+    train(make_cfg("run.device=cpu"), run_dir=tmp_path / "auto")
+    train(make_cfg("run.device=cpu", "trainer.precision=bf16"), run_dir=tmp_path / "bf16")
+    auto, = json.loads((tmp_path / "auto" / "environment.json").read_text())
+    bf16, = json.loads((tmp_path / "bf16" / "environment.json").read_text())
+    assert (auto["device"], auto["training_autocast"], "device_name" in auto) == ("cpu", "float32 (none)", False)
+    assert bf16["training_autocast"] == "bfloat16"

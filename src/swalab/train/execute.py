@@ -207,7 +207,7 @@ def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = No
         write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     git = git_info()  # two git commands: asked once, recorded in both files
     write_json(run_dir / "git.json", git)
-    append_environment(run_dir, environment_entry(plan.device, git))
+    append_environment(run_dir, environment_entry(plan.device, git, str(plan.cfg.trainer.precision)))
     if facts is not None:
         write_json(run_dir / DATA_FILE, facts)
     if lineage is not None:

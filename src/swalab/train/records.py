@@ -23,6 +23,7 @@ from swalab import distributed
 from swalab.checkpoint import atomic_save
 from swalab.data.splits import pixel_max
 from swalab.logs import get_logger
+from swalab.precision import training_dtype
 
 log = get_logger()
 PREDICTIONS_FILE = "predictions.pt"
@@ -64,13 +65,21 @@ def git_info() -> dict:
 ENVIRONMENT_FILE = "environment.json"
 
 
-def environment_entry(device, git: dict) -> dict:
+def environment_entry(device, git: dict, precision: str = "auto") -> dict:
     """What a run's numbers depend on beyond its config, as this process runs it: when it started, the commit
-    (``git``, from :func:`git_info`), torch's version, its CPU thread count and the device. The thread count matters on a CPU:
+    (``git``, from :func:`git_info`), torch's version, its CPU thread count and the device (on CUDA with the GPU's
+    name), and the autocast its training steps run in (``training_autocast``: what ``trainer.precision``, e.g.
+    ``auto``, resolved to on this device). The thread count matters on a CPU:
     it changes the order of float sums, so a run is reproduced bit for bit only at the same count
     (docs/cluster.md); a run resumed at another count says so in its second entry."""
-    return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **git, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "device": str(device)}
+    device = torch.device(device)
+    dtype = training_dtype(device, precision)
+    entry = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **git, "torch": torch.__version__,
+             "threads": torch.get_num_threads(), "device": str(device),
+             "training_autocast": "float32 (none)" if dtype is None else str(dtype).removeprefix("torch.")}
+    if device.type == "cuda":
+        entry["device_name"] = torch.cuda.get_device_name(device)
+    return entry
 
 
 def append_environment(run_dir: str | Path, entry: dict) -> None:

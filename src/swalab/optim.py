@@ -58,8 +58,8 @@ def fuses_by_default(cls: type, settings: dict[str, Any], groups: list[dict]) ->
     given one, which lets a CUDA graph replay it at each step's lr (``swalab.graphed``); ``optimizer.fused=false``
     keeps torch's foreach update."""
     params = [p for group in groups for p in group["params"]]
-    return (cls is torch.optim.SGD and "fused" not in settings and "foreach" not in settings and bool(params)
-            and all(p.is_cuda for p in params))
+    return (cls is torch.optim.SGD and "fused" in inspect.signature(cls).parameters  # torch >= 2.3 has it
+            and "fused" not in settings and "foreach" not in settings and bool(params) and all(p.is_cuda for p in params))
 
 
 @dataclass

@@ -125,7 +125,7 @@ def hand_on(exc: Preempted) -> None:
 
 
 if __name__ == "__main__":
-    from swalab.config import moved_keys
+    from swalab.compat import moved_keys
 
     moved = moved_keys(sys.argv[1:])  # before Hydra, which would say only that the key is not in the config
     if moved:

@@ -158,8 +158,7 @@ def test_the_docs_write_no_key_of_an_earlier_version():
     """A command copied from the docs runs: none of its ``key=value`` uses a key that moved (swalab refuses it)."""
     import re
 
-    from swalab.config import MOVED_KEYS
-    from swalab.identity import RESPELLED
+    from swalab.compat import MOVED_KEYS, RESPELLED
 
     root = CONF_DIR.parent
     written = re.compile(r"(?<![\w./])\+{0,2}([a-z_]+(?:\.[a-z_0-9]+)+)=")

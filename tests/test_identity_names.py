@@ -4,8 +4,9 @@ directory name made from it, on small hand-made identities. Most of these came f
 
 from __future__ import annotations
 
+from swalab.config import split_override
 from swalab.identity import (IDENTITY_VERSION, MAX_REST, differences, group_hash, identity_hash, label_of,
-                             name_items, record, run_name, settings_apart, split_override)
+                             name_items, record, run_name, settings_apart)
 
 NAMES = {"dataset": "cifar10", "model": "preresnet20", "method": "swa"}
 

@@ -11,8 +11,9 @@ import hashlib
 import json
 from pathlib import Path
 
+from swalab.compat import upgraded
 from swalab.identity import (
-    canonical, group_hash, identity_hash, identity_of, label_of, method_part, recipe_of, stored_identity, upgraded,
+    canonical, group_hash, identity_hash, identity_of, label_of, method_part, recipe_of, stored_identity,
 )
 
 RECIPES = ("swa", "fge")  # the model's recipe blocks, passed so that no method class is imported
@@ -215,40 +216,40 @@ def test_a_label_of_some_keys_names_those_keys_only():
 def test_the_stored_identity_of_a_run_is_its_identity_json_under_todays_names(tmp_path):
     stored = {"seed": 0, "method.name": "swa", "method.swa_lr": 0.05, "trainer.amp": False}
     (tmp_path / "identity.json").write_text(json.dumps({"version": 1, "hash": "x", "identity": stored}))
-    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "model.swa.lr": 0.05,
+    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "model.swa.lr": 0.05,
                                          "trainer.precision": "fp32"}
 
 
 def test_identity_json_comes_before_the_config_it_was_made_from(tmp_path):
     (tmp_path / "identity.json").write_text(json.dumps({"identity": {"seed": 3}}))
     (tmp_path / "config.yaml").write_text("seed: 4\n")
-    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 3}
+    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 3}
 
 
 def test_a_run_without_identity_json_has_the_identity_of_its_config_yaml(tmp_path):
     (tmp_path / "config.yaml").write_text(
         "seed: 2\ntrainer:\n  epochs: 6\n  accumulate: 2\nrun:\n  device: cpu\ndataset:\n  root: /data/cifar\n")
-    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 2, "trainer.epochs": 6, "trainer.accumulate": 2}
+    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 2, "trainer.epochs": 6, "trainer.accumulate": 2}
 
 
 def test_an_unreadable_identity_json_falls_back_to_config_yaml(tmp_path):
     (tmp_path / "identity.json").write_text("{not json")
     (tmp_path / "config.yaml").write_text("seed: 5\n")
-    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 5}
+    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 5}
 
 
 def test_a_run_directory_with_neither_file_or_an_empty_config_has_no_or_an_empty_identity(tmp_path):
-    assert stored_identity(tmp_path) is None
+    assert stored_identity(tmp_path, RECIPES) is None
     (tmp_path / "config.yaml").write_text("")
-    assert stored_identity(tmp_path) == {}
+    assert stored_identity(tmp_path, RECIPES) == {}
 
 
 def test_an_identity_json_or_config_yaml_that_holds_no_mapping_counts_as_absent(tmp_path):
     """A damaged or hand-edited file that parses but holds no mapping never stops a report or a plan."""
     (tmp_path / "identity.json").write_text(json.dumps({"identity": None}))
     (tmp_path / "config.yaml").write_text("seed: 5\n")
-    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 5}
+    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 5}
     (tmp_path / "identity.json").write_text(json.dumps([1, 2]))
-    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 5}
+    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 5}
     (tmp_path / "config.yaml").write_text("- 1\n")
-    assert stored_identity(tmp_path) is None
+    assert stored_identity(tmp_path, RECIPES) is None

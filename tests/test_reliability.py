@@ -714,7 +714,7 @@ def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_
     the scored budget marks inside the method state as probabilities, no prediction files) resumes and ends equal to
     today's run."""
     from swalab.checkpoint import checkpoint_paths
-    from swalab.identity import RECIPE_SETTINGS
+    from swalab.compat import RECIPE_SETTINGS
 
     run = tmp_path / "run"
     killed = run_cli(run, fault="train_step:13")  # after epoch 3's checkpoint

@@ -26,6 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from swalab.compat import MOVED_KEYS
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
@@ -204,95 +206,18 @@ def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run"
     return errors
 
 
-# -- keys that moved ----------------------------------------------------------------------------
-
-# Keys of earlier versions and where they live now: how and where a run runs moved to the run group, SWA's and
-# FGE's settings to the model's recipe blocks (under the names their methods take), init_from to the model.
-MOVED_KEYS = {
-    **{f"trainer.{k}": f"run.{k}" for k in ("device", "progress", "eval_batch_size", "compile", "channels_last",
-                                           "eval_every", "deterministic")},
-    "method.avg_device": "run.avg_device",  # where SWA's average and EMA's copy live: how a run runs, not what
-    **{f"dataset.{k}": f"run.{k}" for k in ("cache_dir", "download", "num_workers", "prefetch_factor")},
-    "run.init_from": "model.init_from",
-    **{f"trainer.{k}": f"optimizer.{k}" for k in ("momentum", "weight_decay", "nesterov")},
-    "trainer.amp": "trainer.precision",  # its values respelled: swalab.identity.RESPELLED
-    "method.swa_start": "model.swa.start", "method.swa_start_epoch": "model.swa.start_epoch",
-    "method.swa_lr": "model.swa.lr", "method.swa_lr_min": "model.swa.lr_min",
-    **{f"method.{k}": f"model.swa.{k} (SWA) or model.fge.{k} (FGE)" for k in ("cycle_epochs", "pre_schedule",
-                                                                            "bn_update")},
-    **{f"method.{k}": f"model.swa.{k}" for k in ("phase", "capture_every", "anneal_epochs", "anneal_strategy",
-                                                 "score_every", "score_at_budgets")},
-    **{f"method.{k}": f"model.fge.{k}" for k in ("lr_max", "pretrain", "pretrain_epochs", "save_members")},
-}
-
-
-def upgraded_config(config: dict) -> dict:
-    """A resolved config written by an earlier swalab (a run's ``config.yaml``) with its moved keys in their places
-    today (``MOVED_KEYS``; SWA's and FGE's settings into the recipe block of the run's method; ``trainer.amp``
-    respelled as ``trainer.precision``) and the keys added since at the values that did what it did
-    (``swalab.identity.ADDED_AT``: the paper's SGD, plain cross-entropy, no warmup), so that the run can be rebuilt
-    and scored again as it was trained. A config of today comes back unchanged."""
-    import copy
-
-    from swalab.identity import ADDED_AT, RESPELLED
-
-    out = copy.deepcopy(config)
-    method = (out.get("method") or {}).get("name")
-
-    def pop(dotted: str):
-        group, _, key = dotted.partition(".")
-        node = out.get(group)
-        return node.pop(key) if isinstance(node, dict) and key in node else _MISSING
-
-    def put(dotted: str, value) -> None:
-        node = out
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node.setdefault(leaf, value)
-
-    for old, (new, values) in RESPELLED.items():  # trainer.amp: true -> trainer.precision: auto
-        value = pop(old)
-        if value is not _MISSING:
-            put(new, values.get(value, value))
-    for old, new in MOVED_KEYS.items():
-        if " or " in new:  # a setting both SWA and FGE had: it moves into the run's own method's block
-            new = f"model.{method}.{old.split('.', 1)[1]}" if method in ("swa", "fge") else None
-        elif new.startswith("model.swa.") and method != "swa" or new.startswith("model.fge.") and method != "fge":
-            new = None
-        value = pop(old)
-        if value is not _MISSING and new is not None:
-            put(new, value)
-    if "trainer" in out:  # a run's config: the keys added since it was written, at the values that did what it did
-        for key, value in ADDED_AT.items():
-            put(key, value)
-    return out
-
-
-_MISSING = object()
-
-
-def moved_keys(args: Sequence[str]) -> list[str]:
-    """For each ``key=value`` among ``args`` whose key moved (``MOVED_KEYS``), a line saying where it lives now."""
-    from swalab.identity import RESPELLED
-
-    lines = []
-    for arg in args:
-        key = arg.lstrip("+~").split("=", 1)[0]
-        if "=" in arg and key in RESPELLED:
-            new, values = RESPELLED[key]
-            spelled = {str(k).lower(): v for k, v in values.items()}.get(arg.split("=", 1)[1].lower(), "<value>")
-            lines.append(f"{key} is now {new}: write {new}={spelled}")
-        elif "=" in arg and key in MOVED_KEYS:
-            lines.append(f"{key} is now {MOVED_KEYS[key]}: write {MOVED_KEYS[key].split(' ')[0]}={arg.split('=', 1)[1]}"
-                         if " or " not in MOVED_KEYS[key] else f"{key} is now {MOVED_KEYS[key]}")
-    return lines
-
-
 # -- keys added on the command line ------------------------------------------------------------
 
 # Blocks handed whole to a constructor: a key added there with '+' is an argument, checked by it.
 OPEN_BLOCKS = ("model.arch", "dataset.source", "method", "schedule", "optimizer")
+
+
+def split_override(override: str) -> tuple[str, str, str] | None:
+    """``"+a.b=1"`` -> ``("+", "a.b", "1")``; None for an override without a value (``~a.b``)."""
+    match = re.match(r"^(\+\+|\+|~)?([^=]+)=(.*)$", override.strip())
+    if not match:
+        return None
+    return match.group(1) or "", match.group(2).strip(), match.group(3)
 
 
 def check_overrides(overrides: Sequence[str], groups: Sequence[str]) -> None:
@@ -302,8 +227,6 @@ def check_overrides(overrides: Sequence[str], groups: Sequence[str]) -> None:
     of ``OPEN_BLOCKS`` is passed to that block's constructor, which refuses it if it has no such
     argument; anywhere else an added key would be silently ignored, so it is refused here.
     """
-    from swalab.identity import split_override
-
     errors = []
     for override in overrides:
         parts = split_override(override)

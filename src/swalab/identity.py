@@ -23,7 +23,7 @@ caches and workers; the logger; the paths; Hydra) never do. Within the counted g
 The identity is stored in the run directory (``identity.json``: the canonical form and a short hash,
 and what sets the run apart from its defaults) and in every checkpoint. ``group_hash`` is the
 identity minus the seed: the seeds of one config share it (a report cell, a W&B group). Identities
-written by earlier versions are read under today's names (:func:`upgraded`).
+written by earlier versions are read under today's names (``swalab.compat.upgraded``).
 
 Run directories are ``<paths.output_dir>/[<experiment>/][<sweep>/]<dataset>/<model>/<method>/<rest>/seed<N>``
 where ``<rest>`` names what sets the run apart from the defaults of its data set, model and method
@@ -45,6 +45,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from swalab.compat import RETIRED_KEYS, upgraded
+
 # Where a key is declared says whether it counts: the groups of what a run computes, and the groups of how and
 # where it runs (conf/run: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
 # which never count. tests/test_run_identity.py fails when a key of conf/ lies in neither.
@@ -56,7 +58,7 @@ LOCATION = ("dataset.root",)
 # the data set's keys (dataset.source), and the model's recipe values the schedule (model.lr), the trainer
 # (model.weight_decay, model.budget_epochs) and the network (model.pretrained, model.pretrained_file) read.
 # tests/test_run_identity.py checks each is interpolated where this says. A method's recipe block (model.swa) counts
-# for the method that reads it only (``identity_of(recipe=...)``).
+# for the method that reads it only (``identity_of(recipes=...)``).
 READ_THROUGH = (
     "dataset.source",
     "model.lr", "model.weight_decay", "model.budget_epochs", "model.pretrained", "model.pretrained_file",
@@ -75,52 +77,8 @@ def method_part(key: str, recipe: str | None) -> bool:
 IDENTITY_FILE = "identity.json"
 IDENTITY_VERSION = 2  # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks
 DATA_FINGERPRINT = "data.fingerprint"
-# Identities written by earlier versions of swalab: they held a data folder's absolute path (a data set is its
-# fingerprint now) and no fingerprint of the data. Comparing with one, these keys are not held against it.
-RETIRED_KEYS = ("dataset.root", "dataset.root_is_data", "run.eval_every")
+# Keys identities hold today that an earlier swalab did not record (old-format reading: swalab.compat).
 ADDED_KEYS = (DATA_FINGERPRINT,)
-# Settings an earlier swalab recorded under other names: SWA's and FGE's lived in method.* (SWA's with a swa_
-# prefix), init_from in run, the optimizer's settings in trainer. An identity of a run made then is read under
-# today's names (:func:`upgraded`).
-RENAMED = {"run.init_from": "model.init_from", "trainer.momentum": "optimizer.momentum",
-           "trainer.weight_decay": "optimizer.weight_decay", "trainer.nesterov": "optimizer.nesterov"}
-# Settings whose values were spelled otherwise too: ``trainer.amp: true`` (bf16 autocast on CUDA) is
-# ``trainer.precision: auto``, ``false`` is ``fp32``.
-RESPELLED = {"trainer.amp": ("trainer.precision", {True: "auto", False: "fp32"})}
-# Keys added since identities were first written, with the value that does what every run did before the key
-# existed: an identity that lacks one is read as holding that value (:func:`upgraded`), so an earlier run of a
-# config is the same run as today's at the defaults, and a run that sets the key otherwise is another.
-ADDED_AT = {
-    "optimizer._target_": "torch.optim.SGD", "optimizer.filter_bias_and_bn": False,
-    "loss.label_smoothing": 0.0, "loss.mixup_alpha": 0.0, "loss.cutmix_alpha": 0.0, "loss.mix_prob": 1.0,
-    "loss.switch_prob": 0.5, "loss.mix_mode": "batch",
-    "schedule.warmup_epochs": 0.0,
-    "trainer.clip_grad_norm": None, "trainer.accumulate": 1, "trainer.precision": "auto",
-}
-RECIPE_SETTINGS = {
-    "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
-            **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
-                              "pre_schedule", "bn_update", "score_every", "score_at_budgets")}},
-    "fge": {k: k for k in ("lr_max", "lr_min", "cycle_epochs", "pretrain", "pretrain_epochs", "pre_schedule",
-                           "bn_update", "save_members")},
-}
-
-
-def upgraded(identity: Mapping[str, Any]) -> dict[str, Any]:
-    """``identity`` under today's names and spellings (``RENAMED``, ``RESPELLED``, ``RECIPE_SETTINGS``), with the keys
-    added since at the values that did what it did (``ADDED_AT``): an identity written by an earlier swalab compares
-    equal to today's of the same config. Today's identities come back unchanged."""
-    out = {RENAMED.get(k, k): v for k, v in identity.items()}
-    for old, (new, values) in RESPELLED.items():
-        if old in out:
-            out[new] = values.get(out.pop(old), "<unknown>")
-    method = out.get("method.name")
-    for old, new in RECIPE_SETTINGS.get(method, {}).items():
-        if f"method.{old}" in out:
-            out[f"model.{method}.{new}"] = out.pop(f"method.{old}")
-    if out:  # not an empty identity (a run directory without one)
-        out.update({k: v for k, v in ADDED_AT.items() if k not in out})
-    return dict(sorted(out.items()))
 
 
 SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -151,21 +109,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None,
-                recipes: Sequence[str] | None = None) -> dict[str, Any]:
+def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None, *,
+                recipes: Sequence[str]) -> dict[str, Any]:
     """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
     and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
     known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
     folder copied elsewhere is the same data set and a folder whose images changed is another one.
 
-    ``recipes`` are the model's recipe blocks of every method (default: ``swalab.methods.base.known_recipes``):
-    only the block of the run's own method counts (``model.swa`` for SWA), so ``model.swa.lr=0.05`` leaves an SGD
-    run the same run.
+    ``recipes`` are the model's recipe blocks of every method (``swalab.methods.base.known_recipes()``, which the
+    caller passes: the methods sit above the identity): only the block of the run's own method counts (``model.swa``
+    for SWA), so ``model.swa.lr=0.05`` leaves an SGD run the same run.
     """
-    if recipes is None:
-        from swalab.methods.base import known_recipes
-
-        recipes = known_recipes()
     flat: dict[str, Any] = {}
     for root in RESULT_GROUPS:
         if root in resolved:
@@ -282,9 +236,9 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def stored_identity(run_dir: str | Path) -> dict[str, Any] | None:
-    """The identity of the run in ``run_dir`` under today's names (:func:`upgraded`): ``identity.json``, else computed
-    from its ``config.yaml``; None without either. A file that cannot be read, or holds something else than a
+def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, Any] | None:
+    """The identity of the run in ``run_dir`` under today's names (``swalab.compat.upgraded``): ``identity.json``, else
+    computed from its ``config.yaml`` (``recipes``: as :func:`identity_of` takes them); None without either. A file that cannot be read, or holds something else than a
     mapping (damaged, or edited by hand), counts as absent."""
     run_dir = Path(run_dir)
     path = run_dir / IDENTITY_FILE
@@ -303,7 +257,7 @@ def stored_identity(run_dir: str | Path) -> dict[str, Any] | None:
             resolved = yaml.safe_load(config.read_text()) or {}
         except (OSError, yaml.YAMLError):
             return None
-        return upgraded(identity_of(resolved)) if isinstance(resolved, Mapping) else None
+        return upgraded(identity_of(resolved, recipes=recipes)) if isinstance(resolved, Mapping) else None
     return None
 
 
@@ -321,14 +275,6 @@ def _name_value(value: Any) -> tuple[str, bool]:
         parts = [_name_value(v) for v in value]
         return "_".join(p for p, _ in parts) or "empty", all(ok for _, ok in parts)
     return _safe(_shown(value))
-
-
-def split_override(override: str) -> tuple[str, str, str] | None:
-    """``"+a.b=1"`` -> ``("+", "a.b", "1")``; None for an override without a value (``~a.b``)."""
-    match = re.match(r"^(\+\+|\+|~)?([^=]+)=(.*)$", override.strip())
-    if not match:
-        return None
-    return match.group(1) or "", match.group(2).strip(), match.group(3)
 
 
 def name_items(apart: Mapping[str, Any] | None) -> tuple[list[str], bool]:

@@ -29,10 +29,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.config import build, upgraded_config
+from swalab.compat import upgraded_config
+from swalab.config import build
 from swalab.data import ImageData, subset
 from swalab.data.splits import cap_test_split
 from swalab.identity import identity_of, stored_identity
+from swalab.methods.base import known_recipes
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
@@ -81,7 +83,7 @@ class Run:
 
     @cached_property
     def identity(self) -> dict:
-        return stored_identity(self.path) or identity_of(self.config)
+        return stored_identity(self.path, known_recipes()) or identity_of(self.config, recipes=known_recipes())
 
     @cached_property
     def apart(self) -> dict | None:

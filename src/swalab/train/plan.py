@@ -24,6 +24,7 @@ from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group
                              run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
+from swalab.methods.base import known_recipes
 from swalab.precision import check_precision
 from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
 from swalab.train.records import DamagedRecord, final_metrics, read_data_record
@@ -76,7 +77,7 @@ def earlier_run_dir(named: Path, identity: dict) -> Path | None:
         return None
     for candidate in sorted(method_dir.glob(f"*/{seed_dir}")):
         record = json_of(candidate / IDENTITY_FILE)
-        theirs = stored_identity(candidate)
+        theirs = stored_identity(candidate, known_recipes())
         if record.get("version") is None and theirs is not None and not differences(identity, theirs):
             return candidate
     return None
@@ -94,7 +95,8 @@ def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
     it reads), the resolved config, and the record of the data's files (None when they are not there yet)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     data_record = data_files_record(cfg)
-    return identity_of(resolved, data_record["fingerprint"] if data_record else None), resolved, data_record
+    return (identity_of(resolved, data_record["fingerprint"] if data_record else None, recipes=known_recipes()),
+            resolved, data_record)
 
 
 # Group choices that name the run's place (its directory and table row), not a setting that sets it apart.
@@ -135,7 +137,8 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -
             parent, _, leaf = key.rpartition(".")
             if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
                 OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
-        default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT))
+        default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT),
+                                       recipes=known_recipes())
     except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
         return None
     changed_groups = {g: v for g, v in choices.items() if g not in PLACE_GROUPS and not g.startswith("hydra")
@@ -183,7 +186,7 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
     """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
     identity (to skip it), None for a new or interrupted one; refused when it holds another config, or the
     same config on data that changed since (naming the class folders that did)."""
-    theirs = stored_identity(run_dir)
+    theirs = stored_identity(run_dir, known_recipes())
     diffs = differences(identity, theirs) if theirs is not None else []
     if theirs is not None and DATA_FINGERPRINT in identity and DATA_FINGERPRINT not in theirs:
         get_logger().warning(f"[swalab] {run_dir} was made by a swalab that did not fingerprint its data: whether its "

@@ -1,0 +1,143 @@
+"""What earlier versions of swalab wrote, read under today's names: the one owner of old formats.
+
+When it matters: a run directory, a checkpoint or a report input made by an earlier swalab (its config.yaml, its
+identity.json) must compare equal to today's run of the same config, be rebuilt and scored as it was trained, and a
+command line with a key that moved must be told where it lives now. Every rename, respelling and added key lives
+here, once, as data, with the two readers that apply them:
+
+* :func:`upgraded`: an identity (``{dotted key: value}``, ``swalab.identity``) under today's names;
+* :func:`upgraded_config`: a resolved config (a run's ``config.yaml``) with its keys in today's places;
+* :func:`moved_keys`: for a command line, where each moved key lives now.
+
+This module imports nothing of swalab: the identity, the config checks and the report's readers import it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# Identities written by earlier versions of swalab: they held a data folder's absolute path (a data set is its
+# fingerprint now) and no fingerprint of the data. Comparing with one, these keys are not held against it.
+RETIRED_KEYS = ("dataset.root", "dataset.root_is_data", "run.eval_every")
+# Settings an earlier swalab recorded under other names: SWA's and FGE's lived in method.* (SWA's with a swa_
+# prefix), init_from in run, the optimizer's settings in trainer. An identity of a run made then is read under
+# today's names (:func:`upgraded`).
+RENAMED = {"run.init_from": "model.init_from", "trainer.momentum": "optimizer.momentum",
+           "trainer.weight_decay": "optimizer.weight_decay", "trainer.nesterov": "optimizer.nesterov"}
+# Settings whose values were spelled otherwise too: ``trainer.amp: true`` (bf16 autocast on CUDA) is
+# ``trainer.precision: auto``, ``false`` is ``fp32``.
+RESPELLED = {"trainer.amp": ("trainer.precision", {True: "auto", False: "fp32"})}
+# Keys added since identities were first written, with the value that does what every run did before the key
+# existed: an identity that lacks one is read as holding that value (:func:`upgraded`), so an earlier run of a
+# config is the same run as today's at the defaults, and a run that sets the key otherwise is another.
+ADDED_AT = {
+    "optimizer._target_": "torch.optim.SGD", "optimizer.filter_bias_and_bn": False,
+    "loss.label_smoothing": 0.0, "loss.mixup_alpha": 0.0, "loss.cutmix_alpha": 0.0, "loss.mix_prob": 1.0,
+    "loss.switch_prob": 0.5, "loss.mix_mode": "batch",
+    "schedule.warmup_epochs": 0.0,
+    "trainer.clip_grad_norm": None, "trainer.accumulate": 1, "trainer.precision": "auto",
+}
+RECIPE_SETTINGS = {
+    "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
+            **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
+                              "pre_schedule", "bn_update", "score_every", "score_at_budgets")}},
+    "fge": {k: k for k in ("lr_max", "lr_min", "cycle_epochs", "pretrain", "pretrain_epochs", "pre_schedule",
+                           "bn_update", "save_members")},
+}
+
+
+def upgraded(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """``identity`` under today's names and spellings (``RENAMED``, ``RESPELLED``, ``RECIPE_SETTINGS``), with the keys
+    added since at the values that did what it did (``ADDED_AT``): an identity written by an earlier swalab compares
+    equal to today's of the same config. Today's identities come back unchanged."""
+    out = {RENAMED.get(k, k): v for k, v in identity.items()}
+    for old, (new, values) in RESPELLED.items():
+        if old in out:
+            out[new] = values.get(out.pop(old), "<unknown>")
+    method = out.get("method.name")
+    for old, new in RECIPE_SETTINGS.get(method, {}).items():
+        if f"method.{old}" in out:
+            out[f"model.{method}.{new}"] = out.pop(f"method.{old}")
+    if out:  # not an empty identity (a run directory without one)
+        out.update({k: v for k, v in ADDED_AT.items() if k not in out})
+    return dict(sorted(out.items()))
+
+
+
+# Keys of earlier versions and where they live now: how and where a run runs moved to the run group, SWA's and
+# FGE's settings to the model's recipe blocks (under the names their methods take), init_from to the model.
+MOVED_KEYS = {
+    **{f"trainer.{k}": f"run.{k}" for k in ("device", "progress", "eval_batch_size", "compile", "channels_last",
+                                           "eval_every", "deterministic")},
+    "method.avg_device": "run.avg_device",  # where SWA's average and EMA's copy live: how a run runs, not what
+    **{f"dataset.{k}": f"run.{k}" for k in ("cache_dir", "download", "num_workers", "prefetch_factor")},
+    "run.init_from": "model.init_from",
+    **{f"trainer.{k}": f"optimizer.{k}" for k in ("momentum", "weight_decay", "nesterov")},
+    "trainer.amp": "trainer.precision",  # its values respelled: RESPELLED
+    "method.swa_start": "model.swa.start", "method.swa_start_epoch": "model.swa.start_epoch",
+    "method.swa_lr": "model.swa.lr", "method.swa_lr_min": "model.swa.lr_min",
+    **{f"method.{k}": f"model.swa.{k} (SWA) or model.fge.{k} (FGE)" for k in ("cycle_epochs", "pre_schedule",
+                                                                            "bn_update")},
+    **{f"method.{k}": f"model.swa.{k}" for k in ("phase", "capture_every", "anneal_epochs", "anneal_strategy",
+                                                 "score_every", "score_at_budgets")},
+    **{f"method.{k}": f"model.fge.{k}" for k in ("lr_max", "pretrain", "pretrain_epochs", "save_members")},
+}
+
+
+def upgraded_config(config: dict) -> dict:
+    """A resolved config written by an earlier swalab (a run's ``config.yaml``) with its moved keys in their places
+    today (``MOVED_KEYS``; SWA's and FGE's settings into the recipe block of the run's method; ``trainer.amp``
+    respelled as ``trainer.precision``) and the keys added since at the values that did what it did
+    (``ADDED_AT``: the paper's SGD, plain cross-entropy, no warmup), so that the run can be rebuilt
+    and scored again as it was trained. A config of today comes back unchanged."""
+    out = copy.deepcopy(config)
+    method = (out.get("method") or {}).get("name")
+
+    def pop(dotted: str):
+        group, _, key = dotted.partition(".")
+        node = out.get(group)
+        return node.pop(key) if isinstance(node, dict) and key in node else _MISSING
+
+    def put(dotted: str, value) -> None:
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, value)
+
+    for old, (new, values) in RESPELLED.items():  # trainer.amp: true -> trainer.precision: auto
+        value = pop(old)
+        if value is not _MISSING:
+            put(new, values.get(value, value))
+    for old, new in MOVED_KEYS.items():
+        if " or " in new:  # a setting both SWA and FGE had: it moves into the run's own method's block
+            new = f"model.{method}.{old.split('.', 1)[1]}" if method in ("swa", "fge") else None
+        elif new.startswith("model.swa.") and method != "swa" or new.startswith("model.fge.") and method != "fge":
+            new = None
+        value = pop(old)
+        if value is not _MISSING and new is not None:
+            put(new, value)
+    if "trainer" in out:  # a run's config: the keys added since it was written, at the values that did what it did
+        for key, value in ADDED_AT.items():
+            put(key, value)
+    return out
+
+
+_MISSING = object()
+
+
+def moved_keys(args: Sequence[str]) -> list[str]:
+    """For each ``key=value`` among ``args`` whose key moved (``MOVED_KEYS``), a line saying where it lives now."""
+    lines = []
+    for arg in args:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if "=" in arg and key in RESPELLED:
+            new, values = RESPELLED[key]
+            spelled = {str(k).lower(): v for k, v in values.items()}.get(arg.split("=", 1)[1].lower(), "<value>")
+            lines.append(f"{key} is now {new}: write {new}={spelled}")
+        elif "=" in arg and key in MOVED_KEYS:
+            lines.append(f"{key} is now {MOVED_KEYS[key]}: write {MOVED_KEYS[key].split(' ')[0]}={arg.split('=', 1)[1]}"
+                         if " or " not in MOVED_KEYS[key] else f"{key} is now {MOVED_KEYS[key]}")
+    return lines

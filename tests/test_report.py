@@ -376,8 +376,9 @@ def test_a_finished_run_whose_config_holds_no_config_is_listed_not_dropped(grid,
 def with_apart(run, apart):
     """What run.py records of a run launched with overrides: what sets it apart from its defaults."""
     from swalab.identity import identity_of
+    from swalab.methods.base import known_recipes
 
-    identity = identity_of(yaml.safe_load((run / "config.yaml").read_text()))
+    identity = identity_of(yaml.safe_load((run / "config.yaml").read_text()), recipes=known_recipes())
     (run / "identity.json").write_text(json.dumps({"identity": identity, "apart": apart}))
     return run
 

@@ -33,7 +33,8 @@ from swalab.runlock import RunLocked
 from swalab.train import TrainingFailed, execute, prepare
 from swalab.train.records import message, one_line
 from swalab.train.records import write_status
-from swalab.trainer import INTERRUPTED_EXIT_CODE, NonFiniteLossError, Preempted
+from swalab.pausing import INTERRUPTED_EXIT_CODE, Preempted
+from swalab.trainer import NonFiniteLossError
 
 # Errors during training whose message says all a user needs: shown as one line, without a traceback.
 SELF_EXPLAINED = (NonFiniteLossError, OSError, CheckpointError)

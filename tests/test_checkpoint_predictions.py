@@ -20,7 +20,8 @@ from swalab.checkpoint import CheckpointStore, PredictionFiles, checkpoint_paths
 from swalab.data import ResidentLoader
 from swalab.methods import FGE, SWA
 from swalab.schedules import Constant
-from swalab.trainer import Preempted, Trainer, TrainerOptions
+from swalab.pausing import Preempted
+from swalab.trainer import Trainer, TrainerOptions
 from test_rank_agreement import bn_model, toy_data
 
 EPOCHS = 6

@@ -78,7 +78,7 @@ def test_two_ranks_on_nccl_decide_together(tmp_path, scenario):
 def test_a_checkpoint_holds_the_training_gpus_generator_and_a_resume_restores_it(tmp_path, on_cuda, monkeypatch):
     from swalab import faults
     from swalab.checkpoint import CheckpointStore
-    from swalab.trainer import Preempted
+    from swalab.pausing import Preempted
     from test_rank_decisions import dropout_model, toy_trainer, weights
 
     model = dropout_model()  # dropout masks of CUDA tensors come from the GPU's generator
@@ -128,7 +128,7 @@ def test_a_network_trained_in_bf16_on_cuda_reports_what_its_weights_score_in_flo
 def test_the_same_run_twice_and_a_paused_run_end_bit_equal_on_cuda_under_run_deterministic(tmp_path, monkeypatch):
     from swalab import faults
     from swalab.train import train
-    from swalab.trainer import Preempted
+    from swalab.pausing import Preempted
     from test_reliability import assert_same_run, make_cfg
 
     cfg = make_cfg("run.device=cuda", "run.deterministic=true")
@@ -257,7 +257,7 @@ GRAPHED_MODELS = {
 def test_a_graphed_run_and_its_pause_and_resume_end_bit_equal_to_an_eager_run(tmp_path, monkeypatch, model):
     from swalab import faults
     from swalab.train import train
-    from swalab.trainer import Preempted
+    from swalab.pausing import Preempted
     from test_reliability import assert_same_run, make_cfg
 
     def cfg(graphs):

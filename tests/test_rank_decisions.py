@@ -41,7 +41,8 @@ from swalab.data import ResidentLoader
 from swalab.methods import SGD
 from swalab.optim import OptimizerSpec
 from swalab.schedules import Constant
-from swalab.trainer import Preempted, Trainer, TrainerOptions
+from swalab.pausing import Preempted
+from swalab.trainer import Trainer, TrainerOptions
 from test_distributed import free_port, toy_data, toy_model
 
 GLOBAL_BATCH, EPOCHS = 32, 2  # 160 images: 5 steps an epoch
@@ -266,7 +267,7 @@ def test_two_ranks_log_once_and_return_together_when_the_run_was_finished_meanwh
 
 # -- in one process -------------------------------------------------------------------------------------------------
 def test_a_checkpoint_keeps_the_training_devices_generator_only(tmp_path):
-    from swalab.trainer import rng_state
+    from swalab.checkpoint import rng_state
 
     assert set(rng_state(torch.device("cpu"))) == {"torch", "python", "numpy"}  # no list of every visible GPU
     trainer = toy_trainer(tmp_path, 0, 1)
@@ -275,7 +276,7 @@ def test_a_checkpoint_keeps_the_training_devices_generator_only(tmp_path):
 
 
 def test_each_rank_restores_its_own_generator_states():
-    from swalab.trainer import rank_rng_state
+    from swalab.checkpoint import rank_rng_state
 
     written = {"rng": "rank 0", "rng_ranks": ["rank 0", "rank 1"]}
     assert [rank_rng_state(written, r, 2) for r in (0, 1)] == ["rank 0", "rank 1"]

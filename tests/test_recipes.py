@@ -285,7 +285,7 @@ def test_a_run_with_every_recipe_option_pauses_and_resumes_bit_equal(tmp_path, m
     from a mid-epoch checkpoint: the resumed run ends with the weights of the one that ran straight through."""
     from swalab import faults
     from swalab.train import train
-    from swalab.trainer import Preempted
+    from swalab.pausing import Preempted
 
     straight = train(make_cfg(*MODERN), run_dir=tmp_path / "straight")
     faults.reset()  # the hit counts of earlier tests in this process
@@ -309,7 +309,7 @@ def test_an_fp16_run_pauses_and_resumes_bit_equal_with_its_loss_scale(tmp_path, 
     mid-epoch checkpoint, so the last checkpoint's scaler and the final weights equal the straight run's."""
     from swalab import faults
     from swalab.train import train
-    from swalab.trainer import Preempted
+    from swalab.pausing import Preempted
 
     fp16 = [*[o for o in MODERN if not o.startswith("trainer.precision=")], "trainer.precision=fp16"]
     straight = train(make_cfg(*fp16), run_dir=tmp_path / "straight")

@@ -36,7 +36,8 @@ from swalab.checkpoint import CheckpointError, load_latest, save_checkpoint
 from swalab.config import ConfigError
 from swalab.data.cache import CACHE_FORMAT_VERSION, cache_path, load_cache
 from swalab.train import train
-from swalab.trainer import PREEMPTED_EXIT_CODE, NonFiniteLossError, Preempted
+from swalab.pausing import PREEMPTED_EXIT_CODE, Preempted
+from swalab.trainer import NonFiniteLossError
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

@@ -23,7 +23,7 @@ from swalab import faults
 from swalab.tracking import RECORD_FILE, WandbTracker, run_labels
 from swalab.train import prepare, train
 from swalab.train.execute import wandb_run
-from swalab.trainer import Preempted
+from swalab.pausing import Preempted
 from wandb_records import complete_records, read_runs
 
 import wandb  # a dependency of swalab (pyproject.toml): its absence is a broken install, not a reason to skip

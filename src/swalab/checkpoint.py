@@ -23,12 +23,14 @@ every epoch's checkpoint carried all of them again.
 from __future__ import annotations
 
 import os
+import random
 import re
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from swalab import faults
@@ -251,3 +253,43 @@ class PredictionFiles:
                                   "start the run afresh") from None
         except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
             raise CheckpointError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
+
+
+# -- the generators' states a checkpoint holds ----------------------------------------------------------------
+def rng_state(device: torch.device) -> dict:
+    """This process's generator states: torch's CPU generator, Python's, numpy's, and the training GPU's (only that
+    one: a list of every visible GPU's, as ``get_rng_state_all`` gives, would be restored by index on another
+    machine, or onto the wrong GPU under data parallelism)."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if device.type == "cuda":
+        state["device"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what :func:`rng_state` saved. A checkpoint of an earlier swalab holds every visible GPU's state
+    (``cuda``): the training GPU's is taken from it when that GPU was among them."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if device.type != "cuda":
+        return
+    if "device" in state:
+        torch.cuda.set_rng_state(state["device"], device)
+    elif "cuda" in state:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index < len(state["cuda"]):
+            torch.cuda.set_rng_state(state["cuda"][index], device)
+
+
+def rank_rng_state(state: dict, rank: int, world_size: int) -> dict | None:
+    """The generator states of ``rank`` in a checkpoint: its own entry of ``rng_ranks`` (every rank's, written by
+    rank 0), or, in a checkpoint of one process or of an earlier swalab, ``rng`` (whose ranks all drew one
+    stream). None for a rank the checkpoint has no state of (resumed by more ranks than wrote it): it keeps the
+    stream it was seeded with, and the resume is not exact (it could not be with another number of ranks)."""
+    ranks = state.get("rng_ranks")
+    if ranks is None:
+        return state["rng"]
+    if rank < len(ranks):
+        return ranks[rank]
+    return None

@@ -42,6 +42,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from swalab import slurm
+from swalab.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -284,3 +285,14 @@ def barrier() -> None:
     """Wait until every rank is here (nothing for one process): a rank leaves only once rank 0's files are written."""
     if info().enabled:
         dist.barrier(group=_control_group())
+
+
+def select_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present, else CPU; ``cuda`` without a GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ConfigError(f"run.device={name!r} must be auto, cpu or cuda[:N]")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"run.device={name} but no CUDA device is visible; use run.device=auto or cpu")
+    return torch.device(name)

@@ -18,6 +18,7 @@ trained in: the numbers a run reports differ from another run's only through the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from swalab import distributed
+from swalab.calibration import fit_temperature, scaled, scaled_name
 from swalab.precision import scoring_precision
 
 ECE_BINS = 15
@@ -300,3 +302,52 @@ def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.dev
     logits = predict_logits(model, loader, device)
     labels = labels_of(loader) if labels is None else labels
     return float(loss_fn(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())
+
+
+# -- the end of a run: every predictor scored the same way -----------------------------------------------------------
+@dataclass
+class Evaluation:
+    """What the end of a run scored: per predictor its metrics (``metrics.json``: the test set's, and the validation
+    split's under ``val``), reliability bins (``reliability.json``) and test log-probabilities (``predictions.pt``),
+    and the test labels. With a validation split each predictor ``<name>`` is scored again as ``<name>+ts`` at its
+    fitted temperature (``swalab.calibration``)."""
+
+    metrics: dict[str, dict]
+    reliability: dict[str, list[dict]]
+    log_probs: dict[str, torch.Tensor]
+    labels: torch.Tensor
+
+    @property
+    def probs(self) -> dict[str, torch.Tensor]:
+        return {name: p.exp() for name, p in self.log_probs.items()}
+
+
+def score_predictors(predictors: dict[str, "Predictor"], test_loader: Iterable, test_labels: torch.Tensor,
+                     val_loader: Iterable | None, val_labels: torch.Tensor | None, temperature_scaling: bool | str,
+                     describe: Callable[[str], dict]) -> Evaluation:
+    """Score every predictor the same way: on the test set, on the validation split when there is one (``val`` in
+    its metrics), and, with a temperature fitted there (unless ``temperature_scaling`` is False), again as
+    ``<name>+ts``. ``describe(name)`` adds what the method says of a predictor (its budget, its epoch)."""
+    log_probs = {name: p.predict_log_proba(test_loader).float() for name, p in predictors.items()}
+    val = {}
+    if val_loader is not None:
+        val = {name: val_log_probs_of(p, val_loader, val_labels, name) for name, p in predictors.items()}
+    metrics: dict[str, dict] = {}
+    scored: dict[str, torch.Tensor] = {}
+    for name, test in log_probs.items():
+        described = describe(name)
+        metrics[name] = {**metrics_from_log_probs(test, test_labels), **described}
+        scored[name] = test
+        if val.get(name) is None:
+            continue
+        metrics[name]["val"] = metrics_from_log_probs(val[name], val_labels)
+        if temperature_scaling is False:
+            continue
+        t = fit_temperature(val[name], val_labels)
+        ts = scaled_name(name)
+        scored[ts] = scaled(test, t.value)
+        metrics[ts] = {**metrics_from_log_probs(scored[ts], test_labels), **described,
+                       "temperature": t.value, "temperature_at_bound": t.at_bound,
+                       "val": metrics_from_log_probs(scaled(val[name], t.value), val_labels)}
+    reliability = {name: reliability_bins(p.exp().cpu(), test_labels.cpu()) for name, p in scored.items()}
+    return Evaluation(metrics=metrics, reliability=reliability, log_probs=scored, labels=test_labels.cpu())

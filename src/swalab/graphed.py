@@ -76,6 +76,19 @@ def why_not_graphed(device: torch.device, optimizer: torch.optim.Optimizer, *, a
     return None
 
 
+def graph_refusal(mode: str, device: torch.device, optimizer: torch.optim.Optimizer, **run) -> str | None:
+    """Why a run under ``run.cuda_graphs=<mode>`` trains eagerly (``run.cuda_graphs=off``, or what
+    :func:`why_not_graphed` finds, given the same ``run`` facts), or None when its step is graphed; ``on`` refuses a run
+    that cannot be, before anything is written."""
+    if check_graph_mode(mode) == "off":
+        return "run.cuda_graphs=off"
+    reason = why_not_graphed(device, optimizer, **run)
+    if reason is not None and mode == "on":
+        raise ConfigError(f"run.cuda_graphs=on, but {reason}; set run.cuda_graphs=auto (train eagerly where a graph "
+                          "cannot hold the step) or off")
+    return reason
+
+
 class GraphedStep:
     """``step(x, target) -> (loss, correct)`` (zero the gradients, forward, loss, backward, optimizer update),
     replayed from a CUDA graph once captured (module doc).

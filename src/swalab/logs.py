@@ -19,10 +19,38 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from swalab.trainer import format_seconds
 
 LOGGER_NAME = "swalab"
 RUN_LOG = "run.log"
+
+
+def format_seconds(seconds: float) -> str:
+    """``75`` -> ``1m15s``, ``3725`` -> ``1h02m``: an ETA that reads at a glance."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress_bar(epoch: int, epochs: int, steps: int, initial: int, eta: float | None, show: bool | None):
+    """The epoch's progress bar, or None when none is shown: ``show`` false (``run.progress=false``), or None (the
+    default) and no terminal. Off a terminal (SLURM, nohup) tqdm hands back a disabled bar, not None; it is closed and
+    None returned, so the training step never reads the loss back for a postfix nobody sees."""
+    if show is False:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    left = f" (run ETA {format_seconds(eta)})" if eta is not None else ""
+    bar = tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{epochs}{left}", leave=False,
+               disable=None if show is None else not show)
+    if bar.disable:
+        bar.close()
+        return None
+    return bar
 
 
 def get_logger(name: str | None = None) -> logging.Logger:

@@ -7,7 +7,7 @@ and ``scontrol``, never from guesses:
   time limit alike. :func:`stop_status` tells them apart by asking ``scontrol show job``: a restart count
   above the one this process started with means the job is requeued (``requeued``); an ending job whose
   reason is not its time limit was cancelled (``cancelled``); anything else stays the signal's own status
-  (``preempted``, ``swalab.trainer.PAUSE_SIGNALS``). A signal that submitit's handler will answer with a
+  (``preempted``, ``swalab.pausing.PAUSE_SIGNALS``). A signal that submitit's handler will answer with a
   requeue (its time-limit/preemption signal, USR2 or ``SUBMITIT_PREEMPT_SIGNAL``) is ``requeued`` too.
 * **Which process is which?** :func:`task_env` reads an ``srun`` task's rank, task count, local rank and
   node list (``swalab.distributed.init_distributed`` joins the process group from it).

@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
-import signal
 import statistics
 import time
 import warnings
@@ -31,142 +29,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-import numpy as np
 import torch
 from torch import nn
 
 from swalab import distributed, faults
-from swalab.checkpoint import CheckpointStore, PredictionFiles, checkpoint_name
+from swalab.checkpoint import (CheckpointStore, PredictionFiles, checkpoint_name, rank_rng_state, rng_state,
+                               set_rng_state)
 from swalab.config import ConfigError
-from swalab.calibration import fit_temperature, scaled, scaled_name
-from swalab.graphed import GraphedStep, check_graph_mode, why_not_graphed
-from swalab.evaluate import (labels_of, mean_loss_and_accuracy, metrics_from_log_probs, predict_log_probs,
-                             recompute_bn, reliability_bins, val_log_probs_of)
+from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
+                             score_predictors)
+from swalab.graphed import GraphedStep, graph_refusal
+from swalab.logs import progress_bar
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec
+from swalab.pausing import Preempted, catching_pause_signals, signal_words
 from swalab.precision import check_precision, deterministic, grad_scaler, training_autocast
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
-
-# The signals that pause a run: each makes the loop write a checkpoint at the step it is on and stop, leaving
-# this status in status.json and this exit code for run.py. Ctrl-C is a pause like a preemption. Under SLURM
-# swalab.slurm.stop_status names a preemption more exactly (requeued, cancelled).
-PAUSE_SIGNALS: dict[int, tuple[str, int]] = {
-    signal.SIGTERM: ("preempted", PREEMPTED_EXIT_CODE),     # scheduler preemption, scancel, scontrol requeue, a time limit
-    signal.SIGUSR1: ("preempted", PREEMPTED_EXIT_CODE),     # sbatch --signal=USR1, SUBMITIT_PREEMPT_SIGNAL=USR1
-    signal.SIGUSR2: ("preempted", PREEMPTED_EXIT_CODE),     # submitit's default time-limit/preemption signal
-    signal.SIGINT: ("interrupted", INTERRUPTED_EXIT_CODE),
-}
-
-
-def format_seconds(seconds: float) -> str:
-    """``75`` -> ``1m15s``, ``3725`` -> ``1h02m``: an ETA that reads at a glance."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+log = logging.getLogger("swalab.trainer")
 
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or Inf loss; the last good checkpoint and the history are kept."""
-
-
-class Preempted(RuntimeError):
-    """A pause signal (``PAUSE_SIGNALS``: SIGTERM, SIGUSR1, SIGUSR2, SIGINT) arrived; a checkpoint was written and
-    the same command continues the run.
-
-    ``status`` (what status.json records) and ``exit_code`` start as the signal's entry in ``PAUSE_SIGNALS``;
-    ``swalab.train`` refines the status from what SLURM says (``requeued``, ``cancelled``) before recording it.
-    The message ends with what happens next, which follows from the status."""
-
-    def __init__(self, message: str, signum: int | None = None):
-        super().__init__(message)
-        self.signum = signum  # run.py hands the signal on to a launcher's own handler (submitit)
-        self.status, self.exit_code = PAUSE_SIGNALS.get(signum, ("preempted", PREEMPTED_EXIT_CODE))
-
-    def __str__(self) -> str:
-        then = ("the job is requeued and resumes from it" if self.status == "requeued"
-                else "re-run the same command to continue")
-        return f"{self.args[0]}; {then}"
-
-
-def signal_words(signum: int | None) -> str:
-    """``Ctrl-C (SIGINT)`` or ``SIGTERM``: how a line names the signal that paused a run."""
-    if signum is None:
-        return "a signal"
-    name = signal.Signals(signum).name
-    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else name
-
-
-def select_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present, else CPU; ``cuda`` without a GPU is a clear error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise ConfigError(f"run.device={name!r} must be auto, cpu or cuda[:N]")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"run.device={name} but no CUDA device is visible; use run.device=auto or cpu")
-    return torch.device(name)
-
-
-def rng_state(device: torch.device) -> dict:
-    """This process's generator states: torch's CPU generator, Python's, numpy's, and the training GPU's (only that
-    one: a list of every visible GPU's, as ``get_rng_state_all`` gives, would be restored by index on another
-    machine, or onto the wrong GPU under data parallelism)."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if device.type == "cuda":
-        state["device"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    """Restore what :func:`rng_state` saved. A checkpoint of an earlier swalab holds every visible GPU's state
-    (``cuda``): the training GPU's is taken from it when that GPU was among them."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if device.type != "cuda":
-        return
-    if "device" in state:
-        torch.cuda.set_rng_state(state["device"], device)
-    elif "cuda" in state:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index < len(state["cuda"]):
-            torch.cuda.set_rng_state(state["cuda"][index], device)
-
-
-def rank_rng_state(state: dict, rank: int, world_size: int) -> dict | None:
-    """The generator states of ``rank`` in a checkpoint: its own entry of ``rng_ranks`` (every rank's, written by
-    rank 0), or, in a checkpoint of one process or of an earlier swalab, ``rng`` (whose ranks all drew one
-    stream). None for a rank the checkpoint has no state of (resumed by more ranks than wrote it): it keeps the
-    stream it was seeded with, and the resume is not exact (it could not be with another number of ranks)."""
-    ranks = state.get("rng_ranks")
-    if ranks is None:
-        return state["rng"]
-    if rank < len(ranks):
-        return ranks[rank]
-    return None
-
-
-@dataclass
-class Evaluation:
-    """What the end of a run scored: per predictor its metrics (``metrics.json``: the test set's, and the validation
-    split's under ``val``), reliability bins (``reliability.json``) and test log-probabilities (``predictions.pt``),
-    and the test labels. With a validation split each predictor ``<name>`` is scored again as ``<name>+ts`` at its
-    fitted temperature (``swalab.calibration``)."""
-
-    metrics: dict[str, dict]
-    reliability: dict[str, list[dict]]
-    log_probs: dict[str, torch.Tensor]
-    labels: torch.Tensor
-
-    @property
-    def probs(self) -> dict[str, torch.Tensor]:
-        return {name: p.exp() for name, p in self.log_probs.items()}
 
 
 @dataclass
@@ -242,7 +126,6 @@ class Trainer:
         self.identity = identity or {}
         self.on_epoch: Callable[[dict], None] | None = None  # fit's: called with each epoch's history row
         self.precision = check_precision(options.precision)  # for training steps only: scoring is float32
-        check_graph_mode(options.cuda_graphs)
         self.scaler = grad_scaler(device, self.precision)  # fp16 only
         self.model = model.to(device)
         if options.channels_last:
@@ -253,7 +136,7 @@ class Trainer:
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
         self.ranks = distributed.info()
         self.optimizer = optimizer.build(self.model, lr=method.step_lr(0, 0, 1))
-        self.ungraphed_because = self._why_not_graphed()  # None: the training step runs as a CUDA graph
+        self.ungraphed_because = self._graph_refusal()  # None: the training step runs as a CUDA graph
         self.loss = loss if loss is not None else LossSpec().build(num_classes=0)
         self.history: list[dict] = []
         self.graphed: GraphedStep | None = None  # fit's CUDA-graphed step (swalab.graphed), when this run has one
@@ -283,27 +166,6 @@ class Trainer:
     def val_log_probs(self, model: nn.Module) -> torch.Tensor:
         """``model``'s log-probabilities on the validation split, in float32."""
         return predict_log_probs(model, self.val_loader, self.device)
-
-    # -- signals ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _preemption_signals(self):
-        if not self.opts.handle_signals:
-            yield
-            return
-        def handler(signum, frame):
-            self._signal = signum
-        previous = {}
-        try:
-            for sig in PAUSE_SIGNALS:
-                previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not in the main thread: leave signals alone
-            yield
-            return
-        try:
-            yield
-        finally:
-            for sig, h in previous.items():
-                signal.signal(sig, h)
 
     # -- checkpoints -------------------------------------------------------------------
     def state(self, epoch: int, step: int, partial: dict | None = None, rng_ranks: list[dict] | None = None) -> dict:
@@ -372,9 +234,9 @@ class Trainer:
             if resume is not None:
                 start_epoch, start_step, partial = self.restore(resume)
             skips = int(partial.get("skips", 0))
-            self.ungraphed_because = self._why_not_graphed()  # again: the restored optimizer's groups
+            self.ungraphed_because = self._graph_refusal()  # again: the restored optimizer's groups
             self.graphed = self._graphed_step()
-            with self._preemption_signals():
+            with catching_pause_signals(self._note_signal, self.opts.handle_signals):
                 for epoch in range(start_epoch, self.opts.epochs):
                     tally = self._train_epoch(epoch, start_step if epoch == start_epoch else 0, partial, skips)
                     partial, skips = {}, tally.skips
@@ -393,7 +255,8 @@ class Trainer:
         self.model.train()
         if hasattr(self.train_loader, "set_epoch"):
             self.train_loader.set_epoch(epoch)
-        bar = self._progress(epoch, steps, first_step, self.run_eta(epoch))
+        bar = progress_bar(epoch, self.opts.epochs, steps, first_step, self.run_eta(epoch),
+                           False if not self.main else self.opts.progress)
         for step, (x, y) in enumerate(self.train_loader):
             if step < first_step:
                 continue
@@ -436,22 +299,14 @@ class Trainer:
                 "trainer.nonfinite=skip.")
         return tally
 
-    def _why_not_graphed(self) -> str | None:
-        """Why this run trains eagerly rather than as a CUDA graph (``run.cuda_graphs``, swalab.graphed), or None when
-        it will be graphed; ``on`` refuses a run that cannot be, before anything is written."""
-        if self.opts.cuda_graphs == "off":
-            return "run.cuda_graphs=off"
-        reason = why_not_graphed(self.device, self.optimizer, accumulate=self.opts.accumulate,
-                                 nonfinite=self.opts.nonfinite, data_parallel=self.ranks.enabled,
-                                 compiled=self.opts.compile, grad_scaled=self.scaler is not None)
-        if reason is not None and self.opts.cuda_graphs == "on":
-            raise ConfigError(f"run.cuda_graphs=on, but {reason}; set run.cuda_graphs=auto (train eagerly where a "
-                              "graph cannot hold the step) or off")
-        return reason
+    def _graph_refusal(self) -> str | None:
+        """Why this run trains eagerly rather than as a CUDA graph, or None (``swalab.graphed.graph_refusal``)."""
+        return graph_refusal(self.opts.cuda_graphs, self.device, self.optimizer, accumulate=self.opts.accumulate,
+                             nonfinite=self.opts.nonfinite, data_parallel=self.ranks.enabled,
+                             compiled=self.opts.compile, grad_scaled=self.scaler is not None)
 
     def _graphed_step(self) -> GraphedStep | None:
         """This fit's CUDA-graphed step, or None to train eagerly (under ``auto`` on a GPU, run.log says why)."""
-        log = logging.getLogger("swalab.trainer")
         if self.ungraphed_because is not None:
             if self.opts.cuda_graphs == "auto" and self.device.type == "cuda" and self.main:
                 log.info(f"[swalab] training eagerly, not as a CUDA graph: {self.ungraphed_because}")
@@ -534,6 +389,9 @@ class Trainer:
                             self._signal)
 
     # -- decisions: each taken by every rank together (swalab.distributed.agree) ---------------------------------
+    def _note_signal(self, signum: int) -> None:
+        self._signal = signum  # the loop pauses at its next step (swalab.pausing)
+
     def _paused(self) -> bool:
         """Whether a pause signal (``PAUSE_SIGNALS``) reached this process or, under data parallelism, any rank; every
         rank then pauses at this same step, under the same signal (the largest number of those received: a
@@ -577,50 +435,11 @@ class Trainer:
         seconds = [float(row["seconds"]) for row in self.history if "seconds" in row]
         return statistics.fmean(seconds) * (self.opts.epochs - epoch) if seconds else None
 
-    def _progress(self, epoch: int, steps: int, initial: int, eta: float | None):
-        """The epoch's progress bar, or None when none is shown: ``run.progress=false``, a rank other than 0, or (the
-        default) no terminal. Off a terminal (SLURM, nohup) tqdm hands back a disabled bar, not None; it is closed
-        and None returned, so the step never reads the loss back for a postfix nobody sees."""
-        if self.opts.progress is False or not self.main:
-            return None
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return None
-        left = f" (run ETA {format_seconds(eta)})" if eta is not None else ""
-        bar = tqdm(total=steps, initial=initial, desc=f"epoch {epoch + 1}/{self.opts.epochs}{left}", leave=False,
-                   disable=None if self.opts.progress is None else not self.opts.progress)
-        if bar.disable:
-            bar.close()
-            return None
-        return bar
-
     def evaluate(self) -> Evaluation:
-        """Score every predictor the method hands back, the same way: on the test set, on the validation split when
-        there is one (``val`` in its metrics), and, with a temperature fitted there, again as ``<name>+ts``."""
-        predictors = self.method.predictors(self.ctx)
-        log_probs = {name: p.predict_log_proba(self.test_loader).float() for name, p in predictors.items()}
-        val = {}
-        if self.val_loader is not None:
-            val = {name: val_log_probs_of(p, self.val_loader, self.val_labels, name) for name, p in predictors.items()}
-        metrics: dict[str, dict] = {}
-        scored: dict[str, torch.Tensor] = {}
-        for name, test in log_probs.items():
-            described = self.method.describe(name)
-            metrics[name] = {**metrics_from_log_probs(test, self.test_labels), **described}
-            scored[name] = test
-            if val.get(name) is None:
-                continue
-            metrics[name]["val"] = metrics_from_log_probs(val[name], self.val_labels)
-            if self.opts.temperature_scaling is False:
-                continue
-            t = fit_temperature(val[name], self.val_labels)
-            ts = scaled_name(name)
-            scored[ts] = scaled(test, t.value)
-            metrics[ts] = {**metrics_from_log_probs(scored[ts], self.test_labels), **described,
-                           "temperature": t.value, "temperature_at_bound": t.at_bound,
-                           "val": metrics_from_log_probs(scaled(val[name], t.value), self.val_labels)}
+        """Score every predictor the method hands back, the same way (``swalab.evaluate.score_predictors``), with
+        what the method adds of its own (FGE's member curve, SWAG's samples)."""
+        scored = score_predictors(self.method.predictors(self.ctx), self.test_loader, self.test_labels,
+                                  self.val_loader, self.val_labels, self.opts.temperature_scaling, self.method.describe)
         for name, extra in self.method.extra_metrics(self.ctx, self.test_labels).items():
-            metrics.setdefault(name, {}).update(extra)
-        reliability = {name: reliability_bins(p.exp().cpu(), self.test_labels.cpu()) for name, p in scored.items()}
-        return Evaluation(metrics=metrics, reliability=reliability, log_probs=scored, labels=self.test_labels.cpu())
+            scored.metrics.setdefault(name, {}).update(extra)
+        return scored

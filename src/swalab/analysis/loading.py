@@ -19,7 +19,7 @@ from swalab.analysis.probe import Probe
 from swalab.analysis.weights import ParamSpace, has_batchnorm
 from swalab.config import ConfigError
 from swalab.results.runs import Run, load_weights, open_run, run_of
-from swalab.trainer import select_device
+from swalab.distributed import select_device
 
 __all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",
            "add_solution_arguments", "load_solutions"]

@@ -39,7 +39,7 @@ from swalab.identity import label_of
 from swalab.train.build import load_into
 from swalab.train.records import write_text
 from swalab.train.build import unfinished
-from swalab.trainer import select_device
+from swalab.distributed import select_device
 
 SINGLE_MODELS = ("swa", "fge_avg")  # predictors held against an FGE ensemble
 

@@ -12,7 +12,7 @@ run's last record.
 
 An error before training starts is a refusal (nothing written) and is raised as it is; an error once training has
 started is recorded in ``status.json`` and raised as :class:`TrainingFailed`, so that a caller (``run.py``) tells the
-two apart by type. A pause (:class:`swalab.trainer.Preempted`, Ctrl-C) is raised as it is.
+two apart by type. A pause (:class:`swalab.pausing.Preempted`, Ctrl-C) is raised as it is.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, append_environment, data_facts,
                                   environment_entry, git_info, one_line, save_predictions, seed_everything,
                                   write_json, write_status, write_text)
-from swalab.trainer import Preempted, Trainer
+from swalab.pausing import Preempted
+from swalab.trainer import Trainer
 
 log = get_logger()
 

@@ -28,7 +28,7 @@ from swalab.methods.base import known_recipes
 from swalab.precision import check_precision
 from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
 from swalab.train.records import DamagedRecord, final_metrics, read_data_record
-from swalab.trainer import select_device
+from swalab.distributed import select_device
 
 
 @dataclass(frozen=True)

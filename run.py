@@ -34,7 +34,7 @@ from swalab.train import TrainingFailed, execute, prepare
 from swalab.train.records import message, one_line
 from swalab.train.records import write_status
 from swalab.pausing import INTERRUPTED_EXIT_CODE, Preempted
-from swalab.trainer import NonFiniteLossError
+from swalab.step import NonFiniteLossError
 
 # Errors during training whose message says all a user needs: shown as one line, without a traceback.
 SELF_EXPLAINED = (NonFiniteLossError, OSError, CheckpointError)

@@ -241,7 +241,7 @@ def test_fp16_on_a_gpu_scales_its_loss_and_finishes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(test_recipes, "CPU", CUDA)
     trainer = test_recipes.trainer_for(tmp_path, test_recipes.no_bn_model(), {"precision": "fp16"}, epochs=2)
-    assert trainer.scaler is not None and trainer.fit().metrics["sgd"]["acc"] >= 0
+    assert trainer.step.scaler is not None and trainer.fit().metrics["sgd"]["acc"] >= 0
     assert trainer.state(2, 0)["scaler"]["scale"] > 0
 
 

@@ -84,10 +84,8 @@ def test_a_bn_update_batch_makes_no_host_sync_where_torchs_makes_one_per_layer()
     assert syncs(theirs.events()) == len(layers) * len(batches) == 7 * 4
 
 
-def test_no_bar_is_made_off_a_terminal(tmp_path):
-    split = DataSplit(torch.zeros(8, 1, 4, 4, dtype=torch.uint8), torch.zeros(8, dtype=torch.int64))
-    loader = ResidentLoader(split, 4, CPU, [0.5], [0.5], train=False)
-    trainer = Trainer(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2)), SGD(Constant(lr=0.1), 1),
-                      loader, loader, loader, CPU, tmp_path, TrainerOptions(epochs=1, handle_signals=False))
+def test_no_bar_is_made_off_a_terminal():
+    from swalab.logs import progress_bar
+
     with contextlib.redirect_stderr(io.StringIO()):
-        assert trainer._progress(0, 2, 0, None) is None
+        assert progress_bar(0, 1, 2, 0, None, show=None) is None

@@ -167,9 +167,9 @@ def test_clip_grad_norm_scales_the_step_to_the_norm_it_names(tmp_path):
         trainer.train_loader.set_epoch(0)
         x, y = next(iter(trainer.train_loader))
         trainer.optimizer.zero_grad(set_to_none=True)
-        trainer._forward_backward(x, y)
+        trainer.step.forward_backward(x, y)
         grads = [p.grad.clone() for p in trainer.model.parameters()]
-        trainer._optimizer_step()
+        trainer.step.update()
         runs[clip] = (before, grads, [p.detach().clone() for p in trainer.model.parameters()])
     before, grads, after = runs[1e-3]
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
@@ -183,17 +183,17 @@ def test_clip_grad_norm_scales_the_step_to_the_norm_it_names(tmp_path):
 
 def test_fp16_trains_with_a_gradient_scaler_whose_overflowed_steps_are_skipped_not_failed(tmp_path):
     trainer = trainer_for(tmp_path / "fp16", no_bn_model(), {"precision": "fp16"}, epochs=1)
-    assert trainer.scaler is not None
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 120)  # the first steps' gradients overflow in fp16
+    assert trainer.step.scaler is not None
+    trainer.step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 120)  # the first steps' gradients overflow in fp16
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train_loader.set_epoch(0)
     x, y = next(iter(trainer.train_loader))
     trainer.optimizer.zero_grad(set_to_none=True)
-    loss, _ = trainer._forward_backward(x, y)
+    loss, _ = trainer.step.forward_backward(x, y)
     assert torch.isfinite(loss)  # the loss is fine; its scaled gradients are not
-    trainer._optimizer_step()
+    trainer.step.update()
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))  # the scaler skipped the step
-    assert trainer.scaler.get_scale() < 2.0 ** 120  # and lowered its scale
+    assert trainer.step.scaler.get_scale() < 2.0 ** 120  # and lowered its scale
     evaluation = trainer.fit()  # the whole run trains on and finishes
     assert evaluation.metrics["sgd"]["acc"] >= 0 and "scaler" in trainer.state(1, 0)
 

@@ -37,7 +37,7 @@ from swalab.config import ConfigError
 from swalab.data.cache import CACHE_FORMAT_VERSION, cache_path, load_cache
 from swalab.train import train
 from swalab.pausing import PREEMPTED_EXIT_CODE, Preempted
-from swalab.trainer import NonFiniteLossError
+from swalab.step import NonFiniteLossError
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

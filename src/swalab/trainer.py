@@ -1,15 +1,16 @@
 """The one training loop every method runs through.
 
-The trainer owns the device, precision and memory layout (bf16 autocast on CUDA, channels_last
-on every device, optional ``torch.compile``; scoring always in float32: ``swalab.precision``), the
-optimizer, the per-epoch history, checkpoints and resuming. It knows no method by name: it asks the
-method for the learning rate of every step and calls its hooks (``swalab.methods.base``).
+The trainer owns the device and memory layout (channels_last, optional ``torch.compile``), the per-epoch history,
+checkpoints and resuming, and hands each batch to the step (``swalab.step``: precision, accumulation, clipping, the
+update), eagerly or replayed from a CUDA graph (``swalab.graphed``). It knows no method by name: it asks the method
+for the learning rate of every step and calls its hooks (``swalab.methods.base``). At the end every predictor the
+method hands back is scored the same way (``swalab.evaluate.score_predictors``).
 
 Resuming is exact. A checkpoint holds the model, optimizer, method state, the RNG states (CPU, and the
 training GPU's generator; under data parallelism every rank's), the history so far and the position in
 the epoch; the data order and augmentation of an epoch depend only on (seed, epoch), so a run resumed from
-a checkpoint written mid-epoch (after a preemption signal) or at an epoch boundary (after a kill) ends with
-the same weights as one that ran straight through. On a GPU that takes ``run.deterministic`` (the default).
+a checkpoint written mid-epoch (after a pause signal, ``swalab.pausing``) or at an epoch boundary (after a kill)
+ends with the same weights as one that ran straight through. On a GPU that takes ``run.deterministic`` (the default).
 
 The step is free of host syncs unless something asks for one: no value is read back from the device
 inside it when no progress bar is shown (``trainer.nonfinite=skip`` reads the loss each step, by its nature).
@@ -19,7 +20,6 @@ is agreed across them first (``swalab.distributed.agree``); a single process mak
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import statistics
@@ -44,13 +44,10 @@ from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec
 from swalab.pausing import Preempted, catching_pause_signals, signal_words
-from swalab.precision import check_precision, deterministic, grad_scaler, training_autocast
+from swalab.precision import check_precision, deterministic
+from swalab.step import NonFiniteLossError, TrainingStep, first_bad_step, skip_nonfinite
 
 log = logging.getLogger("swalab.trainer")
-
-
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or Inf loss; the last good checkpoint and the history are kept."""
 
 
 @dataclass
@@ -125,8 +122,6 @@ class Trainer:
                               "run has none: set dataset.val_size=<images or a fraction>")
         self.identity = identity or {}
         self.on_epoch: Callable[[dict], None] | None = None  # fit's: called with each epoch's history row
-        self.precision = check_precision(options.precision)  # for training steps only: scoring is float32
-        self.scaler = grad_scaler(device, self.precision)  # fp16 only
         self.model = model.to(device)
         if options.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -136,8 +131,10 @@ class Trainer:
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
         self.ranks = distributed.info()
         self.optimizer = optimizer.build(self.model, lr=method.step_lr(0, 0, 1))
+        self.step = TrainingStep(self.model, self.forward_model, self.optimizer,
+                                 loss if loss is not None else LossSpec().build(num_classes=0), device,
+                                 check_precision(options.precision), options.accumulate, options.clip_grad_norm)
         self.ungraphed_because = self._graph_refusal()  # None: the training step runs as a CUDA graph
-        self.loss = loss if loss is not None else LossSpec().build(num_classes=0)
         self.history: list[dict] = []
         self.graphed: GraphedStep | None = None  # fit's CUDA-graphed step (swalab.graphed), when this run has one
         self._pending_log: dict = {}
@@ -174,8 +171,8 @@ class Trainer:
                  "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
                  "rng": rng_state(self.device), "history": self.history, "partial": partial or {},
                  "identity": self.identity}
-        if self.scaler is not None:  # fp16: the loss scale and its growth tracker
-            state["scaler"] = self.scaler.state_dict()
+        if self.step.scaler is not None:  # fp16: the loss scale and its growth tracker
+            state["scaler"] = self.step.scaler.state_dict()
         if rng_ranks is not None and len(rng_ranks) > 1:
             state["rng_ranks"] = rng_ranks
         return state
@@ -199,8 +196,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         for group, chosen in zip(self.optimizer.param_groups, kernels):
             group.update(chosen)
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        if self.step.scaler is not None and state.get("scaler"):
+            self.step.scaler.load_state_dict(state["scaler"])
         if state.get("method") is not None:  # None: a branch (run.branch_from) starts its method fresh
             self.method.load_state_dict(state["method"], self.ctx)
         self.history = list(state["history"])
@@ -262,19 +259,21 @@ class Trainer:
                 continue
             tally.lr = self.method.step_lr(epoch, step, steps)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            x, target = self.loss.prepare(x, y)  # mixup/cutmix when asked (swalab.losses)
+            x, target = self.step.loss.prepare(x, y)  # mixup/cutmix when asked (swalab.losses)
             if self.graphed is not None:
                 loss, correct = self.graphed(x, target, tally.lr)
             else:
                 for group in self.optimizer.param_groups:
                     group["lr"] = tally.lr
                 self.optimizer.zero_grad(set_to_none=True)
-                loss, correct = self._forward_backward(x, target)
-                if self.opts.nonfinite == "skip" and self._skip(loss, epoch, step, tally.skips):
+                loss, correct = self.step.forward_backward(x, target)
+                if self.opts.nonfinite == "skip" and skip_nonfinite(
+                        loss, epoch, step, tally.skips, self.opts.max_skips, self.ranks.enabled, self.main,
+                        f"the last good checkpoint in {self.store.dir} is kept"):
                     self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are dropped with it
                     tally.skips += 1
                     continue
-                self._optimizer_step()
+                self.step.update()
             bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss), step, bad_step)
             self.method.on_step_end(self.ctx, epoch, step)
             faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
@@ -291,7 +290,7 @@ class Trainer:
                                 f"step {step + 1}", self._signal)  # counted as the epoch lines count: from 1
         if bar is not None:
             bar.close()
-        first_bad = self._first_bad_step(bad_step)
+        first_bad = first_bad_step(bad_step, self.ranks.enabled)
         if first_bad is not None:
             raise NonFiniteLossError(
                 f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; the last good "
@@ -303,7 +302,7 @@ class Trainer:
         """Why this run trains eagerly rather than as a CUDA graph, or None (``swalab.graphed.graph_refusal``)."""
         return graph_refusal(self.opts.cuda_graphs, self.device, self.optimizer, accumulate=self.opts.accumulate,
                              nonfinite=self.opts.nonfinite, data_parallel=self.ranks.enabled,
-                             compiled=self.opts.compile, grad_scaled=self.scaler is not None)
+                             compiled=self.opts.compile, grad_scaled=self.step.scaler is not None)
 
     def _graphed_step(self) -> GraphedStep | None:
         """This fit's CUDA-graphed step, or None to train eagerly (under ``auto`` on a GPU, run.log says why)."""
@@ -311,53 +310,8 @@ class Trainer:
             if self.opts.cuda_graphs == "auto" and self.device.type == "cuda" and self.main:
                 log.info(f"[swalab] training eagerly, not as a CUDA graph: {self.ungraphed_because}")
             return None
-        return GraphedStep(self._whole_step, self.optimizer, self.device, strict=self.opts.cuda_graphs == "on",
+        return GraphedStep(self.step.whole, self.optimizer, self.device, strict=self.opts.cuda_graphs == "on",
                            note=log.info if self.main else lambda line: None)
-
-    def _whole_step(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero the gradients, forward, loss, backward, the optimizer update: the step a CUDA graph captures."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss, correct = self._forward_backward(x, target, autocast_cache=False)
-        self._optimizer_step()
-        return loss, correct
-
-    def _forward_backward(self, x: torch.Tensor, target: torch.Tensor,
-                          autocast_cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's loss (detached: the mean over the batch) and its count of right predictions, with the gradients
-        of the whole batch accumulated: in ``trainer.accumulate`` micro-batches, each loss weighted by its share of
-        the batch (so that the gradient is the batch mean's, up to float order), all but the last without the
-        data-parallel gradient all-reduce. Under fp16 the loss is scaled before backward (:meth:`_optimizer_step`
-        unscales). ``autocast_cache=False`` for a step captured as a CUDA graph: autocast's cache of cast weights
-        must not outlive the capture (the same casts, recomputed; the same numbers)."""
-        chunks = list(zip(x.chunk(self.opts.accumulate), target.chunk(self.opts.accumulate)))
-        total, correct = None, None
-        for i, (xi, ti) in enumerate(chunks):
-            last = i == len(chunks) - 1
-            sync = contextlib.nullcontext() if last or not hasattr(self.forward_model, "no_sync") \
-                else self.forward_model.no_sync()
-            with sync:
-                with training_autocast(self.device, self.precision, cache=autocast_cache):
-                    out = self.forward_model(xi)
-                    loss = self.loss(out, ti)
-                weighted = loss if len(chunks) == 1 else loss * (len(xi) / len(x))
-                (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
-            total = weighted.detach() if total is None else total + weighted.detach()
-            right = self.loss.correct(out, ti)
-            correct = right if correct is None else correct + right
-        return total, correct
-
-    def _optimizer_step(self) -> None:
-        """The optimizer step, after clipping the gradients' global norm (``trainer.clip_grad_norm``); under fp16 the
-        scaler unscales first and skips the step when the gradients overflowed (``swalab.precision.grad_scaler``)."""
-        if self.opts.clip_grad_norm is not None:
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip_grad_norm)
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
 
     def _end_epoch(self, epoch: int, tally: EpochTally) -> None:
         """The method's epoch hook, the history row (scored every ``eval_every`` epochs), the checkpoint."""
@@ -402,33 +356,6 @@ class Trainer:
         if agreed:
             self._signal = agreed
         return bool(agreed)
-
-    def _skip(self, loss: torch.Tensor, epoch: int, step: int, skips: int) -> bool:
-        """With ``trainer.nonfinite=skip``: whether to drop this step, because its loss is not finite here or on any
-        other rank (a rank that skipped alone would leave the others' gradient all-reduce waiting). Reads the loss
-        every step (a host sync), which ``stop`` spares by checking once per epoch (:meth:`_first_bad_step`)."""
-        bad = not bool(torch.isfinite(loss.detach()))
-        if self.ranks.enabled:
-            bad = distributed.agree_any(bad)
-        if not bad:
-            return False
-        if skips >= self.opts.max_skips:
-            raise NonFiniteLossError(
-                f"non-finite loss at epoch {epoch + 1}, step {step + 1}, after {skips} skipped steps "
-                f"(trainer.max_skips={self.opts.max_skips}); the last good checkpoint in {self.store.dir} is kept")
-        if self.main:
-            warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
-        return True
-
-    def _first_bad_step(self, bad_step: torch.Tensor) -> int | None:
-        """The first step of the epoch whose loss was not finite on any rank, or None (one read of the device
-        per epoch). Under data parallelism every rank names the same step and stops there."""
-        first = int(bad_step)
-        if self.ranks.enabled:
-            never = 2**62
-            first = distributed.agree(first if first >= 0 else never, "min")
-            first = -1 if first == never else first
-        return first if first >= 0 else None
 
     def run_eta(self, epoch: int) -> float | None:
         """Seconds left in the run at the start of ``epoch``: the mean epoch time so far x epochs left."""

@@ -178,7 +178,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
         for column in sorted(row.cells, key=lambda c: c.order):
             cell = row.cells[column]
             temps = [float(e.metrics["temperature"]) for e in cell.entries if "temperature" in e.metrics]
-            lines.append([column.label, str(len(cell.entries)),
+            lines.append([table.header(column), str(len(cell.entries)),
                           *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
                           f"{sum(temps) / len(temps):.3f}" if temps else "",
                           *(_mean_pm(diffs[column], d, sign=True) if diffs.get(column) else diff_text(row, column, [])
@@ -202,7 +202,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
 
 def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = (), ensembles: Sequence = ()) -> str:
     columns = table.columns
-    header = ["row", *(c.label for c in columns)]
+    header = ["row", *(table.header(c) for c in columns)]
     out: list[str] = []
     for metric, title in METRICS:
         digits = 2 if metric == "acc" else 4
@@ -225,7 +225,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                 "over the seeds both hold. A column is paired only with an SGD run of exactly its B; a row of a method's own "
                 "other settings (SWA's pre-schedule, its lr) with the SGD of the row it shares every other setting with.",
                 "",
-                *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
+                *_markdown_table(["row", *(f"{table.header(c)} − SGD" for c in diff_columns)], lines), ""]
     out += every_column_markdown(table, ensembles)
     out += ensembles_markdown(ensembles)
     out += section35_markdown(table)

@@ -165,6 +165,17 @@ def test_paper_numbers_are_shown_beside_ours_when_asked(tmp_path):
     assert lines[2:] == ["| cifar100 / vgg16 | 70.00 (n=1) |", "| cifar100 / vgg16 (paper) | 72.55 ± 0.10 |"]
 
 
+def test_paper_asked_of_runs_the_paper_has_no_row_for_prints_no_paper_rows_footnote_but_says_so(tmp_path):
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(98.0)}, dataset="digits", model="preresnet20")
+    report([tmp_path / "g"], tmp_path / "out", paper=True)
+    text = (tmp_path / "out" / "table.md").read_text()
+    assert "Paper rows:" not in text and "(paper)" not in text
+    assert "--paper: the paper has no row of digits / preresnet20" in text
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(70.0)}, dataset="cifar100", model="vgg16")
+    report([tmp_path / "g"], tmp_path / "out", paper=True)
+    assert "Paper rows:" in (tmp_path / "out" / "table.md").read_text()  # a row shown: its source said
+
+
 def test_branched_runs_are_named_under_the_table(tmp_path):
     make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)}, lineage={"parent": "/runs/sgd/seed0", "epoch": 100})
     table = report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()

@@ -103,7 +103,7 @@ def test_each_column_is_paired_with_the_sgd_run_of_its_own_budget(tmp_path):
     make_run(root, "swa", 0, {"swa": m(93.0, epoch=6)}, budget=1.5)
     report([root], tmp_path / "out")
     header, _, row = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", 1)
-    assert header == "| row | SWA 1.5B (3 ep) − SGD | SWA 1.5B (6 ep) − SGD |"
+    assert header == "| row | SWA 1.5B (3 ep, B = 2) − SGD | SWA 1.5B (6 ep, B = 4) − SGD |"  # two Bs: each said
     assert row == "| cifar10 / preresnet20 | +5.00 (+5.00) | +3.00 (+3.00) |"
 
 
@@ -137,7 +137,7 @@ def test_runs_of_different_lengths_or_settings_are_never_pooled(tmp_path):
     make_run(root, "sgd", 1, {"sgd": m(60.0)}, name="bs", extra={"trainer": {"batch_size": 64}})
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out")
-    assert lines[0] == "| row | SGD 1B (2 ep) | SGD 1B (4 ep) |"
+    assert lines[0] == "| row | SGD 1B (2 ep, B = 2) | SGD 1B (4 ep, B = 4) |"  # two Bs: each said
     assert lines[2:] == ["| cifar10 / preresnet20 · trainer.batch_size=– | 40.00 (n=1) | 80.00 (n=1) |",
                          "| cifar10 / preresnet20 · trainer.batch_size=64 | not run | 60.00 (n=1) |"]
 
@@ -163,6 +163,17 @@ def test_paper_numbers_are_shown_beside_ours_when_asked(tmp_path):
     report([tmp_path / "g"], tmp_path / "out", paper=True)
     lines = table_lines(tmp_path / "out")
     assert lines[2:] == ["| cifar100 / vgg16 | 70.00 (n=1) |", "| cifar100 / vgg16 (paper) | 72.55 ± 0.10 |"]
+
+
+def test_paper_asked_of_runs_the_paper_has_no_row_for_prints_no_paper_rows_footnote_but_says_so(tmp_path):
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(98.0)}, dataset="digits", model="preresnet20")
+    report([tmp_path / "g"], tmp_path / "out", paper=True)
+    text = (tmp_path / "out" / "table.md").read_text()
+    assert "Paper rows:" not in text and "(paper)" not in text
+    assert "--paper: the paper has no row of digits / preresnet20" in text
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(70.0)}, dataset="cifar100", model="vgg16")
+    report([tmp_path / "g"], tmp_path / "out", paper=True)
+    assert "Paper rows:" in (tmp_path / "out" / "table.md").read_text()  # a row shown: its source said
 
 
 def test_branched_runs_are_named_under_the_table(tmp_path):
@@ -405,7 +416,7 @@ def test_a_column_is_paired_only_with_sgd_of_exactly_its_budget_and_says_so_othe
     make_run(root, "swa", 0, {"swa": m(94.0)}, budget=1.5, name="b6", extra={"trainer": {"epochs": 9}})  # B = 6
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
-    assert lines[0] == "| row | SWA 1.5B (8 ep) − SGD | SWA 1.5B (9 ep) − SGD |"
+    assert lines[0] == "| row | SWA 1.5B (8 ep, B = 5.33) − SGD | SWA 1.5B (9 ep, B = 6) − SGD |"
     assert lines[2].endswith("| no SGD run of B = 5.33 ep | +4.00 (+4.00) |")
     text = (tmp_path / "out" / "table.md").read_text()
     assert "(SWA 1.5B (9 ep) − SGD 1B (6 ep))" in text  # the caption's example is a pair of this table
@@ -470,7 +481,7 @@ def test_a_paired_table_without_a_single_pair_says_why_rather_than_vanishing(tmp
     make_run(root, "swa", 0, {"swa": m(95.0)}, budget=1.5, extra={"trainer": {"epochs": 8}})  # B = 5.33, not 6
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
-    assert lines[0] == "| row | SWA 1.5B (8 ep) − SGD |"
+    assert lines[0] == "| row | SWA 1.5B (8 ep, B = 5.33) − SGD |"
     assert lines[2] == "| cifar10 / preresnet20 | no SGD run of B = 5.33 ep |"
 
 
@@ -489,7 +500,7 @@ def test_every_column_section_says_why_a_delta_is_missing_and_why_t_is_blank(tmp
     report([root], tmp_path / "out")
     text = (tmp_path / "out" / "table.md").read_text()
     section = text.split("## Every column of a row: accuracy, NLL, ECE, Brier\n")[1].split("\n## ")[0]
-    swa = next(line for line in section.splitlines() if line.startswith("| SWA 1.5B (8 ep) |"))
+    swa = next(line for line in section.splitlines() if line.startswith("| SWA 1.5B (8 ep, B = 5.33) |"))
     assert swa.split(" | ")[-2:] == ["no SGD run of B = 5.33 ep", "no SGD run of B = 5.33 ep |"]
     rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows and all("–" not in cell for line in rows[1:] for cell in line[-2:])  # every Δ a value or a reason
@@ -532,21 +543,18 @@ def drawn(monkeypatch, plot, root, tmp_path):
     return figures[0]
 
 
-def test_an_fge_curve_of_one_member_has_whole_member_ticks_and_says_so_where_it_can_be_read(tmp_path, monkeypatch):
+def test_an_fge_curve_of_three_members_has_whole_member_ticks(tmp_path, monkeypatch):
+    """(An FGE of one member draws no curve at all: tests/test_figures.py.)"""
     from swalab.results.plots import plot_fge_curve
 
     root = tmp_path / "g"
+    curve = [{"members": k, "acc": 90.0 + k} for k in (1, 2, 3)]
     for seed in (0, 1):
-        make_run(root, "fge", seed, {"fge": m(96.0, members=1, curve=[{"members": 1, "acc": 96.0}])})
+        make_run(root, "fge", seed, {"fge": m(93.0, members=3, curve=curve)})
         make_run(root, "swa", seed, {"swa": m(91.5)}, budget=1.5)
     ax = drawn(monkeypatch, plot_fge_curve, root, tmp_path).axes[0]
     low, high = ax.get_xlim()
-    assert [t for t in ax.get_xticks() if low <= t <= high] == [1.0]  # not 0.6, 0.7, ... members
-    renderer = ax.figure.canvas.get_renderer()
-    legend = ax.get_legend().get_window_extent(renderer)
-    said = [t for t in [*ax.texts, *ax.get_legend().get_texts()] if "1 member" in t.get_text()]
-    assert said, "the figure does not say that one member is no ensemble"
-    assert all(t in ax.get_legend().get_texts() or not t.get_window_extent(renderer).overlaps(legend) for t in said)
+    assert [t for t in ax.get_xticks() if low <= t <= high] == [1.0, 2.0, 3.0]  # not 1.5, 2.5 members
 
 
 def test_the_fge_curve_draws_swa_of_the_fges_budget_only_and_the_spread_of_its_seeds(tmp_path, monkeypatch):
@@ -616,10 +624,10 @@ def test_test_error_axis_reads_in_plain_percent(grid, tmp_path, monkeypatch):
     assert labels and not any("^" in t or "times" in t for t in labels), labels  # 20, 30, not 2×10^1
 
 
-def test_test_error_lines_stay_told_apart_their_bands_faint_and_panels_two_to_a_row(grid, tmp_path, monkeypatch):
+def test_test_error_lines_stay_told_apart_their_bands_faint_and_panels_three_to_a_row(grid, tmp_path, monkeypatch):
     """Lines that lie on each other (an FGE run's iterate over the SGD run of its seed) differ in marker and dash
     pattern, each drawn under later ones a little wider; each seed band is faint and in its own line's colour; three
-    rows of panels are two to a row, a page's width."""
+    rows of panels are three to a row, a page's width (tests/test_figures.py: 1, 3 and 8 of them)."""
     from matplotlib.colors import to_rgb
 
     from swalab.results.plots import plot_test_error
@@ -629,8 +637,8 @@ def test_test_error_lines_stay_told_apart_their_bands_faint_and_panels_two_to_a_
                    {"model.swa.lr": lr})
     figure = drawn(monkeypatch, plot_test_error, grid, tmp_path)
     axes = [ax for ax in figure.axes if ax.get_lines()]
-    assert len(axes) == 3 and len({round(ax.get_position().x0, 2) for ax in axes}) == 2
-    assert figure.get_figwidth() <= 10.5
+    assert len(axes) == 3 and len({round(ax.get_position().x0, 2) for ax in axes}) == 3
+    assert figure.get_figwidth() <= 15.5
     lines = [line for line in axes[0].get_lines() if not line.get_label().startswith("_")]
     colours = {line.get_label(): to_rgb(line.get_color()) for line in lines}
     looks = {(to_rgb(line.get_color()), line.get_marker(), line.get_linestyle()) for line in lines}

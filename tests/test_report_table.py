@@ -227,3 +227,24 @@ def test_a_repeat_of_a_run_still_adds_the_predictors_the_first_copy_lacks(tmp_pa
     assert sorted((c.label, cell.values("acc")[0]) for c, cell in row.cells.items()) == [
         ("SWA 1.25B (5 ep)", 92.0), ("SWA 1.5B (6 ep)", 93.0)]
     assert len(table.duplicates) == 1
+
+
+def test_a_table_whose_columns_differ_in_b_names_each_columns_b_in_its_headers(tmp_path):
+    """``trainer.epochs=6`` in a grid over methods gives SGD B = 6 and SWA (1.5 budgets in the same 6 epochs) B = 4;
+    the headers ``SGD 1B (6 ep)`` beside ``SWA 1.5B (6 ep)`` hid it."""
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(80.0, budget=1.0, epoch=6)}, extra={"trainer": {"epochs": 6}})
+    make_run(root, "swa", 0, {"swa": m(81.0, budget=1.5, epoch=6)}, budget=1.5, extra={"trainer": {"epochs": 6}})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[0] == "| row | SGD 1B (6 ep, B = 6) | SWA 1.5B (6 ep, B = 4) |"
+    assert table_lines(tmp_path / "out", PAIRED, paragraph=1)[0] == "| row | SWA 1.5B (6 ep, B = 4) − SGD |"
+
+
+def test_a_table_whose_columns_share_b_keeps_headers_without_it_whatever_the_rounding_of_epochs(tmp_path):
+    """SWA 1.25 budgets of B = 5 is 6 epochs (rounded from 6.25): the same B as SGD's 5 epochs."""
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(80.0, budget=1.0, epoch=5)}, extra={"trainer": {"epochs": 5}})
+    make_run(root, "swa", 0, {"swa": m(81.0, budget=1.5, epoch=8), "swa@1.25": m(80.5, budget=1.25, epoch=6)},
+             budget=1.5, extra={"trainer": {"epochs": 8}})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[0] == "| row | SGD 1B (5 ep) | SWA 1.25B (6 ep) | SWA 1.5B (8 ep) |"

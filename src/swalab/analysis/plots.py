@@ -1,22 +1,22 @@
 """PNG figures for the analyses, drawn with matplotlib's Agg backend (no display, no LaTeX).
 
 Each function takes plain arrays (as stored in the analyses' ``.npz`` files), so a figure can be
-redrawn from saved data without evaluating anything again.
+redrawn from saved data without evaluating anything again. SWA and SGD have the colours they have in the report's
+figures (``swalab.style``), and epochs are whole.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-matplotlib.rcParams["text.usetex"] = False
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from swalab import style
+from swalab.train.records import atomic_write
+
+plt = style.pyplot()  # Agg, no LaTeX: the one style of every swalab figure (swalab.style)
+
 from mpl_toolkits.axes_grid1 import make_axes_locatable  # noqa: E402
-
-from swalab.train.records import atomic_write  # noqa: E402
 
 
 #: label suffix of a live-model (SGD iterate) curve; ``curves_figure`` draws those dashed
@@ -74,7 +74,7 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
     ``curves[start][metric]`` is ``[directions, len(distances)]``; each start (``swa``, ``sgd``) gets
     one colour, one thin line per direction.
     """
-    colours = {"swa": "tab:blue", "sgd": "tab:red"}
+    colours = {start: style.color_of(start) for start in curves}  # SWA and SGD as in every swalab figure
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (metric, label) in zip(axes, [("train_loss", "train loss (CE + L2)"), ("test_err", "test error (%)")]):
         for start, per_metric in curves.items():
@@ -121,6 +121,7 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
     for label, epochs, values in curves:
         ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith(SGD_ITERATE) else "-")
     ax.set_xlabel("epoch")
+    style.whole_ticks(ax.xaxis)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

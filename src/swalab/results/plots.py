@@ -1,9 +1,10 @@
 """The report's figures: test error against epoch, the FGE members curve beside SWA, reliability diagrams.
 
-Each figure is written as PNG and PDF (vector, for a paper). A legend names the model a line draws: a method's
-own model (the SWA average, scored during training with ``model.swa.score_every``) apart from the iterate it
-trains (the SGD iterate of a SWA or EMA run), and a curve over seeds is their mean with a band from the lowest
-to the highest seed."""
+Each figure is written as PNG and PDF (vector, for a paper), in the one style of ``swalab.style`` (a method's colour,
+linear axes unless an order of magnitude is spanned, whole epochs, panels in a grid titled by what sets them apart).
+A legend names the model a line draws: a method's own model (the SWA average, scored during training with
+``model.swa.score_every``) apart from the iterate it trains (the SGD iterate of a SWA or EMA run), and a curve over
+seeds is their mean with a band from the lowest to the highest seed, which the legend names."""
 
 from __future__ import annotations
 
@@ -12,61 +13,33 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
+from swalab import style
 from swalab.results.table import Entry, Table
 
 
 def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    matplotlib.rcParams["text.usetex"] = False
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _title(ax, text: str, width: float) -> None:
-    """``text`` as the title of a panel ``width`` inches wide, wrapped at its words so that it stays over its own
-    panel (a row label with its settings can be longer than the panel; neighbours' titles must not run together)."""
-    import textwrap
-
-    chars = max(20, int(width * 0.77 * 10.5))  # 12 pt text, about 10.5 characters per inch, over the axes' width
-    ax.set_title("\n".join(textwrap.wrap(text, chars, break_long_words=False, break_on_hyphens=False)))
-
-
-def _plain_log_ticks(axis) -> None:
-    """Tick labels of a log axis in plain numbers (1, 2, 5, 10, 20, 50), not 2×10^1."""
-    import math
-
-    from matplotlib.ticker import FuncFormatter
-
-    def minor(v, _):  # within one decade every minor tick is labelled (30, 40, ...), else only 2 and 5
-        low, high = sorted(axis.get_view_interval())
-        shown = range(2, 10) if low > 0 and high / low < 10 else (2, 5)
-        return f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in shown else ""
-
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(minor))
-
-
-def _panels(plt, n: int, width: float, height: float, across: int | None = None):
-    """``n`` panels of ``width`` x ``height`` inches: in one row, or with ``across`` in rows of at most that many
-    (a page-wide figure whose text stays legible), the last row's unused places left blank."""
-    across = min(n, across or n)
-    rows = -(-n // across)
-    fig, axes = plt.subplots(rows, across, figsize=(width * across, height * rows), squeeze=False)
-    flat = [ax for line in axes for ax in line]
-    for ax in flat[n:]:
-        ax.remove()
-    return fig, flat[:n]
+    return style.pyplot()
 
 
 def _finish(plt, fig, path: Path) -> None:
-    """Save ``path`` (PNG) and the same figure as PDF beside it."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=150, bbox_inches="tight")  # tight: a legend placed beneath its axes is kept whole
-    fig.savefig(path.with_suffix(".pdf"), bbox_inches="tight")
-    plt.close(fig)
+    """Save ``path`` (PNG) and the same figure as PDF beside it (``swalab.style.finish``)."""
+    style.finish(plt, fig, path)
+
+
+def _titled(fig, axes, rows) -> None:
+    """Each panel titled by what sets its row apart from the figure's other rows (never a path), the figure by what
+    they all share (``swalab.style.panel_titles``)."""
+    shared, own = style.panel_titles([style.label_items(f"{r.dataset} / {r.model}", r.label) for r in rows])
+    for ax, text in zip(axes, own):
+        style.title(ax, text)
+    style.suptitle(fig, shared)
+
+
+def _band_handle(label: str = style.BAND):
+    """A legend entry for the bands over seeds: a grey patch that says what a band is."""
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor=(0.5, 0.5, 0.5, 0.15), edgecolor=(0.5, 0.5, 0.5, 0.6), lw=0.5, label=label)
 
 
 #: marker of the i-th curve group of a panel: lines that run together (an FGE or EMA run's iterate over the SGD
@@ -119,38 +92,41 @@ def monitored_split(runs) -> str | None:
 
 
 def plot_test_error(table: Table, path: Path) -> bool:
-    """Test error (%) against epoch, log scale, per run of a row: the model a column scores where it was scored
-    during training (SGD's run; SWA's average with ``model.swa.score_every``, ``<predictor>_test_acc``) solid, the
-    iterate a method trains beside its own model dashed and named so; mean over seeds with a min-max band.
+    """Test error (%) against epoch, per run of a row: the model a column scores where it was scored during training
+    (SGD's run; SWA's average with ``model.swa.score_every``, ``<predictor>_test_acc``) solid, the iterate a method
+    trains beside its own model dashed and named so; mean over seeds with a min-max band, named in the legend.
     Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run; SWA and SWAG of one SWAG run) are drawn
-    once, named together; ``+ts`` columns have no curve of their own. Each group of columns has its own colour,
-    hollow marker and dash pattern, so that lines lying on each other (an FGE run's iterate over the SGD run of its
-    seed) stay visible; panels are two to a row. Runs monitored on the validation split (``run.eval_split=val``) draw
-    its error instead, and the axis says so."""
+    once, named together; ``+ts`` columns have no curve of their own. Each group of columns has its method's colour,
+    its own hollow marker and dash pattern, so that lines lying on each other (an FGE run's iterate over the SGD run
+    of its seed) stay visible; the error axis is logarithmic only over an order of magnitude; panels wrap three to a
+    row. Runs monitored on the validation split (``run.eval_split=val``) draw its error instead, and the axis says so."""
     panels = [(row, curves) for row in table.rows if monitored_split(row.runs())
               for curves in [test_error_curves(row)] if any(len(points) > 1 for points, *_ in curves)]
     if not panels:  # a run scored only at its end (run.eval_every=0) has a point, not a curve
         return False
     plt = _pyplot()
-    fig, axes = _panels(plt, len(panels), 5, 3.8, across=2)  # two across: 10 in, a page's width at legible text
+    fig, axes = style.panels(plt, len(panels))
     for ax, (row, curves) in zip(axes, panels):
-        groups = len({color for *_, color in curves})
-        for points, style, label, color in curves:
-            group = int(color[1:])
-            _mean_band(ax, points, style, label, color=color, marker=MARKERS[group % len(MARKERS)],
+        groups = len({group for *_, group in curves})
+        banded = False
+        for points, style_, label, color, group in curves:
+            _mean_band(ax, points, style_, label, color=color, marker=MARKERS[group % len(MARKERS)],
                        dashes=DASHES[group % len(DASHES)], under=min(groups - 1 - group, 5))
+            banded |= any(len(v) > 1 for v in points.values())
         what = "test error" if monitored_split(row.runs()) == "test" else "validation error"
-        ax.set(xlabel="epoch", ylabel=f"{what} (%, log scale)", yscale="log")
-        _title(ax, row.name, 5)
-        _plain_log_ticks(ax.yaxis)
+        style.value_axis(ax, [v for points, *_ in curves for vs in points.values() for v in vs], f"{what} (%)")
+        ax.set_xlabel("epoch")
+        style.whole_ticks(ax.xaxis)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.24), frameon=False)  # beneath: never on a curve
+        handles, _ = ax.get_legend_handles_labels()
+        style.legend_beneath(ax, handles=[*handles, *([_band_handle()] if banded else [])])
+    _titled(fig, axes, [row for row, _ in panels])
     _finish(plt, fig, path)
     return True
 
 
-def test_error_curves(row) -> list[tuple[dict, str, str, str]]:
-    """``(points, line style, label, colour)`` per curve of a row's test-error panel (:func:`plot_test_error`):
+def test_error_curves(row) -> list[tuple[dict, str, str, str, int]]:
+    """``(points, line style, label, colour, group)`` per curve of a row's test-error panel (:func:`plot_test_error`):
     ``points`` maps an epoch to the error (%) of each seed's run scored there."""
     split = monitored_split(row.runs())
     groups: dict[tuple, list] = {}  # the same runs (one SWA run's budget columns) drawn once
@@ -160,6 +136,7 @@ def test_error_curves(row) -> list[tuple[dict, str, str, str]]:
         runs = tuple(sorted({str(e.run.path): e.run for e in row.cells[column].entries}.items()))
         groups.setdefault(runs, []).append(column)
     curves = []
+    shades: dict[str, int] = defaultdict(int)  # a method's second group in a panel (its other settings): lighter
     for i, (runs, columns) in enumerate(groups.items()):
         runs = [run for _, run in runs]
         longest = max(columns, key=lambda c: c.epochs)
@@ -171,40 +148,45 @@ def test_error_curves(row) -> list[tuple[dict, str, str, str]]:
         own = [k for k in scored_during_training(runs, split) if k in {f"{m}_{split}_acc" for m in methods}]
         series = [(key, f" · {key.removesuffix(f'_{split}_acc').upper()} model", "-") for key in own]
         iterate = any(m not in ("sgd", "pretrained") for m in methods)
+        color = style.color_of(methods[0], shades[methods[0]])
+        shades[methods[0]] += 1
         series.append((f"{split}_acc", iterate_label(methods[0]) if iterate else "", "--" if iterate else "-"))
-        for key, suffix, style in series:
+        for key, suffix, line_style in series:
             points: dict[int, list[float]] = defaultdict(list)
             for run in runs:
                 for h in run.history:
                     if key in h and int(h["epoch"]) <= longest.epochs:
                         points[int(h["epoch"])].append(max(100.0 - float(h[key]), 1e-2))
             if points:
-                curves.append((points, style, f"{name}{suffix} (n={len(runs)})", f"C{i}"))
+                curves.append((points, line_style, f"{name}{suffix} (n={len(runs)})", color, i))
     return curves
+
+
+def ensemble_curve(column, cell) -> bool:
+    """Whether an FGE column has a curve to draw: members counted by its runs, two or more in one of them (one
+    member is a single SGD snapshot, not an ensemble: the table says so, and no curve of one point is drawn)."""
+    return column.method == "fge" and any(len(e.metrics.get("curve") or []) > 1 for e in cell.entries)
 
 
 def plot_fge_curve(table: Table, path: Path) -> bool:
     """FGE ensemble accuracy against the number of members (whole numbers), the mean over seeds with an error bar
     from the lowest to the highest seed; each SWA column of the FGE's budget B as a line (dashed: the mean, a light
     band: lowest to highest seed), by the rule of section 3.5 (:func:`swalab.results.diagnostics.same_budget`):
-    SWA trained at another B is not drawn, and the legend says which B they had. One member is said in the legend:
-    it is a single snapshot, not an ensemble."""
+    SWA trained at another B is not drawn, and the legend says which B they had. An FGE of one member has no curve
+    (:func:`ensemble_curve`); a report of such FGE runs only has no FGE figure."""
     from swalab.results.diagnostics import same_budget
 
-    rows = [r for r in table.rows if any(c.method == "fge" and any(e.metrics.get("curve") for e in cell.entries)
-                                         for c, cell in r.cells.items())]
+    rows = [r for r in table.rows if any(ensemble_curve(c, cell) for c, cell in r.cells.items())]
     if not rows:
         return False
     plt = _pyplot()
     import textwrap
 
-    from matplotlib.ticker import MaxNLocator
-
-    fig, axes = _panels(plt, len(rows), 6, 4)
+    fig, axes = style.panels(plt, len(rows))
     for ax, row in zip(axes, rows):
         most, fges = 1, []
         for column, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order):
-            if column.method != "fge" or not any(e.metrics.get("curve") for e in cell.entries):
+            if not ensemble_curve(column, cell):
                 continue
             fges.append(column)
             points: dict[int, list[float]] = defaultdict(list)
@@ -215,22 +197,21 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
             xs = sorted(points)
             mean = [statistics.fmean(points[x]) for x in xs]
             spread = any(len(points[x]) > 1 for x in xs)
-            single = " · 1 member: a single SGD snapshot, not an ensemble" if max(points, default=1) == 1 else ""
             ax.errorbar(xs, mean, yerr=[[m - min(points[x]) for m, x in zip(mean, xs)],
                                         [max(points[x]) - m for m, x in zip(mean, xs)]] if spread else None,
-                        fmt="-o", ms=4, capsize=4, color=f"C{len(fges) - 1}",
+                        fmt="-o", ms=4, capsize=4, color=style.color_of("fge", len(fges) - 1),
                         label=f"{column.label} ensemble (n={len(cell.entries)}"
-                              f"{', bar: lowest to highest seed' if spread else ''}){single}")
+                              f"{', bar: lowest to highest seed' if spread else ''})")
         kin = [(row, "")] + [(r, f" · {r.label}") for r in table.rows if r.shares_with is row]  # SWA of other settings
         swa = [(c, cell, tail) for r, tail in kin for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order)
                if c.method == "swa"]
         drawn = [s for s in swa if any(same_budget(s[0], f) for f in fges)]
         for i, (column, cell, tail) in enumerate(drawn):
             values = cell.values("acc")
-            color = f"C{len(fges) + i}"
+            color = style.color_of("swa", i)
             ax.axhline(statistics.fmean(values), color=color, ls="--",
                        label=f"{column.label} average{tail} (n={len(cell.entries)}"
-                             f"{', band: lowest to highest seed' if len(values) > 1 else ''})")
+                             f"{', ' + style.BAND if len(values) > 1 else ''})")
             if len(values) > 1:
                 ax.axhspan(min(values), max(values), color=color, alpha=0.1, lw=0)
         apart = sorted({c.epochs / c.budget for c, cell, tail in swa if (c, cell, tail) not in drawn and c.budget})
@@ -241,16 +222,16 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
                 f"SWA not drawn: trained at B = {others} ep, not the FGE's {fge_b} ep (compared only at the same B, "
                 "as in section 3.5)", 90))
         ax.set(xlabel="ensemble members", ylabel="test accuracy (%)", xlim=(0.5, most + 0.5))
-        _title(ax, row.name, 6)
         if most <= 12:  # every member count (MaxNLocator falls back to fractions when one whole number is in view)
             ax.set_xticks(range(1, most + 1))
         else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            style.whole_ticks(ax.xaxis)
+        style.enough_ticks(ax.yaxis)
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         order = sorted(range(len(handles)), key=lambda k: apart and handles[k] is note)  # the note beneath the lines
-        ax.legend([handles[k] for k in order], [labels[k] for k in order], fontsize=8,
-                  loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)  # beneath: no line hidden
+        style.legend_beneath(ax, handles=[handles[k] for k in order], labels=[labels[k] for k in order])
+    _titled(fig, axes, rows)
     _finish(plt, fig, path)
     return True
 
@@ -299,18 +280,25 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
         return False
     plt = _pyplot()
     entries = max(len(reliability_columns(r, methods)) for r in rows) + 1  # legend lines beneath the panels
-    fig, grid = plt.subplots(2, len(rows), figsize=(5 * len(rows), 6.8 + 0.16 * entries), squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
+    across = min(len(rows), style.ACROSS)
+    lines = -(-len(rows) // across)
+    fig = plt.figure(figsize=(style.PANEL[0] * across, (6.8 + 0.16 * entries) * lines), layout="constrained")
+    grid = fig.add_gridspec(2 * lines, across, height_ratios=[3, 1] * lines)
+    axes = []
     for j, row in enumerate(rows):
-        ax, hist = grid[0][j], grid[1][j]
+        ax = fig.add_subplot(grid[2 * (j // across), j % across])
+        hist = fig.add_subplot(grid[2 * (j // across) + 1, j % across], sharex=ax)
+        axes.append(ax)
         ax.plot([0, 1], [0, 1], color="grey", lw=1, ls=":", label="perfect calibration")
-        for i, column in enumerate(reliability_columns(row, methods)):
+        shades: dict[str, int] = defaultdict(int)  # SWA 1B beside SWA 1.5B: one colour, the second lighter
+        for column in reliability_columns(row, methods):
             cell = row.cells[column]
             bins = pooled_bins(cell.entries)
             total = sum(b["count"] for b in bins)
             if not total:
                 continue
-            color = f"C{i}"
+            color = style.color_of(column.method, shades[column.method])
+            shades[column.method] += 1
             dense = [b for b in bins if b["count"] >= SPARSE * total]
             sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]
             tail = "".join(f", {name} {statistics.fmean(cell.values(metric)):.3f}"
@@ -325,12 +313,13 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
         ax.set(ylabel="accuracy", xlim=(0, 1), ylim=(-0.03, 1.03))  # a bin at accuracy 0 or 1 is drawn whole
-        _title(ax, row.name, 5)
+        ax.tick_params(labelbottom=False)  # the confidence axis is read beneath, on the share of images
         ax.grid(alpha=0.3)
         # beneath the share of images, outside both axes: no bin hidden behind it
         hist.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45),
                     frameon=False, title="hollow: bins with < 1% of the images", title_fontsize=7)
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))
         hist.grid(alpha=0.3)
+    _titled(fig, axes, rows)
     _finish(plt, fig, path)
     return True

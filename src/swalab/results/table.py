@@ -173,6 +173,27 @@ class Table:
     def columns(self) -> list[Column]:
         return sorted({c for row in self.rows for c in row.cells}, key=lambda c: c.order)
 
+    def header(self, column: Column) -> str:
+        """The column's label in this table's headers: with its B (``SWA 1.5B (6 ep, B = 4)``) when the table's
+        columns differ in B, so that ``SGD 1B (6 ep)`` beside ``SWA 1.5B (6 ep)`` cannot hide that they do."""
+        b = budget_epochs_of(column)
+        if b is None or not budgets_differ(self.columns):
+            return column.label
+        return f"{column.name} {column.budget:g}B ({column.epochs} ep, B = {b:.3g})"
+
+
+def budgets_differ(columns: Sequence[Column]) -> bool:
+    """Whether the trained ``columns`` stand on more than one B: B is the epochs of a 1-budget column, and a column
+    of another budget shares it when its epochs are that B's, rounded by the rule that made them (SWA 1.25B of
+    B = 5 is 6 ep); a column of no budget (``method=pretrained``) has no B."""
+    from swalab.config import epochs_of_budget
+
+    trained = [c for c in columns if c.budget]
+    bases = {c.epochs for c in trained if c.budget == 1} or {budget_epochs_of(c) for c in trained[:1]}
+    if len(bases) > 1:
+        return True
+    return any(epochs_of_budget(c.budget, base) != c.epochs for base in bases for c in trained)
+
 
 def _label(keys: Sequence[str], values: dict) -> str:
     """``key=value`` for each key; a ``_target_`` shows as its class name (``schedule=Cosine``)."""

@@ -178,7 +178,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
         for column in sorted(row.cells, key=lambda c: c.order):
             cell = row.cells[column]
             temps = [float(e.metrics["temperature"]) for e in cell.entries if "temperature" in e.metrics]
-            lines.append([column.label, str(len(cell.entries)),
+            lines.append([table.header(column), str(len(cell.entries)),
                           *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
                           f"{sum(temps) / len(temps):.3f}" if temps else "",
                           *(_mean_pm(diffs[column], d, sign=True) if diffs.get(column) else diff_text(row, column, [])
@@ -202,8 +202,9 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
 
 def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = (), ensembles: Sequence = ()) -> str:
     columns = table.columns
-    header = ["row", *(c.label for c in columns)]
+    header = ["row", *(table.header(c) for c in columns)]
     out: list[str] = []
+    shown_paper = False  # whether a paper row was shown: only then is its source said
     for metric, title in METRICS:
         digits = 2 if metric == "acc" else 4
         lines = []
@@ -212,6 +213,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
             published = paper_row(paper, row.dataset, row.model) if paper and metric == "acc" and not row.label else None
             if published is not None:
                 lines.append([f"{row.name} (paper)", *(published.get(c.paper, "–") for c in columns)])
+                shown_paper = True
         out += [f"## {title}", "", *_markdown_table(header, lines), ""]
     diffs = [(row, paired_differences(row)) for row in table.rows]
     diff_columns = sorted({c for row in table.rows for c in row.cells  # +ts keeps the accuracy of its predictor
@@ -225,7 +227,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                 "over the seeds both hold. A column is paired only with an SGD run of exactly its B; a row of a method's own "
                 "other settings (SWA's pre-schedule, its lr) with the SGD of the row it shares every other setting with.",
                 "",
-                *_markdown_table(["row", *(f"{c.label} − SGD" for c in diff_columns)], lines), ""]
+                *_markdown_table(["row", *(f"{table.header(c)} − SGD" for c in diff_columns)], lines), ""]
     out += every_column_markdown(table, ensembles)
     out += ensembles_markdown(ensembles)
     out += section35_markdown(table)
@@ -233,8 +235,15 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
     out.append("Mean ± sample std over seeds; n = number of seeds (finished runs, each config and seed once). "
                "Columns: method, budget B, and the epochs trained. \"not run\": no finished run of that column in "
                "that row (a run of other settings has a row of its own).")
-    if paper:
+    if shown_paper:
         out.append(f"Paper rows: {paper.get('source', 'Izmailov et al. 2018')}.")
+    elif paper:
+        pairs = sorted({f"{row.dataset} / {row.model}" for row in table.rows
+                        if paper_row(paper, row.dataset, row.model) is None})
+        out.append(f"--paper: the paper has no row of {', '.join(pairs)} (its Tables 1 and 2: CIFAR-10, CIFAR-100 "
+                   "and ImageNet models), so none is shown." if pairs else
+                   "--paper: the paper's rows are of its own settings, and every row here has settings of its own, so "
+                   "none is shown.")
     lineage = []
     for row in table.rows:  # one line per branched run, naming every column it fills (a SWAG run fills SWA's too)
         filled: dict = {}

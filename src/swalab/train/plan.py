@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from swalab.checkpoint import CheckpointStore
-from swalab.config import ConfigError, check_config, check_overrides, default_choices
+from swalab.config import ConfigError, check_config, check_overrides, default_choices, save_at_caveats
 from swalab.data.fingerprint import changes
 from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
                              run_name, settings_apart, stored_identity)
@@ -265,7 +265,7 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     if overrides is not None:
         check_overrides(overrides, list(choices or {}))
     method = validate(cfg)
-    for caveat in method.caveats():
+    for caveat in [*method.caveats(), *save_at_caveats(cfg.run.get("save_at"), method.epochs)]:
         get_logger().warning(f"[swalab] {caveat}")
     device = select_device(str(cfg.run.device))
     identity, resolved, data_record = identity_for(cfg)

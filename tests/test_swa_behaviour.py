@@ -79,6 +79,7 @@ def drive(method, ctx, epochs: int, steps: int = 1, weight=lambda epoch, step: f
     dict(phase="cyclic", start_epoch=0, capture_every=50, lr_min=0.01),  # cyclic captures per cycle, not per epoch
     dict(phase="cyclic", lr_min=0.02, cycle_epochs=3),       # lr_min = lr; two cycles filling the 6 epochs left
     dict(epochs=204, phase="shake_shake"),                   # exactly two 100-epoch cycles after epoch 4
+    dict(score_every=10),                                    # the average scored once, after epoch 10
     dict(score_at_budgets=[0.5, 1.0]),                       # epochs 5 and 10 of (4, 10]: 2 and 7 models
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
@@ -121,6 +122,9 @@ def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
     (dict(start_epoch=0, capture_every=4, score_at_budgets=[0.5]),
      "model.swa.score_at_budgets: budget 0.5 is epoch 5, where the average holds 1 model(s) (model.swa.phase=constant "
      "captures every model.swa.capture_every=4 epochs from epoch 0): no average to score"),
+    (dict(score_every=11),
+     "model.swa.score_every=11 scores the average every 11 epochs, but it exists from epoch 4 to trainer.epochs=10: "
+     "it would never be scored before the end. Set model.swa.score_every to at most 10 (0: only at the end)"),
     (dict(score_at_budgets=[0.4]), "model.swa.score_at_budgets: budget 0.4 is epoch 4, outside (start=4, "
                                    "trainer.epochs=10]"),
     (dict(score_at_budgets=[1.1]), "model.swa.score_at_budgets: budget 1.1 is epoch 11, outside (start=4, "
@@ -129,6 +133,20 @@ def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
 def test_swa_refuses_the_first_value_past_each_range_naming_its_config_key(settings, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         swa(**settings).validate(initialized=False)
+
+
+@pytest.mark.parametrize("schedule, said", [
+    (PaperSGD(lr=0.1, horizon=10, final_lr=0.001), "schedule.final_lr=0.001"),
+    (PaperSGD(lr=0.1, horizon=20), "schedule.horizon=20"),
+    (PaperSGD(lr=0.1, horizon=10, per_iteration=True), "schedule.per_iteration=True"),
+])
+def test_schedule_keys_the_reference_pre_schedule_never_reads_are_said_at_launch(schedule, said):
+    caveats = swa(schedule=schedule).caveats()
+    assert caveats == [f"{said} is not read by method=swa with model.swa.pre_schedule=reference (the paper's shape from "
+                       "schedule.lr to model.swa.lr over the 4 epochs before averaging): set model.swa.pre_schedule=base "
+                       "to train with the schedule group as configured"]
+    assert swa(schedule=schedule, pre_schedule="base").caveats() == []
+    assert swa(schedule=PaperSGD(lr=0.1, horizon=10)).caveats() == []  # the schedule group's defaults: nothing unread
 
 
 def test_a_cyclic_phase_is_counted_again_in_whole_steps_once_the_steps_per_epoch_are_known():

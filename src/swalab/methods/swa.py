@@ -46,7 +46,7 @@ from swalab import faults
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, log_of, metrics_from_log_probs
 from swalab.methods.base import (Method, TrainContext, averages_device, check_avg_device, check_pre_schedule,
-                                 on_training_device)
+                                 on_training_device, unread_schedule_keys)
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 
 PHASES = ("constant", "cyclic", "swalr", "shake_shake")
@@ -137,6 +137,23 @@ class SWA(Method):
                 raise ConfigError(f"{key('score_at_budgets')}: budget {b:g} is epoch {mark}, where the average holds "
                                   f"{self.captures_by(mark)} model(s) ({self.spacing()}): no average to score. Give "
                                   "budgets later in the run, or capture more often")
+
+        first = next((done for done in range(1, epochs + 1) if self.captures_by(done)), epochs)
+        if self.score_every and not any(done % self.score_every == 0 for done in range(first, epochs + 1)):
+            raise ConfigError(f"{key('score_every')}={self.score_every} scores the average every {self.score_every} "
+                              f"epochs, but it exists from epoch {first} to trainer.epochs={epochs}: it would never be "
+                              f"scored before the end. Set {key('score_every')} to at most {epochs} (0: only at the end)")
+
+    def caveats(self) -> list[str]:
+        """Settings of the schedule group that the reference pre-schedule never reads (:func:`unread_schedule_keys`):
+        said at launch, not refused, since a grid over methods shares them with an SGD run that reads them."""
+        if self.pre_schedule != "reference" or self.start_epoch == 0:
+            return []
+        key = self.setting
+        return [f"{unread} is not read by method={self.name} with {key('pre_schedule')}=reference (the paper's shape "
+                f"from schedule.lr to {key('lr')} over the {self.start_epoch} epochs before averaging): set "
+                f"{key('pre_schedule')}=base to train with the schedule group as configured"
+                for unread in unread_schedule_keys(self.schedule, self.epochs)]
 
     def validate_steps(self, steps_per_epoch: int) -> None:
         """A cyclic phase captures every ``round(cycle_epochs x steps_per_epoch)`` steps: with the steps known, the

@@ -78,12 +78,12 @@ class SWAG(SWA):
                               "device)")
 
     def caveats(self) -> list[str]:
-        """A rank above the captures the run makes keeps only those (the paper's K = 20 needs 20 captures): said at
+        """SWA's, and a rank above the captures the run makes, which keeps only those (the paper's K = 20 needs 20 captures): said at
         launch, not refused, since the default rank meets short runs (a grid's, the quickstart's) as well."""
         captured = self.captures_by(self.epochs)
         if self.rank <= captured:
-            return []
-        return [f"method.rank={self.rank} but the run captures {captured} models ({self.spacing()}): the low-rank "
+            return super().caveats()
+        return [*super().caveats(), f"method.rank={self.rank} but the run captures {captured} models ({self.spacing()}): the low-rank "
                 f"covariance holds {captured} deviations (rank {captured} in metrics.json). Lower method.rank to "
                 f"{captured}, or capture more (an earlier {self.setting('start')}, a longer run)"]
 

@@ -180,11 +180,14 @@ def in_user_keys(cfg: DictConfig, message: str) -> str:
 
 
 def run_record(run_dir: Path) -> str | None:
-    """The file that marks ``run_dir`` as a swalab run, or None: its ``identity.json`` (holding an identity), else a
+    """The file that marks ``run_dir`` as a swalab run, or None: its ``identity.json`` (holding an identity), else
+    checkpoints named as swalab names them (each carries its run's identity, checked when one is resumed), else a
     ``config.yaml`` holding a resolved swalab config (a run of an earlier swalab wrote no identity.json), which names
     its seed, data set, model and method."""
     if isinstance(json_of(run_dir / IDENTITY_FILE).get("identity"), dict):
         return IDENTITY_FILE
+    if CheckpointStore(run_dir).paths():
+        return "checkpoints"
     import yaml
 
     try:

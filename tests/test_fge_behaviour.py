@@ -106,6 +106,19 @@ def test_fge_warns_before_the_run_when_its_ensemble_would_be_one_member(epochs, 
         assert caveats == []
 
 
+def test_fge_says_at_launch_which_schedule_keys_its_reference_pretraining_never_reads():
+    from swalab.schedules import PaperSGD
+
+    method = FGE(PaperSGD(lr=0.1, horizon=9, final_lr=0.001), 9, lr_max=0.05, lr_min=0.01, cycle_epochs=2,
+                 pretrain_epochs=3, pre_schedule="reference")
+    assert method.caveats() == [
+        "schedule.final_lr=0.001 is not read by method=fge with model.fge.pre_schedule=reference (the paper's shape from "
+        "schedule.lr over the 3 epochs of pretraining): set model.fge.pre_schedule=base to pretrain with the schedule "
+        "group as configured"]
+    method.pre_schedule = "base"
+    assert method.caveats() == []
+
+
 @pytest.mark.parametrize("pretrain, cycle, last", [(3, 4, 4), (0, 2, 0), (2, 6, 4)])
 def test_an_fge_run_branches_at_most_from_the_epoch_before_its_first_member(pretrain, cycle, last):
     """The first member is collected at the end of 1-based epoch pretrain + cycle / 2: a branch from the trunk's

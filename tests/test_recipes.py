@@ -343,8 +343,7 @@ def test_the_paper_recipe_is_the_default_and_every_recipe_key_names_its_run(make
 
 
 def test_a_run_of_an_earlier_swalab_reads_as_the_paper_recipe_and_its_old_keys_name_the_new_ones():
-    from swalab.compat import moved_keys, upgraded_config
-    from swalab.identity import upgraded
+    from swalab.compat import moved_keys, upgraded, upgraded_config
 
     old = {"trainer": {"amp": False, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": False, "batch_size": 128}}
     config = upgraded_config(old)

@@ -71,14 +71,16 @@ def drive(method, ctx, epochs: int, steps: int = 1, weight=lambda epoch, step: f
 
 @pytest.mark.parametrize("settings", [
     dict(phase="swalr", anneal_strategy="linear"),
-    dict(start_epoch=9),                                     # the last epoch of a 10-epoch run
-    dict(start_epoch=0, capture_every=10),                   # first capture after epoch 10 = the run's end
-    dict(phase="swalr", start_epoch=0, capture_every=10),
-    dict(start_epoch=2, capture_every=50),                   # a later start captures at the start itself
+    dict(phase="swalr", anneal_epochs=5),                    # the lr reaches model.swa.lr in the last of 6 epochs
+    dict(start_epoch=9),                                     # the last epoch of a 10-epoch run: captures after 9 and 10
+    dict(start_epoch=0, capture_every=5),                    # captures after epochs 5 and 10 = the run's end
+    dict(phase="swalr", start_epoch=0, capture_every=5, anneal_epochs=0),
+    dict(start_epoch=2, capture_every=8),                    # a later start captures at the start itself, then at 10
     dict(phase="cyclic", start_epoch=0, capture_every=50, lr_min=0.01),  # cyclic captures per cycle, not per epoch
-    dict(phase="cyclic", lr_min=0.02, cycle_epochs=6),       # lr_min = lr; one cycle filling the 6 epochs left
-    dict(epochs=104, phase="shake_shake"),                   # exactly one 100-epoch cycle after epoch 4
-    dict(score_at_budgets=[0.5, 1.0]),                       # epochs 5 and 10 of (4, 10]
+    dict(phase="cyclic", lr_min=0.02, cycle_epochs=3),       # lr_min = lr; two cycles filling the 6 epochs left
+    dict(epochs=204, phase="shake_shake"),                   # exactly two 100-epoch cycles after epoch 4
+    dict(score_every=10),                                    # the average scored once, after epoch 10
+    dict(score_at_budgets=[0.5, 1.0]),                       # epochs 5 and 10 of (4, 10]: 2 and 7 models
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
     swa(**settings).validate(initialized=False)
@@ -93,17 +95,36 @@ def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
                            "or model.swa.start_epoch below 10"),
     (dict(start=1.0), "SWA would start averaging at epoch 10 (model.swa.start=1 of B=10) but the run has "
                       "trainer.epochs=10: set model.swa.start,"),
-    (dict(start_epoch=0, capture_every=11), "model.swa.capture_every=11 with averaging from epoch 0"),
-    (dict(phase="swalr", start_epoch=0, capture_every=11), "model.swa.capture_every=11 with averaging from epoch 0"),
+    (dict(start_epoch=0, capture_every=6),
+     "the SWA average would hold 1 model(s) in trainer.epochs=10: model.swa.phase=constant captures every "
+     "model.swa.capture_every=6 epochs from epoch 0 (model.swa.start_epoch), and an average needs 2 at least. Start "
+     "averaging earlier (model.swa.start_epoch), lower model.swa.capture_every, or lengthen the run (trainer.epochs)"),
+    (dict(start_epoch=0, capture_every=11), "the SWA average would hold 0 model(s) in trainer.epochs=10"),
+    (dict(phase="swalr", start_epoch=0, capture_every=6, anneal_epochs=0),
+     "the SWA average would hold 1 model(s) in trainer.epochs=10: model.swa.phase=swalr captures every "
+     "model.swa.capture_every=6 epochs"),
+    (dict(start_epoch=2, capture_every=9), "the SWA average would hold 1 model(s)"),
+    (dict(phase="swalr", anneal_epochs=6),
+     "model.swa.anneal_epochs=6 anneals the lr from epoch 4 on, but trainer.epochs=10 ends 6 epochs later: the lr "
+     "never reaches model.swa.lr=0.02. Set model.swa.anneal_epochs below 6, start averaging earlier, or lengthen "
+     "the run"),
     (dict(phase="cyclic", lr_min=0.021), "model.swa.lr_min must be in (0, model.swa.lr=0.02] for a cyclic schedule, "
                                          "got 0.021"),
     (dict(phase="cyclic"), "model.swa.lr_min must be in (0, model.swa.lr=0.02] for a cyclic schedule, got None"),
-    (dict(phase="cyclic", lr_min=0.01, cycle_epochs=6.5),
-     "model.swa.cycle_epochs=6.5 is longer than the 6 epochs after the averaging starts: the schedule leaves no model "
-     "to average"),
-    (dict(epochs=103, phase="shake_shake"),
-     "model.swa.phase=shake_shake captures once per 100-epoch cycle: the run leaves 99 epochs after the averaging "
-     "starts"),
+    (dict(phase="cyclic", lr_min=0.01, cycle_epochs=3.5),
+     "the SWA average would hold 1 model(s) in trainer.epochs=10: model.swa.phase=cyclic captures at the end of each "
+     "cycle of model.swa.cycle_epochs=3.5 epochs from epoch 4 (model.swa.start_epoch), and an average needs 2 at least. Start averaging "
+     "earlier (model.swa.start_epoch), shorten model.swa.cycle_epochs, or lengthen the run (trainer.epochs)"),
+    (dict(phase="cyclic", lr_min=0.01, cycle_epochs=6.5), "the SWA average would hold 0 model(s)"),
+    (dict(epochs=203, phase="shake_shake"),
+     "the SWA average would hold 1 model(s) in trainer.epochs=203: model.swa.phase=shake_shake captures once per "
+     "100-epoch cycle from epoch 4"),
+    (dict(start_epoch=0, capture_every=4, score_at_budgets=[0.5]),
+     "model.swa.score_at_budgets: budget 0.5 is epoch 5, where the average holds 1 model(s) (model.swa.phase=constant "
+     "captures every model.swa.capture_every=4 epochs from epoch 0): no average to score"),
+    (dict(score_every=11),
+     "model.swa.score_every=11 scores the average every 11 epochs, but it exists from epoch 4 to trainer.epochs=10: "
+     "it would never be scored before the end. Set model.swa.score_every to at most 10 (0: only at the end)"),
     (dict(score_at_budgets=[0.4]), "model.swa.score_at_budgets: budget 0.4 is epoch 4, outside (start=4, "
                                    "trainer.epochs=10]"),
     (dict(score_at_budgets=[1.1]), "model.swa.score_at_budgets: budget 1.1 is epoch 11, outside (start=4, "
@@ -112,6 +133,38 @@ def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
 def test_swa_refuses_the_first_value_past_each_range_naming_its_config_key(settings, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         swa(**settings).validate(initialized=False)
+
+
+@pytest.mark.parametrize("schedule, said", [
+    (PaperSGD(lr=0.1, horizon=10, final_lr=0.001), "schedule.final_lr=0.001"),
+    (PaperSGD(lr=0.1, horizon=20), "schedule.horizon=20"),
+    (PaperSGD(lr=0.1, horizon=10, per_iteration=True), "schedule.per_iteration=True"),
+])
+def test_schedule_keys_the_reference_pre_schedule_never_reads_are_said_at_launch(schedule, said):
+    caveats = swa(schedule=schedule).caveats()
+    assert caveats == [f"{said} is not read by method=swa with model.swa.pre_schedule=reference (the paper's shape from "
+                       "schedule.lr to model.swa.lr over the 4 epochs before averaging): set model.swa.pre_schedule=base "
+                       "to train with the schedule group as configured"]
+    assert swa(schedule=schedule, pre_schedule="base").caveats() == []
+    assert swa(schedule=PaperSGD(lr=0.1, horizon=10)).caveats() == []  # the schedule group's defaults: nothing unread
+
+
+def test_a_cyclic_phase_is_counted_again_in_whole_steps_once_the_steps_per_epoch_are_known():
+    """1.5 epochs of one step round to a cycle of 2 steps: the 3 epochs after the start hold one cycle, not two."""
+    method = swa(start_epoch=7, phase="cyclic", lr_min=0.01, cycle_epochs=1.5)
+    method.validate(initialized=False)  # in whole epochs: 3 / 1.5 = 2 cycles
+    method.validate_steps(2)            # cycles of 3 steps in the 6 steps left: 2 captures
+    with pytest.raises(ConfigError, match=re.escape("the SWA average would hold 1 model(s) in trainer.epochs=10")):
+        method.validate_steps(1)
+
+
+def test_the_captures_counted_before_training_are_the_captures_the_hooks_make(tmp_path):
+    for settings in (dict(start_epoch=0, capture_every=3), dict(start_epoch=2, capture_every=3),
+                     dict(phase="cyclic", lr_min=0.01, cycle_epochs=1.5), dict(phase="swalr", capture_every=2)):
+        method, ctx = swa(**settings), context(one_weight(), tmp_path, steps=2)
+        method.on_train_start(ctx)
+        grew = drive(method, ctx, 10, steps=2)
+        assert method.captures_by(10, steps_per_epoch=2) == len(grew) == method.n_averaged, settings
 
 
 # ----------------------------------------------------------------------------- learning rates

@@ -66,6 +66,19 @@ def test_a_validation_split_classified_without_error_sends_the_temperature_to_it
     assert not fit_temperature(*overconfident(1000, 4, 2.0)).at_bound
 
 
+def test_the_end_of_run_table_marks_a_temperature_fitted_to_its_search_bound_and_says_why_below():
+    from swalab.evaluate import metrics_table
+
+    scores = {"acc": 90.0, "nll": 0.3, "ece": 0.02, "brier": 0.15}
+    metrics = {"swa": scores, "swa+ts": {**scores, "nll": 10.9, "temperature": 0.011, "temperature_at_bound": True},
+               "sgd": scores, "sgd+ts": {**scores, "temperature": 1.4, "temperature_at_bound": False}}
+    lines = metrics_table(metrics).splitlines()
+    assert [line.split()[0] for line in lines[1:5]] == ["swa", "swa+ts*", "sgd", "sgd+ts"]
+    assert lines[5] == ("* temperature at its search bound (0.01 or 100): the validation split (dataset.val_size) has "
+                        "no NLL minimum inside it, so these +ts scores are no calibrated fit")
+    assert "*" not in metrics_table({"swa": scores, "sgd+ts": metrics["sgd+ts"]})
+
+
 # -- in a run --------------------------------------------------------------------------------------------------------
 def val_trainer(method, tmp_path, epochs: int, val: bool = True, **options) -> Trainer:
     """A tiny run on random data with a validation split of 15 images (``val=False``: none)."""

@@ -115,6 +115,29 @@ def test_every_column_of_a_row_stands_on_a_line_with_its_temperature_and_paired_
     assert any(line.startswith("| SWAG 1.5B (6 ep) x2 | 2 (ensemble) |") for line in block)
 
 
+def test_a_temperature_fitted_to_its_search_bound_is_marked_in_its_cells_and_explained_below_the_tables(tmp_path):
+    root = tmp_path / "grid"
+    for seed, at_bound in ((0, False), (1, True)):
+        make_run(root, "sgd", seed, {"sgd": m(80.0), "sgd+ts": m(80.0, nll=0.7, temperature=0.01 if at_bound else 1.5,
+                                                                 temperature_at_bound=at_bound)})
+    make_run(root, "swa", 0, {"swa": m(82.0), "swa+ts": m(82.0, temperature=1.2, temperature_at_bound=False)},
+             budget=1.5)
+    report([root], tmp_path / "out")
+    text = (tmp_path / "out" / "table.md").read_text()
+    row = table_lines(tmp_path / "out", "Test NLL (mean per image)")[2].split(" | ")
+    assert row[2].endswith("0.7000 ± 0.0000 (n=2) · T at its search bound in 1 of 2 seeds*")  # SGD+ts
+    assert "search bound" not in row[4]                                                    # SWA+ts: a fit inside
+    assert text.count("* T at its search bound: ") == 1 and ("\n* T at its search bound: the validation split "
+                                                              "(dataset.val_size) had no NLL minimum inside the "
+                                                              "temperatures searched (0.01 to 100)") in text
+    every = next(line for line in text.splitlines() if line.startswith("| SGD+ts 1B (4 ep) | 2 |"))
+    assert every.split(" | ")[6] == "0.755*"
+    clean = tmp_path / "clean"
+    make_run(clean, "swa", 0, {"swa": m(82.0), "swa+ts": m(82.0, temperature=1.2, temperature_at_bound=False)})
+    report([clean], tmp_path / "out2")
+    assert "search bound" not in (tmp_path / "out2" / "table.md").read_text()
+
+
 def test_reliability_diagrams_give_ece_and_brier_and_draw_the_columns_asked_for(uncertainty_grid, tmp_path,
                                                                                   monkeypatch):
     legends = {}  # per figure file, the legend of its first panel (drawn on one of that panel's axes)

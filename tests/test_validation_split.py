@@ -62,6 +62,44 @@ def test_a_split_that_would_take_every_image_of_a_class_is_refused_naming_it():
         hold_out(labels, taken, classes=["airplane", "automobile", "bird"])
 
 
+def test_a_split_too_small_to_hold_every_class_is_refused_naming_the_smallest_that_does():
+    """One image of one class fits a temperature to its search bound (swa+ts NLL 10.9 against 1.96): the split must
+    hold at least one image of every class the training images hold, and the refusal says how many that takes."""
+    labels = torch.arange(1000) % 10
+    with pytest.raises(ValueError, match=re.escape(
+            "dataset.val_size=1 holds out 1 image, of 1 of the 10 classes: too few to fit the temperature of the +ts "
+            "predictors on. Hold out at least one image of every class: dataset.val_size=10 or more (null: no "
+            "validation split)")):
+        hold_out(labels, 1)
+    with pytest.raises(ValueError, match=r"dataset.val_size=9 holds out 9 images, of 9 of the 10 classes"):
+        hold_out(labels, 9)
+    assert torch.bincount(labels[hold_out(labels, 10)[1]]).tolist() == [1] * 10  # the smallest split accepted
+    rare = torch.tensor([0] * 180 + [1] * 18 + [2] * 2)  # a rare class appears late in the stratified order
+    labels_in_order = rare[stratified_permutation(rare, VAL_SPLIT_SEED)]
+    needed = max(int((labels_in_order == c).nonzero()[0]) for c in range(3)) + 1
+    assert needed > 3 and sorted(set(rare[hold_out(rare, needed)[1]].tolist())) == [0, 1, 2]
+    with pytest.raises(ValueError, match=rf"of 2 of the 3 classes: .* dataset.val_size={needed} or more"):
+        hold_out(rare, needed - 1)
+
+
+def test_the_cli_refuses_a_validation_split_of_one_image_in_one_line_writing_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "run.py"), *QUIET, "trainer.epochs=2", "dataset.val_size=1",
+                           f"paths.output_dir={tmp_path / 'out'}"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "[swalab] dataset.val_size=1 holds out 1 image, of 1 of the 10 classes: too few to fit the temperature of the "
+        "+ts predictors on. Hold out at least one image of every class: dataset.val_size=10 or more (null: no "
+        "validation split)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_digits_hold_out_the_same_images_for_every_seed_and_train_size_picks_from_the_rest():
     a, b = load_digits(seed=0, val_size=200), load_digits(seed=3, val_size=200, train_size=500)
     assert torch.equal(a.val.images, b.val.images) and torch.equal(a.val.labels, b.val.labels)

@@ -188,6 +188,17 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
+def save_at_caveats(save_at, epochs: int) -> list[str]:
+    """``run.save_at`` epochs beyond the run's ``epochs``: no checkpoint is kept for them. Said at launch, not refused:
+    a grid over methods shares one list among runs of several lengths (SGD 1 B, SWA 1.5 B)."""
+    beyond = [int(e) for e in save_at or () if int(e) > epochs]
+    if not beyond:
+        return []
+    return [f"run.save_at={[int(e) for e in save_at]}: epoch{'s' if len(beyond) > 1 else ''} "
+            f"{', '.join(map(str, beyond))} {'are' if len(beyond) > 1 else 'is'} beyond this run's trainer.epochs="
+            f"{epochs}, so no checkpoint is kept for {'them' if len(beyond) > 1 else 'it'}"]
+
+
 def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run")) -> list[str]:
     """A key that a config file (an experiment, say) added to a group whose keys swalab reads one by one, and that
     ``conf/<group>/default.yaml`` does not define: nothing would ever read it (a key that moved to another group,

@@ -281,14 +281,25 @@ def recompute_bn(model: nn.Module, loader, device: torch.device) -> None:
     distributed.reduce_bn_statistics(batches)
 
 
+AT_BOUND = "*"  # marks a +ts predictor whose temperature lies at its search bound (swalab.calibration)
+
+
 def metrics_table(metrics: dict[str, dict]) -> str:
-    """``predictor  acc %  nll  ece  brier`` lines: the table a run and ``swalab.results.compare`` print."""
-    width = max([len(name) for name in metrics] + [12])
+    """``predictor  acc %  nll  ece  brier`` lines: the table a run and ``swalab.results.compare`` print. A ``+ts``
+    predictor whose temperature was fitted to its search bound (``temperature_at_bound``) is marked, with a line
+    below saying what that means."""
+    from swalab.calibration import BOUNDS
+
+    marked = {name: AT_BOUND if m.get("temperature_at_bound") else "" for name, m in metrics.items()}
+    width = max([len(name) + len(marked[name]) for name in metrics] + [12])
     lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8} {'brier':>8}"]
     for name, m in metrics.items():
         if "acc" in m:
             brier = f"{m['brier']:8.4f}" if "brier" in m else f"{'–':>8}"
-            lines.append(f"{name:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f} {brier}")
+            lines.append(f"{name + marked[name]:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f} {brier}")
+    if any(marked.values()):
+        lines.append(f"{AT_BOUND} temperature at its search bound ({BOUNDS[0]:g} or {BOUNDS[1]:g}): the validation split "
+                     "(dataset.val_size) has no NLL minimum inside it, so these +ts scores are no calibrated fit")
     return "\n".join(lines)
 
 

@@ -243,6 +243,19 @@ def check_pre_schedule(name: str, schedule: Schedule, method: str, key: str) -> 
                           f"set {key}=base to train with it")
 
 
+def unread_schedule_keys(schedule: Schedule, epochs: int) -> list[str]:
+    """``key=value`` for each setting of the paper's schedule group (``schedule=paper_sgd``) away from its default
+    that a ``pre_schedule=reference`` phase never reads: that phase is the paper's shape from ``schedule.lr`` alone
+    (its own horizon and final lr), so ``schedule.final_lr``, ``schedule.horizon`` (null: the run's ``epochs``) and
+    ``schedule.per_iteration`` set otherwise would not act (``schedule.warmup_epochs`` acts on every phase)."""
+    if not isinstance(schedule, PaperSGD):
+        return []
+    unread = {"final_lr": schedule.final_lr is not None, "horizon": schedule.horizon != epochs,
+              "per_iteration": schedule.per_iteration is not False}
+    return [f"schedule.{k}={getattr(schedule, k):g}" if k != "per_iteration" else f"schedule.{k}={schedule.per_iteration}"
+            for k, unread_here in unread.items() if unread_here]
+
+
 def known_recipes() -> tuple[str, ...]:
     """The recipe blocks of every method class defined so far (``Method.recipe``: ``swa``, ``fge``, a method of
     one's own once imported): a run's identity counts only its own method's block."""

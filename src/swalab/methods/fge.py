@@ -26,7 +26,7 @@ import torch
 from swalab.checkpoint import atomic_save
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedEnsemble, Predictor, log_of
-from swalab.methods.base import Method, TrainContext, check_pre_schedule
+from swalab.methods.base import Method, TrainContext, check_pre_schedule, unread_schedule_keys
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 
 MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_log_probs", "member_epochs", "labels"}
@@ -100,6 +100,16 @@ class FGE(Method):
         return sum(self.is_collection_epoch(e) for e in range(self.epochs))
 
     def caveats(self) -> list[str]:
+        """An "ensemble" of one member, and settings of the schedule group that the reference pre-schedule never reads
+        (``methods.base.unread_schedule_keys``; a grid over methods shares them with an SGD run that reads them)."""
+        unread = [f"{unread} is not read by method=fge with {self.setting('pre_schedule')}=reference (the paper's shape "
+                  f"from schedule.lr over the {self.pretrain_epochs} epochs of pretraining): set "
+                  f"{self.setting('pre_schedule')}=base to pretrain with the schedule group as configured"
+                  for unread in (unread_schedule_keys(self.schedule, self.epochs)
+                                 if self.pre_schedule == "reference" and self.pretrain_epochs else [])]
+        return unread + self.one_member_caveat()
+
+    def one_member_caveat(self) -> list[str]:
         if self.members_collected() == 1:
             return [f"FGE collects 1 member in trainer.epochs={self.epochs} ({self.pretrain_epochs} of pretraining, cycles "
                     f"of {self.cycle_epochs}): its 'ensemble' is one SGD snapshot. Lengthen the run or lower model.fge.pretrain "

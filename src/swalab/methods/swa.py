@@ -36,6 +36,7 @@ untouched, i.e. SWA branches off the SGD run "without modifying the learning rat
 from __future__ import annotations
 
 import copy
+import math
 from typing import Sequence
 
 import torch
@@ -45,7 +46,7 @@ from swalab import faults
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, log_of, metrics_from_log_probs
 from swalab.methods.base import (Method, TrainContext, averages_device, check_avg_device, check_pre_schedule,
-                                 on_training_device)
+                                 on_training_device, unread_schedule_keys)
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 
 PHASES = ("constant", "cyclic", "swalr", "shake_shake")
@@ -118,25 +119,87 @@ class SWA(Method):
             raise ConfigError(f"SWA would start averaging at epoch {self.start_epoch} ({how}) but the run has "
                               f"trainer.epochs={epochs}: set {key('start')}, a fraction of the budget below "
                               f"method.budget={self.budget:g}, or {key('start_epoch')} below {epochs}")
-        if self.phase in ("constant", "swalr") and self.start_epoch == 0 and self.capture_every > epochs:
-            raise ConfigError(f"{key('capture_every')}={self.capture_every} with averaging from epoch 0 captures first "
-                              f"after epoch {self.capture_every}, beyond trainer.epochs={epochs}: no model to average")
-        if self.phase == "cyclic":
-            if self.lr_min is None or not self.lr_min <= self.lr:
-                raise ConfigError(f"{key('lr_min')} must be in (0, {key('lr')}={self.lr}] for a cyclic "
-                                  f"schedule, got {self.lr_min}")
-            if self.cycle_epochs > epochs - self.start_epoch:
-                raise ConfigError(f"{key('cycle_epochs')}={self.cycle_epochs} is longer than the "
-                                  f"{epochs - self.start_epoch} epochs after the averaging starts: the schedule leaves "
-                                  "no model to average")
-        if self.phase == "shake_shake" and epochs - self.start_epoch < 100:
-            raise ConfigError(f"{key('phase')}=shake_shake captures once per 100-epoch cycle: the run leaves "
-                              f"{epochs - self.start_epoch} epochs after the averaging starts, no model to average")
+        if self.phase == "cyclic" and (self.lr_min is None or not self.lr_min <= self.lr):
+            raise ConfigError(f"{key('lr_min')} must be in (0, {key('lr')}={self.lr}] for a cyclic "
+                              f"schedule, got {self.lr_min}")
+        if self.phase == "swalr" and self.anneal_epochs >= epochs - self.start_epoch:
+            raise ConfigError(f"{key('anneal_epochs')}={self.anneal_epochs} anneals the lr from epoch {self.start_epoch} "
+                              f"on, but trainer.epochs={epochs} ends {epochs - self.start_epoch} epochs later: the lr "
+                              f"never reaches {key('lr')}={self.lr:g}. Set {key('anneal_epochs')} below "
+                              f"{epochs - self.start_epoch}, start averaging earlier, or lengthen the run")
+        self.check_captures(self.captures_by(epochs))
         for b in self.score_at_budgets:
             mark = self.epoch_of(b)
             if not self.start_epoch < mark <= epochs:
                 raise ConfigError(f"{key('score_at_budgets')}: budget {b:g} is epoch {mark}, outside (start="
                                   f"{self.start_epoch}, trainer.epochs={epochs}]")
+            if self.captures_by(mark) < 2:
+                raise ConfigError(f"{key('score_at_budgets')}: budget {b:g} is epoch {mark}, where the average holds "
+                                  f"{self.captures_by(mark)} model(s) ({self.spacing()}): no average to score. Give "
+                                  "budgets later in the run, or capture more often")
+
+        first = next((done for done in range(1, epochs + 1) if self.captures_by(done)), epochs)
+        if self.score_every and not any(done % self.score_every == 0 for done in range(first, epochs + 1)):
+            raise ConfigError(f"{key('score_every')}={self.score_every} scores the average every {self.score_every} "
+                              f"epochs, but it exists from epoch {first} to trainer.epochs={epochs}: it would never be "
+                              f"scored before the end. Set {key('score_every')} to at most {epochs} (0: only at the end)")
+
+    def caveats(self) -> list[str]:
+        """Settings of the schedule group that the reference pre-schedule never reads (:func:`unread_schedule_keys`):
+        said at launch, not refused, since a grid over methods shares them with an SGD run that reads them."""
+        if self.pre_schedule != "reference" or self.start_epoch == 0:
+            return []
+        key = self.setting
+        return [f"{unread} is not read by method={self.name} with {key('pre_schedule')}=reference (the paper's shape "
+                f"from schedule.lr to {key('lr')} over the {self.start_epoch} epochs before averaging): set "
+                f"{key('pre_schedule')}=base to train with the schedule group as configured"
+                for unread in unread_schedule_keys(self.schedule, self.epochs)]
+
+    def validate_steps(self, steps_per_epoch: int) -> None:
+        """A cyclic phase captures every ``round(cycle_epochs x steps_per_epoch)`` steps: with the steps known, the
+        captures counted before the data were loaded (whole epochs) are counted again exactly."""
+        if self.phase == "cyclic":
+            self.check_captures(self.captures_by(self.epochs, steps_per_epoch))
+
+    def captures_by(self, done: int, steps_per_epoch: int | None = None) -> int:
+        """How many models the average holds after ``done`` epochs (the capture rules of the module doc); a cyclic
+        phase's captures counted in whole steps when ``steps_per_epoch`` is given, else in epochs."""
+        after = done - self.start_epoch  # epochs of averaging done
+        if self.phase in ("constant", "swalr"):
+            if self.start_epoch == 0:
+                return done // self.capture_every
+            return after // self.capture_every + 1 if after >= 0 else 0
+        if after <= 0:
+            return 0
+        if self.phase == "cyclic":
+            if steps_per_epoch is None:
+                return math.floor(after / self.cycle_epochs + 1e-9)  # 1 // 0.1 is 9.0 in floats
+            return after * steps_per_epoch // self.cycle_iterations(steps_per_epoch)
+        return after // 100 if self.phase == "shake_shake" else 0
+
+    def spacing(self) -> str:
+        """What spaces the captures of this phase, in the keys a user sets (for a message)."""
+        key = self.setting
+        where = f"from epoch {self.start_epoch}"
+        if self.phase == "cyclic":
+            return (f"{key('phase')}=cyclic captures at the end of each cycle of {key('cycle_epochs')}={self.cycle_epochs:g} "
+                    f"epochs " + where)
+        if self.phase == "shake_shake":
+            return f"{key('phase')}=shake_shake captures once per 100-epoch cycle " + where
+        return f"{key('phase')}={self.phase} captures every {key('capture_every')}={self.capture_every} epochs " + where
+
+    def check_captures(self, captured: int) -> None:
+        """Refuse a run whose average would hold fewer than two models: one model is its SGD snapshot, reported
+        as SWA (every phase alike)."""
+        if captured >= 2:
+            return
+        key = self.setting
+        start = key("start_epoch") if self.start is None else key("start")
+        fix = {"cyclic": f"shorten {key('cycle_epochs')}", "shake_shake": "lengthen the run"}.get(
+            self.phase, f"lower {key('capture_every')}")
+        raise ConfigError(f"the SWA average would hold {captured} model(s) in trainer.epochs={self.epochs}: "
+                          f"{self.spacing()} ({start}), and an average needs 2 at least. Start averaging earlier "
+                          f"({start}), {fix}, or lengthen the run (trainer.epochs)")
 
     def last_branch_epoch(self) -> int:
         """A constant/swalr phase captures first after epoch ``start_epoch`` (after ``capture_every`` when it is 0),

@@ -77,6 +77,16 @@ class SWAG(SWA):
             raise ConfigError(f"method.moments_device={self.moments_device!r} must be 'cpu' or 'train' (the training "
                               "device)")
 
+    def caveats(self) -> list[str]:
+        """SWA's, and a rank above the captures the run makes, which keeps only those (the paper's K = 20 needs 20 captures): said at
+        launch, not refused, since the default rank meets short runs (a grid's, the quickstart's) as well."""
+        captured = self.captures_by(self.epochs)
+        if self.rank <= captured:
+            return super().caveats()
+        return [*super().caveats(), f"method.rank={self.rank} but the run captures {captured} models ({self.spacing()}): the low-rank "
+                f"covariance holds {captured} deviations (rank {captured} in metrics.json). Lower method.rank to "
+                f"{captured}, or capture more (an earlier {self.setting('start')}, a longer run)"]
+
     def _device(self, ctx: TrainContext) -> torch.device:
         return torch.device("cpu") if self.moments_device == "cpu" else ctx.device
 

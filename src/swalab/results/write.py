@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from swalab.evaluate import AT_BOUND
 from swalab.identity import group_hash
 from swalab.results.diagnostics import section35_of
 from swalab.results.runs import Run
@@ -117,7 +118,23 @@ def cell_text(row, column, metric: str, digits: int) -> str:
     members = {e.metrics.get("members") for e in cell.entries if column.method == "fge"}
     if members == {1}:
         text += " · 1 member: one SGD snapshot, not an ensemble"
+    at_bound = sum(bool(e.metrics.get("temperature_at_bound")) for e in cell.entries)
+    if at_bound:
+        text += f" · T at its search bound in {at_bound} of {len(cell.entries)} seeds{AT_BOUND}"
     return text
+
+
+def at_bound_note(table: Table) -> list[str]:
+    """The footnote of the cells marked :data:`AT_BOUND` (:func:`cell_text`), when a table has one."""
+    from swalab.calibration import BOUNDS
+
+    if not any(e.metrics.get("temperature_at_bound") for row in table.rows for cell in row.cells.values()
+               for e in cell.entries):
+        return []
+    return [f"{AT_BOUND} T at its search bound: the validation split (dataset.val_size) had no NLL minimum inside the "
+            f"temperatures searched ({BOUNDS[0]:g} to {BOUNDS[1]:g}), so the +ts scores of those seeds are no "
+            "calibrated fit (a split of a few images, or one the predictor classifies without error). Hold out more "
+            "images with dataset.val_size.", ""]
 
 
 def diff_text(row, column, values) -> str:
@@ -180,7 +197,9 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             temps = [float(e.metrics["temperature"]) for e in cell.entries if "temperature" in e.metrics]
             lines.append([table.header(column), str(len(cell.entries)),
                           *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
-                          f"{sum(temps) / len(temps):.3f}" if temps else "",
+                          (f"{sum(temps) / len(temps):.3f}" + (AT_BOUND if any(e.metrics.get("temperature_at_bound")
+                                                                               for e in cell.entries) else ""))
+                          if temps else "",
                           *(_mean_pm(diffs[column], d, sign=True) if diffs.get(column) else diff_text(row, column, [])
                             for diffs, d in ((acc_diffs, 2), (nll_diffs, 4)))])  # an empty Δ says why, as paired
         sgd = row.sgd_cells()
@@ -215,6 +234,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                 lines.append([f"{row.name} (paper)", *(published.get(c.paper, "–") for c in columns)])
                 shown_paper = True
         out += [f"## {title}", "", *_markdown_table(header, lines), ""]
+    out += at_bound_note(table)
     diffs = [(row, paired_differences(row)) for row in table.rows]
     diff_columns = sorted({c for row in table.rows for c in row.cells  # +ts keeps the accuracy of its predictor
                            if not (c.method == "sgd" and c.budget == 1) and not c.scaled}, key=lambda c: c.order)

@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from swalab.checkpoint import CheckpointStore
-from swalab.config import ConfigError, check_config, check_overrides, default_choices
+from swalab.config import ConfigError, check_config, check_overrides, default_choices, save_at_caveats
 from swalab.data.fingerprint import changes
 from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
                              run_name, settings_apart, stored_identity)
@@ -27,7 +27,7 @@ from swalab.graphed import check_graph_mode
 from swalab.methods.base import known_recipes
 from swalab.precision import check_precision
 from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
-from swalab.train.records import DamagedRecord, final_metrics, read_data_record
+from swalab.train.records import RUN_FILES, DamagedRecord, final_metrics, read_data_record
 from swalab.distributed import select_device
 
 
@@ -182,15 +182,47 @@ def in_user_keys(cfg: DictConfig, message: str) -> str:
     return message
 
 
+def run_record(run_dir: Path) -> str | None:
+    """The file that marks ``run_dir`` as a swalab run, or None: its ``identity.json`` (holding an identity), else
+    checkpoints named as swalab names them (each carries its run's identity, checked when one is resumed), else a
+    ``config.yaml`` holding a resolved swalab config (a run of an earlier swalab wrote no identity.json), which names
+    its seed, data set, model and method."""
+    if isinstance(json_of(run_dir / IDENTITY_FILE).get("identity"), dict):
+        return IDENTITY_FILE
+    if CheckpointStore(run_dir).paths():
+        return "checkpoints"
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    if isinstance(config, dict) and "seed" in config and all(isinstance(config.get(g), dict)
+                                                             for g in ("dataset", "model", "method")):
+        return "config.yaml"
+    return None
+
+
+def check_not_foreign(run_dir: Path) -> None:
+    """Refuse ``run_dir`` when it is no swalab run (:func:`run_record`) yet holds a file of a name a run writes
+    (``records.RUN_FILES``): the run would write over a file of the user's (their own ``history.jsonl``)."""
+    if run_record(run_dir) is not None or not run_dir.is_dir():
+        return
+    clashes = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if clashes:
+        raise ConfigError(f"{run_dir} is not a swalab run (no identity.json, no config.yaml of a run) but holds "
+                          f"{', '.join(clashes)}, which a run writes: nothing there is touched. Give the run a new or "
+                          "empty folder with run.dir=<dir>")
+
+
 def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | None = None) -> dict | None:
     """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
     identity (to skip it), None for a new or interrupted one; refused when it holds another config, or the
-    same config on data that changed since (naming the class folders that did)."""
+    same config on data that changed since (naming the class folders that did), or is no run but holds files a run
+    writes (:func:`check_not_foreign`)."""
+    check_not_foreign(run_dir)
     theirs = stored_identity(run_dir, known_recipes())
     diffs = differences(identity, theirs) if theirs is not None else []
-    if theirs is not None and DATA_FINGERPRINT in identity and DATA_FINGERPRINT not in theirs:
-        get_logger().warning(f"[swalab] {run_dir} was made by a swalab that did not fingerprint its data: whether its "
-                             "data changed since cannot be checked; from now on they are (data.json)")
     if [d for d in diffs if d.startswith(DATA_FINGERPRINT + ":")] and len(diffs) == 1:
         then = read_data_record(run_dir)
         what = changes(then["record"], data_record) if then and data_record else "its files differ"
@@ -201,12 +233,17 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
         raise ConfigError(f"{run_dir} holds a run of another config (" + "; ".join(diffs[:8])
                           + "): nothing there is touched. Re-run with that config to continue it, or give this "
                           "one its own directory with run.dir=<dir>")
+    unfingerprinted = theirs is not None and DATA_FINGERPRINT in identity and DATA_FINGERPRINT not in theirs
     try:
         metrics = final_metrics(run_dir)
     except DamagedRecord as exc:  # the run is scored again from its last checkpoint, which overwrites it
         get_logger().warning(f"[swalab] {exc}: ignored; the run continues from its newest checkpoint (after the "
                              "last epoch: only the final scoring runs again) and writes it anew")
         metrics = None
+    if unfingerprinted:  # this config's own run, made before runs recorded their data
+        get_logger().warning(f"[swalab] {run_dir} was made by a swalab that did not fingerprint its data: whether its "
+                             "data changed since cannot be checked" + ("" if metrics is not None else
+                                                                      "; from now on they are (data.json)"))
     if metrics is not None:
         if resume is False:
             raise FileExistsError(f"{run_dir} already holds a finished run and run.resume=false: nothing is "
@@ -234,7 +271,7 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     if overrides is not None:
         check_overrides(overrides, list(choices or {}))
     method = validate(cfg)
-    for caveat in method.caveats():
+    for caveat in [*method.caveats(), *save_at_caveats(cfg.run.get("save_at"), method.epochs)]:
         get_logger().warning(f"[swalab] {caveat}")
     device = select_device(str(cfg.run.device))
     identity, resolved, data_record = identity_for(cfg)

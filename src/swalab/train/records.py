@@ -28,6 +28,12 @@ from swalab.precision import training_dtype
 log = get_logger()
 PREDICTIONS_FILE = "predictions.pt"
 METRICS_FILE = "metrics.json"
+# Every name a run writes in its directory (swalab.train's module doc; FGE's fge_member_probs.pt and members/ too): a
+# folder that holds one of them but no record of a run (swalab.train.plan.run_record) is no run, and training there
+# would write over a file of the user's. The lock (swalab.runlock) is not among them: it is taken before a run is known.
+RUN_FILES = ("config.yaml", "overrides.yaml", "identity.json", "git.json", "environment.json", "data.json",
+             "lineage.json", "status.json", "run.log", "history.jsonl", METRICS_FILE, "final.pt", "reliability.json",
+             PREDICTIONS_FILE, "wandb_run.json", "wandb", "checkpoints", "members", "fge_member_probs.pt")
 PREDICTIONS_MAX = 5_000_000  # numbers per predictor (test images x classes) kept in predictions.pt
 
 

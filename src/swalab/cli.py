@@ -39,10 +39,13 @@ def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "
 
 def one_line(message: str) -> str:
     """A message on one line: Hydra's list of available options kept (``Could not find 'dataset/nosuch'; available
-    options in 'dataset': cifar10, cifar100, ...``), its config search path left out."""
+    options in 'dataset': cifar10, cifar100, ...``), its config search path left out; a list of refusals
+    (``invalid config:`` then ``  - seed='abc' must be an integer``) kept as its items joined by ``;``."""
     lines = [line.strip() for line in message.split("Config search path")[0].splitlines() if line.strip()]
     if len(lines) > 1 and lines[1].lower().startswith("available options"):
         return f"{lines[0]}; {lines[1][0].lower()}{lines[1][1:]} {', '.join(lines[2:])}"
+    if len(lines) > 1 and lines[0].endswith(":") and lines[1].startswith("- "):  # a list: ``invalid config:`` + items
+        return f"{lines[0]} " + "; ".join(line.removeprefix("- ") for line in lines[1:] if line.startswith("- "))
     return lines[0] if lines else ""
 
 

@@ -1,0 +1,53 @@
+"""Every command-line tool refuses what it cannot do in one line (exit 2) and writes nothing: a mandatory key left
+unset, a run whose weights are another model's or cut short, a full disk, a path the file system cannot hold, a
+setting out of what its owner takes (issue 44)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import swalab  # noqa: F401  (registers the config resolvers)
+from swalab.cli import run_command
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["logger=none", "run.progress=false", "dataset.train_size=128", "trainer.batch_size=64"]
+
+
+def refused(capsys, main, argv, prog="tool") -> str:
+    """What ``main(argv)`` says when it refuses: one line on stderr, exit 2."""
+    with pytest.raises(SystemExit) as exit_:
+        run_command(main, argv, prog=prog)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    return err
+
+
+# -- the row tool checks what run.py checks -------------------------------------------------------------------
+@pytest.mark.parametrize("dataset, model, key", [("folder", "preresnet20", "dataset.root"),
+                                                 ("digits", "custom", "model.arch._target_")])
+def test_a_row_without_a_mandatory_key_is_refused_in_one_line_naming_it_and_writes_nothing(
+        tmp_path, capsys, dataset, model, key):
+    from swalab.results.row import main
+
+    out = tmp_path / "out"
+    err = refused(capsys, main, ["--dataset", dataset, "--model", model, "--dry-run", *TINY,
+                                 f"paths.output_dir={out}"], prog="swalab.results.row")
+    assert f"{key} is required: set {key}=" in err
+    assert not out.exists()
+
+
+def test_a_row_refuses_a_bad_value_as_run_py_does_before_its_first_job(tmp_path, capsys):
+    from swalab.results.row import main
+
+    out = tmp_path / "out"
+    err = refused(capsys, main, ["--dataset", "digits", "--model", "preresnet20", *TINY, "trainer.batch_size=0",
+                                 f"paths.output_dir={out}"], prog="swalab.results.row")
+    assert "trainer.batch_size=0 must be >= 1" in err
+    assert not out.exists()

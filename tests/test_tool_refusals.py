@@ -51,3 +51,49 @@ def test_a_row_refuses_a_bad_value_as_run_py_does_before_its_first_job(tmp_path,
                                  f"paths.output_dir={out}"], prog="swalab.results.row")
     assert "trainer.batch_size=0 must be >= 1" in err
     assert not out.exists()
+
+
+# -- compare reads a run's weights as model.init_from reads them ------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A tiny finished SGD run (PreResNet-8, two epochs on 128 digits)."""
+    from hydra import compose, initialize_config_dir
+
+    from swalab.train import train
+
+    run_dir = tmp_path_factory.mktemp("runs") / "sgd"
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*TINY, "model.arch.depth=8", "trainer.epochs=2", "method=sgd",
+                                                       "run.eval_every=0"])
+    train(cfg, run_dir=run_dir)
+    return run_dir
+
+
+def with_final(run: Path, where: Path, final: bytes) -> Path:
+    shutil.copytree(run, where)
+    (where / "final.pt").write_bytes(final)
+    return where
+
+
+def another_models_final() -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({"model": torch.nn.Linear(3, 2).state_dict(), "methods": {}, "epoch": 2}, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("damage", ["another model's", "cut short"])
+def test_compare_on_a_run_whose_final_weights_cannot_serve_is_one_line_as_init_from_says_it(
+        finished_run, tmp_path, capsys, damage):
+    from swalab.results.compare import main
+
+    final = another_models_final() if damage == "another model's" else (finished_run / "final.pt").read_bytes()[:2000]
+    run = with_final(finished_run, tmp_path / "run", final)
+    out = tmp_path / "compare.json"
+    err = refused(capsys, main, [str(run), "--device", "cpu", "--out", str(out)], prog="swalab.results.compare")
+    assert str(run / "final.pt") in err
+    assert ("do not fit PreResNet" if damage == "another model's" else "cannot read it") in err
+    assert not out.exists()

@@ -18,13 +18,16 @@ USAGE_EXIT_CODE = 2
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The errors that are the user's to fix: paths, permissions, config values, unknown config options."""
+    """The errors that are the user's to fix: paths, permissions, config values, unknown config options, weights that
+    cannot be read or do not fit the run's network (``CheckpointError``: what ``model.init_from=`` says of the same
+    file)."""
     from hydra.errors import HydraException
 
+    from swalab.checkpoint import CheckpointError
     from swalab.config import ConfigError
 
     return (FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError, ConfigError,
-            HydraException)
+            HydraException, CheckpointError)
 
 
 def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab") -> object:

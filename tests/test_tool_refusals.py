@@ -97,3 +97,28 @@ def test_compare_on_a_run_whose_final_weights_cannot_serve_is_one_line_as_init_f
     assert str(run / "final.pt") in err
     assert ("do not fit PreResNet" if damage == "another model's" else "cannot read it") in err
     assert not out.exists()
+
+
+# -- a full disk --------------------------------------------------------------------------------------------
+def test_a_report_on_a_full_disk_is_one_line_and_the_earlier_report_survives_whole(
+        finished_run, tmp_path, capsys, monkeypatch):
+    import matplotlib.figure
+
+    from swalab.results.report import main
+
+    runs = tmp_path / "runs"
+    shutil.copytree(finished_run, runs / "sgd")
+    out = tmp_path / "report"
+    assert main([str(runs), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "reliability.pdf" in before
+    capsys.readouterr()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", disk_full)
+    err = refused(capsys, main, [str(runs), "--out", str(out)], prog="swalab.results.report")
+    assert "No space left on device" in err and str(out) in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work folder left behind

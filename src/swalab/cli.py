@@ -10,6 +10,7 @@ has its own, richer handling (``swalab.train``).
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,12 +31,25 @@ def user_errors() -> tuple[type[BaseException], ...]:
             HydraException, CheckpointError)
 
 
+# Errors of the disk a command writes to: a full disk, a quota, a read-only file system, a name too long for it.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG)
+
+
+def is_users_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the user's to fix (:func:`user_errors`, or a disk that cannot take the output)."""
+    return isinstance(exc, user_errors()) or isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
+
+
 def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab") -> object:
     """Call ``main(argv)`` and return what it returns; a user's error ends in one line on stderr and exit 2."""
     try:
         return main(argv)
-    except user_errors() as exc:
-        text = one_line(str(exc)) or type(exc).__name__
+    except Exception as exc:
+        if not is_users_error(exc):
+            raise
+        from swalab.train.records import message
+
+        text = one_line(message(exc)) or type(exc).__name__
         print(f"[{prog}] {text}", file=sys.stderr)
         raise SystemExit(USAGE_EXIT_CODE) from None
 

@@ -146,6 +146,9 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     try:
         names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability)
         publish(work, out, names)
+    except OSError as exc:  # a full disk, a quota: nothing of the earlier report was replaced
+        raise OSError(exc.errno, f"cannot write the report into {out} ({exc.strerror or exc}): the earlier report "
+                                 "there is left as it was; free space, or give --out a folder elsewhere") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     written = {name: out / name for name in names}

@@ -122,3 +122,52 @@ def test_a_report_on_a_full_disk_is_one_line_and_the_earlier_report_survives_who
     assert "No space left on device" in err and str(out) in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work folder left behind
+
+
+# -- a path the file system cannot hold --------------------------------------------------------------------
+def compose_run(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=[*TINY, "model.arch.depth=8", "trainer.epochs=1",
+                                                        "method=sgd", *overrides])
+
+
+@pytest.mark.parametrize("too_long", ["a folder name", "the whole path"])
+def test_a_run_directory_the_file_system_cannot_hold_is_refused_before_anything_is_created(tmp_path, too_long):
+    from swalab.config import ConfigError
+    from swalab.train import train
+
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    if too_long == "a folder name":
+        run_dir = tmp_path / "outputs" / ("n" * (limit + 1)) / "seed0"
+    else:  # every name fits, and so does the .lock; the files a run writes below it do not
+        length = os.pathconf(tmp_path, "PC_PATH_MAX") - 20
+        run_dir = tmp_path / "outputs"
+        while len(str(run_dir)) < length:
+            run_dir = run_dir / ("d" * min(200, length - len(str(run_dir)) - 1))
+    with pytest.raises(ConfigError, match=r"run\.dir") as refusal:
+        train(compose_run(f"run.dir={run_dir}"))
+    assert "\n" not in str(refusal.value) and "shorter" in str(refusal.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_directory_the_file_system_cannot_hold_names_paths_output_dir(tmp_path):
+    from swalab.config import ConfigError
+    from swalab.train import train
+
+    output_dir = tmp_path / ("o" * (os.pathconf(tmp_path, "PC_NAME_MAX") + 1))
+    with pytest.raises(ConfigError, match=r"paths\.output_dir"):
+        train(compose_run(f"paths.output_dir={output_dir}"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("tool", ["report", "compare"])
+def test_an_out_path_the_file_system_cannot_hold_is_one_line_before_any_work(finished_run, tmp_path, capsys, tool):
+    from swalab.results import compare, report
+
+    out = tmp_path / ("r" * (os.pathconf(tmp_path, "PC_NAME_MAX") - 5))  # fits, but not the temporary name beside it
+    main = {"report": report.main, "compare": compare.main}[tool]
+    err = refused(capsys, main, [str(finished_run), "--out", str(out)], prog=tool)
+    assert "--out" in err and "shorter" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -70,6 +70,7 @@ def output_folder(path: str | Path, flag: str) -> Path:
     """``path`` as a folder a command may write into (``--out``), checked before any work: refused, naming the flag,
     when it is a file or lies below one."""
     path = Path(path)
+    check_name(path, flag, inside=32, sibling=24)  # the report's files; its work folder .<name>.<pid>.<random> beside
     for part in [path, *path.parents]:
         if part.exists():
             if not part.is_dir():
@@ -82,9 +83,18 @@ def output_folder(path: str | Path, flag: str) -> Path:
 def output_file(path: str | Path, flag: str) -> Path:
     """``path`` as a file a command may write (``--out x.json``), checked before any work."""
     path = Path(path)
+    check_name(path, flag, sibling=13)  # the temp file <name>.<random>.tmp it is written to first
     if path.is_dir():
         raise IsADirectoryError(f"{flag} {path} is a folder: give a file name")
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise NotADirectoryError(f"{flag} {path} lies below {blocking}, which is a file: give a path in a folder")
     return path
+
+
+def check_name(path: Path, flag: str, inside: int = 0, sibling: int = 0) -> None:
+    """Refuse, naming ``flag``, a path the file system cannot hold with what a command writes in and beside it
+    (``swalab.config.check_path_fits``), before any work."""
+    from swalab.config import check_path_fits
+
+    check_path_fits(path, flag, f"give {flag} a shorter path", inside=inside, sibling=sibling)

@@ -12,13 +12,15 @@ Checks, all before any file or folder is created:
 * :func:`check_config`: types (an integer key given ``2.5`` or ``abc`` is a named error) and ranges
   of the keys ``swalab.train`` reads itself; each message names the key and what is allowed. The keys of
   a method, schedule, model or data set are checked by the object they configure.
-* :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused.
+* :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused;
+* :func:`check_path_fits`: an output path the file system cannot hold (a name or the whole path too long).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,6 +186,44 @@ def check_config(cfg: DictConfig) -> None:
         errors.append("set model.init_from (weights only) or run.branch_from (full state), not both")
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def check_path_fits(path: str | Path, key: str, fix: str, inside: int = 0, sibling: int = 0) -> None:
+    """Raise ``ConfigError`` when the file system cannot hold ``path`` (set by ``key``): a folder name longer than its
+    ``PC_NAME_MAX`` (255 bytes on most), or the whole path, with ``inside`` more characters for the files written
+    below it, longer than its ``PC_PATH_MAX`` (4096). ``sibling``: characters a temporary name beside ``path`` adds
+    to its last name (a report's work folder). Checked before anything is created: otherwise the folders made
+    before the name that does not fit, and a run's ``.lock``, stay behind an ``[Errno 36] File name too long``.
+    ``fix`` says what to shorten."""
+    path = Path(os.path.abspath(path))
+    existing = next(p for p in [*path.parents, path][::-1] if exists(p))
+    name_max, path_max = limit_of(existing, "PC_NAME_MAX", 255), limit_of(existing, "PC_PATH_MAX", 4096)
+    for part in path.parts[1:]:
+        size = len(os.fsencode(part)) + (sibling if part == path.name else 0)
+        if size > name_max:
+            raise ConfigError(f"{key}: the folder name {part[:20]}... in it is {size} bytes"
+                              + (" with the temporary name made beside it" if sibling and part == path.name else "")
+                              + f", over the {name_max} the file system allows in a name: {fix}")
+    if len(os.fsencode(str(path))) + inside >= path_max:
+        raise ConfigError(f"{key}: {str(path)[:40]}... is {len(os.fsencode(str(path)))} bytes long; with the files "
+                          f"written below it (up to {inside} more) that is over the {path_max} the file system allows "
+                          f"in a path: {fix}")
+
+
+def exists(path: Path) -> bool:
+    """``path.exists()``, False for a path too long to ask about."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def limit_of(path: Path, name: str, default: int) -> int:
+    """The file system's ``os.pathconf`` limit ``name`` at ``path``, or ``default`` where it has none to tell."""
+    try:
+        return int(os.pathconf(path, name))
+    except (OSError, ValueError):
+        return default
 
 
 def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run")) -> list[str]:

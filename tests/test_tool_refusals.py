@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -171,3 +172,23 @@ def test_an_out_path_the_file_system_cannot_hold_is_one_line_before_any_work(fin
     err = refused(capsys, main, [str(finished_run), "--out", str(out)], prog=tool)
     assert "--out" in err and "shorter" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# -- a setting out of what its owner takes ------------------------------------------------------------------
+def test_adamw_betas_of_one_number_are_refused_naming_the_key_and_its_length():
+    from swalab.config import ConfigError
+    from swalab.train import validate
+
+    with pytest.raises(ConfigError, match=r"optimizer\.betas=\[0\.9\] must be a list of 2 numbers"):
+        validate(compose_run("optimizer=adamw", "optimizer.betas=[0.9]"))
+
+
+@pytest.mark.parametrize("override, key", [("trainer.batch_size=99999999999999999999", "trainer.batch_size"),
+                                           (f"seed={2 ** 70}", "seed"),
+                                           ("trainer.epochs=99999999999999999999", "trainer.epochs")])
+def test_an_integer_too_large_for_64_bits_is_refused_naming_its_key(override, key):
+    from swalab.config import ConfigError
+    from swalab.train import validate
+
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}=\d+ must be an integer below 2\*\*63"):
+        validate(compose_run(override))

@@ -76,6 +76,9 @@ def is_numbers(value: Any) -> bool:
             and all(is_number(v) for v in value))
 
 
+INT_LIMIT = 2 ** 63  # an integer setting reaches torch or numpy, which hold 64-bit integers ("Overflow when unpacking")
+
+
 def kind_error(key: str, value: Any, kind: str) -> str | None:
     """The message for ``key=value`` when ``value`` is not of ``kind`` (``int``, ``number`` (finite),
     ``numbers`` (a list of finite numbers), ``bool``, ``str``); a trailing ``?`` allows null. None when it fits."""
@@ -86,6 +89,8 @@ def kind_error(key: str, value: Any, kind: str) -> str | None:
         kind = kind[:-1]
     ok = {"int": is_int, "number": is_number, "numbers": is_numbers, "bool": lambda v: isinstance(v, bool),
           "str": lambda v: isinstance(v, str)}[kind](value)
+    if ok and kind == "int" and not -INT_LIMIT <= value < INT_LIMIT:  # torch and numpy take 64-bit integers
+        return f"{key}={value!r} must be an integer below 2**63"
     if ok:
         return None
     wanted = {"int": "an integer", "number": "a finite number", "numbers": "a list of finite numbers",

@@ -39,8 +39,8 @@ from swalab.train.build import (build_loaders, build_model, build_val_loader, ch
                                 load_into, loss_spec, optimizer_spec, read_status, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, append_environment, data_facts,
-                                  environment_entry, git_info, one_line, save_predictions, seed_everything,
-                                  write_json, write_status, write_text)
+                                  environment_entry, git_info, one_line, remove_killed_writes, save_predictions,
+                                  seed_everything, write_json, write_status, write_text)
 from swalab.trainer import Preempted, Trainer
 
 log = get_logger()
@@ -172,6 +172,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
                     write_status(plan.run_dir, {"status": "complete"})
             else:
                 lock = RunLock(plan.run_dir).acquire()
+                remove_killed_writes(plan.run_dir)  # under the lock: no live process writes them
                 finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
                 if finished is not None:
                     log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")

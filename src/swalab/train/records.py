@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import tempfile
 import time
@@ -108,6 +109,27 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+# The temp name atomic_write and atomic_save give a file while they write it (tempfile.mkstemp's 8 random characters).
+KILLED_WRITE = re.compile(r"^[\w@+-][\w.@+-]*\.[a-z0-9_]{8}\.tmp$")
+WRITTEN_IN = ("", "members", "checkpoints", "checkpoints/predictions", "checkpoints/saved")  # the run's folders
+
+
+def remove_killed_writes(run_dir: str | Path) -> list[Path]:
+    """Remove the temp files (``status.json.<random>.tmp``) that a run killed mid-write (``kill -9``, an out-of-memory
+    kill) left in ``run_dir`` and its folders, and return them. Only swalab's own temp names; call it only while
+    holding the run's lock (``swalab.runlock``), so that no live process is writing one of them."""
+    removed = []
+    for folder in WRITTEN_IN:
+        where = Path(run_dir) / folder
+        if not where.is_dir():
+            continue
+        for path in where.iterdir():
+            if KILLED_WRITE.match(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def write_text(path: Path, text: str) -> None:

@@ -59,3 +59,26 @@ def test_a_report_stopped_by_sigterm_removes_its_work_folder(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep_live", "runs"]  # no .rep_live.<pid>.<random>
+
+
+@pytest.fixture
+def nan_at_the_first_step(monkeypatch):
+    """The run's first training loss is NaN."""
+    real = torch.nn.functional.cross_entropy
+
+    def cross_entropy(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if torch.is_grad_enabled() else loss
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", cross_entropy)
+
+
+@pytest.mark.parametrize("nonfinite", ["stop", "skip"])
+def test_a_nan_loss_in_the_first_epoch_says_no_checkpoint_is_kept_rather_than_a_last_good_one(
+        tmp_path, nan_at_the_first_step, nonfinite):
+    from swalab.trainer import NonFiniteLossError
+
+    with pytest.raises(NonFiniteLossError) as stopped:
+        train(make_cfg("method=sgd", f"trainer.nonfinite={nonfinite}", "trainer.max_skips=0"), run_dir=tmp_path)
+    assert not list((tmp_path / "checkpoints").glob("epoch*.pt"))
+    assert "last good checkpoint" not in str(stopped.value)
+    assert "no checkpoint" in str(stopped.value)

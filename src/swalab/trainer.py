@@ -431,9 +431,8 @@ class Trainer:
         first_bad = self._first_bad_step(bad_step)
         if first_bad is not None:
             raise NonFiniteLossError(
-                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; the last good "
-                f"checkpoint in {self.store.dir} and history.jsonl are kept. Lower the learning rate or set "
-                "trainer.nonfinite=skip.")
+                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; {self._kept()}. "
+                "Lower the learning rate or set trainer.nonfinite=skip.")
         return tally
 
     def _why_not_graphed(self) -> str | None:
@@ -557,10 +556,17 @@ class Trainer:
         if skips >= self.opts.max_skips:
             raise NonFiniteLossError(
                 f"non-finite loss at epoch {epoch + 1}, step {step + 1}, after {skips} skipped steps "
-                f"(trainer.max_skips={self.opts.max_skips}); the last good checkpoint in {self.store.dir} is kept")
+                f"(trainer.max_skips={self.opts.max_skips}); {self._kept()}")
         if self.main:
             warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
         return True
+
+    def _kept(self) -> str:
+        """What a run stopped by a non-finite loss keeps to continue from: its newest checkpoint, or none yet."""
+        newest = self.store.paths()[:1]
+        if newest:
+            return f"the last good checkpoint {newest[0]} and history.jsonl are kept"
+        return f"no checkpoint had been written yet in {self.store.dir}, so a re-run starts from the beginning"
 
     def _first_bad_step(self, bad_step: torch.Tensor) -> int | None:
         """The first step of the epoch whose loss was not finite on any rank, or None (one read of the device

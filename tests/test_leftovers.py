@@ -82,3 +82,17 @@ def test_a_nan_loss_in_the_first_epoch_says_no_checkpoint_is_kept_rather_than_a_
     assert not list((tmp_path / "checkpoints").glob("epoch*.pt"))
     assert "last good checkpoint" not in str(stopped.value)
     assert "no checkpoint" in str(stopped.value)
+
+
+@pytest.mark.parametrize("method", ["sgd", "swa", "fge", "ema", "swag"])
+def test_a_typo_in_run_avg_device_is_refused_for_every_method(method):
+    with pytest.raises(ConfigError, match=r"run\.avg_device='gpu' must be 'train'"):
+        validate(make_cfg(f"method={method}", "run.avg_device=gpu"))
+
+
+def test_fp16_on_a_cpu_says_once_in_run_log_that_it_trains_slower_than_fp32(tmp_path):
+    train(make_cfg("method=sgd", "trainer.precision=fp16", "run.device=cpu"), run_dir=tmp_path / "fp16")
+    log = (tmp_path / "fp16" / "run.log").read_text()
+    assert log.count("trainer.precision=fp16 on the CPU") == 1
+    train(make_cfg("method=sgd", "trainer.precision=fp32", "run.device=cpu"), run_dir=tmp_path / "fp32")
+    assert "trainer.precision" not in (tmp_path / "fp32" / "run.log").read_text()

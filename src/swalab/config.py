@@ -161,6 +161,18 @@ KEYS: dict[str, tuple] = {
 OPEN_LOW = ("trainer.bn_update_fraction", "trainer.clip_grad_norm", "dataset.std", "model.std")
 
 
+AVG_DEVICES = ("train", "cpu")
+
+
+def check_avg_device(avg_device: str) -> str:
+    """``run.avg_device``: checked with the run's settings (:func:`check_config`) whatever the method, so that a typo
+    is refused in every job of a grid over methods, not only in those of a method that keeps an average; a method
+    built in Python (SWA, EMA) checks the argument it is given with it too."""
+    if avg_device not in AVG_DEVICES:
+        raise ConfigError(f"run.avg_device={avg_device!r} must be 'train' (the training device) or 'cpu'")
+    return avg_device
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first)."""
     errors: list[str] = []
@@ -182,6 +194,10 @@ def check_config(cfg: DictConfig) -> None:
     resume = cfg.run.get("resume")
     if resume not in ("auto", True, False):
         errors.append(f"run.resume={resume!r} must be auto, true or false (run.dir=<dir> names the directory)")
+    try:
+        check_avg_device(cfg.run.get("avg_device", "train"))
+    except ConfigError as exc:
+        errors.append(str(exc))
     save_at = cfg.run.get("save_at") or []
     if not all(is_int(e) and e >= 1 for e in save_at):
         errors.append(f"run.save_at={list(save_at)!r} must be a list of epochs >= 1")

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from swalab.checkpoint import PredictionFiles
-from swalab.config import ConfigError, epochs_of_budget, require
+from swalab.config import ConfigError, check_avg_device, epochs_of_budget, require  # noqa: F401  (check_avg_device: SWA, EMA)
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.schedules import PaperSGD, Schedule, warmup_factor
 
@@ -201,16 +201,6 @@ class Method:
 
     def load_state_dict(self, state: dict[str, Any], ctx: TrainContext) -> None:
         pass
-
-
-AVG_DEVICES = ("train", "cpu")
-
-
-def check_avg_device(avg_device: str) -> str:
-    """``run.avg_device``, checked by the method that takes it (SWA, EMA) when it is built."""
-    if avg_device not in AVG_DEVICES:
-        raise ConfigError(f"run.avg_device={avg_device!r} must be 'train' (the training device) or 'cpu'")
-    return avg_device
 
 
 def averages_device(avg_device: str, ctx: TrainContext) -> torch.device:

@@ -33,6 +33,7 @@ from swalab.config import ConfigError, build
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_log
+from swalab.precision import slow_precision
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
@@ -281,6 +282,9 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
             else:
                 log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                          f"{record(plan.identity)['hash']})")
+            slow = slow_precision(plan.device, str(plan.cfg.trainer.precision))
+            if slow:  # said once, at each start: a resumed run is as slow
+                log.warning(f"[swalab] {slow}")
             faults.hit("run_start")  # test-only kill/signal point (swalab.faults)
             tracker = make_tracker(plan, built)
 

@@ -192,3 +192,16 @@ def test_an_integer_too_large_for_64_bits_is_refused_naming_its_key(override, ke
 
     with pytest.raises(ConfigError, match=rf"{re.escape(key)}=\d+ must be an integer below 2\*\*63"):
         validate(compose_run(override))
+
+
+@pytest.mark.parametrize("command", ["rays", "curves"])
+def test_the_analysis_commands_check_their_out_path_before_any_work_as_the_other_tools_do(
+        finished_run, tmp_path, capsys, command):
+    import importlib
+
+    blocking = tmp_path / "a file"
+    blocking.write_text("in the way")
+    main = importlib.import_module(f"swalab.analysis.{command}").main
+    args = ([str(finished_run)] if command == "curves" else ["--run", str(finished_run)])
+    err = refused(capsys, main, [*args, "--out", str(blocking / "out")], prog="swalab.analysis")
+    assert "--out" in err and "which is a file" in err

@@ -49,8 +49,7 @@ def slow_precision(device: torch.device, precision: str) -> str | None:
     without bf16. None otherwise."""
     if device.type == "cpu" and precision == "fp16":
         return ("trainer.precision=fp16 on the CPU: torch emulates half precision there, many times slower than "
-                "float32, and the results are no better; fp16 is for GPUs without bf16. On a CPU set "
-                "trainer.precision=auto (float32)")
+                "float32; fp16 is for GPUs without bf16. On a CPU set trainer.precision=auto (float32)")
     return None
 
 

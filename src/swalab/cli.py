@@ -10,6 +10,7 @@ has its own, richer handling (``swalab.train``).
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -18,31 +19,55 @@ USAGE_EXIT_CODE = 2
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The errors that are the user's to fix: paths, permissions, config values, unknown config options."""
+    """The errors that are the user's to fix: paths, permissions, config values, unknown config options, weights that
+    cannot be read or do not fit the run's network (``CheckpointError``: what ``model.init_from=`` says of the same
+    file)."""
     from hydra.errors import HydraException
 
+    from swalab.checkpoint import CheckpointError
     from swalab.config import ConfigError
 
     return (FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError, ConfigError,
-            HydraException)
+            HydraException, CheckpointError)
+
+
+# Errors of the disk a command writes to: a full disk, a quota, a read-only file system, a name too long for it.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG)
+
+
+def is_users_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the user's to fix (:func:`user_errors`, or a disk that cannot take the output)."""
+    return isinstance(exc, user_errors()) or isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
+
+
+def message(exc: BaseException) -> str:
+    """What an error says, without Python's ``[Errno N]`` prefix on the OS errors swalab words itself."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is None:
+        return str(exc.strerror).strip()
+    return str(exc).strip()
 
 
 def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab") -> object:
     """Call ``main(argv)`` and return what it returns; a user's error ends in one line on stderr and exit 2."""
     try:
         return main(argv)
-    except user_errors() as exc:
-        text = one_line(str(exc)) or type(exc).__name__
+    except Exception as exc:
+        if not is_users_error(exc):
+            raise
+        text = one_line(message(exc)) or type(exc).__name__
         print(f"[{prog}] {text}", file=sys.stderr)
         raise SystemExit(USAGE_EXIT_CODE) from None
 
 
 def one_line(message: str) -> str:
     """A message on one line: Hydra's list of available options kept (``Could not find 'dataset/nosuch'; available
-    options in 'dataset': cifar10, cifar100, ...``), its config search path left out."""
+    options in 'dataset': cifar10, cifar100, ...``), its config search path left out; a list of refusals
+    (``invalid config:`` then ``  - seed='abc' must be an integer``) kept as its items joined by ``;``."""
     lines = [line.strip() for line in message.split("Config search path")[0].splitlines() if line.strip()]
     if len(lines) > 1 and lines[1].lower().startswith("available options"):
         return f"{lines[0]}; {lines[1][0].lower()}{lines[1][1:]} {', '.join(lines[2:])}"
+    if len(lines) > 1 and lines[0].endswith(":") and lines[1].startswith("- "):  # a list: ``invalid config:`` + items
+        return f"{lines[0]} " + "; ".join(line.removeprefix("- ") for line in lines[1:] if line.startswith("- "))
     return lines[0] if lines else ""
 
 
@@ -50,6 +75,7 @@ def output_folder(path: str | Path, flag: str) -> Path:
     """``path`` as a folder a command may write into (``--out``), checked before any work: refused, naming the flag,
     when it is a file or lies below one."""
     path = Path(path)
+    check_name(path, flag, inside=32, sibling=24)  # the report's files; its work folder .<name>.<pid>.<random> beside
     for part in [path, *path.parents]:
         if part.exists():
             if not part.is_dir():
@@ -62,9 +88,18 @@ def output_folder(path: str | Path, flag: str) -> Path:
 def output_file(path: str | Path, flag: str) -> Path:
     """``path`` as a file a command may write (``--out x.json``), checked before any work."""
     path = Path(path)
+    check_name(path, flag, sibling=13)  # the temp file <name>.<random>.tmp it is written to first
     if path.is_dir():
         raise IsADirectoryError(f"{flag} {path} is a folder: give a file name")
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise NotADirectoryError(f"{flag} {path} lies below {blocking}, which is a file: give a path in a folder")
     return path
+
+
+def check_name(path: Path, flag: str, inside: int = 0, sibling: int = 0) -> None:
+    """Refuse, naming ``flag``, a path the file system cannot hold with what a command writes in and beside it
+    (``swalab.config.check_path_fits``), before any work."""
+    from swalab.config import check_path_fits
+
+    check_path_fits(path, flag, f"give {flag} a shorter path", inside=inside, sibling=sibling)

@@ -12,13 +12,15 @@ Checks, all before any file or folder is created:
 * :func:`check_config`: types (an integer key given ``2.5`` or ``abc`` is a named error) and ranges
   of the keys ``swalab.train`` reads itself; each message names the key and what is allowed. The keys of
   a method, schedule, model or data set are checked by the object they configure.
-* :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused.
+* :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused;
+* :func:`check_path_fits`: an output path the file system cannot hold (a name or the whole path too long).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +78,9 @@ def is_numbers(value: Any) -> bool:
             and all(is_number(v) for v in value))
 
 
+INT_LIMIT = 2 ** 63  # an integer setting reaches torch or numpy, which hold 64-bit integers ("Overflow when unpacking")
+
+
 def kind_error(key: str, value: Any, kind: str) -> str | None:
     """The message for ``key=value`` when ``value`` is not of ``kind`` (``int``, ``number`` (finite),
     ``numbers`` (a list of finite numbers), ``bool``, ``str``); a trailing ``?`` allows null. None when it fits."""
@@ -86,6 +91,8 @@ def kind_error(key: str, value: Any, kind: str) -> str | None:
         kind = kind[:-1]
     ok = {"int": is_int, "number": is_number, "numbers": is_numbers, "bool": lambda v: isinstance(v, bool),
           "str": lambda v: isinstance(v, str)}[kind](value)
+    if ok and kind == "int" and not -INT_LIMIT <= value < INT_LIMIT:  # torch and numpy take 64-bit integers
+        return f"{key}={value!r} must be an integer below 2**63"
     if ok:
         return None
     wanted = {"int": "an integer", "number": "a finite number", "numbers": "a list of finite numbers",
@@ -156,6 +163,18 @@ KEYS: dict[str, tuple] = {
 OPEN_LOW = ("trainer.bn_update_fraction", "trainer.clip_grad_norm", "dataset.std", "model.std")
 
 
+AVG_DEVICES = ("train", "cpu")
+
+
+def check_avg_device(avg_device: str) -> str:
+    """``run.avg_device``: checked with the run's settings (:func:`check_config`) whatever the method, so that a typo
+    is refused in every job of a grid over methods, not only in those of a method that keeps an average; a method
+    built in Python (SWA, EMA) checks the argument it is given with it too."""
+    if avg_device not in AVG_DEVICES:
+        raise ConfigError(f"run.avg_device={avg_device!r} must be 'train' (the training device) or 'cpu'")
+    return avg_device
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first)."""
     errors: list[str] = []
@@ -177,6 +196,10 @@ def check_config(cfg: DictConfig) -> None:
     resume = cfg.run.get("resume")
     if resume not in ("auto", True, False):
         errors.append(f"run.resume={resume!r} must be auto, true or false (run.dir=<dir> names the directory)")
+    try:
+        check_avg_device(cfg.run.get("avg_device", "train"))
+    except ConfigError as exc:
+        errors.append(str(exc))
     save_at = cfg.run.get("save_at") or []
     if not all(is_int(e) and e >= 1 for e in save_at):
         errors.append(f"run.save_at={list(save_at)!r} must be a list of epochs >= 1")
@@ -197,6 +220,44 @@ def save_at_caveats(save_at, epochs: int) -> list[str]:
     return [f"run.save_at={[int(e) for e in save_at]}: epoch{'s' if len(beyond) > 1 else ''} "
             f"{', '.join(map(str, beyond))} {'are' if len(beyond) > 1 else 'is'} beyond this run's trainer.epochs="
             f"{epochs}, so no checkpoint is kept for {'them' if len(beyond) > 1 else 'it'}"]
+
+
+def check_path_fits(path: str | Path, key: str, fix: str, inside: int = 0, sibling: int = 0) -> None:
+    """Raise ``ConfigError`` when the file system cannot hold ``path`` (set by ``key``): a folder name longer than its
+    ``PC_NAME_MAX`` (255 bytes on most), or the whole path, with ``inside`` more characters for the files written
+    below it, longer than its ``PC_PATH_MAX`` (4096). ``sibling``: characters a temporary name beside ``path`` adds
+    to its last name (a report's work folder). Checked before anything is created: otherwise the folders made
+    before the name that does not fit, and a run's ``.lock``, stay behind an ``[Errno 36] File name too long``.
+    ``fix`` says what to shorten."""
+    path = Path(os.path.abspath(path))
+    existing = next(p for p in [*path.parents, path][::-1] if exists(p))
+    name_max, path_max = limit_of(existing, "PC_NAME_MAX", 255), limit_of(existing, "PC_PATH_MAX", 4096)
+    for part in path.parts[1:]:
+        size = len(os.fsencode(part)) + (sibling if part == path.name else 0)
+        if size > name_max:
+            raise ConfigError(f"{key}: the folder name {part[:20]}... in it is {size} bytes"
+                              + (" with the temporary name made beside it" if sibling and part == path.name else "")
+                              + f", over the {name_max} the file system allows in a name: {fix}")
+    if len(os.fsencode(str(path))) + inside >= path_max:
+        raise ConfigError(f"{key}: {str(path)[:40]}... is {len(os.fsencode(str(path)))} bytes long; with the files "
+                          f"written below it (up to {inside} more) that is over the {path_max} the file system allows "
+                          f"in a path: {fix}")
+
+
+def exists(path: Path) -> bool:
+    """``path.exists()``, False for a path too long to ask about."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def limit_of(path: Path, name: str, default: int) -> int:
+    """The file system's ``os.pathconf`` limit ``name`` at ``path``, or ``default`` where it has none to tell."""
+    try:
+        return int(os.pathconf(path, name))
+    except (OSError, ValueError):
+        return default
 
 
 def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run")) -> list[str]:

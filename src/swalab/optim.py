@@ -62,6 +62,16 @@ def fuses_by_default(cls: type, settings: dict[str, Any], groups: list[dict]) ->
             and "fused" not in settings and "foreach" not in settings and bool(params) and all(p.is_cuda for p in params))
 
 
+def check_lengths(settings: dict[str, Any], takes) -> None:
+    """A list setting of another length than its default (``optimizer.betas=[0.9]`` for AdamW's pair) is refused by
+    its key: torch would fail on it with a bare ``list index out of range``."""
+    for name, value in settings.items():
+        default = takes[name].default if name in takes else None
+        if isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)) and len(value) != len(default):
+            raise ConfigError(f"{KEY}.{name}={list(value)!r} must be a list of {len(default)} numbers, like its "
+                              f"default {list(default)!r}")
+
+
 @dataclass
 class OptimizerSpec:
     """``target`` (an import path of a ``torch.optim.Optimizer`` class) with its keyword arguments ``settings``
@@ -102,6 +112,7 @@ class OptimizerSpec:
         if unknown and not any(p.kind == p.VAR_KEYWORD for p in takes.values()):
             allowed = [p for p in takes if p not in ("self", "params", "lr", "kwargs")]
             raise ConfigError(f"{KEY}.{unknown[0]} is not a setting of {self.target}; it takes: {', '.join(allowed)}")
+        check_lengths(self.settings, takes)
         settings = dict(self.settings)
         groups = param_groups(model, float(settings.pop("weight_decay", 0.0)), self.filter_bias_and_bn)
         if fuses_by_default(cls, settings, groups):

@@ -43,6 +43,16 @@ def check_precision(precision: str) -> str:
     return precision
 
 
+def slow_precision(device: torch.device, precision: str) -> str | None:
+    """A line for run.log when the training precision is one the device only emulates: fp16 on a CPU runs many times
+    slower than float32 (CPUs have no half-precision arithmetic of use to torch's kernels) and is meant for GPUs
+    without bf16. None otherwise."""
+    if device.type == "cpu" and precision == "fp16":
+        return ("trainer.precision=fp16 on the CPU: torch emulates half precision there, many times slower than "
+                "float32; fp16 is for GPUs without bf16. On a CPU set trainer.precision=auto (float32)")
+    return None
+
+
 def training_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     """The autocast dtype of a training step on ``device``, or None for float32 (module doc)."""
     if precision == "auto":

@@ -9,6 +9,10 @@ holding process exits, however it exits (a crash, ``kill -9``, an out-of-memory 
 dead process is never in the way: the next process takes it over and says so. A second process that
 finds the lock held exits at once with :class:`RunLocked`, naming the holder (PID, host, start time),
 which the holder writes into the file.
+
+What it cannot catch: the lock is on the open file, not on its path, so deleting the directory of a run that is
+still training removes the lock with it; the same command launched again makes a new ``.lock`` and trains beside
+the old process (docs/reliability.md). Stop a run before deleting its directory.
 """
 
 from __future__ import annotations

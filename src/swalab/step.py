@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -87,11 +88,11 @@ class TrainingStep:
 
 
 def skip_nonfinite(loss: torch.Tensor, epoch: int, step: int, skips: int, max_skips: int, data_parallel: bool,
-                   main: bool, kept: str) -> bool:
+                   main: bool, kept: Callable[[], str]) -> bool:
     """With ``trainer.nonfinite=skip``: whether to drop this step, because its loss is not finite here or on any other
     rank (a rank that skipped alone would leave the others' gradient all-reduce waiting). Reads the loss every step
-    (a host sync), which ``stop`` spares by checking once per epoch (:func:`first_bad_step`). ``kept``: what the run
-    keeps when it stops, for the message."""
+    (a host sync), which ``stop`` spares by checking once per epoch (:func:`first_bad_step`). ``kept()``: what the run
+    keeps when it stops, for the message (asked only then)."""
     bad = not bool(torch.isfinite(loss.detach()))
     if data_parallel:
         bad = distributed.agree_any(bad)
@@ -99,7 +100,7 @@ def skip_nonfinite(loss: torch.Tensor, epoch: int, step: int, skips: int, max_sk
         return False
     if skips >= max_skips:
         raise NonFiniteLossError(f"non-finite loss at epoch {epoch + 1}, step {step + 1}, after {skips} skipped steps "
-                                 f"(trainer.max_skips={max_skips}); {kept}")
+                                 f"(trainer.max_skips={max_skips}); {kept()}")
     if main:
         warnings.warn(f"non-finite loss at epoch {epoch + 1}, step {step + 1}: step skipped", RuntimeWarning)
     return True

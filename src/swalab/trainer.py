@@ -269,7 +269,7 @@ class Trainer:
                 loss, correct = self.step.forward_backward(x, target)
                 if self.opts.nonfinite == "skip" and skip_nonfinite(
                         loss, epoch, step, tally.skips, self.opts.max_skips, self.ranks.enabled, self.main,
-                        f"the last good checkpoint in {self.store.dir} is kept"):
+                        self._kept):
                     self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are dropped with it
                     tally.skips += 1
                     continue
@@ -293,9 +293,8 @@ class Trainer:
         first_bad = first_bad_step(bad_step, self.ranks.enabled)
         if first_bad is not None:
             raise NonFiniteLossError(
-                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; the last good "
-                f"checkpoint in {self.store.dir} and history.jsonl are kept. Lower the learning rate or set "
-                "trainer.nonfinite=skip.")
+                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; {self._kept()}. "
+                "Lower the learning rate or set trainer.nonfinite=skip.")
         return tally
 
     def _graph_refusal(self) -> str | None:
@@ -356,6 +355,13 @@ class Trainer:
         if agreed:
             self._signal = agreed
         return bool(agreed)
+
+    def _kept(self) -> str:
+        """What a run stopped by a non-finite loss keeps to continue from: its newest checkpoint, or none yet."""
+        newest = self.store.paths()[:1]
+        if newest:
+            return f"the last good checkpoint {newest[0]} and history.jsonl are kept"
+        return f"no checkpoint had been written yet in {self.store.dir}, so a re-run starts from the beginning"
 
     def run_eta(self, epoch: int) -> float | None:
         """Seconds left in the run at the start of ``epoch``: the mean epoch time so far x epochs left."""

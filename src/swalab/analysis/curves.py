@@ -66,6 +66,9 @@ def main(argv=None) -> list:
     p.add_argument("--title", default="", help="figure title")
     p.add_argument("--out", required=True, help="PNG file to write")
     args = p.parse_args(argv)
+    from swalab.cli import output_file
+
+    output_file(args.out, "--out")  # checked before any work, as every tool checks where it writes
     if args.labels and len(args.labels) != len(args.runs):
         p.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
     labels = args.labels or [label_of(r) for r in args.runs]

@@ -85,7 +85,11 @@ class Study:
 
 
 def open_study(run_dir: str | Path, args) -> Study:
-    """Open a run for an analysis with the options of :func:`add_common_arguments`."""
+    """Open a run for an analysis with the options of :func:`add_common_arguments`; ``--out`` is checked first, as
+    every tool checks where it writes before any work (``swalab.cli.output_folder``)."""
+    from swalab.cli import output_folder
+
+    output_folder(args.out, "--out")
     run = open_run(run_dir)
     device = select_device(args.device)
     data = analysis_data(run, device, args.train_size, args.test_size, seed=args.seed)

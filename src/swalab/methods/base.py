@@ -203,16 +203,6 @@ class Method:
         pass
 
 
-AVG_DEVICES = ("train", "cpu")
-
-
-def check_avg_device(avg_device: str) -> str:
-    """``run.avg_device``, checked by the method that takes it (SWA, EMA) when it is built."""
-    if avg_device not in AVG_DEVICES:
-        raise ConfigError(f"run.avg_device={avg_device!r} must be 'train' (the training device) or 'cpu'")
-    return avg_device
-
-
 def averages_device(avg_device: str, ctx: TrainContext) -> torch.device:
     """Where a method keeps its average (``run.avg_device``): the training device, or the CPU, where WRN-28-10's
     SWA average (146 MB) and EMA copy stay off a small GPU. The result is the same either way: averaging is

@@ -21,9 +21,9 @@ import copy
 import torch
 from timm.utils import ModelEmaV3
 
-from swalab.config import ConfigError, require
+from swalab.config import ConfigError, check_avg_device, require
 from swalab.evaluate import ModelPredictor, Predictor
-from swalab.methods.base import Method, TrainContext, averages_device, check_avg_device, on_training_device
+from swalab.methods.base import Method, TrainContext, averages_device, on_training_device
 from swalab.schedules import Schedule
 
 

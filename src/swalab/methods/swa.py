@@ -43,9 +43,9 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from swalab import faults
-from swalab.config import ConfigError, require
+from swalab.config import ConfigError, check_avg_device, require
 from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, log_of, metrics_from_log_probs
-from swalab.methods.base import (Method, TrainContext, averages_device, check_avg_device, check_pre_schedule,
+from swalab.methods.base import (Method, TrainContext, averages_device, check_pre_schedule,
                                  on_training_device, unread_schedule_keys)
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 

@@ -29,6 +29,7 @@ from typing import Sequence
 import torch
 from torch.optim.swa_utils import AveragedModel
 
+from swalab.checkpoint import read_torch_file
 from swalab.results.diagnostics import section35
 from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_probs, metrics_table, predict_log_probs,
                              recompute_bn)
@@ -96,7 +97,7 @@ def average_members(scored: Scored) -> torch.nn.Module:
     paths = scored.run.member_paths()
     averaged = None
     for path in paths:
-        member = scored.model_for(torch.load(path, map_location="cpu", weights_only=False)["model"], str(path))
+        member = scored.model_for(read_torch_file(path)["model"], str(path))
         averaged = AveragedModel(member) if averaged is None else averaged
         averaged.update_parameters(member)
     model = averaged.module
@@ -111,8 +112,8 @@ def run_predictions(scored: Scored) -> tuple[dict[str, torch.Tensor], list[torch
     members = None
     if run.method == "fge":
         if run.member_paths():
-            members = [scored.log_probs(scored.model_for(torch.load(p, map_location="cpu", weights_only=False)["model"],
-                                                         str(p))) for p in run.member_paths()]
+            members = [scored.log_probs(scored.model_for(read_torch_file(p)["model"], str(p)))
+                       for p in run.member_paths()]
             log_probs["fge_avg"] = scored.log_probs(average_members(scored))
         else:
             members = run.cached_member_log_probs()

@@ -37,10 +37,13 @@ linked to its training runs), saved online with ``--wandb-mode online``, else wr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -104,6 +107,25 @@ def remove_abandoned_work(out: Path) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def sigterm_exits():
+    """While the block runs, SIGTERM (a job's time limit, ``kill``) raises ``SystemExit(143)`` rather than ending the
+    process at once, so that the block's clean-up runs (the work folder is removed). Only in the main thread,
+    where Python handles signals; the earlier handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_cleanly(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_cleanly)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def publish(work: Path, out: Path, names: dict) -> None:
     """Move the finished report from ``work`` into ``out``, each file with an atomic rename, then remove what an
     earlier report left there that this one did not write (a stale FGE curve would pass for this one's). A report
@@ -142,12 +164,17 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
         return {**found, "written": {}, "wandb": None}
     out.mkdir(parents=True, exist_ok=True)
     remove_abandoned_work(out)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))  # made here, then moved
-    try:
-        names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability)
-        publish(work, out, names)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with sigterm_exits():  # a SIGTERM (a time limit, kill) still removes the work folder
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))  # made here, then moved
+        try:
+            names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability)
+            publish(work, out, names)
+        except OSError as exc:  # a full disk, a quota: nothing of the earlier report was replaced
+            raise OSError(exc.errno, f"cannot write the report into {out} ({exc.strerror or exc}): the earlier "
+                                     "report there is left as it was; free space, or give --out a folder "
+                                     "elsewhere") from None
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     written = {name: out / name for name in names}
     wandb = None
     if wandb_mode:

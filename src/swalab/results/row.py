@@ -46,7 +46,7 @@ import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.config import ConfigError
 from swalab.train.build import build_method
 from swalab.train.plan import locate
-from swalab.train.plan import apart_from_defaults, identity_for
+from swalab.train.plan import apart_from_defaults, identity_for, validate
 from swalab.train.records import DamagedRecord, final_metrics, write_text
 
 REPO = Path(__file__).resolve().parents[3]
@@ -87,8 +87,11 @@ def compose_run(overrides: list[str]) -> DictConfig:
 
 def run_dir_of(cfg: DictConfig, overrides: list[str]) -> Path:
     """Where ``python run.py <overrides>`` trains: the directory ``swalab.train`` names from the config (what sets it
-    apart from its defaults, composed as run.py composes them)."""
+    apart from its defaults, composed as run.py composes them). The config is first checked as run.py checks it
+    (``swalab.train.validate``: a mandatory ``???`` key left unset, a bad value), so that a row refuses what its
+    jobs would refuse before any of them runs."""
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    validate(task)
     choices = dict(cfg.hydra.runtime.choices)
     identity = identity_for(task)[0]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -144,6 +147,7 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     base = [f"dataset={dataset}", f"model={model}", f"seed={seed}", *extra]
     trunk_ov = [*base, "method=sgd"]
     trunk_cfg = compose_run(trunk_ov)
+    trunk_dir = run_dir_of(trunk_cfg, trunk_ov)  # checks the trunk's config first: what every job shares
     trunk_epochs = int(trunk_cfg.trainer.epochs)
     budgets = sorted(float(b) for b in swa_budgets)
 
@@ -161,7 +165,7 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     ema_ov = [*base, "method=ema"]
     extra_jobs = [Job("ema", ema_ov, run_dir_of(compose_run(ema_ov), ema_ov), columns={"EMA": "ema"})] if ema else []
     if naive:
-        jobs = [Job("sgd", trunk_ov, run_dir_of(trunk_cfg, trunk_ov), columns={"SGD": "sgd"})]
+        jobs = [Job("sgd", trunk_ov, trunk_dir, columns={"SGD": "sgd"})]
         if fge:
             jobs.append(Job("fge", fge_ov, run_dir_of(compose_run(fge_ov), fge_ov), columns={"FGE 1B": "fge"}))
         for b in budgets:
@@ -179,7 +183,6 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     if fge:
         children.append(("fge", fge_ov, compose_run(fge_ov), {"FGE 1B": "fge"}))
     points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
-    trunk_dir = run_dir_of(trunk_cfg, trunk_ov)
     save_at = "run.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()))) + "]"
     jobs = [Job("sgd", [*trunk_ov, save_at], trunk_dir, columns={"SGD": "sgd"})]
     for name, ov, cfg, columns in children:

@@ -29,6 +29,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
+from swalab.checkpoint import read_torch_file
 from swalab.compat import upgraded_config
 from swalab.config import build
 from swalab.data import ImageData, subset
@@ -216,7 +217,7 @@ class Run:
         if not final.exists():
             raise FileNotFoundError(f"{self.path} has finished but holds no {FINAL}: re-score it by moving its "
                                     "metrics.json away and re-running its command")
-        state = torch.load(final, map_location="cpu", weights_only=False)
+        state = read_torch_file(final)
         if name in ("live", "sgd", "model"):
             return state["model"]
         methods = state.get("methods") or {}
@@ -228,8 +229,7 @@ class Run:
     def method_weights(self) -> list[str]:
         """The names of the method's own weights in ``final.pt`` (``["swa"]``, ``["ema"]`` or none)."""
         final = self.path / FINAL
-        return sorted(torch.load(final, map_location="cpu", weights_only=False).get("methods") or {}) \
-            if final.exists() else []
+        return sorted(read_torch_file(final).get("methods") or {}) if final.exists() else []
 
     def member_paths(self) -> list[Path]:
         """FGE members saved with ``model.fge.save_members=true``, in the order they were collected."""
@@ -240,7 +240,7 @@ class Run:
         path = self.path / MEMBER_PROBS_FILE
         if not path.exists():
             return None
-        return member_log_probs_of(torch.load(path, map_location="cpu", weights_only=False))
+        return member_log_probs_of(read_torch_file(path))
 
 
 def open_run(run_dir: str | Path) -> Run:

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
-from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint
+from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint, read_torch_file
 from swalab.config import ConfigError, build, is_number
 from swalab.data import ResidentLoader, subset
 from swalab.losses import LossSpec
@@ -114,10 +114,7 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
         return state["model"], {"parent": str(path), "checkpoint": str(found), "epoch": state["epoch"]}
     if not path.exists():
         raise FileNotFoundError(f"model.init_from={spec}: no such file or run directory")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(f"model.init_from={spec}: cannot read it ({type(exc).__name__}: {exc})") from exc
+    state = read_torch_file(path, f"model.init_from={spec}")
     if isinstance(state, dict) and state.get("format") == "swalab-checkpoint":
         return state["model"], {"parent": str(path.parent.parent), "checkpoint": str(path), "epoch": state["epoch"]}
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):

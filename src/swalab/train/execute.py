@@ -33,14 +33,15 @@ from swalab.config import ConfigError, build
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_log
+from swalab.precision import slow_precision
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
                                 load_into, loss_spec, optimizer_spec, read_status, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, append_environment, data_facts,
-                                  environment_entry, git_info, one_line, save_predictions, seed_everything,
-                                  write_json, write_status, write_text)
+                                  environment_entry, git_info, one_line, remove_killed_writes, save_predictions,
+                                  seed_everything, write_json, write_status, write_text)
 from swalab.pausing import Preempted
 from swalab.trainer import Trainer
 
@@ -173,6 +174,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
                     write_status(plan.run_dir, {"status": "complete"})
             else:
                 lock = RunLock(plan.run_dir).acquire()
+                remove_killed_writes(plan.run_dir)  # under the lock: no live process writes them
                 finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
                 if finished is not None:
                     log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
@@ -281,6 +283,9 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
             else:
                 log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                          f"{record(plan.identity)['hash']})")
+            slow = slow_precision(plan.device, str(plan.cfg.trainer.precision))
+            if slow:  # said once, at each start: a resumed run is as slow
+                log.warning(f"[swalab] {slow}")
             faults.hit("run_start")  # test-only kill/signal point (swalab.faults)
             tracker = make_tracker(plan, built)
 

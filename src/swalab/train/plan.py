@@ -18,7 +18,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from swalab.checkpoint import CheckpointStore
-from swalab.config import ConfigError, check_config, check_overrides, default_choices, save_at_caveats
+from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
+                           save_at_caveats)
 from swalab.data.fingerprint import changes
 from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
                              run_name, settings_apart, stored_identity)
@@ -56,15 +57,30 @@ def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | 
     run apart from its defaults. A run of the same config made by an earlier swalab under another name is
     refused with the command that moves it (:func:`earlier_run_dir`)."""
     if cfg.run.get("dir"):
-        return Path(str(cfg.run.dir))
+        return fits(cfg, Path(str(cfg.run.dir)))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
-    named = Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {}, group_hash(identity))
+    named = fits(cfg, Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {},
+                                                                  group_hash(identity)))
     earlier = earlier_run_dir(named, identity)
     if earlier is not None:
         raise ConfigError(f"the run of this config is in {earlier}, named by an earlier swalab; its name today is "
                           f"{named}. Move it there (mv {earlier} {named}) and run the same command again to continue "
                           "or skip it, or give this run a directory of its own with run.dir=<dir>")
     return named
+
+
+# Room for the longest path a run writes below its directory (checkpoints/predictions/fge_member_012_val.pt.<random>.tmp
+# is 58 characters; W&B's files under wandb/ a few more), checked before the directory is made (check_path_fits).
+RUN_FILES_ROOM = 100
+
+
+def fits(cfg: DictConfig, run_dir: Path) -> Path:
+    """``run_dir`` once the file system is known to hold it and the files a run writes below it
+    (``swalab.config.check_path_fits``), before anything is created; the refusal names the key that placed it."""
+    check_path_fits(run_dir, "run.dir" if cfg.run.get("dir") else "paths.output_dir",
+                    "give a shorter paths.output_dir (all runs), or place this run with a shorter run.dir=<dir>",
+                    inside=RUN_FILES_ROOM)
+    return run_dir
 
 
 def earlier_run_dir(named: Path, identity: dict) -> Path | None:
@@ -276,7 +292,7 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     device = select_device(str(cfg.run.device))
     identity, resolved, data_record = identity_for(cfg)
     settings = apart_from_defaults(cfg, identity, choices)
-    run_dir = Path(run_dir) if run_dir is not None else locate(cfg, identity, settings, choices)
+    run_dir = fits(cfg, Path(run_dir)) if run_dir is not None else locate(cfg, identity, settings, choices)
     apart = tuple(name_items(settings)[0])
     finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,

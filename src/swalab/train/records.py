@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import tempfile
 import time
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from swalab import distributed
+from swalab.cli import message
 from swalab.checkpoint import atomic_save
 from swalab.data.splits import pixel_max
 from swalab.logs import get_logger
@@ -116,6 +118,27 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     return path
 
 
+# The temp name atomic_write and atomic_save give a file while they write it (tempfile.mkstemp's 8 random characters).
+KILLED_WRITE = re.compile(r"^[\w@+-][\w.@+-]*\.[a-z0-9_]{8}\.tmp$")
+WRITTEN_IN = ("", "members", "checkpoints", "checkpoints/predictions", "checkpoints/saved")  # the run's folders
+
+
+def remove_killed_writes(run_dir: str | Path) -> list[Path]:
+    """Remove the temp files (``status.json.<random>.tmp``) that a run killed mid-write (``kill -9``, an out-of-memory
+    kill) left in ``run_dir`` and its folders, and return them. Only swalab's own temp names; call it only while
+    holding the run's lock (``swalab.runlock``), so that no live process is writing one of them."""
+    removed = []
+    for folder in WRITTEN_IN:
+        where = Path(run_dir) / folder
+        if not where.is_dir():
+            continue
+        for path in where.iterdir():
+            if KILLED_WRITE.match(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
 def write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (:func:`atomic_write`). Only the main rank writes (data-parallel runs
     share one directory)."""
@@ -178,13 +201,6 @@ def final_metrics(run_dir: str | Path) -> dict | None:
     if not isinstance(metrics, dict) or not any(isinstance(m, dict) and "acc" in m for m in metrics.values()):
         raise DamagedRecord(f"{path} holds no predictor's metrics")
     return metrics
-
-
-def message(exc: BaseException) -> str:
-    """What an error says, without Python's ``[Errno N]`` prefix on the OS errors swalab words itself."""
-    if isinstance(exc, OSError) and exc.strerror and exc.filename is None:
-        return str(exc.strerror).strip()
-    return str(exc).strip()
 
 
 def one_line(exc: BaseException) -> str:

@@ -304,3 +304,16 @@ def rank_rng_state(state: dict, rank: int, world_size: int) -> dict | None:
     if rank < len(ranks):
         return ranks[rank]
     return None
+
+
+def restore_rng(state: dict, rank: int, world_size: int, device: torch.device, warn: bool = True) -> None:
+    """Put back the generator states ``rank`` had when ``state`` (a checkpoint) was written (:func:`rank_rng_state`);
+    a rank it holds none of keeps its fresh stream, which ``warn`` says (the resume is then not exact)."""
+    rng = rank_rng_state(state, rank, world_size)
+    if rng is not None:
+        set_rng_state(rng, device)
+    elif warn:
+        warnings.warn(f"{state.get('path', 'the checkpoint')} holds the generator states of {len(state['rng_ranks'])} "
+                      f"ranks and {world_size} resume it: the ranks beyond keep their fresh streams, so this resume is "
+                      "not exact", RuntimeWarning)
+

@@ -175,6 +175,21 @@ def check_avg_device(avg_device: str) -> str:
     return avg_device
 
 
+def check_monitoring(eval_split: str, temperature_scaling: bool | str, has_val_split: bool) -> None:
+    """``run.eval_split`` and ``run.temperature_scaling``, and that a run without a validation split asks for neither
+    of what needs one."""
+    if eval_split not in ("test", "val"):
+        raise ConfigError(f"run.eval_split={eval_split!r} must be test or val")
+    if eval_split == "val" and not has_val_split:
+        raise ConfigError("run.eval_split=val monitors on the validation split, and this run has none: set "
+                          "dataset.val_size=<images or a fraction>, or run.eval_split=test")
+    if temperature_scaling not in ("auto", True, False):
+        raise ConfigError(f"run.temperature_scaling={temperature_scaling!r} must be auto, true or false")
+    if temperature_scaling is True and not has_val_split:
+        raise ConfigError("run.temperature_scaling=true fits each temperature on the validation split, and this "
+                          "run has none: set dataset.val_size=<images or a fraction>")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first)."""
     errors: list[str] = []

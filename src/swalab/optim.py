@@ -125,3 +125,14 @@ class OptimizerSpec:
     def check(self) -> None:
         """Build it once over a stand-in parameter: every refusal comes before the run writes anything."""
         self.build(nn.Linear(1, 1), lr=0.1)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)`` (a checkpoint's moments and hyperparameters), keeping how the update runs
+    (``fused``, ``foreach``): that is this machine's choice, not the checkpoint's. A run checkpointed on a CPU
+    (foreach) and resumed on a GPU runs fused there, as the CUDA graph needs (:func:`fuses_by_default`)."""
+    kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, chosen in zip(optimizer.param_groups, kernels):
+        group.update(chosen)
+

@@ -24,7 +24,6 @@ import json
 import logging
 import statistics
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -33,16 +32,15 @@ import torch
 from torch import nn
 
 from swalab import distributed, faults
-from swalab.checkpoint import (CheckpointStore, PredictionFiles, checkpoint_name, rank_rng_state, rng_state,
-                               set_rng_state)
-from swalab.config import ConfigError
+from swalab.checkpoint import CheckpointStore, PredictionFiles, checkpoint_name, restore_rng, rng_state
+from swalab.config import check_monitoring
 from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
                              score_predictors)
 from swalab.graphed import GraphedStep, graph_refusal
 from swalab.logs import progress_bar
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
-from swalab.optim import OptimizerSpec
+from swalab.optim import OptimizerSpec, load_optimizer_state
 from swalab.pausing import Preempted, catching_pause_signals, signal_words
 from swalab.precision import check_precision, deterministic
 from swalab.step import NonFiniteLossError, TrainingStep, first_bad_step, skip_nonfinite
@@ -110,16 +108,7 @@ class Trainer:
         self.store = CheckpointStore(self.run_dir, keep=options.keep_checkpoints)
         self.train_loader, self.test_loader, self.bn_loader = train_loader, test_loader, bn_loader
         self.val_loader = val_loader
-        if options.eval_split not in ("test", "val"):
-            raise ConfigError(f"run.eval_split={options.eval_split!r} must be test or val")
-        if options.eval_split == "val" and val_loader is None:
-            raise ConfigError("run.eval_split=val monitors on the validation split, and this run has none: set "
-                              "dataset.val_size=<images or a fraction>, or run.eval_split=test")
-        if options.temperature_scaling not in ("auto", True, False):
-            raise ConfigError(f"run.temperature_scaling={options.temperature_scaling!r} must be auto, true or false")
-        if options.temperature_scaling is True and val_loader is None:
-            raise ConfigError("run.temperature_scaling=true fits each temperature on the validation split, and this "
-                              "run has none: set dataset.val_size=<images or a fraction>")
+        check_monitoring(options.eval_split, options.temperature_scaling, has_val_split=val_loader is not None)
         self.identity = identity or {}
         self.on_epoch: Callable[[dict], None] | None = None  # fit's: called with each epoch's history row
         self.model = model.to(device)
@@ -190,24 +179,13 @@ class Trainer:
 
     def restore(self, state: dict) -> tuple[int, int, dict]:
         self.model.load_state_dict(state["model"])
-        # how the update runs (fused, foreach) is this machine's choice, not the checkpoint's: a run checkpointed on
-        # a CPU (foreach) and resumed on a GPU runs fused there, as the CUDA graph needs (swalab.optim)
-        kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, chosen in zip(self.optimizer.param_groups, kernels):
-            group.update(chosen)
+        load_optimizer_state(self.optimizer, state["optimizer"])
         if self.step.scaler is not None and state.get("scaler"):
             self.step.scaler.load_state_dict(state["scaler"])
         if state.get("method") is not None:  # None: a branch (run.branch_from) starts its method fresh
             self.method.load_state_dict(state["method"], self.ctx)
         self.history = list(state["history"])
-        rng = rank_rng_state(state, self.ranks.rank, self.ranks.world_size)
-        if rng is not None:
-            set_rng_state(rng, self.device)
-        elif self.main:
-            warnings.warn(f"{state.get('path', 'the checkpoint')} holds the generator states of "
-                          f"{len(state['rng_ranks'])} ranks and {self.ranks.world_size} resume it: the ranks beyond "
-                          "keep their fresh streams, so this resume is not exact", RuntimeWarning)
+        restore_rng(state, self.ranks.rank, self.ranks.world_size, self.device, warn=self.main)
         self._write_history()
         return int(state["epoch"]), int(state.get("step", 0)), dict(state.get("partial") or {})
 

@@ -28,6 +28,7 @@ from swalab.graphed import check_graph_mode
 from swalab.methods.base import known_recipes
 from swalab.precision import check_precision
 from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
+from swalab.tracking import RECORD_FILE
 from swalab.train.records import RUN_FILES, DamagedRecord, final_metrics, read_data_record
 from swalab.distributed import select_device
 
@@ -200,13 +201,15 @@ def in_user_keys(cfg: DictConfig, message: str) -> str:
 
 def run_record(run_dir: Path) -> str | None:
     """The file that marks ``run_dir`` as a swalab run, or None: its ``identity.json`` (holding an identity), else
-    checkpoints named as swalab names them (each carries its run's identity, checked when one is resumed), else a
-    ``config.yaml`` holding a resolved swalab config (a run of an earlier swalab wrote no identity.json), which names
+    checkpoints named as swalab names them (each carries its run's identity, checked when one is resumed), else its W&B
+    record (``wandb_run.json``), else a ``config.yaml`` holding a resolved swalab config (a run of an earlier swalab wrote no identity.json), which names
     its seed, data set, model and method."""
     if isinstance(json_of(run_dir / IDENTITY_FILE).get("identity"), dict):
         return IDENTITY_FILE
     if CheckpointStore(run_dir).paths():
         return "checkpoints"
+    if (run_dir / RECORD_FILE).is_file():  # the W&B run of a run: a name only swalab writes
+        return RECORD_FILE
     import yaml
 
     try:

@@ -58,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             val = best.metrics[best.label]["val"]
             print(f"[swalab.posthoc] chosen on validation {request.by}: {best.label} (val acc {val['acc']:.2f}, nll "
                   f"{val['nll']:.4f}) of {family} for {run}")
-    if plot(results, online_of(args.mark or args.runs), figure, title=f"post-hoc averages of {args.runs[0]}"):
+    first = Run(args.runs[0])
+    title = f"post-hoc averages of {first.dataset_name} / {first.model_name} / {first.method}, seed {first.seed}"
+    if plot(results, online_of(args.mark or args.runs), figure, title=title):
         print(f"[swalab.posthoc] figure: {figure}")
     return 0
 

@@ -43,6 +43,7 @@ from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec, load_optimizer_state
 from swalab.pausing import Preempted, catching_pause_signals, signal_words
 from swalab.precision import check_precision, deterministic
+from swalab.snapshots import SnapshotWriter
 from swalab.step import NonFiniteLossError, TrainingStep, first_bad_step, skip_nonfinite
 
 log = logging.getLogger("swalab.trainer")
@@ -89,6 +90,7 @@ class TrainerOptions:
     handle_signals: bool = True
     eval_split: str = "test"         # the split per-epoch monitoring scores: test | val (the validation split)
     temperature_scaling: bool | str = "auto"  # <name>+ts predictors: auto (with a validation split) | True | False
+    snapshots: int | float | None = None  # the live weights written to snapshots/: every N epochs, or 1/k of one (swalab.snapshots)
 
 
 # What a Trainer built without an optimizer or a loss trains with: SGD with the paper's momentum, plain cross-entropy.
@@ -119,6 +121,7 @@ class Trainer:
         self.forward_model = torch.compile(self.forward_model) if options.compile else self.forward_model
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
         self.ranks = distributed.info()
+        self.snapshots = SnapshotWriter(self.run_dir, options.snapshots, write=self.main)  # run.snapshots
         self.optimizer = optimizer.build(self.model, lr=method.step_lr(0, 0, 1))
         self.step = TrainingStep(self.model, self.forward_model, self.optimizer,
                                  loss if loss is not None else LossSpec().build(num_classes=0), device,
@@ -254,6 +257,7 @@ class Trainer:
                 self.step.update()
             bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss), step, bad_step)
             self.method.on_step_end(self.ctx, epoch, step)
+            self.snapshots.after_step(self.model, epoch, step, steps)
             faults.hit("train_step")  # test-only kill/signal point (swalab.faults)
             tally.loss_sum += loss.float() * y.shape[0]
             tally.correct += correct
@@ -294,6 +298,7 @@ class Trainer:
         """The method's epoch hook, the history row (scored every ``eval_every`` epochs), the checkpoint."""
         self.method.on_epoch_end(self.ctx, epoch)
         done = epoch + 1
+        self.snapshots.after_epoch(self.model, done, len(self.train_loader))
         last = done == self.opts.epochs
         row = {"epoch": done, "lr": tally.lr, "train_loss": float(tally.loss_sum) / max(tally.seen, 1),
                "train_acc": tally.accuracy()}

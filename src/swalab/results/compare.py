@@ -37,7 +37,7 @@ from swalab.results.runs import Run, open_run
 from swalab.cli import output_file
 from swalab.config import ConfigError
 from swalab.identity import label_of
-from swalab.train.build import load_into
+from swalab.train.build import build_val_loader, load_into
 from swalab.train.records import write_text
 from swalab.train.build import unfinished
 from swalab.distributed import select_device
@@ -54,6 +54,7 @@ class Scored:
     model: torch.nn.Module
     test_loader: object
     bn_loader: object
+    val_loader: object = None  # the validation split's (dataset.val_size), or None without one
 
     @property
     def label(self) -> str:
@@ -78,7 +79,8 @@ class Scored:
 
 
 def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
-    """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device``."""
+    """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device`` (the validation split's too,
+    when the run has one)."""
     run = open_run(run_dir)
     why = unfinished(run.path, epoch_pick=False)
     if why is not None:  # its newest checkpoint is not its result
@@ -88,7 +90,8 @@ def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
     _, test_loader, bn_loader = run.loaders(data, dev)
     model = run.model(data)
     load_into(model, run.weights("live"), f"{run_dir}/final.pt")
-    return Scored(run=run, device=dev, model=model.to(dev).eval(), test_loader=test_loader, bn_loader=bn_loader)
+    return Scored(run=run, device=dev, model=model.to(dev).eval(), test_loader=test_loader, bn_loader=bn_loader,
+                  val_loader=build_val_loader(run.cfg, data, dev))
 
 
 def average_members(scored: Scored) -> torch.nn.Module:

@@ -256,10 +256,11 @@ SPARSE = 0.01  # a bin holding less than this share of the test images is drawn 
 def reliability_columns(row, methods: Sequence[str] | None) -> list:
     """The columns of ``row`` a reliability panel draws: for each of ``methods`` (``sgd``, ``swa``, ``swag``, ``fge``,
     ``swa+ts``...) its column of the largest budget, in that order; without ``methods``, every column but the ``+ts``
-    ones (a run with a validation split has one for each)."""
+    ones (a run with a validation split has one for each) and the post-hoc ones (``swalab.posthoc``, which write no
+    reliability bins)."""
     ordered = sorted(row.cells, key=lambda c: c.order)
     if methods is None:
-        return [c for c in ordered if not c.scaled]
+        return [c for c in ordered if not c.scaled and not c.posthoc]
     out = []
     for method in methods:
         found = [c for c in ordered if c.method == method]

@@ -155,6 +155,17 @@ class Run:
         return rows
 
     @cached_property
+    def posthoc(self) -> dict[str, dict]:
+        """Predictors built after training (``python -m swalab.posthoc``): ``{label: metrics}`` of every
+        ``posthoc/*/metrics.json`` (``swa[12:16]``, ``lawa5``, ``ema0.9``, their ``+ts``), a damaged one skipped."""
+        out: dict[str, dict] = {}
+        for path in sorted((self.path / "posthoc").glob("*/metrics.json")):
+            found = _read_json(path)
+            if isinstance(found, dict):
+                out.update({k: v for k, v in found.items() if isinstance(v, dict)})
+        return out
+
+    @cached_property
     def reliability(self) -> dict:
         return _read_json(self.path / "reliability.json") or {}
 

@@ -42,6 +42,7 @@ class Column:
     method: str
     budget: float
     epochs: int
+    posthoc: bool = False  # built after training from the run's weights (swalab.posthoc): ``method`` is its label
 
     @property
     def base(self) -> str:
@@ -55,7 +56,10 @@ class Column:
 
     @property
     def name(self) -> str:
-        """``SWA``, ``SWAG-diag``, ``SWA+ts``: the method as a label shows it."""
+        """``SWA``, ``SWAG-diag``, ``SWA+ts``: the method as a label shows it; a post-hoc predictor by its own label
+        (``swa[12:16]``, ``lawa5+ts``)."""
+        if self.posthoc:
+            return self.method
         return self.base.upper().replace("_DIAG", "-diag") + (SUFFIX if self.scaled else "")
 
     @property
@@ -64,12 +68,12 @@ class Column:
 
     @property
     def order(self) -> tuple:
-        return METHOD_ORDER.get(self.base, 9), self.budget, self.epochs, self.scaled, self.method
+        return METHOD_ORDER.get(self.base, 9) + 10 * self.posthoc, self.budget, self.epochs, self.scaled, self.method
 
     @property
     def paper(self) -> str:
         """The paper's name for the column (Tables 1 and 2)."""
-        if self.scaled:
+        if self.scaled or self.posthoc:
             return self.label  # not in the paper
         if self.method in ("sgd", "pretrained"):
             return "SGD"
@@ -102,7 +106,8 @@ STANDS_IN = {"swag": ("swa",)}
 
 def entries_of(run: Run) -> list[Entry]:
     """The run's own predictors (``sgd`` of an SGD run, ``swa`` of a SWA run...), SWA's budget marks, each at its
-    fitted temperature (``<name>+ts``) too, and the predictors it stands in for (``STANDS_IN``)."""
+    fitted temperature (``<name>+ts``) too, the predictors it stands in for (``STANDS_IN``), and those built after
+    training (``swalab.posthoc``: columns of their own, after the methods', at the run's budget)."""
     out = []
     epochs = int(run.get("trainer.epochs", 0) or 0)
     budget = float(run.get("method.budget", 1.0) or 0.0)
@@ -117,6 +122,9 @@ def entries_of(run: Run) -> list[Entry]:
             continue  # e.g. the last iterate of a SWA run is not the SGD baseline
         column = Column(family + (SUFFIX if scaled else ""), float(m.get("budget", budget)), int(m.get("epoch", epochs)))
         out.append(Entry(run, name, column, m, stands_in=stands_in))
+    for name, m in run.posthoc.items():  # built after training (swalab.posthoc), labelled by what they average
+        if "acc" in m:
+            out.append(Entry(run, f"posthoc:{name}", Column(name, budget, int(m.get("epoch", epochs)), posthoc=True), m))
     return out
 
 

@@ -1,0 +1,309 @@
+"""Averages built after training, from a run's snapshots and final weights, scored like every online predictor.
+
+    python -m swalab.posthoc <run dir>... [--swa A:B ...] [--lawa K ...] [--ema DECAY ...] [--soup uniform greedy]
+                             [--wiseft ALPHA ...] [--select val] [--by nll|acc] [--mark <run dir>...]
+
+Each run (``swalab.results.compare.score_run``: its network, test, BN-update and validation loaders, rebuilt from its
+directory) gives its snapshots (``run.snapshots``, ``swalab.snapshots``) in training order, its final live weights
+last (unless a snapshot of the last epoch is there), and from them:
+
+* ``swa[A:B]``: the equal-weight mean of every snapshot from epoch A to epoch B, both included (``A:`` to the end);
+  the window of a SWA run's capture epochs is its online average (tests/test_posthoc.py);
+* ``lawaK``: the mean of the last K snapshots (Kaddour et al. 2022, timm's ``avg_checkpoints.py``);
+* ``emaD``: the EMA over the snapshots at decay D per snapshot: snapshot-granular, not per step;
+* ``wiseftA``: ``(1 - A) * start + A * final`` for a run started from weights (``model.init_from``);
+
+and across the runs given (one config, other seeds: one group hash, ``swalab.identity``), from their final live
+weights: ``soup-uniform(N)``, their mean, and ``soup-greedy(N)``, the greedy soup by validation score (N: the runs
+offered). Every result gets its BatchNorm statistics recomputed over the run's training data and is scored by
+``swalab.evaluate.score_predictors`` (acc, NLL, ECE, Brier, top-5; on the validation split and as ``+ts`` there when
+the run has one), then written to ``<run>/posthoc/<name>/`` (``metrics.json``, ``predictions.pt``), a soup under the
+first run's; the run's own records are never touched. ``swalab.results.report`` shows them as predictors of their
+run. Choices (``--select``, the greedy soup) are made on the validation split only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from swalab.config import ConfigError
+from swalab.evaluate import ModelPredictor, labels_of, metrics_from_log_probs, score_predictors
+from swalab.identity import differences, group_hash
+from swalab.posthoc.averages import State, ema_of, greedy_soup, interpolate, mean_of
+from swalab.results.compare import Scored, score_run
+from swalab.snapshots import snapshots_of
+from swalab.train.build import load_init_weights
+from swalab.train.records import METRICS_FILE, PREDICTIONS_FILE, save_predictions, write_json
+
+FOLDER = "posthoc"
+
+
+class PosthocError(ConfigError):
+    """A request this command cannot answer honestly: one line naming the option, the value and the fix."""
+
+
+@dataclass
+class Result:
+    """One post-hoc predictor: its label, its family and the value it was swept over (the figure's x), its metrics
+    (``score_predictors``'s, ``+ts`` included) and where it was written."""
+
+    label: str
+    family: str
+    knob: float
+    run: Path
+    metrics: dict = field(default_factory=dict)
+    built_from: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+
+# -- what a run offers ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Point:
+    """Weights at a place in training (in epochs), read when needed."""
+
+    position: float
+    name: str
+    read: Callable[[], State]
+
+
+def points_of(scored: Scored) -> list[Point]:
+    """The run's snapshots in training order, and its final live weights (``final.pt``) after them unless a
+    snapshot of its last epoch is there."""
+    epochs = int(scored.run.get("trainer.epochs"))
+    found = snapshots_of(scored.run.path)
+    steps = found[0].steps_per_epoch() if any(s.step for s in found) else 1
+    points = [Point(s.position(steps), s.path.name, s.weights) for s in found]
+    if not points or points[-1].position < epochs:
+        points.append(Point(float(epochs), "final.pt", lambda: scored.run.weights("live")))
+    return points
+
+
+def window(text: str) -> tuple[float, float | None]:
+    """``A:B`` (``A:``: to the end) as two epochs, or ``PosthocError`` naming ``--swa``."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*:\s*(\d+(?:\.\d+)?)?\s*", text)
+    if not m or (m.group(2) is not None and float(m.group(2)) <= float(m.group(1))):
+        raise PosthocError(f"--swa {text}: expected an epoch window A:B with A < B (or A: for A to the end), "
+                           "e.g. --swa 12:16")
+    return float(m.group(1)), None if m.group(2) is None else float(m.group(2))
+
+
+def shown(x: float) -> str:
+    return f"{x:g}"
+
+
+def swa_window(points: Sequence[Point], text: str) -> tuple[str, list[Point]]:
+    a, b = window(text)
+    end = b if b is not None else points[-1].position
+    inside = [p for p in points if a <= p.position <= end]
+    if len(inside) < 2:
+        raise PosthocError(f"--swa {text}: the window holds {len(inside)} snapshot(s) of {len(points)} (epochs "
+                           f"{shown(points[0].position)} to {shown(points[-1].position)}): an average needs 2; widen it "
+                           "or write snapshots more often (run.snapshots)")
+    return f"swa[{shown(a)}:{shown(end)}]", inside
+
+
+def last_k(points: Sequence[Point], k: int) -> tuple[str, list[Point]]:
+    if not 2 <= k <= len(points):
+        raise PosthocError(f"--lawa {k}: the run has {len(points)} snapshots (its final weights included); give k "
+                           f"from 2 to {len(points)}")
+    return f"lawa{k}", list(points[-k:])
+
+
+def check_decay(decay: float) -> float:
+    if not 0 < decay < 1:
+        raise PosthocError(f"--ema {decay:g}: a decay per snapshot must lie in (0, 1), e.g. --ema 0.5 0.9")
+    return decay
+
+
+def check_alpha(alpha: float) -> float:
+    if not 0 <= alpha <= 1:
+        raise PosthocError(f"--wiseft {alpha:g}: alpha must lie in [0, 1] (0: the start, 1: the final weights)")
+    return alpha
+
+
+def start_weights(scored: Scored) -> State:
+    """The weights a run started from (``model.init_from``), for WiSE-FT; refused for a run that started afresh."""
+    spec = scored.run.get("model.init_from")
+    if not spec:
+        raise PosthocError(f"--wiseft: {scored.run.path} started from no weights (model.init_from is null): WiSE-FT "
+                           "interpolates between the weights a fine-tune started from and its final ones")
+    return load_init_weights(str(spec))[0]
+
+
+# -- scoring ----------------------------------------------------------------------------------------------------------
+def has_val(scored: Scored) -> bool:
+    return scored.val_loader is not None
+
+
+def model_of(scored: Scored, weights: State, source: str) -> torch.nn.Module:
+    """The run's network with ``weights`` and its BatchNorm statistics recomputed over the run's training data."""
+    model = scored.model_for(weights, source)
+    scored.update_bn(model)
+    return model
+
+
+def val_score(scored: Scored, by: str) -> Callable[[State], float]:
+    """Higher-is-better score of weights on the run's validation split: accuracy, or minus the NLL."""
+    labels = labels_of(scored.val_loader)
+
+    def score(weights: State) -> float:
+        model = model_of(scored, weights, "a soup")
+        m = metrics_from_log_probs(ModelPredictor(model, scored.device).predict_log_proba(scored.val_loader), labels)
+        return m["acc"] if by == "acc" else -m["nll"]
+
+    return score
+
+
+def score(scored: Scored, label: str, weights: State, described: dict) -> dict:
+    """``label``'s metrics (and ``label+ts``'s) as a run scores its predictors, with the predictions to write."""
+    model = model_of(scored, weights, label)
+    val_loader = scored.val_loader
+    evaluation = score_predictors({label: ModelPredictor(model, scored.device)}, scored.test_loader,
+                                  scored.test_labels(), val_loader,
+                                  labels_of(val_loader) if val_loader is not None else None, "auto",
+                                  lambda name: dict(described))
+    return {"metrics": evaluation.metrics, "evaluation": evaluation}
+
+
+def folder_name(label: str) -> str:
+    """A label as a folder name any shell takes unquoted: ``swa[12:16]`` -> ``swa_12-16``."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "", label.replace("[", "_").replace("(", "_").replace(":", "-"))
+
+
+def write_result(run: Path, label: str, scored_out: dict) -> Path:
+    """``<run>/posthoc/<name>/``: ``metrics.json`` and ``predictions.pt`` (the run's own records untouched)."""
+    folder = Path(run) / FOLDER / folder_name(label)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_predictions(scored_out["evaluation"], folder / PREDICTIONS_FILE)
+    write_json(folder / METRICS_FILE, scored_out["metrics"])
+    return folder
+
+
+# -- the requests -----------------------------------------------------------------------------------------------------
+@dataclass
+class Request:
+    """What to build (the command line's options, checked by :func:`check_request`)."""
+
+    swa: Sequence[str] = ()
+    lawa: Sequence[int] = ()
+    ema: Sequence[float] = ()
+    soup: Sequence[str] = ()
+    wiseft: Sequence[float] = ()
+    select: str | None = None
+    by: str = "nll"
+
+
+def check_request(request: Request, runs: Sequence[Scored]) -> None:
+    """Refuse, before anything is built, what cannot be answered honestly: a choice on the test set, a soup of runs
+    of other configs, a choice without a validation split."""
+    if request.select == "test":
+        raise PosthocError("--select test: an average chosen on the test set has a test score fitted to it; choose on "
+                           "the validation split (--select val, runs with dataset.val_size)")
+    if request.select not in (None, "val"):
+        raise PosthocError(f"--select {request.select}: choose on val (the validation split)")
+    if request.by not in ("nll", "acc"):
+        raise PosthocError(f"--by {request.by}: rank by nll or acc")
+    for kind in request.soup:
+        if kind not in ("uniform", "greedy"):
+            raise PosthocError(f"--soup {kind}: a soup is uniform or greedy")
+    needs_val = ["--select val"] * (request.select == "val") + ["--soup greedy"] * ("greedy" in request.soup)
+    for scored in runs:
+        if needs_val and not has_val(scored):
+            raise PosthocError(f"{needs_val[0]} chooses on the validation split, and {scored.run.path} has none: "
+                               "train with dataset.val_size=<images or a fraction>")
+    if request.soup:
+        if len(runs) < 2:
+            raise PosthocError(f"--soup {request.soup[0]}: a soup needs the final weights of 2 runs at least; give the "
+                               "run directories of one config's seeds")
+        first = runs[0].run
+        for other in runs[1:]:
+            if group_hash(other.run.identity) != group_hash(first.identity):
+                apart = [d for d in differences(first.identity, other.run.identity, ignore=("seed",))][:3]
+                raise PosthocError(f"--soup: {other.run.path} is another config than {first.path} "
+                                   f"({'; '.join(apart)}): a soup here mixes the seeds of one config only")
+    for d in request.ema:
+        check_decay(d)
+    for a in request.wiseft:
+        check_alpha(a)
+    for scored in runs:
+        points = points_of(scored)
+        for w in request.swa:
+            swa_window(points, w)
+        for k in request.lawa:
+            last_k(points, k)
+        if request.wiseft:
+            start_weights(scored)
+
+
+def per_run(scored: Scored, request: Request) -> Iterator[tuple[str, str, float, State, list[str]]]:
+    """``(label, family, knob, weights, built from)`` of every average of one run that ``request`` asks for."""
+    points = points_of(scored)
+    for w in request.swa:
+        label, inside = swa_window(points, w)
+        yield label, "swa", inside[0].position, mean_of(p.read() for p in inside), [p.name for p in inside]
+    for k in request.lawa:
+        label, inside = last_k(points, k)
+        yield label, "lawa", float(k), mean_of(p.read() for p in inside), [p.name for p in inside]
+    for d in request.ema:
+        yield f"ema{d:g}", "ema", d, ema_of((p.read() for p in points), d), [p.name for p in points]
+    if request.wiseft:
+        start, final = start_weights(scored), scored.run.weights("live")
+        for a in request.wiseft:
+            yield f"wiseft{a:g}", "wiseft", a, interpolate(start, final, a), [str(scored.run.get("model.init_from")),
+                                                                               "final.pt"]
+
+
+def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple[str, str, float, State, list[str]]]:
+    """The soups ``request`` asks for, from the runs' final live weights (the first run's data score them)."""
+    finals = [r.run.weights("live") for r in runs]
+    names = [str(r.run.path) for r in runs]
+    if "uniform" in request.soup:
+        yield f"soup-uniform({len(runs)})", "soup", float(len(runs)), mean_of(finals), names
+    if "greedy" in request.soup:
+        score_of = val_score(runs[0], request.by)
+        order = sorted(range(len(runs)), key=lambda i: -score_of(finals[i]))
+        soup, kept = greedy_soup([finals[i] for i in order], score_of)
+        yield f"soup-greedy({len(runs)})", "soup", float(len(kept)), soup, [names[order[i]] for i in kept]
+
+
+def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto",
+                    say: Callable[[str], None] = print) -> list[Result]:
+    """Open every run, check the request, build every average, score and write it (module doc)."""
+    runs = [score_run(d, device=device) for d in run_dirs]
+    check_request(request, runs)
+    results: list[Result] = []
+
+    def add(scored: Scored, label: str, family: str, knob: float, weights: State, built_from: list[str]) -> None:
+        described = {"posthoc": family, "built_from": built_from, "epoch": int(scored.run.get("trainer.epochs"))}
+        out = score(scored, label, weights, described)
+        path = write_result(scored.run.path, label, out)
+        results.append(Result(label, family, knob, scored.run.path, out["metrics"], built_from, path))
+        m = out["metrics"][label]
+        val = f", val acc {m['val']['acc']:.2f} nll {m['val']['nll']:.4f}" if "val" in m else ""
+        say(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
+
+    for scored in runs:
+        for item in per_run(scored, request):
+            add(scored, *item)
+    for item in soups(runs, request) if request.soup else ():
+        add(runs[0], *item)
+    return results
+
+
+def select(results: Sequence[Result], by: str) -> dict[tuple[Path, str], Result]:
+    """Per run and family, the result best on the validation split by ``by`` (``nll``: lowest; ``acc``: highest)."""
+    best: dict[tuple[Path, str], Result] = {}
+    for r in results:
+        val = r.metrics[r.label].get("val")
+        if val is None:
+            continue
+        key = (r.run, r.family)
+        better = (lambda a, b: a < b) if by == "nll" else (lambda a, b: a > b)
+        if key not in best or better(val[by], best[key].metrics[best[key].label]["val"][by]):
+            best[key] = r
+    return best

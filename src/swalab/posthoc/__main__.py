@@ -1,0 +1,69 @@
+"""``python -m swalab.posthoc <run dir>... [options]``: the command of ``swalab.posthoc`` (its module doc)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from swalab.cli import output_file, run_command
+from swalab.posthoc import FOLDER, Request, build_and_score, select
+from swalab.posthoc.figure import ONLINE, plot
+from swalab.results.runs import Run
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m swalab.posthoc",
+                                description="Averages built after training from snapshots (docs/posthoc.md).")
+    p.add_argument("runs", nargs="+", help="run directories (finished; written with run.snapshots for SWA/LAWA/EMA)")
+    p.add_argument("--swa", nargs="+", default=[], metavar="A:B", help="SWA over epochs A to B (A: to the end)")
+    p.add_argument("--lawa", nargs="+", type=int, default=[], metavar="K", help="the mean of the last K snapshots")
+    p.add_argument("--ema", nargs="+", type=float, default=[], metavar="DECAY", help="EMA over snapshots, per snapshot")
+    p.add_argument("--soup", nargs="+", default=[], choices=["uniform", "greedy"],
+                   help="soups of the runs' final weights (one config, other seeds); greedy by validation score")
+    p.add_argument("--wiseft", nargs="+", type=float, default=[], metavar="ALPHA",
+                   help="(1 - ALPHA) start + ALPHA final, for runs started from model.init_from")
+    p.add_argument("--select", default=None, help="val: name the best of each family on the validation split")
+    p.add_argument("--by", default="nll", help="what --select and the greedy soup rank by: nll (default) or acc")
+    p.add_argument("--mark", nargs="+", default=[], metavar="RUN",
+                   help="runs whose online SGD / SWA / EMA the figure marks (default: the runs given)")
+    p.add_argument("--figure", default=None, help=f"the figure's file (default: <first run>/{FOLDER}/posthoc.png)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    return p
+
+
+def online_of(run_dirs: Sequence[str]) -> dict[str, dict]:
+    """``{"swa (seed0)": metrics}``: the online SGD, SWA and EMA predictors the runs scored (their metrics.json)."""
+    out = {}
+    for d in run_dirs:
+        run = Run(d)
+        for name in ONLINE:
+            if name in run.metrics and (name != "sgd" or run.method == "sgd"):  # a SWA run's sgd is its last iterate
+                out[f"{name} ({run.method} run, seed {run.seed})"] = run.metrics[name]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    figure = output_file(args.figure or Path(args.runs[0]) / FOLDER / "posthoc.png", "--figure")
+    request = Request(swa=args.swa, lawa=args.lawa, ema=args.ema, soup=args.soup, wiseft=args.wiseft,
+                      select=args.select, by=args.by)
+    if not any((request.swa, request.lawa, request.ema, request.soup, request.wiseft)):
+        print("[swalab.posthoc] nothing asked: give --swa, --lawa, --ema, --soup or --wiseft", file=sys.stderr)
+        return 2
+    results = build_and_score(args.runs, request, device=args.device)
+    if args.select:
+        for (run, family), best in select(results, request.by).items():
+            val = best.metrics[best.label]["val"]
+            print(f"[swalab.posthoc] chosen on validation {request.by}: {best.label} (val acc {val['acc']:.2f}, nll "
+                  f"{val['nll']:.4f}) of {family} for {run}")
+    first = Run(args.runs[0])
+    title = f"post-hoc averages of {first.dataset_name} / {first.model_name} / {first.method}, seed {first.seed}"
+    if plot(results, online_of(args.mark or args.runs), figure, title=title):
+        print(f"[swalab.posthoc] figure: {figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main, prog="swalab.posthoc"))

@@ -1,0 +1,54 @@
+"""The post-hoc figure: accuracy and NLL, on the test set and the validation split, against what each family of
+averages was swept over (the SWA window's start, LAWA's k, the EMA decay, WiSE-FT's alpha, the soup's ingredients),
+with the online predictors of the runs marked (``--mark``: SGD, SWA, EMA of their ``metrics.json``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from swalab import style
+
+AXES = {"swa": "window start (epoch; the window ends at the last)", "lawa": "k (last snapshots averaged)",
+        "ema": "decay per snapshot", "wiseft": "alpha ((1 - alpha) start + alpha final)",
+        "soup": "ingredients in the soup"}
+ONLINE = ("sgd", "swa", "ema")  # the online predictors a figure marks
+METRIC_NAMES = {"acc": "accuracy (%)", "nll": "NLL (mean per image)"}
+
+
+def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = "") -> bool:
+    """One row of panels (accuracy, NLL) per family of ``results`` (:class:`swalab.posthoc.Result`), test solid,
+    validation dashed; ``online``: ``{label: metrics}`` of online predictors, drawn as horizontal lines in their
+    method's colour. False when there is nothing to draw."""
+    families = [f for f in AXES if any(r.family == f for r in results)]
+    if not families:
+        return False
+    plt = style.pyplot()
+    fig, axes = style.panels(plt, 2 * len(families), across=2)
+    for row, family in enumerate(families):
+        mine = sorted((r for r in results if r.family == family), key=lambda r: r.knob)
+        for col, metric in enumerate(("acc", "nll")):
+            ax = axes[2 * row + col]
+            xs = [r.knob for r in mine]
+            color = style.color_of(family if family in style.METHOD_COLORS else "posthoc")
+            ax.plot(xs, [r.metrics[r.label][metric] for r in mine], "-o", ms=4, color=color,
+                    label=f"post-hoc {family}, test")
+            if all("val" in r.metrics[r.label] for r in mine):
+                ax.plot(xs, [r.metrics[r.label]["val"][metric] for r in mine], "--s", ms=4, mfc="none", color=color,
+                        label=f"post-hoc {family}, validation")
+            for label, m in online.items():
+                method = label.split(" ")[0]
+                ax.axhline(m[metric], color=style.color_of(method), lw=1.0, label=f"online {label}, test")
+                if "val" in m:
+                    ax.axhline(m["val"][metric], color=style.color_of(method), lw=1.0, ls=":",
+                               label=f"online {label}, validation")
+            if family in ("swa", "lawa", "soup"):
+                style.whole_ticks(ax.xaxis)
+            ax.set_xlabel(AXES[family])
+            style.value_axis(ax, [v for line in ax.get_lines() for v in line.get_ydata()], METRIC_NAMES[metric])
+            style.title(ax, f"{family}: {METRIC_NAMES[metric]}")
+            style.legend_beneath(ax)
+    style.suptitle(fig, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    style.finish(plt, fig, path)
+    return True

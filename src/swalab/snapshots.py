@@ -1,0 +1,114 @@
+"""Snapshots: the live model's weights written as training goes, for averages chosen after training.
+
+``run.snapshots`` says how often: ``null`` never (the default); an integer N, at the end of every N-th epoch; a
+fraction 1/k of an epoch (0.5, 0.25, 0.1), k times per epoch, at steps round(j * steps / k) for j = 1..k, the last at
+the epoch's end. A snapshot is ``<run>/snapshots/epochNNNN.pt`` after NNNN whole epochs, ``epochNNNN_stepSSSSSS.pt``
+SSSSSS steps into the next (the names of ``swalab.checkpoint``), and holds ``{"epoch", "step", "steps_per_epoch",
+"model"}``: the state dict (parameters and buffers) on the CPU, floating tensors in float32, nothing else (no
+optimizer, no method state), so a snapshot is the size of the weights. ``python -m swalab.posthoc`` builds averages
+from them (SWA windows, LAWA, EMA, soups, WiSE-FT).
+
+Snapshots are written atomically (``swalab.checkpoint.atomic_save``) and named by their place in training, so a
+resumed run writes those it had not yet written, and one it writes again (the steps between its last checkpoint
+and a kill) replaces the file with the same weights: an exact resume trains them bit for bit again. They change
+no result, so ``run.snapshots`` is no part of a run's identity (``conf/run``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from swalab.checkpoint import atomic_save, checkpoint_name
+from swalab.config import ConfigError
+
+FOLDER = "snapshots"
+_NAME = re.compile(r"^epoch(\d+)(?:_step(\d+))?\.pt$")
+
+
+def per_epoch(snapshots: int | float | None) -> tuple[int, int]:
+    """``(every, k)``: a snapshot every ``every`` epochs, ``k`` per epoch it writes in; ``(0, 0)`` for none. The one
+    check of ``run.snapshots``."""
+    if snapshots is None or snapshots is False:
+        return 0, 0
+    fix = "use null (none), an integer N (every N epochs) or a fraction 1/k of an epoch (0.5, 0.25, 0.1)"
+    if isinstance(snapshots, bool) or not isinstance(snapshots, (int, float)) or not snapshots > 0:
+        raise ConfigError(f"run.snapshots={snapshots!r} is not a number of epochs: {fix}")
+    if float(snapshots).is_integer():
+        return int(snapshots), 1
+    k = 1 / snapshots
+    if snapshots > 1 or not math.isclose(k, round(k), rel_tol=1e-6):
+        raise ConfigError(f"run.snapshots={snapshots!r} is neither a whole number of epochs nor 1/k of one: {fix}")
+    return 1, round(k)
+
+
+def fp32_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict on the CPU, contiguous, floating tensors in float32 (integers as they are)."""
+    out = {}
+    for key, t in model.state_dict().items():
+        t = t.detach().to("cpu")
+        out[key] = (t.float() if t.is_floating_point() else t).contiguous().clone()
+    return out
+
+
+@dataclass
+class SnapshotWriter:
+    """Writes the snapshots ``run.snapshots`` asks for (module doc) into ``<run_dir>/snapshots``; the trainer calls
+    :meth:`after_step` after each optimizer step and :meth:`after_epoch` after each epoch's method hook."""
+
+    run_dir: Path
+    snapshots: int | float | None = None
+    write: bool = True  # False on every rank but the one that writes
+
+    def __post_init__(self):
+        self.every, self.k = per_epoch(self.snapshots)
+        self.dir = Path(self.run_dir) / FOLDER
+
+    def _save(self, model: nn.Module, epoch: int, step: int, steps: int) -> None:
+        if self.write:
+            atomic_save({"epoch": epoch, "step": step, "steps_per_epoch": steps, "model": fp32_weights(model)},
+                        self.dir / checkpoint_name(epoch, step))
+
+    def after_step(self, model: nn.Module, epoch: int, step: int, steps: int) -> None:
+        """Step ``step`` (from 0) of epoch ``epoch`` (from 0) is done: a mid-epoch snapshot when one falls here."""
+        if self.k <= 1 or step + 1 >= steps:
+            return
+        if any(step + 1 == round(j * steps / self.k) for j in range(1, self.k)):
+            self._save(model, epoch, step + 1, steps)
+
+    def after_epoch(self, model: nn.Module, done: int, steps: int) -> None:
+        """``done`` epochs are done: a snapshot at every ``every``-th epoch end."""
+        if self.every and done % self.every == 0:
+            self._save(model, done, 0, steps)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One snapshot file: after ``epoch`` whole epochs and ``step`` steps of the next."""
+
+    epoch: int
+    step: int
+    path: Path
+
+    def position(self, steps_per_epoch: int) -> float:
+        """Its place in training, in epochs (2.5: half way through epoch 3)."""
+        return self.epoch + (self.step / steps_per_epoch if self.step else 0.0)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return torch.load(self.path, map_location="cpu", weights_only=True)["model"]
+
+    def steps_per_epoch(self) -> int:
+        return int(torch.load(self.path, map_location="cpu", weights_only=True)["steps_per_epoch"])
+
+
+def snapshots_of(run_dir: str | Path) -> list[Snapshot]:
+    """The run's snapshots in training order (none when it wrote none)."""
+    folder = Path(run_dir) / FOLDER
+    found = [Snapshot(int(m.group(1)), int(m.group(2) or 0), p)
+             for p in (folder.iterdir() if folder.is_dir() else ()) if (m := _NAME.match(p.name))]
+    return sorted(found, key=lambda s: (s.epoch, s.step))

@@ -1,0 +1,168 @@
+"""``python -m swalab.posthoc``: averages built after training from snapshots, scored like online predictors.
+
+The runs are the tiny SWA run of tests/test_reliability.py (PreResNet-8 on 256 digits, batch 64: 4 steps per epoch, 4
+epochs, averaging from epoch 2, a capture every epoch) with a validation split of 100 images and a snapshot every
+epoch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from swalab.config import ConfigError
+from swalab.posthoc import PosthocError
+from swalab.posthoc.__main__ import main
+from swalab.posthoc.averages import ema_of, greedy_soup, interpolate, mean_of
+from swalab.results.report import report
+from swalab.snapshots import snapshots_of
+from swalab.train import train
+from test_reliability import make_cfg
+
+SNAPSHOTS = ["run.snapshots=1", "dataset.val_size=100", "model.swa.capture_every=1"]
+# The online average is a running mean in float32 (torch's AveragedModel), the post-hoc one a mean summed in float64:
+# over 3 captures of weights of magnitude ~1 they differ by float32 rounding, a few 1e-7 at most.
+WEIGHT_TOL = 1e-6
+# Its BatchNorm statistics are recomputed over the same batches from weights that differ by that much: its NLL by
+# a few 1e-7 (measured: 2.4e-7 on the digits).
+METRIC_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def swa_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("posthoc") / "swa"
+    train(make_cfg(*SNAPSHOTS), run_dir=run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def swa_seed1(swa_run) -> Path:
+    run = swa_run.parent / "swa-seed1"
+    train(make_cfg(*SNAPSHOTS, "seed=1"), run_dir=run)
+    return run
+
+
+def posthoc_metrics(run: Path, folder: str) -> dict:
+    return json.loads((run / "posthoc" / folder / "metrics.json").read_text())
+
+
+def test_the_window_of_a_swa_runs_capture_epochs_reproduces_its_online_average(swa_run):
+    online = torch.load(swa_run / "final.pt", weights_only=False)["methods"]["swa"]
+    window = mean_of(s.weights() for s in snapshots_of(swa_run) if 2 <= s.epoch <= 4)
+    for name, param in online.items():
+        if name.endswith(("running_mean", "running_var", "num_batches_tracked", "n_averaged")):
+            continue  # BN statistics: recomputed below, on both sides
+        assert torch.allclose(window[name], param.float(), rtol=0, atol=WEIGHT_TOL), name
+
+    main([str(swa_run), "--swa", "2:4"])
+    posthoc = posthoc_metrics(swa_run, "swa_2-4")["swa[2:4]"]
+    scored = json.loads((swa_run / "metrics.json").read_text())["swa"]
+    assert posthoc["acc"] == scored["acc"]
+    for metric in ("nll", "ece", "brier"):
+        assert posthoc[metric] == pytest.approx(scored[metric], abs=METRIC_TOL), metric
+    assert posthoc["val"]["nll"] == pytest.approx(scored["val"]["nll"], abs=METRIC_TOL)
+    assert posthoc["built_from"] == ["epoch0002.pt", "epoch0003.pt", "epoch0004.pt"]
+
+
+def test_every_average_is_scored_like_an_online_predictor_with_its_temperature_scaled_twin(swa_run):
+    main([str(swa_run), "--lawa", "2", "--ema", "0.5"])
+    for folder, label in (("lawa2", "lawa2"), ("ema0.5", "ema0.5")):
+        metrics = posthoc_metrics(swa_run, folder)
+        assert set(metrics) == {label, f"{label}+ts"}
+        assert {"acc", "nll", "ece", "brier", "val"} <= set(metrics[label])
+        assert "temperature" in metrics[f"{label}+ts"]
+        predictions = torch.load(swa_run / "posthoc" / folder / "predictions.pt", weights_only=False)
+        assert set(predictions["log_probs"]) == {label, f"{label}+ts"}
+
+
+def test_lawa_of_the_last_three_snapshots_is_the_swa_window_of_the_last_three_epochs(swa_run):
+    main([str(swa_run), "--lawa", "3", "--swa", "2:"])
+    lawa, swa = posthoc_metrics(swa_run, "lawa3")["lawa3"], posthoc_metrics(swa_run, "swa_2-4")["swa[2:4]"]
+    assert {k: lawa[k] for k in ("acc", "nll", "ece")} == {k: swa[k] for k in ("acc", "nll", "ece")}
+
+
+def test_the_runs_own_records_are_left_untouched(swa_run):
+    before = {name: (swa_run / name).read_bytes() for name in ("metrics.json", "predictions.pt", "final.pt")}
+    main([str(swa_run), "--ema", "0.9"])
+    assert {name: (swa_run / name).read_bytes() for name in before} == before
+
+
+def test_a_choice_made_on_the_test_set_is_refused_before_anything_is_built(swa_run, capsys):
+    with pytest.raises(PosthocError, match="--select test: .*choose on the validation split"):
+        main([str(swa_run), "--ema", "0.7", "--select", "test"])
+    assert not (swa_run / "posthoc" / "ema0.7").exists()
+
+
+def test_the_choice_on_validation_names_the_best_of_each_family(swa_run, capsys):
+    main([str(swa_run), "--ema", "0.3", "0.6", "--select", "val"])
+    out = capsys.readouterr().out
+    nll = {d: posthoc_metrics(swa_run, f"ema{d}")[f"ema{d}"]["val"]["nll"] for d in ("0.3", "0.6")}
+    best = min(nll, key=nll.get)
+    assert f"chosen on validation nll: ema{best} " in out
+
+
+def test_a_window_with_fewer_than_two_snapshots_is_refused_naming_the_option(swa_run):
+    with pytest.raises(PosthocError, match=r"--swa 4:4|--swa 3.5:4: the window holds 1 snapshot"):
+        main([str(swa_run), "--swa", "3.5:4"])
+
+
+def test_the_ema_over_snapshots_is_the_recurrence_at_each_snapshot():
+    states = [{"w": torch.tensor([float(i)]), "n": torch.tensor(i)} for i in range(1, 4)]
+    expected = 0.5 * (0.5 * 1 + 0.5 * 2) + 0.5 * 3
+    out = ema_of(states, 0.5)
+    assert out["w"].item() == pytest.approx(expected) and out["n"].item() == 3
+
+
+def test_wiseft_at_zero_is_the_start_and_at_one_the_final_weights():
+    start, final = {"w": torch.tensor([0.0, 2.0])}, {"w": torch.tensor([4.0, 6.0])}
+    assert torch.equal(interpolate(start, final, 0.0)["w"], start["w"])
+    assert torch.equal(interpolate(start, final, 1.0)["w"], final["w"])
+    assert torch.equal(interpolate(start, final, 0.25)["w"], torch.tensor([1.0, 3.0]))
+
+
+def test_a_greedy_soup_keeps_only_the_ingredients_that_do_not_lower_the_validation_score():
+    ingredients = [{"w": torch.tensor([1.0])}, {"w": torch.tensor([100.0])}, {"w": torch.tensor([1.2])}]
+    soup, kept = greedy_soup(ingredients, lambda s: -abs(s["w"].item() - 1.1))
+    assert kept == [0, 2] and soup["w"].item() == pytest.approx(1.1)
+
+
+def test_soups_of_two_seeds_are_written_under_the_first_run_with_their_ingredients(swa_run, swa_seed1):
+    main([str(swa_run), str(swa_seed1), "--soup", "uniform", "greedy"])
+    uniform = posthoc_metrics(swa_run, "soup-uniform_2")["soup-uniform(2)"]
+    assert uniform["built_from"] == [str(swa_run), str(swa_seed1)]
+    greedy = posthoc_metrics(swa_run, "soup-greedy_2")["soup-greedy(2)"]
+    assert 1 <= len(greedy["built_from"]) <= 2
+
+
+def test_a_soup_of_runs_of_other_configs_is_refused(swa_run, tmp_path):
+    other = tmp_path / "other"
+    train(make_cfg(*SNAPSHOTS, "trainer.batch_size=32"), run_dir=other)
+    with pytest.raises(PosthocError, match="--soup: .* is another config .*trainer.batch_size"):
+        main([str(swa_run), str(other), "--soup", "uniform"])
+
+
+def test_wiseft_is_refused_for_a_run_that_started_from_no_weights(swa_run):
+    with pytest.raises(ConfigError, match="--wiseft: .*model.init_from is null"):
+        main([str(swa_run), "--wiseft", "0.5"])
+
+
+def test_wiseft_interpolates_a_fine_tune_between_its_start_and_its_end(swa_run, tmp_path):
+    tuned = tmp_path / "tuned"
+    train(make_cfg("method=sgd", "trainer.epochs=2", f"model.init_from={swa_run}"), run_dir=tuned)
+    main([str(tuned), "--wiseft", "0", "0.5", "1"])
+    for alpha in ("0", "0.5", "1"):
+        assert posthoc_metrics(tuned, f"wiseft{alpha}")[f"wiseft{alpha}"]["built_from"] == [str(swa_run), "final.pt"]
+    nll = [posthoc_metrics(tuned, f"wiseft{a}")[f"wiseft{a}"]["nll"] for a in ("0", "0.5", "1")]
+    assert len(set(nll)) == 3  # three other networks
+
+
+def test_the_report_shows_post_hoc_predictors_as_predictors_of_their_run_with_their_labels(swa_run, tmp_path):
+    main([str(swa_run), "--swa", "3:4"])
+    found = report([swa_run], tmp_path / "report")
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "swa[3:4]" in table and "swa[3:4]+ts" in table
+    columns = {c.method for c in found["table"].columns}
+    assert {"swa", "swa[3:4]"} <= columns

@@ -263,6 +263,25 @@ def test_ctrl_c_is_a_pause_one_line_exit_130_and_the_same_command_continues_exac
     assert_same_run(run, reference)
 
 
+def test_a_pause_is_said_once_on_the_terminal_and_kept_in_run_log(tmp_path):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="train_step:6:INT")
+    assert paused.returncode == 130, paused.stderr[-2000:]
+    said = (paused.stdout + paused.stderr).count("Ctrl-C (SIGINT) received")
+    assert said == 1, paused.stdout + paused.stderr
+    assert "Ctrl-C (SIGINT) received" in paused.stderr.strip().splitlines()[-1]
+    assert "Ctrl-C (SIGINT) received" in (run / "run.log").read_text()
+
+
+def test_ctrl_c_before_the_first_step_is_said_once_on_the_terminal_and_kept_in_run_log(tmp_path):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="run_start:1:INT")
+    assert paused.returncode == 130, paused.stderr[-2000:]
+    said = (paused.stdout + paused.stderr).count("interrupted")
+    assert said == 1, paused.stdout + paused.stderr
+    assert "interrupted" in (run / "run.log").read_text()
+
+
 def test_ctrl_c_before_the_first_step_reads_interrupted_and_the_same_command_trains_the_run(tmp_path, reference):
     run = tmp_path / "run"
     paused = run_cli(run, fault="run_start:1:INT")  # the run's first line is out, no step taken, no checkpoint

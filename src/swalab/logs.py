@@ -75,6 +75,7 @@ def run_log(run_dir: str | Path, main: bool = True) -> Iterator[Path]:
             logger.disabled = was
         return
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.set_name(RUN_LOG)  # found by run_log_only
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     logger = get_logger()
     logger.addHandler(handler)
@@ -95,6 +96,16 @@ def run_log(run_dir: str | Path, main: bool = True) -> Iterator[Path]:
         warnings.showwarning = shown
         logger.removeHandler(handler)
         handler.close()
+
+
+def run_log_only(line: str) -> None:
+    """Write ``line`` to the open ``run.log`` alone, not to the terminal: for a line its caller shows on the
+    terminal itself (a pause, which run.py says on stderr as its last line), so that a terminal reads it once."""
+    logger = get_logger()
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, line, None, None)
+    for handler in logger.handlers:
+        if handler.get_name() == RUN_LOG:
+            handler.handle(record)
 
 
 def epoch_line(row: dict, epochs: int, eta: float | None) -> str:

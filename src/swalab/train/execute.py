@@ -32,7 +32,7 @@ from swalab.checkpoint import CheckpointStore, atomic_save
 from swalab.config import ConfigError, build
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
-from swalab.logs import epoch_line, get_logger, run_log
+from swalab.logs import epoch_line, get_logger, run_log, run_log_only
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
@@ -308,14 +308,14 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
         except Preempted as exc:
             exc.status = slurm.stop_status(exc.signum, exc.status)  # under SLURM: requeued, cancelled or preempted
             write_status(run_dir, {"status": exc.status, "message": str(exc)})
-            log.info(f"[swalab] {run_dir} {exc.status}: {exc}")
+            run_log_only(f"[swalab] {run_dir} {exc.status}: {exc}")  # run.py says it on the terminal
             tracker.finish(exit_code=1)
             raise
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (before its first step, the final scoring)
             message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
                        "re-run the same command to continue")
             write_status(run_dir, {"status": "interrupted", "message": message})
-            log.info(f"[swalab] {run_dir} interrupted: {message}")
+            run_log_only(f"[swalab] {run_dir} interrupted: {message}")  # run.py says it on the terminal
             tracker.finish(exit_code=1)
             raise
         except BaseException as exc:

@@ -389,6 +389,18 @@ def test_batch_larger_than_the_whole_training_set_fails_before_any_epoch(tmp_pat
     assert not run.exists()  # refused once the data were loaded: the directory it had created is gone
 
 
+def test_a_batch_larger_than_every_training_image_is_not_told_to_raise_train_size(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        train(make_cfg("dataset.train_size=null", "trainer.batch_size=5000"), run_dir=tmp_path / "run")
+    assert "dataset.train_size" not in str(info.value)
+    assert "lower trainer.batch_size" in str(info.value) and "every training image" in str(info.value)
+
+
+def test_a_batch_larger_than_a_capped_training_set_is_told_to_lower_it_or_raise_train_size(tmp_path):
+    with pytest.raises(ConfigError, match=r"lower it, or raise dataset.train_size=256"):
+        train(make_cfg("trainer.batch_size=300"), run_dir=tmp_path / "run")
+
+
 @pytest.mark.parametrize("override, exception, fragments", [
     ("trainer.foo=1", ConfigCompositionException, ["Could not override 'trainer.foo'", "+trainer.foo=1"]),
     ("model=resnet9", MissingConfigException, ["Could not find 'model/resnet9'", "Available options in 'model'",

@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from swalab import distributed, faults
-from swalab.checkpoint import (CheckpointStore, PredictionFiles, checkpoint_name, rank_rng_state, rng_state,
-                               set_rng_state)
+from swalab.checkpoint import (CheckpointStore, PredictionFiles, checkpoint_name, checkpoint_words, rank_rng_state,
+                               rng_state, set_rng_state)
 from swalab.config import ConfigError
 from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
                              score_predictors)
@@ -286,8 +286,9 @@ class Trainer:
                 bar.update(1)
             if step + 1 < steps and self._paused():
                 self.save(epoch, step + 1, tally.partial())
-                raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch + 1}, "
-                                f"step {step + 1}", self._signal)  # counted as the epoch lines count: from 1
+                raise Preempted(f"{signal_words(self._signal)} received: checkpoint "
+                                f"{checkpoint_name(epoch, step + 1)} written ({checkpoint_words(epoch, step + 1)})",
+                                self._signal)
         if bar is not None:
             bar.close()
         first_bad = first_bad_step(bad_step, self.ranks.enabled)
@@ -339,8 +340,8 @@ class Trainer:
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
         if paused and not last:
-            raise Preempted(f"{signal_words(self._signal)} received: checkpoint written after epoch {done}",
-                            self._signal)
+            raise Preempted(f"{signal_words(self._signal)} received: checkpoint {checkpoint_name(done)} written "
+                            f"({checkpoint_words(done)})", self._signal)
 
     # -- decisions: each taken by every rank together (swalab.distributed.agree) ---------------------------------
     def _note_signal(self, signum: int) -> None:

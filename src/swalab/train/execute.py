@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from swalab import distributed, faults, slurm
 from swalab.branching import check_branch, load_branch_state, read_lineage
-from swalab.checkpoint import CheckpointStore, atomic_save
+from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words
 from swalab.config import ConfigError, build
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
@@ -276,8 +276,8 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
                 log.info(f"[swalab] {lock.took_over()}")
             if built.resume_state is not None and not built.branched:
                 done, step = int(built.resume_state["epoch"]), int(built.resume_state.get("step", 0))
-                where = f"at epoch {done + 1}, step {step}" if step else f"after epoch {done}"  # as the epoch lines count
-                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']} ({where})")
+                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']} "
+                         f"({checkpoint_words(done, step)})")
             else:
                 log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                          f"{record(plan.identity)['hash']})")

@@ -388,6 +388,7 @@ def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_r
     (["trainer.nonfinite=ignore"], "trainer.nonfinite='ignore' must be 'stop' or 'skip'"),
     (["run.device=tpu"], "run.device='tpu' must be auto, cpu or cuda[:N]"),
     (["run.resume=sometimes"], "run.resume='sometimes' must be auto, true or false"),
+    (["run.heartbeat_minutes=-1"], "run.heartbeat_minutes=-1 must be >= 0"),
 ])
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, overrides, message):
     run = tmp_path / "run"

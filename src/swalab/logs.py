@@ -108,6 +108,13 @@ def run_log_only(line: str) -> None:
             handler.handle(record)
 
 
+def heartbeat_line(epoch: int, epochs: int, step: int, steps: int, elapsed: float, eta: float) -> str:
+    """A line within a long epoch, where no bar is shown (``run.heartbeat_minutes``): ``epoch 3/24  step 120/391
+    elapsed 5m00s  ETA 1h02m`` (``epoch`` and ``step`` counted from 1, as the epoch lines count; ``elapsed`` in this
+    epoch, ``ETA`` of the run). Made of host values alone: printing it reads nothing from the device."""
+    return f"epoch {epoch}/{epochs}  step {step}/{steps}  elapsed {format_seconds(elapsed)}  ETA {format_seconds(eta)}"
+
+
 def epoch_line(row: dict, epochs: int, eta: float | None) -> str:
     """One history row as a line: epoch, lr, train loss/accuracy, test (or validation) accuracy/NLL, seconds, the
     run's ETA."""

@@ -39,7 +39,7 @@ from swalab.config import ConfigError
 from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
                              score_predictors)
 from swalab.graphed import GraphedStep, graph_refusal
-from swalab.logs import progress_bar
+from swalab.logs import heartbeat_line, progress_bar
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec
@@ -85,6 +85,7 @@ class TrainerOptions:
     nonfinite: str = "stop"          # stop | skip
     max_skips: int = 10
     progress: bool | None = None     # None: a bar only on an interactive terminal
+    heartbeat_minutes: float = 0     # where no bar is shown: a line every N minutes within an epoch (0: none)
     deterministic: bool = True       # CUDA: deterministic algorithms, bit-equal reruns (precision.deterministic)
     cuda_graphs: str = "auto"        # CUDA: the training step captured once and replayed: auto | on | off (swalab.graphed)
     save_at: tuple[int, ...] = ()    # epochs whose checkpoints are kept for good (branching)
@@ -254,6 +255,7 @@ class Trainer:
             self.train_loader.set_epoch(epoch)
         bar = progress_bar(epoch, self.opts.epochs, steps, first_step, self.run_eta(epoch),
                            False if not self.main else self.opts.progress)
+        beat = self._heartbeat(epoch, steps, first_step) if bar is None and self.main else None
         for step, (x, y) in enumerate(self.train_loader):
             if step < first_step:
                 continue
@@ -284,6 +286,8 @@ class Trainer:
                 if step % 10 == 0:
                     bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{tally.accuracy():.1f}", lr=f"{tally.lr:.4g}")
                 bar.update(1)
+            if beat is not None and step + 1 < steps:
+                beat(step, tally.t0)
             if step + 1 < steps and self._paused():
                 self.save(epoch, step + 1, tally.partial())
                 raise Preempted(f"{signal_words(self._signal)} received: checkpoint "
@@ -298,6 +302,29 @@ class Trainer:
                 f"checkpoint in {self.store.dir} and history.jsonl are kept. Lower the learning rate or set "
                 "trainer.nonfinite=skip.")
         return tally
+
+    def _heartbeat(self, epoch: int, steps: int, first_step: int) -> Callable[[int, float], None] | None:
+        """Where no bar is shown (a grid, nohup, SLURM), ``beat(step, epoch_t0)`` after each step logs
+        :func:`~swalab.logs.heartbeat_line` every ``heartbeat_minutes``; None when that is 0. It reads the host's
+        clock only, never the device: a step with no line due makes no host sync, nor does one with a line."""
+        every = 60.0 * float(self.opts.heartbeat_minutes)
+        if every <= 0:
+            return None
+        began = time.perf_counter()
+        due = began + every
+
+        def beat(step: int, epoch_t0: float) -> None:
+            nonlocal due
+            now = time.perf_counter()
+            if now < due:
+                return
+            due = now + every
+            per_step = (now - began) / (step + 1 - first_step)
+            epoch_seconds = self.mean_epoch_seconds() or per_step * steps
+            eta = per_step * (steps - step - 1) + epoch_seconds * (self.opts.epochs - epoch - 1)
+            log.info(heartbeat_line(epoch + 1, self.opts.epochs, step + 1, steps, now - epoch_t0, eta))
+
+        return beat
 
     def _graph_refusal(self) -> str | None:
         """Why this run trains eagerly rather than as a CUDA graph, or None (``swalab.graphed.graph_refusal``)."""
@@ -358,10 +385,15 @@ class Trainer:
             self._signal = agreed
         return bool(agreed)
 
+    def mean_epoch_seconds(self) -> float | None:
+        """The mean time of the epochs trained so far, or None before the first."""
+        seconds = [float(row["seconds"]) for row in self.history if "seconds" in row]
+        return statistics.fmean(seconds) if seconds else None
+
     def run_eta(self, epoch: int) -> float | None:
         """Seconds left in the run at the start of ``epoch``: the mean epoch time so far x epochs left."""
-        seconds = [float(row["seconds"]) for row in self.history if "seconds" in row]
-        return statistics.fmean(seconds) * (self.opts.epochs - epoch) if seconds else None
+        mean = self.mean_epoch_seconds()
+        return None if mean is None else mean * (self.opts.epochs - epoch)
 
     def evaluate(self) -> Evaluation:
         """Score every predictor the method hands back, the same way (``swalab.evaluate.score_predictors``), with

@@ -7,7 +7,8 @@
   naming the cause, exit 2, and nothing is written (``SWALAB_TRACEBACK=1`` shows the traceback too).
 * A run that fails while training records the error in its ``status.json``; a single run then exits 1,
   with the traceback unless the error says all there is to say (a NaN loss, a full disk).
-* In a grid (``-m``) each job writes a record to the grid's directory (``swalab.grid``) and the grid
+* In a grid (``-m``) a job's error is printed in full, as a single run prints it (the resolved path of
+  missing data); each job writes a record to the grid's directory (``swalab.grid``) and the grid
   goes on; at its end a summary lists every job, and the command exits 1 if any did not finish.
 * A paused run writes a checkpoint at the step it is on: preempted (SIGTERM/SIGUSR1/SIGUSR2) it exits 75,
   interrupted (Ctrl-C) 130; re-launching the same command continues it. A paused grid prints its summary
@@ -95,7 +96,7 @@ def main(cfg: DictConfig) -> float | None:
         exc = failed.__cause__
         record("failed", one_line(exc))
         if multirun:
-            print(f"[swalab] job failed, the grid goes on: {one_line(exc)}", file=sys.stderr)
+            print(f"[swalab] job failed, the grid goes on: {type(exc).__name__}: {message(exc)}", file=sys.stderr)
             return None
         if os.environ.get("SWALAB_TRACEBACK") or not isinstance(exc, SELF_EXPLAINED):
             raise exc from None
@@ -104,7 +105,7 @@ def main(cfg: DictConfig) -> float | None:
     except Exception as exc:  # refused before anything was written
         record("locked" if isinstance(exc, RunLocked) else "refused", one_line(exc))
         if multirun:
-            print(f"[swalab] job did not run, the grid goes on: {one_line(exc)}", file=sys.stderr)
+            print(f"[swalab] job did not run, the grid goes on: {message(exc)}", file=sys.stderr)
             return None
         if os.environ.get("SWALAB_TRACEBACK"):
             raise

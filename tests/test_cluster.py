@@ -88,7 +88,7 @@ def test_scancel_marks_the_run_cancelled_and_launching_the_grid_again_resumes_it
     assert launcher.returncode == 1 and "0 of 1 jobs finished; 1 did not: cancelled" in summary, summary[-3000:]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "cancelled" and "re-run the same command" in status["message"]
-    assert re.search(r"cancelled: SIGTERM received: checkpoint written (at|after) epoch", text(run_dir / "run.log"))
+    assert re.search(r"cancelled: SIGTERM received: checkpoint epoch\d+(_step\d+)?\.pt written \(after epoch", text(run_dir / "run.log"))
 
     again = run(*grid)
     assert again.returncode == 0 and "1 of 1 jobs finished" in again.stdout, again.stderr[-3000:]

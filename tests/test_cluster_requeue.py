@@ -51,7 +51,7 @@ def test_a_job_longer_than_its_time_limit_is_requeued_and_ends_bit_equal(slurm_c
     grid = text(tmp_path / "grid.log")
     assert launcher.returncode == 0 and "1 of 1 jobs finished" in grid, grid[-3000:]
     log = text(run_dir / "run.log")
-    stops = re.findall(r"requeued: SIGUSR2 received: checkpoint written (?:at|after) epoch \d+.*", log)
+    stops = re.findall(r"requeued: SIGUSR2 received: checkpoint epoch\d+(?:_step\d+)?\.pt written \(after epoch \d+.*", log)
     assert len(stops) >= 2 and log.count("resuming ") == len(stops) and "failed" not in log, log
     (job,) = slurm_job_ids(tmp_path / "slurm")
     assert restarts(job) == len(stops)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
+import re
 
 import pytest
 import torch
@@ -32,7 +34,7 @@ def syncs(events) -> int:
     return sum(e.name in SYNC_OPS for e in events)
 
 
-def profiled_steps(tmp_path, method_class, progress: bool | None, **kwargs) -> int:
+def profiled_steps(tmp_path, method_class, progress: bool | None, heartbeat_minutes: float = 0, **kwargs) -> int:
     """Syncs over ``STEPS`` whole step cycles of ``Trainer.fit`` (after ``WARMUP`` steps), from one method hook's end to
     the next: data, forward, backward, optimizer, the method's own update, the loop's bookkeeping and bar."""
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -54,7 +56,8 @@ def profiled_steps(tmp_path, method_class, progress: bool | None, **kwargs) -> i
     torch.manual_seed(0)
     trainer = Trainer(PreResNet(depth=8, num_classes=10, in_channels=3), Marked(Constant(lr=0.01), 1, **kwargs),
                       train, test, test, CPU, tmp_path, TrainerOptions(epochs=1, eval_every=0, progress=progress,
-                                                                      handle_signals=False))
+                                                                      handle_signals=False,
+                                                                      heartbeat_minutes=heartbeat_minutes))
     with contextlib.redirect_stderr(io.StringIO()):  # off a terminal
         trainer.fit()
     return syncs(profiler.events())
@@ -63,6 +66,12 @@ def profiled_steps(tmp_path, method_class, progress: bool | None, **kwargs) -> i
 @pytest.mark.parametrize("method_class, kwargs", [(SGD, {}), (EMA, {"decay": 0.99})], ids=["sgd", "ema"])
 def test_a_training_step_off_a_terminal_makes_no_host_sync(tmp_path, method_class, kwargs):
     assert profiled_steps(tmp_path, method_class, None, **kwargs) == 0
+
+
+def test_a_heartbeat_line_due_at_every_step_reads_nothing_from_the_device(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="swalab"):
+        assert profiled_steps(tmp_path, SGD, None, heartbeat_minutes=1e-9) == 0
+    assert sum(" step " in r.getMessage() for r in caplog.records) >= STEPS
 
 
 def test_a_shown_bar_reads_the_loss_every_10_steps_which_the_count_sees(tmp_path):
@@ -89,3 +98,20 @@ def test_no_bar_is_made_off_a_terminal():
 
     with contextlib.redirect_stderr(io.StringIO()):
         assert progress_bar(0, 1, 2, 0, None, show=None) is None
+
+def test_off_a_terminal_a_long_epoch_says_every_n_minutes_its_epoch_step_elapsed_and_eta(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="swalab"):
+        profiled_steps(tmp_path, SGD, None, heartbeat_minutes=1e-9)
+    beats = [r.getMessage() for r in caplog.records if " step " in r.getMessage()]
+    steps = STEPS + WARMUP
+    assert re.fullmatch(rf"epoch 1/1  step 1/{steps}  elapsed \d+s  ETA \d+s", beats[0]), beats[0]
+    assert beats[-1].startswith(f"epoch 1/1  step {steps - 1}/{steps}")  # none after the last step: the epoch line
+
+
+def test_no_heartbeat_line_when_none_is_due_or_a_bar_is_shown(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="swalab"):
+        profiled_steps(tmp_path / "a", SGD, None, heartbeat_minutes=60)
+        profiled_steps(tmp_path / "b", SGD, None, heartbeat_minutes=0)
+        with contextlib.redirect_stderr(io.StringIO()):
+            profiled_steps(tmp_path / "c", SGD, True, heartbeat_minutes=1e-9)
+    assert not [r.getMessage() for r in caplog.records if " step " in r.getMessage()]

@@ -212,6 +212,21 @@ def test_no_network_and_no_file_names_the_fixes(monkeypatch, tmp_path):
         create_timm_model("test_resnet", pretrained=True)
 
 
+def test_an_unreachable_hub_without_cached_weights_fails_at_once_with_the_fixes(monkeypatch, tmp_path):
+    """Without the check first, huggingface_hub retries each file five times with back-off: about 50 s of lines."""
+    import time
+
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")  # a closed port: refused at once, as offline is
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    began = time.perf_counter()
+    with pytest.raises(PretrainedWeightsError, match="cannot reach.*model.pretrained_file=PATH.*HF_HUB_OFFLINE=1"):
+        create_timm_model("test_resnet", pretrained=True)
+    assert time.perf_counter() - began < 10
+
+
 def test_timm_model_config_is_pretrained_on_imagenet_and_fresh_on_cifar(make_cfg):
     cifar = make_cfg("dataset=cifar10", "model=timm", "model.name=test_resnet")
     assert cifar.model.pretrained is False and cifar.dataset.loader == "resident"

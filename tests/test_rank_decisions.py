@@ -235,8 +235,8 @@ def test_a_nan_loss_on_one_rank_is_skipped_by_every_rank(tmp_path, one_thread):
 def test_a_signal_to_one_rank_pauses_every_rank_at_the_same_step_and_the_resume_ends_equal(tmp_path):
     ranks = two_ranks(tmp_path, "pause_then_resume")
     for r in (0, 1):
-        assert ranks[r]["stopped"] == ("SIGTERM received: checkpoint written at epoch 1, step 3; re-run the same "
-                                       "command to continue")
+        assert ranks[r]["stopped"] == ("SIGTERM received: checkpoint epoch0000_step000003.pt written (after epoch 0 "
+                                       "and 3 steps of epoch 1); re-run the same command to continue")
         assert ranks[r]["written"] == ["epoch0000_step000003.pt"]  # on disk before any rank went on
         for name, value in ranks[r]["straight"].items():
             assert torch.equal(ranks[r]["resumed"][name], value), (r, name)

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -44,6 +45,8 @@ PYTHON = sys.executable
 TINY = ["logger=none", "run.progress=false", "trainer.epochs=4", "model.swa.start_epoch=2",
         "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8"]
 STEPS_PER_EPOCH = 4
+# What a pause at step 2 of epoch 2 says: the checkpoint's file and the same epochs (swalab.checkpoint.checkpoint_words)
+PAUSED_AT_STEP_2_OF_EPOCH_2 = "checkpoint epoch0001_step000002.pt written (after epoch 1 and 2 steps of epoch 2)"
 # The number of threads changes the order of float sums: the in-process runs and the `python run.py` children of
 # this file use one thread each, so that a resumed run can be compared bit for bit with the reference on any machine.
 THREADS = 1
@@ -225,7 +228,7 @@ def test_only_the_newest_two_checkpoints_are_kept(tmp_path):
 def test_preemption_signal_checkpoints_mid_epoch_and_relaunch_ends_equal(tmp_path, reference, monkeypatch, sig):
     run = tmp_path / "run"
     monkeypatch.setenv(faults.ENV, f"train_step:6:{sig}")  # arrives during step 2 of epoch 2
-    with pytest.raises(Preempted, match="at epoch 2, step 2") as info:
+    with pytest.raises(Preempted, match=re.escape(PAUSED_AT_STEP_2_OF_EPOCH_2)) as info:
         train(make_cfg(), run_dir=run)
     assert info.value.signum == signal.Signals["SIG" + sig]
     assert json.loads((run / "status.json").read_text())["status"] == "preempted"
@@ -253,14 +256,45 @@ def test_ctrl_c_is_a_pause_one_line_exit_130_and_the_same_command_continues_exac
     paused = run_cli(run, fault="train_step:6:INT")  # Ctrl-C during step 2 of epoch 2
     assert paused.returncode == 130, paused.stderr[-2000:]
     assert "Traceback" not in paused.stderr
-    assert paused.stderr.strip().splitlines()[-1] == ("[swalab] Ctrl-C (SIGINT) received: checkpoint written at "
-                                                      "epoch 2, step 2; re-run the same command to continue")
+    assert paused.stderr.strip().splitlines()[-1] == ("[swalab] Ctrl-C (SIGINT) received: " + PAUSED_AT_STEP_2_OF_EPOCH_2
+                                                      + "; re-run the same command to continue")
     assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
     resumed = run_cli(run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "epoch0001_step000002.pt" in resumed.stdout
     assert "took over the lock" not in resumed.stdout  # the paused process handed its lock over in order
     assert_same_run(run, reference)
+
+
+def test_a_pause_is_said_once_on_the_terminal_and_kept_in_run_log(tmp_path):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="train_step:6:INT")
+    assert paused.returncode == 130, paused.stderr[-2000:]
+    said = (paused.stdout + paused.stderr).count("Ctrl-C (SIGINT) received")
+    assert said == 1, paused.stdout + paused.stderr
+    assert "Ctrl-C (SIGINT) received" in paused.stderr.strip().splitlines()[-1]
+    assert "Ctrl-C (SIGINT) received" in (run / "run.log").read_text()
+
+
+def test_the_pause_and_the_resume_name_a_mid_epoch_checkpoint_by_its_file_and_the_same_epochs(tmp_path):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="train_step:6:INT")  # step 2 of epoch 2: one epoch done, two steps into the second
+    [name] = [p.name for p in (run / "checkpoints").glob("*_step*.pt")]
+    words = "after epoch 1 and 2 steps of epoch 2"
+    assert name == "epoch0001_step000002.pt"
+    assert f"checkpoint {name} written ({words})" in paused.stderr, paused.stderr
+    resumed = run_cli(run, "trainer.epochs=4")
+    resume_line = next(line for line in resumed.stdout.splitlines() if "resuming" in line)
+    assert resume_line.endswith(f"{name} ({words})"), resume_line
+
+
+def test_ctrl_c_before_the_first_step_is_said_once_on_the_terminal_and_kept_in_run_log(tmp_path):
+    run = tmp_path / "run"
+    paused = run_cli(run, fault="run_start:1:INT")
+    assert paused.returncode == 130, paused.stderr[-2000:]
+    said = (paused.stdout + paused.stderr).count("interrupted")
+    assert said == 1, paused.stdout + paused.stderr
+    assert "interrupted" in (run / "run.log").read_text()
 
 
 def test_ctrl_c_before_the_first_step_reads_interrupted_and_the_same_command_trains_the_run(tmp_path, reference):
@@ -333,7 +367,7 @@ def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_r
                                             "status": "requeued"}
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "requeued" and "requeued and resumes" in status["message"]
-    assert "requeued: SIGUSR2 received: checkpoint written at epoch 2, step 2" in (run / "run.log").read_text()
+    assert "requeued: SIGUSR2 received: " + PAUSED_AT_STEP_2_OF_EPOCH_2 in (run / "run.log").read_text()
 
 
 # -- 3. bad config values, caught before anything is written -------------------------------------------
@@ -354,6 +388,7 @@ def test_submitits_requeue_handler_runs_after_the_checkpoint_and_the_run_reads_r
     (["trainer.nonfinite=ignore"], "trainer.nonfinite='ignore' must be 'stop' or 'skip'"),
     (["run.device=tpu"], "run.device='tpu' must be auto, cpu or cuda[:N]"),
     (["run.resume=sometimes"], "run.resume='sometimes' must be auto, true or false"),
+    (["run.heartbeat_minutes=-1"], "run.heartbeat_minutes=-1 must be >= 0"),
 ])
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, overrides, message):
     run = tmp_path / "run"
@@ -368,6 +403,18 @@ def test_batch_larger_than_the_whole_training_set_fails_before_any_epoch(tmp_pat
     with pytest.raises(ConfigError, match=r"trainer.batch_size=5000 is larger than the 1437 training images"):
         train(make_cfg("dataset.train_size=null", "trainer.batch_size=5000"), run_dir=run)
     assert not run.exists()  # refused once the data were loaded: the directory it had created is gone
+
+
+def test_a_batch_larger_than_every_training_image_is_not_told_to_raise_train_size(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        train(make_cfg("dataset.train_size=null", "trainer.batch_size=5000"), run_dir=tmp_path / "run")
+    assert "dataset.train_size" not in str(info.value)
+    assert "lower trainer.batch_size" in str(info.value) and "every training image" in str(info.value)
+
+
+def test_a_batch_larger_than_a_capped_training_set_is_told_to_lower_it_or_raise_train_size(tmp_path):
+    with pytest.raises(ConfigError, match=r"lower it, or raise dataset.train_size=256"):
+        train(make_cfg("trainer.batch_size=300"), run_dir=tmp_path / "run")
 
 
 @pytest.mark.parametrize("override, exception, fragments", [

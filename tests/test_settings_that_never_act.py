@@ -28,9 +28,10 @@ def test_an_swa_average_of_one_model_is_refused_in_one_line_before_anything_is_w
     done = cli(tmp_path, "method=swa", "trainer.epochs=2", "model.swa.capture_every=100")
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
-        "[swalab] the SWA average would hold 1 model(s) in trainer.epochs=2: model.swa.phase=constant captures every "
-        "model.swa.capture_every=100 epochs from epoch 1 (model.swa.start), and an average needs 2 at least. Start "
-        "averaging earlier (model.swa.start), lower model.swa.capture_every, or lengthen the run (trainer.epochs)"]
+        "[swalab] the SWA average would hold 1 model in a run of trainer.epochs=2: model.swa.phase=constant captures "
+        "every model.swa.capture_every=100 epochs from epoch 1 (model.swa.start=0.8125 of B=1.33333), and an average "
+        "needs 2 at least (one model is the SGD iterate, not an average). Lower model.swa.start, lower "
+        "model.swa.capture_every, or lengthen the run (trainer.epochs)"]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -42,7 +43,7 @@ def test_every_swa_phase_refuses_an_average_of_one_model_and_swag_with_it(tmp_pa
     for method in ("swa", "swag"):
         overrides = [*TINY, f"method={method}", "trainer.epochs=4", "model.swa.start_epoch=2",
                      f"model.swa.phase={phase}", *spacing]
-        with pytest.raises(ConfigError, match=r"the SWA average would hold [01] model\(s\) in trainer.epochs=4"):
+        with pytest.raises(ConfigError, match=r"the SWA average would hold (1 model|0 models) in a run of trainer.epochs=4"):
             prepare(make_cfg(*overrides), run_dir=tmp_path / "run")
         prepare(make_cfg(*overrides, "trainer.epochs=8"), run_dir=tmp_path / "run")  # long enough: 2 models
     assert not (tmp_path / "run").exists()

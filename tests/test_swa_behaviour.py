@@ -96,14 +96,14 @@ def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
     (dict(start=1.0), "SWA would start averaging at epoch 10 (model.swa.start=1 of B=10) but the run has "
                       "trainer.epochs=10: set model.swa.start,"),
     (dict(start_epoch=0, capture_every=6),
-     "the SWA average would hold 1 model(s) in trainer.epochs=10: model.swa.phase=constant captures every "
-     "model.swa.capture_every=6 epochs from epoch 0 (model.swa.start_epoch), and an average needs 2 at least. Start "
-     "averaging earlier (model.swa.start_epoch), lower model.swa.capture_every, or lengthen the run (trainer.epochs)"),
-    (dict(start_epoch=0, capture_every=11), "the SWA average would hold 0 model(s) in trainer.epochs=10"),
+     "the SWA average would hold 1 model in a run of trainer.epochs=10: model.swa.phase=constant captures every "
+     "model.swa.capture_every=6 epochs from epoch 0 (model.swa.start_epoch=0), and an average needs 2 at least (one "
+     "model is the SGD iterate, not an average). Lower model.swa.capture_every, or lengthen the run (trainer.epochs)"),
+    (dict(start_epoch=0, capture_every=11), "the SWA average would hold 0 models in a run of trainer.epochs=10"),
     (dict(phase="swalr", start_epoch=0, capture_every=6, anneal_epochs=0),
-     "the SWA average would hold 1 model(s) in trainer.epochs=10: model.swa.phase=swalr captures every "
+     "the SWA average would hold 1 model in a run of trainer.epochs=10: model.swa.phase=swalr captures every "
      "model.swa.capture_every=6 epochs"),
-    (dict(start_epoch=2, capture_every=9), "the SWA average would hold 1 model(s)"),
+    (dict(start_epoch=2, capture_every=9), "the SWA average would hold 1 model in"),
     (dict(phase="swalr", anneal_epochs=6),
      "model.swa.anneal_epochs=6 anneals the lr from epoch 4 on, but trainer.epochs=10 ends 6 epochs later: the lr "
      "never reaches model.swa.lr=0.02. Set model.swa.anneal_epochs below 6, start averaging earlier, or lengthen "
@@ -112,12 +112,13 @@ def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
                                          "got 0.021"),
     (dict(phase="cyclic"), "model.swa.lr_min must be in (0, model.swa.lr=0.02] for a cyclic schedule, got None"),
     (dict(phase="cyclic", lr_min=0.01, cycle_epochs=3.5),
-     "the SWA average would hold 1 model(s) in trainer.epochs=10: model.swa.phase=cyclic captures at the end of each "
-     "cycle of model.swa.cycle_epochs=3.5 epochs from epoch 4 (model.swa.start_epoch), and an average needs 2 at least. Start averaging "
-     "earlier (model.swa.start_epoch), shorten model.swa.cycle_epochs, or lengthen the run (trainer.epochs)"),
-    (dict(phase="cyclic", lr_min=0.01, cycle_epochs=6.5), "the SWA average would hold 0 model(s)"),
+     "the SWA average would hold 1 model in a run of trainer.epochs=10: model.swa.phase=cyclic captures at the end of "
+     "each cycle of model.swa.cycle_epochs=3.5 epochs from epoch 4 (model.swa.start_epoch=4), and an average needs 2 at "
+     "least (one model is the SGD iterate, not an average). Lower model.swa.start_epoch, shorten "
+     "model.swa.cycle_epochs, or lengthen the run (trainer.epochs)"),
+    (dict(phase="cyclic", lr_min=0.01, cycle_epochs=6.5), "the SWA average would hold 0 models in"),
     (dict(epochs=203, phase="shake_shake"),
-     "the SWA average would hold 1 model(s) in trainer.epochs=203: model.swa.phase=shake_shake captures once per "
+     "the SWA average would hold 1 model in a run of trainer.epochs=203: model.swa.phase=shake_shake captures once per "
      "100-epoch cycle from epoch 4"),
     (dict(start_epoch=0, capture_every=4, score_at_budgets=[0.5]),
      "model.swa.score_at_budgets: budget 0.5 is epoch 5, where the average holds 1 model(s) (model.swa.phase=constant "
@@ -154,7 +155,7 @@ def test_a_cyclic_phase_is_counted_again_in_whole_steps_once_the_steps_per_epoch
     method = swa(start_epoch=7, phase="cyclic", lr_min=0.01, cycle_epochs=1.5)
     method.validate(initialized=False)  # in whole epochs: 3 / 1.5 = 2 cycles
     method.validate_steps(2)            # cycles of 3 steps in the 6 steps left: 2 captures
-    with pytest.raises(ConfigError, match=re.escape("the SWA average would hold 1 model(s) in trainer.epochs=10")):
+    with pytest.raises(ConfigError, match=re.escape("the SWA average would hold 1 model in a run of trainer.epochs=10")):
         method.validate_steps(1)
 
 
@@ -440,3 +441,18 @@ def test_an_earlier_checkpoint_holding_log_probabilities_gets_its_files_on_both_
     # and the resumed run's next checkpoint names them, so a second resume reads the files
     third, ctx3 = resumed(again.state_dict(), tmp_path)
     assert torch.equal(third.predictors(ctx3)["swa@0.5"].val_log_proba(), val)
+
+
+@pytest.mark.parametrize("settings, start", [
+    (dict(start=0.5, capture_every=6), "model.swa.start=0.5 of B=10"),
+    (dict(start_epoch=5, capture_every=6), "model.swa.start_epoch=5"),
+])
+def test_an_average_of_one_model_reads_as_one_model_says_why_and_names_each_key_with_its_value_once(settings, start):
+    with pytest.raises(ConfigError) as info:
+        swa(**settings).validate(initialized=False)
+    said = str(info.value)
+    assert said.startswith("the SWA average would hold 1 model in a run of trainer.epochs=10: ")
+    assert f"from epoch 5 ({start})" in said and "needs 2 at least (one model is the SGD iterate, not an average)" in said
+    key = start.split("=")[0]
+    assert said.count(key) == 2 and f"start averaging earlier ({key})" not in said.lower()
+    assert said.endswith(f"Lower {key}, lower model.swa.capture_every, or lengthen the run (trainer.epochs)")

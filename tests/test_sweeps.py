@@ -68,3 +68,16 @@ def test_the_grid_summary_keeps_its_run_directories_in_one_column_whatever_the_s
     lines = summary_lines([{"job": 0, "state": "complete", "run_dir": "out/a", "error": None},
                            {"job": 1, "state": "interrupted", "run_dir": "out/b", "error": "Ctrl-C (SIGINT) received"}])
     assert len({line.index("out/") for line in lines[1:]}) == 1, lines
+
+
+def test_a_grid_job_refused_for_its_data_says_what_a_single_run_says_with_the_resolved_path(tmp_path):
+    missing = tmp_path / "no-cifar"
+    data = ["method=sgd", "dataset=cifar10", f"dataset.root={missing}", "run.download=false"]
+    single = subprocess.run([sys.executable, "run.py", *TINY, *data, f"paths.output_dir={tmp_path / 'single'}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 2, single.stderr[-3000:]
+    said = single.stderr.strip().removeprefix("[swalab] ")
+    assert f"(resolved: {missing})" in said
+    grid = multirun(tmp_path, *data)
+    assert grid.returncode == 1, grid.stderr[-3000:]
+    assert said in grid.stderr

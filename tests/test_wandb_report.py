@@ -195,3 +195,22 @@ def test_a_report_of_recorded_runs_links_each_config_by_grid_tag_and_group_witho
                      [1, 93.0, "SWA 1.5B (6 ep) model"], [2, 93.0, "SWA 1.5B (6 ep) model"]]
     spec = wandb_report.spec_of(made)  # serialised without a W&B server or key
     assert spec["project"] == {"name": "p", "entityName": ""} and "  panel table table1/ece" in wandb_report.outline(spec)
+
+
+def test_the_report_counts_each_run_once_and_its_rows_in_words(tmp_path):
+    """One SWA run makes two columns (1B and 1.5B): 6 runs of 2 seeds make 8 cells' entries, and 6 runs are said."""
+    for seed in (0, 1):
+        make_run(tmp_path / "g", "sgd", seed, {"sgd": m(90.0)})
+        make_run(tmp_path / "g", "swa", seed, {"swa": m(92.0), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5)
+        make_run(tmp_path / "g", "fge", seed, {"fge": m(91.5)})
+    table = report([tmp_path / "g"], tmp_path / "out")["table"]
+    made = wandb_report.build_report(table, project="p", entity=None, report_run="rep1")
+    first = str(made.blocks[0].text)
+    assert first.startswith("6 finished runs in 1 table row, seeds 0, 1."), first
+
+
+def test_the_reports_description_records_the_command_that_made_it_with_its_input_and_out(tmp_path, monkeypatch):
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(90.0)})
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    made = report([tmp_path / "g"], tmp_path / "out", wandb_mode="offline")["wandb"]["report"]
+    assert made.description == f"python -m swalab.results.report {tmp_path / 'g'} --out {tmp_path / 'out'} --wandb"

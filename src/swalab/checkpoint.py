@@ -100,6 +100,13 @@ def checkpoint_name(epoch: int, step: int = 0) -> str:
     return f"epoch{epoch:04d}.pt" if step == 0 else f"epoch{epoch:04d}_step{step:06d}.pt"
 
 
+def checkpoint_words(epoch: int, step: int = 0) -> str:
+    """How every message describes the checkpoint :func:`checkpoint_name` names, in the name's own epochs and the
+    epoch lines' count (from 1): ``after epoch 14`` for ``epoch0014.pt``, ``after epoch 14 and 2 steps of epoch 15``
+    for ``epoch0014_step000002.pt``."""
+    return f"after epoch {epoch}" if step == 0 else f"after epoch {epoch} and {step} steps of epoch {epoch + 1}"
+
+
 def save_checkpoint(state: dict, directory: str | Path, epoch: int, step: int = 0, keep: int = 2) -> Path:
     """Write ``state`` atomically and delete all but the newest ``keep`` checkpoints.
 

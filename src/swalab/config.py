@@ -139,6 +139,7 @@ KEYS: dict[str, tuple] = {
     "run.deterministic": ("bool", None, None),
     "run.compile": ("bool", None, None),
     "run.progress": ("bool?", None, None),
+    "run.heartbeat_minutes": ("number", 0, None),
     "trainer.max_skips": ("int", 0, None),
     "trainer.bn_update_fraction": ("number", 0, 1),
     "run.device": ("str", None, None),

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -75,6 +76,7 @@ def run_log(run_dir: str | Path, main: bool = True) -> Iterator[Path]:
             logger.disabled = was
         return
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.set_name(RUN_LOG)  # found by run_log_only
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     logger = get_logger()
     logger.addHandler(handler)
@@ -95,6 +97,50 @@ def run_log(run_dir: str | Path, main: bool = True) -> Iterator[Path]:
         warnings.showwarning = shown
         logger.removeHandler(handler)
         handler.close()
+
+
+def run_log_only(line: str) -> None:
+    """Write ``line`` to the open ``run.log`` alone, not to the terminal: for a line its caller shows on the
+    terminal itself (a pause, which run.py says on stderr as its last line), so that a terminal reads it once."""
+    logger = get_logger()
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, line, None, None)
+    for handler in logger.handlers:
+        if handler.get_name() == RUN_LOG:
+            handler.handle(record)
+
+
+def heartbeat_line(epoch: int, epochs: int, step: int, steps: int, elapsed: float, eta: float) -> str:
+    """A line within a long epoch, where no bar is shown (``run.heartbeat_minutes``): ``epoch 3/24  step 120/391
+    elapsed 5m00s  ETA 1h02m`` (``epoch`` and ``step`` counted from 1, as the epoch lines count; ``elapsed`` in this
+    epoch, ``ETA`` of the run). Made of host values alone: printing it reads nothing from the device."""
+    return f"epoch {epoch}/{epochs}  step {step}/{steps}  elapsed {format_seconds(elapsed)}  ETA {format_seconds(eta)}"
+
+
+def heartbeat(epoch: int, epochs: int, steps: int, first_step: int, minutes: float, mean_epoch_seconds: float | None,
+              emit: Callable[[str], None]) -> Callable[[int, float], None] | None:
+    """Where no bar is shown (a grid, nohup, SLURM): ``beat(step, epoch_t0)``, called after each step of epoch
+    ``epoch`` (from 0), ``emit``s :func:`heartbeat_line` every ``minutes`` (``run.heartbeat_minutes``); None when that is
+    0. It reads the host's clock only, never the device: a step with no line due makes no host sync, nor does one
+    with a line. The ETA counts this epoch's steps left at its pace so far and the epochs left at
+    ``mean_epoch_seconds`` (this epoch's pace before the first epoch ends)."""
+    every = 60.0 * float(minutes)
+    if every <= 0:
+        return None
+    began = time.perf_counter()
+    due = began + every
+
+    def beat(step: int, epoch_t0: float) -> None:
+        nonlocal due
+        now = time.perf_counter()
+        if now < due:
+            return
+        due = now + every
+        per_step = (now - began) / (step + 1 - first_step)
+        epoch_seconds = mean_epoch_seconds or per_step * steps
+        eta = per_step * (steps - step - 1) + epoch_seconds * (epochs - epoch - 1)
+        emit(heartbeat_line(epoch + 1, epochs, step + 1, steps, now - epoch_t0, eta))
+
+    return beat
 
 
 def epoch_line(row: dict, epochs: int, eta: float | None) -> str:

@@ -32,12 +32,13 @@ import torch
 from torch import nn
 
 from swalab import distributed, faults
-from swalab.checkpoint import CheckpointStore, PredictionFiles, checkpoint_name, restore_rng, rng_state
+from swalab.checkpoint import (CheckpointStore, PredictionFiles, checkpoint_name, checkpoint_words, restore_rng,
+                               rng_state)
 from swalab.config import check_monitoring
 from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
                              score_predictors)
 from swalab.graphed import GraphedStep, graph_refusal
-from swalab.logs import progress_bar
+from swalab.logs import heartbeat, progress_bar
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec, load_optimizer_state
@@ -84,6 +85,7 @@ class TrainerOptions:
     nonfinite: str = "stop"          # stop | skip
     max_skips: int = 10
     progress: bool | None = None     # None: a bar only on an interactive terminal
+    heartbeat_minutes: float = 0     # where no bar is shown: a line every N minutes within an epoch (0: none)
     deterministic: bool = True       # CUDA: deterministic algorithms, bit-equal reruns (precision.deterministic)
     cuda_graphs: str = "auto"        # CUDA: the training step captured once and replayed: auto | on | off (swalab.graphed)
     save_at: tuple[int, ...] = ()    # epochs whose checkpoints are kept for good (branching)
@@ -235,6 +237,8 @@ class Trainer:
             self.train_loader.set_epoch(epoch)
         bar = progress_bar(epoch, self.opts.epochs, steps, first_step, self.run_eta(epoch),
                            False if not self.main else self.opts.progress)
+        beat = (heartbeat(epoch, self.opts.epochs, steps, first_step, self.opts.heartbeat_minutes,
+                          self.mean_epoch_seconds(), log.info) if bar is None and self.main else None)
         for step, (x, y) in enumerate(self.train_loader):
             if step < first_step:
                 continue
@@ -266,10 +270,13 @@ class Trainer:
                 if step % 10 == 0:
                     bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{tally.accuracy():.1f}", lr=f"{tally.lr:.4g}")
                 bar.update(1)
+            if beat is not None and step + 1 < steps:
+                beat(step, tally.t0)
             if step + 1 < steps and self._paused():
                 self.save(epoch, step + 1, tally.partial())
-                raise Preempted(f"{signal_words(self._signal)} received: checkpoint written at epoch {epoch + 1}, "
-                                f"step {step + 1}", self._signal)  # counted as the epoch lines count: from 1
+                raise Preempted(f"{signal_words(self._signal)} received: checkpoint "
+                                f"{checkpoint_name(epoch, step + 1)} written ({checkpoint_words(epoch, step + 1)})",
+                                self._signal)
         if bar is not None:
             bar.close()
         first_bad = first_bad_step(bad_step, self.ranks.enabled)
@@ -321,8 +328,8 @@ class Trainer:
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
         if paused and not last:
-            raise Preempted(f"{signal_words(self._signal)} received: checkpoint written after epoch {done}",
-                            self._signal)
+            raise Preempted(f"{signal_words(self._signal)} received: checkpoint {checkpoint_name(done)} written "
+                            f"({checkpoint_words(done)})", self._signal)
 
     # -- decisions: each taken by every rank together (swalab.distributed.agree) ---------------------------------
     def _note_signal(self, signum: int) -> None:
@@ -346,10 +353,15 @@ class Trainer:
             return f"the last good checkpoint {newest[0]} and history.jsonl are kept"
         return f"no checkpoint had been written yet in {self.store.dir}, so a re-run starts from the beginning"
 
+    def mean_epoch_seconds(self) -> float | None:
+        """The mean time of the epochs trained so far, or None before the first."""
+        seconds = [float(row["seconds"]) for row in self.history if "seconds" in row]
+        return statistics.fmean(seconds) if seconds else None
+
     def run_eta(self, epoch: int) -> float | None:
         """Seconds left in the run at the start of ``epoch``: the mean epoch time so far x epochs left."""
-        seconds = [float(row["seconds"]) for row in self.history if "seconds" in row]
-        return statistics.fmean(seconds) * (self.opts.epochs - epoch) if seconds else None
+        mean = self.mean_epoch_seconds()
+        return None if mean is None else mean * (self.opts.epochs - epoch)
 
     def evaluate(self) -> Evaluation:
         """Score every predictor the method hands back, the same way (``swalab.evaluate.score_predictors``), with

@@ -195,11 +195,17 @@ class SWA(Method):
             return
         key = self.setting
         start = key("start_epoch") if self.start is None else key("start")
-        fix = {"cyclic": f"shorten {key('cycle_epochs')}", "shake_shake": "lengthen the run"}.get(
+        set_by = (f"{start}={self.start_epoch}" if self.start is None
+                  else f"{start}={self.start:g} of B={self.budget_epochs:g}")
+        fix = {"cyclic": f"shorten {key('cycle_epochs')}", "shake_shake": None}.get(
             self.phase, f"lower {key('capture_every')}")
-        raise ConfigError(f"the SWA average would hold {captured} model(s) in trainer.epochs={self.epochs}: "
-                          f"{self.spacing()} ({start}), and an average needs 2 at least. Start averaging earlier "
-                          f"({start}), {fix}, or lengthen the run (trainer.epochs)")
+        models = "1 model" if captured == 1 else f"{captured} models"
+        fixes = [*([f"lower {start}"] if self.start_epoch > 0 else []), *([fix] if fix else []),
+                 "lengthen the run (trainer.epochs)"]
+        fixes = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
+        raise ConfigError(f"the SWA average would hold {models} in a run of trainer.epochs={self.epochs}: "
+                          f"{self.spacing()} ({set_by}), and an average needs 2 at least (one model is the SGD iterate, "
+                          f"not an average). {fixes[0].upper()}{fixes[1:]}")
 
     def last_branch_epoch(self) -> int:
         """A constant/swalr phase captures first after epoch ``start_epoch`` (after ``capture_every`` when it is 0),

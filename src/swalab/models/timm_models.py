@@ -8,7 +8,8 @@ Weights come from the Hugging Face hub (timm's default) or, with ``pretrained_fi
 state-dict file (timm's ``pretrained_cfg_overlay=dict(file=...)``, so timm's own key filters, head
 resizing and input-channel adaptation still apply). What goes wrong, and what the errors say:
 
-* no network and no file: names ``model.pretrained_file`` and ``HF_HUB_OFFLINE`` / the hub cache;
+* no network and no file: names ``model.pretrained_file`` and ``HF_HUB_OFFLINE`` / the hub cache, at once (weights
+  not in the cache are fetched only once their host answers; huggingface_hub's own retries take about 50 s);
 * a file made for another architecture: names the missing and unexpected keys (and shape mismatches);
 * a name timm does not know: suggests the closest names timm does know.
 """
@@ -16,7 +17,9 @@ resizing and input-channel adaptation still apply). What goes wrong, and what th
 from __future__ import annotations
 
 import difflib
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -24,6 +27,45 @@ from torch import nn
 
 class PretrainedWeightsError(RuntimeError):
     """Pretrained weights could not be fetched or do not fit the architecture."""
+
+
+# What to do when pretrained weights cannot be fetched.
+WITHOUT_NETWORK = ("Without network: pass a local file with model.pretrained_file=PATH, or put the weights in the "
+                   "Hugging Face cache (HF_HOME) on a machine with network and run with HF_HUB_OFFLINE=1; "
+                   "or train from scratch with model.pretrained=false")
+HOST_TIMEOUT_S = 5  # how long a weights host may take to accept a connection before it counts as unreachable
+HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm fetches from a hub repository, in its order
+
+
+def weights_cached(source) -> bool:
+    """Whether the pretrained weights of timm's config ``source`` are on this machine already (the Hugging Face cache,
+    torch.hub's checkpoints folder, or the config's own file), so that loading them needs no network."""
+    if source.file:
+        return Path(source.file).is_file()
+    if source.hf_hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        repo, _, revision = source.hf_hub_id.partition("@")
+        names = [source.hf_hub_filename] if source.hf_hub_filename else HUB_FILES
+        return any(isinstance(try_to_load_from_cache(repo, name, revision=revision or None), str) for name in names)
+    return (Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(source.url).path).name).is_file()
+
+
+def unreachable_host(source) -> str | None:
+    """Why the host of ``source``'s weights cannot be asked for them (``HF_HUB_OFFLINE``, or no connection within
+    ``HOST_TIMEOUT_S``), or None when it answers. One connection attempt: a check before timm's download, whose
+    retries with back-off would print for about 50 s before failing."""
+    import huggingface_hub.constants as hub
+
+    if source.hf_hub_id and hub.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set and they are not in the Hugging Face cache"
+    url = urlparse(hub.ENDPOINT if source.hf_hub_id else source.url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=HOST_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"cannot reach {url.hostname}:{port} ({type(exc).__name__}: {exc})"
+    return None
 
 
 def close_model_names(name: str, n: int = 5) -> list[str]:
@@ -111,12 +153,13 @@ def create_timm_model(model_name: str, pretrained: bool = False, pretrained_file
     if source is None or not (source.hf_hub_id or source.url or source.file):
         raise PretrainedWeightsError(f"timm has no pretrained weights for {model_name}: set model.pretrained=false "
                                      "or give a weights file with model.pretrained_file=PATH")
+    why = None if weights_cached(source) else unreachable_host(source)
+    if why is not None:
+        raise PretrainedWeightsError(f"cannot fetch the pretrained weights of {model_name}: {why}. {WITHOUT_NETWORK}")
     try:
         return timm.create_model(model_name, pretrained=True, num_classes=num_classes, in_chans=in_channels,
                                  **kwargs)
     except (OSError, ConnectionError) as exc:  # huggingface_hub's offline / not-cached errors are OSErrors
         raise PretrainedWeightsError(
             f"cannot fetch the pretrained weights of {model_name} ({type(exc).__name__}: {str(exc)[:200]}). "
-            "Without network: pass a local file with model.pretrained_file=PATH, or put the weights in the "
-            "Hugging Face cache (HF_HOME) on a machine with network and run with HF_HUB_OFFLINE=1; "
-            "or train from scratch with model.pretrained=false") from exc
+            f"{WITHOUT_NETWORK}") from exc

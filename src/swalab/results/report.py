@@ -180,8 +180,11 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     if wandb_mode:
         from swalab.results.wandb_report import SPEC_FILE, publish_report
 
+        made_by = (f"python -m swalab.results.report {' '.join(map(str, roots))} --out {out}"
+                   + (" --paper" if paper else "") + (f" --reliability {' '.join(reliability)}" if reliability else "")
+                   + " --wandb")
         wandb = publish_report(table, out, wandb_mode, project=wandb_project, entity=wandb_entity,
-                               paper=load_paper_tables())
+                               paper=load_paper_tables(), made_by=made_by)
         if wandb["spec"] is not None:
             written[SPEC_FILE] = wandb["spec"]
     return {**found, "written": written, "wandb": wandb}

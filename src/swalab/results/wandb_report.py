@@ -175,10 +175,12 @@ def build_report(table: Table, *, project: str, entity: str | None, report_run: 
     grid_tags = sorted({t for link in links for t in link["grid_tags"]})
     seeds = sorted({str(s) for row in table.rows for cell in row.cells.values() for s in cell.seeds})
     report_runs = wr.Runset(name="report run", filters=expr.And(expr.Metric("ID") == report_run))
+    # each run once: one SWA run fills its 1B, 1.25B and 1.5B columns, a branched run its trunk's row too
+    runs = len({e.run.path for r in table.rows for c in r.cells.values() for e in c.entries})
+    rows = f"{len(table.rows)} table row{'s' if len(table.rows) != 1 else ''}"
 
     blocks: list = [wr.MarkdownBlock(
-        f"{sum(len(c.entries) for r in table.rows for c in r.cells.values())} finished runs in {len(table.rows)} "
-        f"table rows, seeds {', '.join(seeds)}. A cell holds the runs of one config (its identity minus the seed: "
+        f"{runs} finished run{'s' if runs != 1 else ''} in {rows}, seeds {', '.join(seeds)}. A cell holds the runs of one config (its identity minus the seed: "
         "one W&B group), each seed once; mean and sample std over seeds. "
         + (f"Training runs: grid launches {', '.join(f'`{t}`' for t in grid_tags)}; each run set below is "
            "filtered to those tags and its row's groups, so every panel links to its training runs."
@@ -301,9 +303,10 @@ def offline_runs(table: Table, out: Path) -> list[str]:
 
 
 def publish_report(table: Table, out: str | Path, mode: str, project: str | None = None, entity: str | None = None,
-                   paper: dict | None = None) -> dict[str, Any]:
+                   paper: dict | None = None, made_by: str | None = None) -> dict[str, Any]:
     """Log the report run and build the report of ``table``: saved online (``url``), else its spec written to
-    ``<out>/wandb_report.json`` (``spec``) with the ``command`` that publishes it later."""
+    ``<out>/wandb_report.json`` (``spec``) with the ``command`` that publishes it later. ``made_by``: the command
+    that made the report (its inputs and ``--out``), recorded as the report's description."""
     workspaces()  # fail before anything is logged when the library is missing
     out = Path(out)
     links = [row_links(row) for row in table.rows]
@@ -312,7 +315,7 @@ def publish_report(table: Table, out: str | Path, mode: str, project: str | None
     run_id = new_run_id()
     tracker = log_report_run(table, paper, out, mode, project, entity, run_id)
     report = build_report(table, project=project, entity=entity, report_run=run_id, paper=paper,
-                          description=f"python -m swalab.results.report {out} --wandb")
+                          description=made_by or f"python -m swalab.results.report ... --out {out} --wandb")
     result: dict[str, Any] = {"url": None, "spec": None, "command": None, "error": None,
                               "report": report, "not_logged": tracker.not_logged}
     if mode == "online" and tracker.mode == "online" and not tracker.not_logged:

@@ -141,7 +141,7 @@ def batch_size_for(cfg: DictConfig, images: int) -> int:
     batch_size = int(cfg.trainer.batch_size)
     if batch_size > images:
         raise ConfigError(f"trainer.batch_size={batch_size} is larger than the {images} training images "
-                          "(lower it, or raise dataset.train_size)")
+                          f"({more_images_hint(cfg, images)})")
     ranks = distributed.info()
     if batch_size % ranks.world_size:
         raise ConfigError(f"trainer.batch_size={batch_size} must divide evenly over {ranks.world_size} ranks")
@@ -151,6 +151,17 @@ def batch_size_for(cfg: DictConfig, images: int) -> int:
                           f"{batch_size // ranks.world_size} images" + (" per rank" if ranks.enabled else "")
                           + ": lower trainer.accumulate or raise trainer.batch_size")
     return batch_size
+
+
+def more_images_hint(cfg: DictConfig, images: int) -> str:
+    """The fix of a batch larger than the training set: raising ``dataset.train_size`` only where it capped the
+    images; when the run already trains on every training image, lowering the batch (or the validation split)."""
+    cap = cfg.dataset.get("train_size")
+    if cap is not None and int(cap) <= images:
+        return f"lower it, or raise dataset.train_size={cap}"
+    val = cfg.dataset.get("val_size")
+    held = f", or lower dataset.val_size={val}, which holds images out of them" if val else ""
+    return f"the run trains on every training image already: lower trainer.batch_size{held}"
 
 
 def eval_batch_size(cfg: DictConfig, device: torch.device) -> int:

@@ -28,11 +28,11 @@ from omegaconf import OmegaConf
 
 from swalab import distributed, faults, slurm
 from swalab.branching import check_branch, load_branch_state, read_lineage
-from swalab.checkpoint import CheckpointStore, atomic_save
+from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words
 from swalab.config import ConfigError, build
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
-from swalab.logs import epoch_line, get_logger, run_log
+from swalab.logs import epoch_line, get_logger, run_log, run_log_only
 from swalab.precision import slow_precision
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
@@ -278,8 +278,8 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
                 log.info(f"[swalab] {lock.took_over()}")
             if built.resume_state is not None and not built.branched:
                 done, step = int(built.resume_state["epoch"]), int(built.resume_state.get("step", 0))
-                where = f"at epoch {done + 1}, step {step}" if step else f"after epoch {done}"  # as the epoch lines count
-                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']} ({where})")
+                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']} "
+                         f"({checkpoint_words(done, step)})")
             else:
                 log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
                          f"{record(plan.identity)['hash']})")
@@ -313,14 +313,14 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
         except Preempted as exc:
             exc.status = slurm.stop_status(exc.signum, exc.status)  # under SLURM: requeued, cancelled or preempted
             write_status(run_dir, {"status": exc.status, "message": str(exc)})
-            log.info(f"[swalab] {run_dir} {exc.status}: {exc}")
+            run_log_only(f"[swalab] {run_dir} {exc.status}: {exc}")  # run.py says it on the terminal
             tracker.finish(exit_code=1)
             raise
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (before its first step, the final scoring)
             message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
                        "re-run the same command to continue")
             write_status(run_dir, {"status": "interrupted", "message": message})
-            log.info(f"[swalab] {run_dir} interrupted: {message}")
+            run_log_only(f"[swalab] {run_dir} interrupted: {message}")  # run.py says it on the terminal
             tracker.finish(exit_code=1)
             raise
         except BaseException as exc:

@@ -22,7 +22,7 @@ from typing import Sequence
 
 #: colour of each method, the same in every figure (matplotlib's tab10, one hue per method)
 METHOD_COLORS = {"sgd": "#1f77b4", "pretrained": "#7f7f7f", "fge": "#ff7f0e", "swa": "#2ca02c", "swag": "#9467bd",
-                 "swag_diag": "#8c564b", "ema": "#d62728"}
+                 "swag_diag": "#8c564b", "ema": "#d62728", "posthoc": "#000000"}  # post hoc: black beside the online
 OTHER_COLORS = ("#e377c2", "#17becf", "#bcbd22")  # a method of one's own, chosen by its name
 ACROSS = 3          # panels to a row: three 5-inch panels are a page's width at legible text
 PANEL = (5.0, 3.8)  # a panel's width and height in inches

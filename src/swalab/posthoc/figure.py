@@ -18,8 +18,10 @@ METRIC_NAMES = {"acc": "accuracy (%)", "nll": "NLL (mean per image)"}
 
 def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = "") -> bool:
     """One row of panels (accuracy, NLL) per family of ``results`` (:class:`swalab.posthoc.Result`), test solid,
-    validation dashed; ``online``: ``{label: metrics}`` of online predictors, drawn as horizontal lines in their
-    method's colour. False when there is nothing to draw."""
+    validation dashed, in black (``style.METHOD_COLORS['posthoc']``: a post-hoc EMA is never mistaken for the online
+    one); ``online``: ``{label: metrics}`` of online predictors, drawn as thin horizontal lines in their method's
+    colour. One legend per row, beneath its NLL panel (the accuracy panel beside it draws the same lines). False when
+    there is nothing to draw."""
     families = [f for f in AXES if any(r.family == f for r in results)]
     if not families:
         return False
@@ -30,7 +32,7 @@ def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = ""
         for col, metric in enumerate(("acc", "nll")):
             ax = axes[2 * row + col]
             xs = [r.knob for r in mine]
-            color = style.color_of(family if family in style.METHOD_COLORS else "posthoc")
+            color = style.color_of("posthoc")
             ax.plot(xs, [r.metrics[r.label][metric] for r in mine], "-o", ms=4, color=color,
                     label=f"post-hoc {family}, test")
             if all("val" in r.metrics[r.label] for r in mine):
@@ -47,7 +49,8 @@ def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = ""
             ax.set_xlabel(AXES[family])
             style.value_axis(ax, [v for line in ax.get_lines() for v in line.get_ydata()], METRIC_NAMES[metric])
             style.title(ax, f"{family}: {METRIC_NAMES[metric]}")
-            style.legend_beneath(ax)
+            if col == 1:
+                style.legend_beneath(ax)
     style.suptitle(fig, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     style.finish(plt, fig, path)

@@ -173,7 +173,7 @@ def ensembles_markdown(ensembles: Sequence) -> list[str]:
             "forward pass), scored like every predictor; in brackets the mean ± std of the seeds on their own. Only runs "
             "of exactly one config but the seed, scored on the same test labels; +ts columns are not ensembled (their "
             "temperature would have to be fitted on the ensemble's own validation split).", "",
-            *_markdown_table(["row", "ensemble", "seeds", "accuracy %", "NLL", "ECE", "Brier"], lines), ""]
+            *_markdown_table(["row", "ensemble", "seeds", "accuracy %", "NLL", "ECE (15 equal-width bins)", "Brier"], lines), ""]
 
 
 def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
@@ -211,7 +211,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             lines.append([e.label, f"{len(e.seeds)} (ensemble)",
                           *(f"{e.metrics[m]:.{2 if m == 'acc' else 4}f}" for m in ("acc", "nll", "ece", "brier")), "",
                           delta["acc"], delta["nll"]])
-        out += [f"### {row.name}", "", *_markdown_table(["column", "n", "accuracy %", "NLL", "ECE", "Brier", "T",
+        out += [f"### {row.name}", "", *_markdown_table(["column", "n", "accuracy %", "NLL", "ECE (15 equal-width bins)", "Brier", "T",
                                                          "Δ accuracy", "Δ NLL"], lines), ""]
     if not fitted:
         out += ["T is blank in every row: none of these runs held out a validation split (dataset.val_size), so no "

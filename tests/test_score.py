@@ -128,3 +128,69 @@ def test_a_corrupted_split_is_cached_fingerprinted_and_read_back(tmp_path):
     again, same = corruptions.corrupted_split(split, "brightness", 4, cache_dir=tmp_path)
     assert torch.equal(made.images, again.images) and fingerprint == same == corruptions.fingerprint(made.images)
     assert torch.equal(made.labels, split.labels)
+
+
+# -- out-of-distribution detection -----------------------------------------------------------------------------------
+
+def test_auroc_aupr_and_fpr95_of_perfectly_separated_scores_are_one_one_and_zero():
+    from swalab.results.ood import detection
+
+    assert detection(torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 0.9])) == {"auroc": 1.0, "aupr": 1.0, "fpr95": 0.0}
+
+
+def test_auroc_counts_ties_half_and_equals_the_pairwise_probability():
+    from swalab.results.ood import auroc
+
+    ins, outs = torch.tensor([0.1, 0.4, 0.5, 0.5]), torch.tensor([0.5, 0.2, 0.9])
+    pairs = [(1.0 if o > i else 0.5 if o == i else 0.0) for o in outs.tolist() for i in ins.tolist()]
+    assert auroc(ins, outs) == pytest.approx(sum(pairs) / len(pairs))
+
+
+def test_aupr_is_the_average_precision_over_the_ood_images_ranks():
+    from swalab.results.ood import aupr
+
+    # ranked: out (0.9), in (0.8), out (0.7), in (0.1): precision at each OOD image 1/1 and 2/3, each half the recall
+    assert aupr(torch.tensor([0.8, 0.1]), torch.tensor([0.9, 0.7])) == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)
+
+
+def test_fpr95_is_the_in_distribution_share_at_or_above_the_threshold_flagging_95_percent_of_ood():
+    from swalab.results.ood import fpr_at_tpr
+
+    outs = torch.arange(20, dtype=torch.float64)  # 95% of 20 = 19 flagged: threshold 1.0
+    assert fpr_at_tpr(torch.tensor([0.5, 1.0, 3.0, -1.0]), outs) == pytest.approx(0.5)
+
+
+def test_mutual_information_is_the_predictive_entropy_minus_the_members_mean_entropy():
+    from swalab.results.ood import entropy, uncertainty
+
+    a, b = torch.tensor([[0.9, 0.1]]).log(), torch.tensor([[0.1, 0.9]]).log()
+    mean = torch.tensor([[0.5, 0.5]]).log()
+    mi = uncertainty(mean, [a, b])["mutual_information"]
+    assert float(mi) == pytest.approx(float(entropy(mean) - (entropy(a) + entropy(b)) / 2))
+    assert "mutual_information" not in uncertainty(mean)
+
+
+def test_a_run_detects_noise_and_an_image_folder_against_its_test_split(swa_run, tmp_path, capsys):
+    from PIL import Image
+
+    folder = tmp_path / "other" / "any"
+    folder.mkdir(parents=True)
+    for i in range(5):
+        Image.fromarray(np.full((20, 30, 3), 40 * i, dtype=np.uint8)).save(folder / f"{i}.png")
+    result = main([str(swa_run), "--ood", "noise:uniform", "--ood", f"folder:{tmp_path / 'other'}", "--device", "cpu"])
+    noise, images = result[str(swa_run)]["ood"]
+    assert noise["data"]["name"] == "ood-noise-uniform" and images["data"]["out_of_distribution"] == 5
+    for record in (noise, images):
+        for score in ("msp", "entropy"):
+            assert 0.0 <= record["predictors"]["swa"][score]["auroc"] <= 1.0
+    assert "swa+ts" in noise["predictors"]
+    written = json.loads((swa_run / "scores" / "ood-noise-uniform" / "metrics.json").read_text())
+    assert written["predictors"] == json.loads(json.dumps(noise["predictors"]))
+    assert "OOD images are the positives" in capsys.readouterr().out
+
+
+def test_an_ood_spec_that_names_nothing_is_refused_before_any_run_is_opened(tmp_path):
+    with pytest.raises(ScoreError, match=r"--ood noise:pink: expected noise:gaussian, noise:uniform or folder:<dir>"):
+        main([str(tmp_path / "no-run"), "--ood", "noise:pink"])
+    with pytest.raises(ScoreError, match=r"--ood folder:.*missing is no folder"):
+        main([str(tmp_path / "no-run"), "--ood", f"folder:{tmp_path / 'missing'}"])

@@ -1,6 +1,6 @@
 """Score finished runs again on other data: the stored predictors of each run on another test set.
 
-    python -m swalab.results.score <run dir>... --data <spec> [--data <spec> ...] [--device auto]
+    python -m swalab.results.score <run dir>... [--data <spec> ...] [--ood <spec> ...] [--device auto]
 
 When and why: SWA, SWAG, ensembles and temperature scaling are argued for under distribution shift (Ovadia et al.
 2019); a run is scored at its end on its own test split only, and this command sets its predictors on other images
@@ -20,8 +20,10 @@ Data specs (``--data``, several allowed; all parsed before any run is opened):
 
 Each set is written to ``<run>/scores/<name>/metrics.json`` (the data's name, spec and fingerprints, each
 predictor's acc, NLL, ECE (15 equal-width and 20 equal-mass bins), Brier, and ``not_scored``) and ``predictions.pt``;
-with corruptions, the mean over corruptions per severity to ``<run>/scores/cifar10c-summary.json``. The run's own
-records are never touched.
+with corruptions, the mean over corruptions per severity to ``<run>/scores/cifar10c-summary.json``. ``--ood <spec>``
+(``noise:gaussian``, ``noise:uniform``, ``folder:<dir>``; ``swalab.results.ood``) sets each predictor's uncertainty on
+the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score) in
+``<run>/scores/ood-<name>/metrics.json``. The run's own records are never touched.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from swalab.calibration import scaled, scaled_name
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
+from swalab.results import ood
 from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
 from swalab.results.compare import Scored, run_predictions, score_run
 from swalab.train.records import METRICS_FILE, PREDICTIONS_FILE, save_predictions, write_json
@@ -118,21 +121,29 @@ def not_rescorable(scored: Scored, names: Sequence[str]) -> dict[str, str]:
     return why
 
 
-def score_on(scored: Scored, spec: DataSpec) -> dict:
-    """Every re-scorable predictor of one run on ``spec``'s test set, written under ``<run>/scores/<name>/``."""
-    split, made = spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
+def predictions_on(scored: Scored, split: DataSplit) -> tuple[dict[str, torch.Tensor], list[torch.Tensor] | None]:
+    """The log-probabilities on ``split`` of every predictor of the run whose weights it kept (``+ts`` at the run's
+    own temperatures), and its FGE members' (None without saved members)."""
     other = on_other_data(scored, split)
+    members = None
     if scored.run.method == "fge" and not scored.run.member_paths():
         log_probs = {}  # compare would fall back on the cached members' predictions: those of the run's own test set
         for name in scored.run.method_weights():
             log_probs[name] = other.log_probs(other.model_for(scored.run.weights(name), f"{scored.run.path}/final.pt"))
     else:
-        log_probs, _ = run_predictions(other)
-    labels = split.labels
+        log_probs, members = run_predictions(other)
     for name in list(log_probs):
         fitted = (scored.run.metrics.get(scaled_name(name)) or {}).get("temperature")
         if fitted is not None:  # the run's own temperature, fitted on its validation split
             log_probs[scaled_name(name)] = scaled(log_probs[name], float(fitted))
+    return log_probs, members
+
+
+def score_on(scored: Scored, spec: DataSpec) -> dict:
+    """Every re-scorable predictor of one run on ``spec``'s test set, written under ``<run>/scores/<name>/``."""
+    split, made = spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
+    log_probs, _ = predictions_on(scored, split)
+    labels = split.labels
     metrics = {name: metrics_from_log_probs(p, labels) for name, p in log_probs.items()}
     record = {"data": {"name": spec.name, "spec": spec.spec, "images": len(labels), "fingerprint": made,
                        **({"corruption": spec.corruption, "severity": spec.severity} if spec.corruption else {})},
@@ -143,6 +154,39 @@ def score_on(scored: Scored, spec: DataSpec) -> dict:
     save_predictions(Evaluation(metrics=metrics, reliability={}, log_probs=log_probs, labels=labels),
                      folder / PREDICTIONS_FILE)
     return record
+
+
+def detect_ood(scored: Scored, spec: str) -> dict:
+    """Each re-scorable predictor's OOD detection (``swalab.results.ood``): the run's test split against ``spec``'s
+    images, written under ``<run>/scores/ood-<name>/metrics.json``."""
+    own = scored.run.data().test
+    outside = ood.ood_split(spec, own)
+    in_log_probs, in_members = predictions_on(scored, own)
+    out_log_probs, out_members = predictions_on(scored, outside)
+    detected = {}
+    for name, p in in_log_probs.items():
+        ensemble = name in ("fge", "fge+ts") and in_members is not None
+        detected[name] = ood.ood_metrics(p, out_log_probs[name], in_members if ensemble else None,
+                                         out_members if ensemble else None)
+    record = {"data": {"name": ood.spec_name(spec), "spec": spec, "in_distribution": len(own.labels),
+                       "out_of_distribution": len(outside.labels),
+                       "fingerprint": corruptions.fingerprint(outside.images)},
+              "positive": "out-of-distribution", "predictors": detected,
+              "not_scored": not_rescorable(scored, list(in_log_probs))}
+    folder = scored.run.path / FOLDER / ood.spec_name(spec)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / METRICS_FILE, record)
+    return record
+
+
+def ood_table(record: dict) -> str:
+    """``predictor  score  auroc  aupr  fpr95`` lines of one OOD record."""
+    width = max([len(n) for n in record["predictors"]] + [9])
+    lines = [f"{'predictor':<{width}} {'score':>18} {'auroc':>8} {'aupr':>8} {'fpr95':>8}"]
+    for name, by_score in record["predictors"].items():
+        for score, m in by_score.items():
+            lines.append(f"{name:<{width}} {score:>18} {m['auroc']:8.4f} {m['aupr']:8.4f} {m['fpr95']:8.4f}")
+    return "\n".join([*lines, "OOD images are the positives; fpr95: in-distribution images flagged at 95% OOD recall"])
 
 
 def severity_summary(records: Sequence[dict]) -> dict:
@@ -178,11 +222,20 @@ def summary_table(summary: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m swalab.results.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="finished run directories")
-    parser.add_argument("--data", action="append", required=True,
+    parser.add_argument("--data", action="append", default=[],
                         help="test | cifar10c:<corruption>:<severity> | cifar10c:<corruption> | cifar10c:all")
+    parser.add_argument("--ood", action="append", default=[],
+                        help="noise:gaussian | noise:uniform | folder:<dir>: OOD detection against the run's test split")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     args = parser.parse_args(argv)
+    if not args.data and not args.ood:
+        raise ScoreError("give --data <spec> (another test set) or --ood <spec> (OOD detection), or both")
     specs = [d for spec in args.data for d in parse_data(spec)]  # every spec checked before any run is opened
+    for spec in args.ood:
+        try:
+            ood.check_spec(spec)
+        except ood.OODError as err:
+            raise ScoreError(str(err)) from None
     results = {}
     for run_dir in args.runs:
         scored = score_run(run_dir, device=args.device)
@@ -194,12 +247,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
             print(metrics_table(record["predictors"]))
             for name, why in record["not_scored"].items():
                 print(f"  not scored: {name}: {why}")
+        detections = []
+        for spec in args.ood:
+            record = detect_ood(scored, spec)
+            detections.append(record)
+            print(f"{scored.label}: its test split against {record['data']['name']} "
+                  f"({record['data']['out_of_distribution']} images):\n{ood_table(record)}")
         summary = severity_summary(records)
         if summary:
             write_json(scored.run.path / FOLDER / SUMMARY_FILE, summary)
             print(f"{scored.label} under corruption, per severity:\n{summary_table(summary)}")
         print(f"[swalab] wrote {scored.run.path / FOLDER}")
-        results[str(run_dir)] = {"records": records, "summary": summary}
+        results[str(run_dir)] = {"records": records, "summary": summary, "ood": detections}
     return results
 
 

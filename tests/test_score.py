@@ -194,3 +194,21 @@ def test_an_ood_spec_that_names_nothing_is_refused_before_any_run_is_opened(tmp_
         main([str(tmp_path / "no-run"), "--ood", "noise:pink"])
     with pytest.raises(ScoreError, match=r"--ood folder:.*missing is no folder"):
         main([str(tmp_path / "no-run"), "--ood", f"folder:{tmp_path / 'missing'}"])
+
+
+def test_the_severity_summary_keeps_the_corruptions_scored_by_earlier_commands(swa_run, capsys):
+    main([str(swa_run), "--data", "cifar10c:brightness:1", "--device", "cpu"])
+    main([str(swa_run), "--data", "cifar10c:pixelate:1", "--device", "cpu"])
+    summary = json.loads((swa_run / "scores" / "cifar10c-summary.json").read_text())
+    assert summary["swa"]["1"]["corruptions"] == 2
+
+
+def test_the_report_shows_a_runs_scores_on_other_data_and_its_ood_detection(swa_run, tmp_path, capsys):
+    from swalab.results.report import report
+
+    main([str(swa_run), "--data", "cifar10c:contrast:2", "--ood", "noise:gaussian", "--device", "cpu"])
+    report([swa_run.parent], tmp_path / "out")
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "## Scored on other data (python -m swalab.results.score)" in table
+    assert "| swa/seed0 | cifar10c-contrast-2 | swa |" in table
+    assert "## Out-of-distribution detection" in table and "| swa/seed0 | ood-noise-gaussian | swa | msp |" in table

@@ -20,7 +20,8 @@ Data specs (``--data``, several allowed; all parsed before any run is opened):
 
 Each set is written to ``<run>/scores/<name>/metrics.json`` (the data's name, spec and fingerprints, each
 predictor's acc, NLL, ECE (15 equal-width and 20 equal-mass bins), Brier, and ``not_scored``) and ``predictions.pt``;
-with corruptions, the mean over corruptions per severity to ``<run>/scores/cifar10c-summary.json``. ``--ood <spec>``
+with corruptions, the mean per severity over every corruption scored so far (this command's and earlier ones') to
+``<run>/scores/cifar10c-summary.json``. ``--ood <spec>``
 (``noise:gaussian``, ``noise:uniform``, ``folder:<dir>``; ``swalab.results.ood``) sets each predictor's uncertainty on
 the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score) in
 ``<run>/scores/ood-<name>/metrics.json``. The run's own records are never touched.
@@ -253,7 +254,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             detections.append(record)
             print(f"{scored.label}: its test split against {record['data']['name']} "
                   f"({record['data']['out_of_distribution']} images):\n{ood_table(record)}")
-        summary = severity_summary(records)
+        scored.run.__dict__.pop("scores", None)  # read again: what this command wrote, and what earlier ones did
+        summary = severity_summary([r for name, r in scored.run.scores.items() if name.startswith("cifar10c-")])
         if summary:
             write_json(scored.run.path / FOLDER / SUMMARY_FILE, summary)
             print(f"{scored.label} under corruption, per severity:\n{summary_table(summary)}")

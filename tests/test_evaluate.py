@@ -287,7 +287,7 @@ def test_ece_of_no_predictions_is_zero():
 
 def test_top5_accuracy_is_reported_only_with_more_than_five_classes():
     probs = torch.tensor([[0.4, 0.3, 0.15, 0.1, 0.05]])
-    assert set(metrics_from_probs(probs, torch.tensor([4]))) == {"acc", "nll", "ece", "brier"}
+    assert set(metrics_from_probs(probs, torch.tensor([4]))) == {"acc", "nll", "ece", "ece_mass20", "brier"}
 
 
 # ----------------------------------------------------------------------------- the metrics table
@@ -301,6 +301,7 @@ def test_the_metrics_table_prints_one_aligned_line_per_scored_predictor():
         "predictor       acc %      nll      ece    brier",
         "sgd             93.46   0.2123   0.0123   0.1000",
         "swa             92.00   0.2500   0.0200        –",
+        "ece: 15 equal-width confidence bins (Guo et al. 2017)",
     ]
 
 
@@ -309,4 +310,69 @@ def test_the_metrics_tables_first_column_widens_to_the_longest_name():
     assert table.split("\n") == [
         "predictor          acc %      nll      ece    brier",
         "swa_budget_1.25    50.00   1.0000   0.5000   0.2500",
+        "ece: 15 equal-width confidence bins (Guo et al. 2017)",
     ]
+
+
+# ----------------------------------------------------------------------------- fidelity: top-5 and ECE binnings
+
+
+def underflowing_row(label: int, rank: int, classes: int = 100) -> torch.Tensor:
+    """Log-probabilities of one image: class 0 sure (log p = 0), the ``label`` ranked ``rank`` (1 = first), every other
+    class below log p = -200, where a float32 probability is 0 (the floor is about -103)."""
+    row = -300.0 - torch.arange(classes, dtype=torch.float32)  # distinct, all below the label's
+    row[0] = 0.0
+    others = [c for c in range(1, classes) if c != label][: rank - 2]
+    for i, c in enumerate(others):
+        row[c] = -200.0 - i
+    row[label] = -200.0 - (rank - 2) - 0.5
+    return row
+
+
+def test_top5_ranks_on_log_probabilities_where_float32_probabilities_underflow_to_zero():
+    """Below log p ~ -103 a float32 probability is 0 and every such class ties: a label ranked 2nd must still be a hit,
+    one ranked 6th a miss, whatever order the ties would have come in."""
+    labels = [7, 19, 33, 48, 52, 66, 71, 85, 93, 99]
+    log_probs = torch.stack([*(underflowing_row(c, rank=2) for c in labels), *(underflowing_row(c, rank=6) for c in labels)])
+    assert (log_probs.exp()[:, 1:] == 0).all()  # the case: every class but the first underflows
+    assert (log_probs.argsort(dim=1, descending=True)[:10, 1] == torch.tensor(labels)).all()  # ranked 2nd
+    m = metrics_from_log_probs(log_probs, torch.tensor(labels * 2))
+    assert m["top5"] == pytest.approx(50.0)  # the ten labels ranked 2nd, none of the ten ranked 6th
+
+
+def test_equal_mass_ece_splits_the_images_sorted_by_confidence_into_bins_of_equal_count():
+    from swalab.evaluate import equal_mass_calibration_error
+
+    # confidences 0.5 (right), 0.6 (wrong), 0.7 (wrong), 0.9 (right): two bins of two images each
+    probs = torch.tensor([[0.6, 0.4], [0.5, 0.5], [0.1, 0.9], [0.3, 0.7]])
+    labels = torch.tensor([1, 0, 1, 0])
+    low = abs(0.5 * (1 + 0) - 0.5 * (0.5 + 0.6))   # bin of 0.5 and 0.6
+    high = abs(0.5 * (0 + 1) - 0.5 * (0.7 + 0.9))  # bin of 0.7 and 0.9
+    assert equal_mass_calibration_error(probs, labels, bins=2) == pytest.approx(0.5 * low + 0.5 * high, rel=1e-5)
+
+
+def test_every_predictor_is_scored_with_the_swag_papers_twenty_equal_mass_bins_beside_the_fifteen_equal_width_ones():
+    from swalab.evaluate import equal_mass_calibration_error
+
+    log_probs = torch.randn(60, 4, generator=torch.Generator().manual_seed(0)).log_softmax(1)
+    labels = torch.randint(0, 4, (60,), generator=torch.Generator().manual_seed(1))
+    m = metrics_from_log_probs(log_probs, labels)
+    assert m["ece_mass20"] == pytest.approx(equal_mass_calibration_error(log_probs.exp(), labels, bins=20))
+    assert m["ece"] == pytest.approx(expected_calibration_error(log_probs.exp(), labels, bins=15))
+    assert m["ece_mass20"] != m["ece"]
+
+
+def test_equal_mass_ece_with_fewer_images_than_bins_puts_one_image_in_each_bin():
+    from swalab.evaluate import equal_mass_calibration_error
+
+    probs = torch.tensor([[0.8, 0.2], [0.4, 0.6]])
+    # each image its own bin: |1 - 0.8| / 2 + |0 - 0.6| / 2
+    assert equal_mass_calibration_error(probs, torch.tensor([0, 0]), bins=20) == pytest.approx(0.4, rel=1e-5)
+    assert equal_mass_calibration_error(torch.empty(0, 2), torch.empty(0, dtype=torch.long)) == 0.0
+
+
+def test_the_metrics_table_says_which_binning_each_ece_column_uses():
+    table = metrics_table({"sgd": {"acc": 93.0, "nll": 0.2, "ece": 0.01, "ece_mass20": 0.02, "brier": 0.1}})
+    assert "ece: 15 equal-width confidence bins (Guo et al. 2017)" in table
+    assert "ece_mass20: 20 equal-mass bins (the SWAG paper's)" in table
+    assert table.split("\n")[1].split() == ["sgd", "93.00", "0.2000", "0.0100", "0.0200", "0.1000"]

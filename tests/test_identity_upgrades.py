@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from swalab.compat import upgraded
+from swalab.compat import upgraded, upgraded_config
 from swalab.identity import (
     canonical, group_hash, identity_hash, identity_of, label_of, method_part, recipe_of, stored_identity,
 )
@@ -137,6 +137,21 @@ def test_an_identity_of_an_earlier_version_reads_fges_method_settings_in_the_mod
 def test_method_settings_of_a_method_without_a_recipe_block_stay_where_they_are():
     old = {"seed": 0, "method.name": "ema", "method.decay": 0.999, "method.swa_lr": 0.05}
     assert upgraded(old) == {**EARLIER_DEFAULTS, **old}
+
+
+def test_a_swag_identity_made_before_diag_scale_existed_reads_the_scale_its_swag_diag_was_sampled_at():
+    """Until method.diag_scale existed, swag_diag was sampled at method.scale: such a run is read as holding that
+    value, so it is another run than today's default (diag_scale 1.0, the authors' SWAG-diagonal)."""
+    old = {"seed": 0, "method.name": "swag", "method.scale": 0.5}
+    assert upgraded(old)["method.diag_scale"] == 0.5
+    assert upgraded({**old, "method.diag_scale": 1.0})["method.diag_scale"] == 1.0
+    assert "method.diag_scale" not in upgraded({"seed": 0, "method.name": "swa", "method.scale": 0.5})
+
+
+def test_a_swag_config_made_before_diag_scale_existed_is_rebuilt_sampling_swag_diag_at_its_scale():
+    old = {"method": {"name": "swag", "scale": 0.25}, "trainer": {"epochs": 6}}
+    assert upgraded_config(old)["method"]["diag_scale"] == 0.25
+    assert "diag_scale" not in upgraded_config({"method": {"name": "swa"}, "trainer": {"epochs": 6}})["method"]
 
 
 def test_an_identity_of_an_earlier_version_compares_equal_to_todays_of_the_same_config():

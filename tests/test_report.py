@@ -82,7 +82,7 @@ def test_nll_and_ece_tables_stand_beside_accuracy(grid, tmp_path):
     report([grid], tmp_path / "out")
     assert table_lines(tmp_path / "out", "Test NLL (mean per image)")[2].startswith(
         "| cifar10 / preresnet20 | 0.5000 ± 0.0000 (n=2) |")
-    assert len(table_lines(tmp_path / "out", "Test ECE (15 bins)")) == 3
+    assert len(table_lines(tmp_path / "out", "Test ECE (15 equal-width bins, Guo et al.)")) == 3
 
 
 def test_paired_differences_against_sgd_are_per_seed(grid, tmp_path):

@@ -54,14 +54,26 @@ def test_the_moments_are_the_mean_square_and_the_last_deviations_of_the_captured
     torch.testing.assert_close(method.deviations[1], torch.tensor([2.0, 2.0]))
 
 
-def test_diagonal_samples_spread_by_scale_times_the_variance():
-    method = SWAG(PaperSGD(lr=0.1, horizon=4), 4, lr=0.05, start_epoch=0, scale=0.5)
-    mean = torch.tensor([1.0, -2.0])
-    method.sq_mean = mean ** 2 + torch.tensor([4.0, 0.25])  # variances 4 and 0.25
+def diagonal_draws(method: SWAG, mean: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
+    method.sq_mean = mean ** 2 + variance
     generator = torch.Generator().manual_seed(3)
-    draws = torch.stack([method.sample(mean, generator, low_rank=False) for _ in range(20000)])
+    return torch.stack([method.sample(mean, generator, low_rank=False) for _ in range(20000)])
+
+
+def test_swag_diagonal_samples_its_gaussian_n_of_the_swa_mean_and_the_diagonal_variance_by_default():
+    """The paper's SWAG-diagonal is N(theta_SWA, Sigma_diag) (the authors sample it at scale 1.0), whatever the
+    low-rank SWAG's ``method.scale`` (0.5)."""
+    method = SWAG(PaperSGD(lr=0.1, horizon=4), 4, lr=0.05, start_epoch=0, scale=0.5)
+    mean, variance = torch.tensor([1.0, -2.0]), torch.tensor([4.0, 0.25])
+    draws = diagonal_draws(method, mean, variance)
     torch.testing.assert_close(draws.mean(0), mean, atol=0.05, rtol=0)
-    torch.testing.assert_close(draws.var(0), 0.5 * torch.tensor([4.0, 0.25]), rtol=0.05, atol=0)
+    torch.testing.assert_close(draws.var(0), variance, rtol=0.05, atol=0)
+
+
+def test_swag_diagonal_samples_spread_by_its_own_diag_scale_times_the_variance():
+    method = SWAG(PaperSGD(lr=0.1, horizon=4), 4, lr=0.05, start_epoch=0, scale=1.0, diag_scale=0.25)
+    mean, variance = torch.tensor([1.0, -2.0]), torch.tensor([4.0, 0.25])
+    torch.testing.assert_close(diagonal_draws(method, mean, variance).var(0), 0.25 * variance, rtol=0.05, atol=0)
 
 
 def test_swag_trains_exactly_as_swa_and_scores_swag_and_swag_diag_beside_it(tmp_path):
@@ -69,7 +81,8 @@ def test_swag_trains_exactly_as_swa_and_scores_swag_and_swag_diag_beside_it(tmp_
                                tmp_path / "swa", epochs=6).fit().metrics
     metrics = make_trainer(swag(), tmp_path / "swag", epochs=6).fit().metrics
     assert metrics["swa"]["acc"] == swa_metrics["swa"]["acc"] and metrics["swa"]["nll"] == swa_metrics["swa"]["nll"]
-    assert metrics["swag"]["samples"] == 3 and metrics["swag"]["rank"] == 5 and metrics["swag_diag"]["scale"] == 0.5
+    assert metrics["swag"]["samples"] == 3 and metrics["swag"]["rank"] == 5 and metrics["swag"]["scale"] == 0.5
+    assert metrics["swag_diag"]["scale"] == 1.0  # method.diag_scale's default, the authors' SWAG-diagonal
     assert math.isfinite(metrics["swag"]["nll"]) and "brier" in metrics["swag"]
 
 

@@ -2,6 +2,8 @@
 
     w = mean + sqrt(scale) * (sqrt(var) * z1 + D^T z2 / sqrt(K - 1)),   z1 ~ N(0, I_d), z2 ~ N(0, I_K),
 
+(SWAG-diagonal without the D term, at its own ``diag_scale``),
+
 with the moments worked out by hand from the captured weights and the noise drawn from a generator of the test's
 own, on a two-weight model driven through the method's hooks directly (no Trainer). ``meta`` stands in for a
 training device other than the CPU (tensors with a device and no data), as in ``test_swa_behaviour.py``.
@@ -110,7 +112,7 @@ def test_a_draw_is_the_module_doc_formula_with_the_generators_noise(k, low_rank)
     method.sq_mean = MEAN ** 2 + VAR
     method.deviations.extend(DEVIATIONS[-k:])
     got = method.sample(MEAN, torch.Generator().manual_seed(7), low_rank=low_rank)
-    expected = draw(torch.Generator().manual_seed(7), 0.5, low_rank, deviations=DEVIATIONS[-k:])
+    expected = draw(torch.Generator().manual_seed(7), 0.5 if low_rank else 1.0, low_rank, deviations=DEVIATIONS[-k:])
     torch.testing.assert_close(got, expected)
 
 
@@ -129,7 +131,7 @@ def test_the_samples_are_successive_draws_scored_on_each_split(tmp_path, low_ran
     method, ctx = captured(tmp_path, samples=2, val=(lambda m: 10 * weight_row(m)) if with_val else None)
     members = method.sampled_log_probs(ctx, low_rank, torch.Generator().manual_seed(11))
     generator = torch.Generator().manual_seed(11)
-    expected = [draw(generator, 0.5, low_rank) for _ in range(2)]
+    expected = [draw(generator, 0.5 if low_rank else 1.0, low_rank) for _ in range(2)]
     assert len(members) == 2
     for got, want in zip(members.member_log_probs, expected):
         torch.testing.assert_close(got, want.reshape(1, -1))
@@ -150,7 +152,7 @@ def test_swag_and_swag_diag_draw_from_one_generator_seeded_by_one_draw_of_torchs
     torch.manual_seed(1234)
     generator = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
     low_rank = [draw(generator, 0.5, True) for _ in range(2)]
-    diagonal = [draw(generator, 0.5, False) for _ in range(2)]
+    diagonal = [draw(generator, 1.0, False) for _ in range(2)]  # method.diag_scale's default
     assert set(out) == {"swa", "sgd", "swag", "swag_diag"}
     for name, expected in (("swag", low_rank), ("swag_diag", diagonal)):
         assert len(out[name].member_log_probs) == 2
@@ -169,11 +171,17 @@ def test_the_predictors_refuse_swag_before_any_capture_naming_the_start_setting(
 # ----------------------------------------------------------------------------- reports
 
 
-def test_swag_reports_its_captures_samples_scale_and_rank(tmp_path):
-    method, ctx = captured(tmp_path, samples=4, scale=0.25, rank=2)
-    common = {"n_averaged": 3, "samples": 4, "scale": 0.25}
-    assert method.extra_metrics(ctx, ctx.test_labels) == {"swa": {"n_averaged": 3}, "swag": {**common, "rank": 2},
-                                                          "swag_diag": common}
+def test_swag_reports_its_captures_samples_scale_and_rank_and_swag_diag_its_own_scale(tmp_path):
+    method, ctx = captured(tmp_path, samples=4, scale=0.25, diag_scale=0.75, rank=2)
+    common = {"n_averaged": 3, "samples": 4}
+    assert method.extra_metrics(ctx, ctx.test_labels) == {"swa": {"n_averaged": 3},
+                                                          "swag": {**common, "scale": 0.25, "rank": 2},
+                                                          "swag_diag": {**common, "scale": 0.75}}
+
+
+def test_swag_refuses_a_negative_diag_scale_naming_its_key():
+    with pytest.raises(ConfigError, match=re.escape("method.diag_scale")):
+        swag(diag_scale=-1.0)
 
 
 def test_swag_describes_its_samples_as_the_whole_run_and_budget_marks_as_theirs():

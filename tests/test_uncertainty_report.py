@@ -107,7 +107,7 @@ def test_every_column_of_a_row_stands_on_a_line_with_its_temperature_and_paired_
     report([uncertainty_grid], tmp_path / "out")
     text = (tmp_path / "out" / "table.md").read_text()
     block = text.split("### cifar10 / preresnet20\n\n")[1].split("\n\n")[0].splitlines()
-    assert block[0] == "| column | n | accuracy % | NLL | ECE | Brier | T | Δ accuracy | Δ NLL |"
+    assert block[0] == "| column | n | accuracy % | NLL | ECE (15 equal-width bins) | Brier | T | Δ accuracy | Δ NLL |"
     sgd_ts = next(line for line in block if line.startswith("| SGD+ts 1B (4 ep) |"))
     assert sgd_ts.split(" | ")[6] == "2.000"  # the mean of the seeds' fitted temperatures, 1.5 and 2.5
     swa = next(line for line in block if line.startswith("| SWA 1.5B (6 ep) |"))

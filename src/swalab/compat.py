@@ -39,6 +39,11 @@ ADDED_AT = {
     "schedule.warmup_epochs": 0.0,
     "trainer.clip_grad_norm": None, "trainer.accumulate": 1, "trainer.precision": "auto",
 }
+# Keys added since whose value before they existed was another key's, for one method: until method.diag_scale
+# existed, SWAG sampled swag_diag at method.scale. An identity (or config) of such a run that lacks the key is read
+# as holding that value, so an earlier SWAG run at scale 0.5 is another run than today's default (diag_scale 1.0):
+# its swag_diag numbers were sampled with half the variance.
+ADDED_AS = {"method.diag_scale": ("swag", "method.scale")}
 RECIPE_SETTINGS = {
     "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
             **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
@@ -62,6 +67,9 @@ def upgraded(identity: Mapping[str, Any]) -> dict[str, Any]:
             out[f"model.{method}.{new}"] = out.pop(f"method.{old}")
     if out:  # not an empty identity (a run directory without one)
         out.update({k: v for k, v in ADDED_AT.items() if k not in out})
+        for key, (for_method, source) in ADDED_AS.items():
+            if method == for_method and key not in out and source in out:
+                out[key] = out[source]
     return dict(sorted(out.items()))
 
 
@@ -122,6 +130,10 @@ def upgraded_config(config: dict) -> dict:
     if "trainer" in out:  # a run's config: the keys added since it was written, at the values that did what it did
         for key, value in ADDED_AT.items():
             put(key, value)
+        for key, (for_method, source) in ADDED_AS.items():
+            group, _, name = source.partition(".")
+            if method == for_method and name in (out.get(group) or {}):
+                put(key, out[group][name])
     return out
 
 

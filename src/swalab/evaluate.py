@@ -9,7 +9,10 @@ NLL is the *mean* negative log-likelihood per test example (not a sum, a frequen
 confusion in the reference code's users), computed one way: from log-probabilities, which a single
 network gives as the log-softmax of its logits (the same number as the cross-entropy of the per-epoch
 test line) and an ensemble as the log of its members' mean probability (a log-mean-exp, so no
-probability is ever rounded to 0 and clamped). ECE uses 15 equal-width confidence bins.
+probability is ever rounded to 0 and clamped). ECE is scored twice: ``ece`` with 15 equal-width confidence bins
+(Guo et al. 2017, the common choice) and ``ece_mass20`` with 20 equal-mass bins (the SWAG paper's calibration, Maddox
+et al. 2019), so numbers can be set beside either; every table says which. Top-5 is ranked on log-probabilities:
+below log p ~ -103 a float32 probability is 0 and such classes would tie.
 
 Everything here scores in float32 (``swalab.precision.scoring_precision``), whatever precision the model was
 trained in: the numbers a run reports differ from another run's only through the weights.
@@ -30,7 +33,10 @@ from swalab import distributed
 from swalab.calibration import fit_temperature, scaled, scaled_name
 from swalab.precision import scoring_precision
 
-ECE_BINS = 15
+ECE_BINS = 15        # ``ece``: equal-width confidence bins (Guo et al. 2017)
+ECE_MASS_BINS = 20   # ``ece_mass20``: equal-mass bins (Maddox et al. 2019, the SWAG paper's calibration)
+ECE_LEGEND = (f"ece: {ECE_BINS} equal-width confidence bins (Guo et al. 2017); "
+              f"ece_mass20: {ECE_MASS_BINS} equal-mass bins (the SWAG paper's)")
 
 
 class Predictor(Protocol):
@@ -190,6 +196,20 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: 
     return sum(r["count"] / total * abs(r["acc"] - r["conf"]) for r in rows if r["count"]) if total else 0.0
 
 
+def equal_mass_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_MASS_BINS) -> float:
+    """ECE with ``bins`` equal-mass bins: the images sorted by confidence and cut into ``bins`` runs of (nearly) equal
+    count, sum_b |B_b|/N * |acc(B_b) - conf(B_b)| (the SWAG paper's calibration; the authors' ``calibration_curve``
+    takes the same quantile edges but leaves out the images that lie on an edge). Fewer images than bins: one a bin."""
+    if len(labels) == 0:
+        return 0.0
+    confidence, predicted = probs.double().max(dim=1)
+    correct = predicted.eq(labels).double()
+    order = confidence.argsort()
+    total = len(labels)
+    return float(sum(len(b) / total * abs(correct[b].mean() - confidence[b].mean())
+                     for b in order.tensor_split(min(bins, total)) if len(b)))
+
+
 def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> list[dict]:
     """Per-bin count, accuracy and mean confidence (equal-width confidence bins), for reliability diagrams."""
     confidence, predicted = probs.max(dim=1)
@@ -215,10 +235,11 @@ def metrics_from_log_probs(log_probs: torch.Tensor, labels: torch.Tensor) -> dic
         "acc": 100.0 * float(log_probs.argmax(dim=1).eq(labels).float().mean()),
         "nll": float(F.nll_loss(log_probs, labels, reduction="mean")),
         "ece": expected_calibration_error(probs, labels),
+        "ece_mass20": equal_mass_calibration_error(probs, labels),
         "brier": brier_score(probs, labels),
     }
-    if probs.shape[1] > 5:
-        top5 = probs.topk(5, dim=1).indices.eq(labels[:, None]).any(dim=1)
+    if probs.shape[1] > 5:  # ranked on log-probabilities: float32 probabilities below e^-103 all tie at 0
+        top5 = log_probs.topk(5, dim=1).indices.eq(labels[:, None]).any(dim=1)
         out["top5"] = 100.0 * float(top5.float().mean())
     return out
 
@@ -285,21 +306,27 @@ AT_BOUND = "*"  # marks a +ts predictor whose temperature lies at its search bou
 
 
 def metrics_table(metrics: dict[str, dict]) -> str:
-    """``predictor  acc %  nll  ece  brier`` lines: the table a run and ``swalab.results.compare`` print. A ``+ts``
+    """``predictor  acc %  nll  ece  [ece_mass20]  brier`` lines: the table a run and ``swalab.results.compare`` print,
+    with a line naming each ECE's binning (``ECE_LEGEND``; ``ece_mass20`` shown when a predictor has it). A ``+ts``
     predictor whose temperature was fitted to its search bound (``temperature_at_bound``) is marked, with a line
     below saying what that means."""
     from swalab.calibration import BOUNDS
 
     marked = {name: AT_BOUND if m.get("temperature_at_bound") else "" for name, m in metrics.items()}
     width = max([len(name) + len(marked[name]) for name in metrics] + [12])
-    lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8} {'brier':>8}"]
+    mass = any("ece_mass20" in m for m in metrics.values())
+    lines = [f"{'predictor':<{width}} {'acc %':>8} {'nll':>8} {'ece':>8}" + (f" {'ece_mass20':>10}" if mass else "")
+             + f" {'brier':>8}"]
     for name, m in metrics.items():
         if "acc" in m:
             brier = f"{m['brier']:8.4f}" if "brier" in m else f"{'–':>8}"
-            lines.append(f"{name + marked[name]:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f} {brier}")
+            ece_mass = (f" {m['ece_mass20']:10.4f}" if "ece_mass20" in m else f" {'–':>10}") if mass else ""
+            lines.append(f"{name + marked[name]:<{width}} {m['acc']:8.2f} {m['nll']:8.4f} {m['ece']:8.4f}{ece_mass} {brier}")
     if any(marked.values()):
         lines.append(f"{AT_BOUND} temperature at its search bound ({BOUNDS[0]:g} or {BOUNDS[1]:g}): the validation split "
                      "(dataset.val_size) has no NLL minimum inside it, so these +ts scores are no calibrated fit")
+    if len(lines) > 1:
+        lines.append(ECE_LEGEND if mass else f"ece: {ECE_BINS} equal-width confidence bins (Guo et al. 2017)")
     return "\n".join(lines)
 
 

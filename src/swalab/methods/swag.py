@@ -11,8 +11,11 @@ paper). At test time it draws ``samples`` weight vectors (S = 30 in the paper),
 recomputes each sample's BatchNorm statistics on the training data, and averages the samples' class
 probabilities (Bayesian model averaging). ``scale = 0.5`` is the paper's covariance
 ``1/2 (Sigma_diag + D D^T / (K - 1))``; the authors' code multiplies the draw by ``sqrt(scale)`` the same
-way. SWAG-diagonal (``swag_diag``) drops the ``D`` term. With ``scale = 0`` every sample is the SWA
-average itself.
+way. SWAG-diagonal (``swag_diag``) drops the ``D`` term and has a scale of its own, ``diag_scale``: the
+paper defines it as N(theta_SWA, Sigma_diag) and the authors' experiments sample it at scale 1.0, the
+default (until ``method.diag_scale`` existed it was sampled at ``scale``, half that variance;
+``swalab.compat`` reads such a run as holding ``diag_scale = scale``). With a scale of 0 every sample is
+the SWA average itself.
 
 Predictors: ``swag`` and ``swag_diag`` (each the mean of ``samples`` samples' probabilities), ``swa`` (the
 average, as an SWA run of this config scores it) and ``sgd`` (the last iterate): one run gives SWA and
@@ -62,11 +65,12 @@ class SWAG(SWA):
     name = "swag"
 
     def __init__(self, schedule: Schedule, epochs: int, lr: float, rank: int = 20, samples: int = 30,
-                 scale: float = 0.5, moments_device: str = "cpu", **swa):
+                 scale: float = 0.5, diag_scale: float = 1.0, moments_device: str = "cpu", **swa):
         super().__init__(schedule, epochs, lr, **swa)
         self.rank = require("method.rank", rank, "int", 2)
         self.samples = require("method.samples", samples, "int", 1)
         self.scale = float(require("method.scale", scale, "number", 0))
+        self.diag_scale = float(require("method.diag_scale", diag_scale, "number", 0))
         self.moments_device = moments_device
         self.sq_mean: torch.Tensor | None = None
         self.deviations: deque[torch.Tensor] = deque(maxlen=self.rank)
@@ -101,7 +105,7 @@ class SWAG(SWA):
 
     # -- sampling ---------------------------------------------------------------------------------
     def sample(self, mean: torch.Tensor, generator: torch.Generator, low_rank: bool) -> torch.Tensor:
-        """One draw of the weights (module doc); ``low_rank=False`` is SWAG-diagonal."""
+        """One draw of the weights (module doc); ``low_rank=False`` is SWAG-diagonal, drawn at ``diag_scale``."""
         var = (self.sq_mean - mean * mean).clamp_min(VAR_CLAMP)
         z1 = torch.randn(mean.shape, generator=generator).to(mean.device)
         draw = var.sqrt() * z1
@@ -110,7 +114,7 @@ class SWAG(SWA):
             z2 = torch.randn(k, generator=generator)
             for z, deviation in zip(z2.tolist(), self.deviations):  # D^T z2 without a stacked K x d copy of D
                 draw.add_(deviation.to(mean.device), alpha=z / (k - 1) ** 0.5)
-        return mean + self.scale ** 0.5 * draw
+        return mean + (self.scale if low_rank else self.diag_scale) ** 0.5 * draw
 
     def sampled_log_probs(self, ctx: TrainContext, low_rank: bool, generator: torch.Generator) -> CachedEnsemble:
         """The test log-probabilities of ``samples`` draws, each with its BN statistics recomputed (on the training
@@ -141,9 +145,10 @@ class SWAG(SWA):
         return super().describe("swa" if predictor.startswith("swag") else predictor)
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
-        common = {"n_averaged": self.n_averaged, "samples": self.samples, "scale": self.scale}
-        return {**super().extra_metrics(ctx, labels), "swag": {**common, "rank": len(self.deviations)},
-                "swag_diag": common}
+        common = {"n_averaged": self.n_averaged, "samples": self.samples}
+        return {**super().extra_metrics(ctx, labels),
+                "swag": {**common, "scale": self.scale, "rank": len(self.deviations)},
+                "swag_diag": {**common, "scale": self.diag_scale}}
 
     # -- checkpointing ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -53,7 +53,7 @@ from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_err
 from swalab.results.row import row_cost, row_records
 from swalab.results.runs import Run, run_dirs
 from swalab.results.table import Table, build_table
-from swalab.results.write import load_paper_tables, to_markdown, write_csv, write_runs_csv
+from swalab.results.write import load_paper_tables, other_data_markdown, to_markdown, write_csv, write_runs_csv
 from swalab.runlock import process_exists
 
 
@@ -85,7 +85,9 @@ def write_report(work: Path, roots: Sequence[str | Path], runs, table: Table, no
                  reliability: Sequence[str] | None = None) -> dict:
     """Write every file of the report of ``runs`` (some of them finished) but W&B's into ``work``; return their
     names."""
+    other = other_data_markdown([r for r in runs if r.finished])
     (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs, ensembles)
+                                   + ("\n" + "\n".join(other) if other else "")
                                    + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
                                       if notes else ""))
     write_csv(table, work / "table.csv", ensembles)

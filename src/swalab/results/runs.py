@@ -166,6 +166,18 @@ class Run:
         return out
 
     @cached_property
+    def scores(self) -> dict[str, dict]:
+        """The run scored again on other data (``python -m swalab.results.score``): ``{set name: record}`` of every
+        ``scores/*/metrics.json`` (a test set's acc, NLL, ECE, Brier per predictor; an OOD set's AUROC, AUPR, FPR95),
+        a damaged one skipped."""
+        out: dict[str, dict] = {}
+        for path in sorted((self.path / "scores").glob("*/metrics.json")):
+            found = _read_json(path)
+            if isinstance(found, dict) and isinstance(found.get("predictors"), dict):
+                out[path.parent.name] = found
+        return out
+
+    @cached_property
     def reliability(self) -> dict:
         return _read_json(self.path / "reliability.json") or {}
 

@@ -30,7 +30,7 @@ from swalab.results.runs import Run
 
 # The paper's column order (SGD, FGE, SWA, EMA); a method of one's own comes after these, by name.
 METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "swag": 4, "swag_diag": 5, "ema": 6}
-METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 bins)"),
+METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 equal-width bins, Guo et al.)"),
            ("brier", "Test Brier score (mean per image)"))
 
 

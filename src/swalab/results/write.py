@@ -173,7 +173,7 @@ def ensembles_markdown(ensembles: Sequence) -> list[str]:
             "forward pass), scored like every predictor; in brackets the mean ± std of the seeds on their own. Only runs "
             "of exactly one config but the seed, scored on the same test labels; +ts columns are not ensembled (their "
             "temperature would have to be fitted on the ensemble's own validation split).", "",
-            *_markdown_table(["row", "ensemble", "seeds", "accuracy %", "NLL", "ECE", "Brier"], lines), ""]
+            *_markdown_table(["row", "ensemble", "seeds", "accuracy %", "NLL", "ECE (15 equal-width bins)", "Brier"], lines), ""]
 
 
 def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
@@ -211,7 +211,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             lines.append([e.label, f"{len(e.seeds)} (ensemble)",
                           *(f"{e.metrics[m]:.{2 if m == 'acc' else 4}f}" for m in ("acc", "nll", "ece", "brier")), "",
                           delta["acc"], delta["nll"]])
-        out += [f"### {row.name}", "", *_markdown_table(["column", "n", "accuracy %", "NLL", "ECE", "Brier", "T",
+        out += [f"### {row.name}", "", *_markdown_table(["column", "n", "accuracy %", "NLL", "ECE (15 equal-width bins)", "Brier", "T",
                                                          "Δ accuracy", "Δ NLL"], lines), ""]
     if not fitted:
         out += ["T is blank in every row: none of these runs held out a validation split (dataset.val_size), so no "
@@ -342,3 +342,31 @@ def write_runs_csv(runs: Sequence[Run], path: Path, roots: Sequence[str | Path] 
             writer.writerow([shown_path(r.path, roots), r.status, r.dataset_name, r.model_name, r.method,
                              f"{float(r.get('method.budget', 1.0) or 0):g}", r.get("trainer.epochs"), r.seed,
                              group_hash(r.identity), *accs, (r.error or "").splitlines()[0] if r.error else ""])
+
+
+def other_data_markdown(runs: Sequence[Run]) -> list[str]:
+    """The runs scored again on other data (``python -m swalab.results.score``, ``<run>/scores/*``): one table of the
+    test sets (corrupted ones included) and one of the OOD sets; nothing when no run has been."""
+    tested, detected = [], []
+    for run in runs:
+        for name, record in run.scores.items():
+            for predictor, m in record["predictors"].items():
+                if "acc" in m:
+                    tested.append([run.label, name, predictor, f"{m['acc']:.2f}", f"{m['nll']:.4f}", f"{m['ece']:.4f}",
+                                   f"{m['ece_mass20']:.4f}" if "ece_mass20" in m else "–", f"{m['brier']:.4f}"])
+                else:
+                    detected += [[run.label, name, predictor, score, f"{d['auroc']:.4f}", f"{d['aupr']:.4f}",
+                                  f"{d['fpr95']:.4f}"] for score, d in m.items()]
+    out = []
+    if tested:
+        out += ["## Scored on other data (python -m swalab.results.score)", "",
+                "Each run's predictors on other test sets (cifar10c-<corruption>-<severity>: its test split corrupted as "
+                "CIFAR-10-C); +ts at the run's own temperature.", "",
+                *_markdown_table(["run", "data", "predictor", "accuracy %", "NLL", "ECE (15 equal-width bins)",
+                                  "ECE (20 equal-mass bins)", "Brier"], tested), ""]
+    if detected:
+        out += ["## Out-of-distribution detection (python -m swalab.results.score --ood)", "",
+                "The run's test split against the OOD set (the positives); fpr95: in-distribution images flagged at 95% "
+                "OOD recall.", "",
+                *_markdown_table(["run", "OOD set", "predictor", "score", "AUROC", "AUPR", "FPR95"], detected), ""]
+    return out

@@ -1,0 +1,270 @@
+"""Score finished runs again on other data: the stored predictors of each run on another test set.
+
+    python -m swalab.results.score <run dir>... [--data <spec> ...] [--ood <spec> ...] [--device auto]
+
+When and why: SWA, SWAG, ensembles and temperature scaling are argued for under distribution shift (Ovadia et al.
+2019); a run is scored at its end on its own test split only, and this command sets its predictors on other images
+without training anything. Each run is opened as ``swalab.results.compare.score_run`` opens it (its network, weights
+and loaders, rebuilt from its directory); the other test set goes through the run's own test loader (its
+normalisation, its batch size), and every predictor whose weights the run kept is scored by
+``swalab.evaluate.metrics_from_log_probs``: ``sgd`` (the live weights), ``swa`` / ``ema`` (``final.pt``), ``fge``
+and ``fge_avg`` (saved members), and each ``<name>+ts`` at the temperature the run fitted on its validation split.
+What cannot be scored again is listed, with why, under ``not_scored`` (a budget mark's average, SWAG's samples and
+an FGE ensemble without saved members kept only their test predictions; a post-hoc average only its scores).
+
+Data specs (``--data``, several allowed; all parsed before any run is opened):
+
+* ``test``: the run's own test split (a check: the same numbers as the run's ``metrics.json``);
+* ``cifar10c:<corruption>:<severity>``, ``cifar10c:<corruption>`` (severities 1 to 5), ``cifar10c:all``: the run's
+  test split corrupted as CIFAR-10-C (``swalab.data.corruptions``: seeded, cached, fingerprinted).
+
+Each set is written to ``<run>/scores/<name>/metrics.json`` (the data's name, spec and fingerprints, each
+predictor's acc, NLL, ECE (15 equal-width and 20 equal-mass bins), Brier, and ``not_scored``) and ``predictions.pt``;
+with corruptions, the mean per severity over every corruption scored so far (this command's and earlier ones') to
+``<run>/scores/cifar10c-summary.json``. ``--ood <spec>``
+(``noise:gaussian``, ``noise:uniform``, ``folder:<dir>``; ``swalab.results.ood``) sets each predictor's uncertainty on
+the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score) in
+``<run>/scores/ood-<name>/metrics.json``. The run's own records are never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from swalab.calibration import scaled, scaled_name
+from swalab.config import ConfigError
+from swalab.data import corruptions
+from swalab.data.splits import DataSplit
+from swalab.results import ood
+from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
+from swalab.results.compare import Scored, run_predictions, score_run
+from swalab.train.records import METRICS_FILE, PREDICTIONS_FILE, save_predictions, write_json
+
+FOLDER = "scores"
+SUMMARY_FILE = "cifar10c-summary.json"
+SUMMARY_METRICS = ("acc", "nll", "ece", "brier")
+
+
+class ScoreError(ConfigError):
+    """A data spec this command cannot make: one line naming ``--data``, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """One other test set: its name (the folder under ``scores/``), the spec typed, and how it is made from the run's
+    test split (the made split and its fingerprint)."""
+
+    name: str
+    spec: str
+    make: Callable[[DataSplit, str | None], tuple[DataSplit, str]]
+    corruption: str | None = None
+    severity: int | None = None
+
+
+def parse_data(spec: str) -> list[DataSpec]:
+    """The test sets ``spec`` names (see the module doc), or ``ScoreError`` naming it and what is accepted."""
+    if spec == "test":
+        return [DataSpec("test", spec, lambda split, cache_dir: (split, corruptions.fingerprint(split.images)))]
+    kind, _, rest = spec.partition(":")
+    if kind != "cifar10c" or not rest:
+        raise ScoreError(f"--data {spec}: expected test, cifar10c:<corruption>:<severity>, cifar10c:<corruption> or "
+                         "cifar10c:all")
+    name, _, severity = rest.partition(":")
+    names = list(corruptions.MADE) if name == "all" else [name]
+    if severity and not severity.isdigit():
+        raise ScoreError(f"--data {spec}: the severity {severity!r} must be 1 to 5")
+    severities = [int(severity)] if severity else list(corruptions.SEVERITIES)
+    out = []
+    for c in names:
+        for s in severities:
+            try:
+                corruptions.check(c, s)
+            except corruptions.CorruptionError as err:
+                raise ScoreError(f"--data {spec}: {err}") from None
+            out.append(DataSpec(f"cifar10c-{c}-{s}", spec, _corrupter(c, s), corruption=c, severity=s))
+    return out
+
+
+def _corrupter(corruption: str, severity: int):
+    return lambda split, cache_dir: corruptions.corrupted_split(split, corruption, severity, cache_dir=cache_dir)
+
+
+def on_other_data(scored: Scored, split: DataSplit) -> Scored:
+    """``scored`` with its test loader reading ``split`` instead: the run's own loader settings and normalisation."""
+    run = scored.run
+    data = run.data()
+    _, test_loader, _ = run.loaders(dataclasses.replace(data, test=split), scored.device)
+    return dataclasses.replace(scored, test_loader=test_loader)
+
+
+def not_rescorable(scored: Scored, names: Sequence[str]) -> dict[str, str]:
+    """Why each predictor of the run's ``metrics.json`` (and ``posthoc/``) not among ``names`` cannot be scored again."""
+    why = {}
+    for name in [*scored.run.metrics, *scored.run.posthoc]:
+        if name in names or "acc" not in (scored.run.metrics.get(name) or scored.run.posthoc.get(name) or {}):
+            continue
+        if name in scored.run.posthoc:
+            why[name] = "a post-hoc average: its weights are not kept (python -m swalab.posthoc builds it again)"
+        elif name.startswith("swag"):
+            why[name] = "SWAG's moments are not kept in final.pt: its samples cannot be drawn again"
+        elif name.startswith("swa@"):
+            why[name] = "a budget mark: the run kept its test predictions, not its weights"
+        elif name.startswith("fge"):
+            why[name] = "the run saved no FGE members (model.fge.save_members=true keeps them)"
+        else:
+            why[name] = "no weights of it in final.pt"
+    return why
+
+
+def predictions_on(scored: Scored, split: DataSplit) -> tuple[dict[str, torch.Tensor], list[torch.Tensor] | None]:
+    """The log-probabilities on ``split`` of every predictor of the run whose weights it kept (``+ts`` at the run's
+    own temperatures), and its FGE members' (None without saved members)."""
+    other = on_other_data(scored, split)
+    members = None
+    if scored.run.method == "fge" and not scored.run.member_paths():
+        log_probs = {}  # compare would fall back on the cached members' predictions: those of the run's own test set
+        for name in scored.run.method_weights():
+            log_probs[name] = other.log_probs(other.model_for(scored.run.weights(name), f"{scored.run.path}/final.pt"))
+    else:
+        log_probs, members = run_predictions(other)
+    for name in list(log_probs):
+        fitted = (scored.run.metrics.get(scaled_name(name)) or {}).get("temperature")
+        if fitted is not None:  # the run's own temperature, fitted on its validation split
+            log_probs[scaled_name(name)] = scaled(log_probs[name], float(fitted))
+    return log_probs, members
+
+
+def score_on(scored: Scored, spec: DataSpec) -> dict:
+    """Every re-scorable predictor of one run on ``spec``'s test set, written under ``<run>/scores/<name>/``."""
+    split, made = spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
+    log_probs, _ = predictions_on(scored, split)
+    labels = split.labels
+    metrics = {name: metrics_from_log_probs(p, labels) for name, p in log_probs.items()}
+    record = {"data": {"name": spec.name, "spec": spec.spec, "images": len(labels), "fingerprint": made,
+                       **({"corruption": spec.corruption, "severity": spec.severity} if spec.corruption else {})},
+              "ece_bins": ECE_LEGEND, "predictors": metrics, "not_scored": not_rescorable(scored, list(log_probs))}
+    folder = scored.run.path / FOLDER / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / METRICS_FILE, record)
+    save_predictions(Evaluation(metrics=metrics, reliability={}, log_probs=log_probs, labels=labels),
+                     folder / PREDICTIONS_FILE)
+    return record
+
+
+def detect_ood(scored: Scored, spec: str) -> dict:
+    """Each re-scorable predictor's OOD detection (``swalab.results.ood``): the run's test split against ``spec``'s
+    images, written under ``<run>/scores/ood-<name>/metrics.json``."""
+    own = scored.run.data().test
+    outside = ood.ood_split(spec, own)
+    in_log_probs, in_members = predictions_on(scored, own)
+    out_log_probs, out_members = predictions_on(scored, outside)
+    detected = {}
+    for name, p in in_log_probs.items():
+        ensemble = name in ("fge", "fge+ts") and in_members is not None
+        detected[name] = ood.ood_metrics(p, out_log_probs[name], in_members if ensemble else None,
+                                         out_members if ensemble else None)
+    record = {"data": {"name": ood.spec_name(spec), "spec": spec, "in_distribution": len(own.labels),
+                       "out_of_distribution": len(outside.labels),
+                       "fingerprint": corruptions.fingerprint(outside.images)},
+              "positive": "out-of-distribution", "predictors": detected,
+              "not_scored": not_rescorable(scored, list(in_log_probs))}
+    folder = scored.run.path / FOLDER / ood.spec_name(spec)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / METRICS_FILE, record)
+    return record
+
+
+def ood_table(record: dict) -> str:
+    """``predictor  score  auroc  aupr  fpr95`` lines of one OOD record."""
+    width = max([len(n) for n in record["predictors"]] + [9])
+    lines = [f"{'predictor':<{width}} {'score':>18} {'auroc':>8} {'aupr':>8} {'fpr95':>8}"]
+    for name, by_score in record["predictors"].items():
+        for score, m in by_score.items():
+            lines.append(f"{name:<{width}} {score:>18} {m['auroc']:8.4f} {m['aupr']:8.4f} {m['fpr95']:8.4f}")
+    return "\n".join([*lines, "OOD images are the positives; fpr95: in-distribution images flagged at 95% OOD recall"])
+
+
+def severity_summary(records: Sequence[dict]) -> dict:
+    """Per predictor and severity, the mean over the corruptions scored of acc, NLL, ECE and Brier (and their count)."""
+    out: dict[str, dict] = {}
+    for r in records:
+        severity = r["data"].get("severity")
+        if severity is None:
+            continue
+        for name, m in r["predictors"].items():
+            cell = out.setdefault(name, {}).setdefault(str(severity), {"corruptions": 0, **{k: 0.0 for k in SUMMARY_METRICS}})
+            cell["corruptions"] += 1
+            for k in SUMMARY_METRICS:
+                cell[k] += m[k]
+    for by_severity in out.values():
+        for cell in by_severity.values():
+            for k in SUMMARY_METRICS:
+                cell[k] /= cell["corruptions"]
+    return out
+
+
+def summary_table(summary: dict) -> str:
+    """``predictor  severity  corruptions  acc %  nll  ece  brier`` lines of :func:`severity_summary`."""
+    width = max([len(n) for n in summary] + [9])
+    lines = [f"{'predictor':<{width}} {'severity':>8} {'corrupt.':>8} {'acc %':>8} {'nll':>8} {'ece':>8} {'brier':>8}"]
+    for name, by_severity in summary.items():
+        for s, c in sorted(by_severity.items()):
+            lines.append(f"{name:<{width}} {s:>8} {c['corruptions']:>8} {c['acc']:8.2f} {c['nll']:8.4f} "
+                         f"{c['ece']:8.4f} {c['brier']:8.4f}")
+    return "\n".join([*lines, "mean over the corruptions scored; ece: 15 equal-width confidence bins (Guo et al. 2017)"])
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.score", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="finished run directories")
+    parser.add_argument("--data", action="append", default=[],
+                        help="test | cifar10c:<corruption>:<severity> | cifar10c:<corruption> | cifar10c:all")
+    parser.add_argument("--ood", action="append", default=[],
+                        help="noise:gaussian | noise:uniform | folder:<dir>: OOD detection against the run's test split")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    args = parser.parse_args(argv)
+    if not args.data and not args.ood:
+        raise ScoreError("give --data <spec> (another test set) or --ood <spec> (OOD detection), or both")
+    specs = [d for spec in args.data for d in parse_data(spec)]  # every spec checked before any run is opened
+    for spec in args.ood:
+        try:
+            ood.check_spec(spec)
+        except ood.OODError as err:
+            raise ScoreError(str(err)) from None
+    results = {}
+    for run_dir in args.runs:
+        scored = score_run(run_dir, device=args.device)
+        records = []
+        for spec in specs:
+            record = score_on(scored, spec)
+            records.append(record)
+            print(f"{scored.label} on {spec.name} ({record['data']['images']} images):")
+            print(metrics_table(record["predictors"]))
+            for name, why in record["not_scored"].items():
+                print(f"  not scored: {name}: {why}")
+        detections = []
+        for spec in args.ood:
+            record = detect_ood(scored, spec)
+            detections.append(record)
+            print(f"{scored.label}: its test split against {record['data']['name']} "
+                  f"({record['data']['out_of_distribution']} images):\n{ood_table(record)}")
+        scored.run.__dict__.pop("scores", None)  # read again: what this command wrote, and what earlier ones did
+        summary = severity_summary([r for name, r in scored.run.scores.items() if name.startswith("cifar10c-")])
+        if summary:
+            write_json(scored.run.path / FOLDER / SUMMARY_FILE, summary)
+            print(f"{scored.label} under corruption, per severity:\n{summary_table(summary)}")
+        print(f"[swalab] wrote {scored.run.path / FOLDER}")
+        results[str(run_dir)] = {"records": records, "summary": summary, "ood": detections}
+    return results
+
+
+if __name__ == "__main__":
+    from swalab.cli import run_command
+
+    run_command(main, prog="swalab.results.score")

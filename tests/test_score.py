@@ -1,0 +1,214 @@
+"""``python -m swalab.results.score``: a finished run's predictors scored again on other test sets (its own test split,
+CIFAR-10-C-style corruptions of it), written under ``<run>/scores/`` without touching the run's records; and
+``swalab.data.corruptions`` against the published CIFAR-10-C parameters."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from swalab.data import corruptions
+from swalab.data.splits import DataSplit
+from swalab.results.score import ScoreError, main, parse_data, severity_summary
+from swalab.train import train
+
+TINY = ["dataset.train_size=96", "dataset.val_size=48", "trainer.batch_size=32", "run.eval_every=0", "trainer.epochs=4"]
+
+
+@pytest.fixture(scope="module")
+def swa_run(tmp_path_factory):
+    from conftest import CONF_DIR, QUIET
+    from hydra import compose, initialize_config_dir
+
+    root = tmp_path_factory.mktemp("score")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=2",
+                                                       f"run.cache_dir={root / 'cache'}"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(cfg, run_dir=root / "swa")
+    finally:
+        torch.set_num_threads(before)
+    return root / "swa"
+
+
+def test_rescoring_a_run_on_its_own_test_split_gives_the_numbers_of_its_metrics_json(swa_run, capsys):
+    own = json.loads((swa_run / "metrics.json").read_text())
+    result = main([str(swa_run), "--data", "test", "--device", "cpu"])
+    scored = result[str(swa_run)]["records"][0]["predictors"]
+    assert {"sgd", "swa", "sgd+ts", "swa+ts"} <= set(scored)
+    for name in ("sgd", "swa", "swa+ts"):
+        for metric in ("acc", "nll", "ece", "brier"):
+            assert scored[name][metric] == pytest.approx(own[name][metric], rel=1e-5, abs=1e-6), (name, metric)
+    written = json.loads((swa_run / "scores" / "test" / "metrics.json").read_text())
+    assert written["predictors"]["swa"]["acc"] == scored["swa"]["acc"] and "ece_mass20" in written["predictors"]["swa"]
+    assert (swa_run / "scores" / "test" / "predictions.pt").exists()
+    assert json.loads((swa_run / "metrics.json").read_text()) == own  # the run's own record untouched
+
+
+def test_a_corrupted_test_set_is_scored_per_severity_and_summarised_over_corruptions(swa_run, capsys):
+    result = main([str(swa_run), "--data", "cifar10c:contrast:5", "--data", "cifar10c:gaussian_noise:5",
+                   "--device", "cpu"])
+    records = result[str(swa_run)]["records"]
+    assert [r["data"]["name"] for r in records] == ["cifar10c-contrast-5", "cifar10c-gaussian_noise-5"]
+    clean = json.loads((swa_run / "metrics.json").read_text())
+    assert records[0]["predictors"]["swa"]["nll"] != pytest.approx(clean["swa"]["nll"])  # other images, other numbers
+    summary = json.loads((swa_run / "scores" / "cifar10c-summary.json").read_text())
+    mean_acc = (records[0]["predictors"]["swa"]["acc"] + records[1]["predictors"]["swa"]["acc"]) / 2
+    assert summary["swa"]["5"]["corruptions"] == 2 and summary["swa"]["5"]["acc"] == pytest.approx(mean_acc)
+    assert "under corruption, per severity" in capsys.readouterr().out
+
+
+def test_a_data_spec_that_cannot_be_made_is_refused_naming_it_before_any_run_is_opened(tmp_path):
+    with pytest.raises(ScoreError, match=r"--data cifar10c:frost:2: corruption 'frost' needs the frost photographs"):
+        main([str(tmp_path / "no-run"), "--data", "cifar10c:frost:2"])
+    with pytest.raises(ScoreError, match=r"--data cifar10c:contrast:6: severity 6 of contrast: give 1 to 5"):
+        parse_data("cifar10c:contrast:6")
+    with pytest.raises(ScoreError, match=r"--data imagenet-c: expected test, cifar10c"):
+        parse_data("imagenet-c")
+
+
+def test_cifar10c_all_names_every_corruption_made_here_at_five_severities():
+    specs = parse_data("cifar10c:all")
+    assert len(specs) == 5 * len(corruptions.MADE)
+    assert {s.corruption for s in specs} == set(corruptions.MADE) and {s.severity for s in specs} == {1, 2, 3, 4, 5}
+
+
+def test_the_severity_summary_is_the_mean_over_corruptions_of_each_severity():
+    records = [{"data": {"severity": 1}, "predictors": {"swa": {"acc": 80.0, "nll": 0.5, "ece": 0.1, "brier": 0.3}}},
+               {"data": {"severity": 1}, "predictors": {"swa": {"acc": 60.0, "nll": 1.5, "ece": 0.3, "brier": 0.5}}},
+               {"data": {"severity": 2}, "predictors": {"swa": {"acc": 50.0, "nll": 2.0, "ece": 0.2, "brier": 0.6}}}]
+    summary = severity_summary(records)
+    assert summary["swa"]["1"] == pytest.approx({"corruptions": 2, "acc": 70.0, "nll": 1.0, "ece": 0.2, "brier": 0.4})
+    assert summary["swa"]["2"]["corruptions"] == 1
+
+
+# -- the corruptions ---------------------------------------------------------------------------------------------------
+
+def test_the_32x32_parameters_are_the_published_cifar10c_ones_not_imagenet_cs():
+    """Values of hendrycks/robustness make_cifar_c.py (ImageNet-C's, in imagecorruptions, are e.g. gaussian noise
+    0.08 .. 0.38, JPEG quality 25 .. 7)."""
+    p = corruptions.PARAMETERS_32
+    assert len(p) == 15 and all(len(v) == 5 for v in p.values())
+    assert p["gaussian_noise"] == [0.04, 0.06, .08, .09, .10]
+    assert p["jpeg_compression"] == [80, 65, 58, 50, 40]
+    assert p["contrast"] == [.75, .5, .4, .3, 0.15]
+    assert p["defocus_blur"][3] == (1, 0.2) and p["fog"][4] == (1.5, 1.75)
+
+
+@pytest.mark.parametrize("name", sorted(corruptions.MADE))
+def test_each_corruption_is_deterministic_keeps_the_shape_and_changes_the_images(name):
+    images = torch.randint(0, 256, (6, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    out = corruptions.corrupt_images(images, name, 3)
+    assert out.shape == images.shape and out.dtype == torch.uint8
+    assert torch.equal(out, corruptions.corrupt_images(images, name, 3))
+    assert not torch.equal(out, images)
+
+
+def test_an_image_is_corrupted_alike_whatever_the_images_around_it():
+    images = torch.randint(0, 256, (4, 1, 8, 8), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    whole = corruptions.corrupt_images(images, "gaussian_noise", 2)
+    assert torch.equal(whole[0], corruptions.corrupt_images(images[:1], "gaussian_noise", 2)[0])
+
+
+def test_contrast_pulls_each_channel_towards_its_mean_by_the_published_factor():
+    x = np.linspace(0, 1, 2 * 2 * 3).reshape(2, 2, 3)
+    out = corruptions.contrast(x, 0.5, None)
+    np.testing.assert_allclose(out, (x - x.mean(axis=(0, 1))) * 0.5 + x.mean(axis=(0, 1)))
+
+
+def test_a_corrupted_split_is_cached_fingerprinted_and_read_back(tmp_path):
+    split = DataSplit(torch.randint(0, 256, (5, 3, 8, 8), dtype=torch.uint8), torch.arange(5))
+    made, fingerprint = corruptions.corrupted_split(split, "brightness", 4, cache_dir=tmp_path)
+    assert list(tmp_path.glob("corrupted-brightness-4-*.pt"))
+    again, same = corruptions.corrupted_split(split, "brightness", 4, cache_dir=tmp_path)
+    assert torch.equal(made.images, again.images) and fingerprint == same == corruptions.fingerprint(made.images)
+    assert torch.equal(made.labels, split.labels)
+
+
+# -- out-of-distribution detection -----------------------------------------------------------------------------------
+
+def test_auroc_aupr_and_fpr95_of_perfectly_separated_scores_are_one_one_and_zero():
+    from swalab.results.ood import detection
+
+    assert detection(torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 0.9])) == {"auroc": 1.0, "aupr": 1.0, "fpr95": 0.0}
+
+
+def test_auroc_counts_ties_half_and_equals_the_pairwise_probability():
+    from swalab.results.ood import auroc
+
+    ins, outs = torch.tensor([0.1, 0.4, 0.5, 0.5]), torch.tensor([0.5, 0.2, 0.9])
+    pairs = [(1.0 if o > i else 0.5 if o == i else 0.0) for o in outs.tolist() for i in ins.tolist()]
+    assert auroc(ins, outs) == pytest.approx(sum(pairs) / len(pairs))
+
+
+def test_aupr_is_the_average_precision_over_the_ood_images_ranks():
+    from swalab.results.ood import aupr
+
+    # ranked: out (0.9), in (0.8), out (0.7), in (0.1): precision at each OOD image 1/1 and 2/3, each half the recall
+    assert aupr(torch.tensor([0.8, 0.1]), torch.tensor([0.9, 0.7])) == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)
+
+
+def test_fpr95_is_the_in_distribution_share_at_or_above_the_threshold_flagging_95_percent_of_ood():
+    from swalab.results.ood import fpr_at_tpr
+
+    outs = torch.arange(20, dtype=torch.float64)  # 95% of 20 = 19 flagged: threshold 1.0
+    assert fpr_at_tpr(torch.tensor([0.5, 1.0, 3.0, -1.0]), outs) == pytest.approx(0.5)
+
+
+def test_mutual_information_is_the_predictive_entropy_minus_the_members_mean_entropy():
+    from swalab.results.ood import entropy, uncertainty
+
+    a, b = torch.tensor([[0.9, 0.1]]).log(), torch.tensor([[0.1, 0.9]]).log()
+    mean = torch.tensor([[0.5, 0.5]]).log()
+    mi = uncertainty(mean, [a, b])["mutual_information"]
+    assert float(mi) == pytest.approx(float(entropy(mean) - (entropy(a) + entropy(b)) / 2))
+    assert "mutual_information" not in uncertainty(mean)
+
+
+def test_a_run_detects_noise_and_an_image_folder_against_its_test_split(swa_run, tmp_path, capsys):
+    from PIL import Image
+
+    folder = tmp_path / "other" / "any"
+    folder.mkdir(parents=True)
+    for i in range(5):
+        Image.fromarray(np.full((20, 30, 3), 40 * i, dtype=np.uint8)).save(folder / f"{i}.png")
+    result = main([str(swa_run), "--ood", "noise:uniform", "--ood", f"folder:{tmp_path / 'other'}", "--device", "cpu"])
+    noise, images = result[str(swa_run)]["ood"]
+    assert noise["data"]["name"] == "ood-noise-uniform" and images["data"]["out_of_distribution"] == 5
+    for record in (noise, images):
+        for score in ("msp", "entropy"):
+            assert 0.0 <= record["predictors"]["swa"][score]["auroc"] <= 1.0
+    assert "swa+ts" in noise["predictors"]
+    written = json.loads((swa_run / "scores" / "ood-noise-uniform" / "metrics.json").read_text())
+    assert written["predictors"] == json.loads(json.dumps(noise["predictors"]))
+    assert "OOD images are the positives" in capsys.readouterr().out
+
+
+def test_an_ood_spec_that_names_nothing_is_refused_before_any_run_is_opened(tmp_path):
+    with pytest.raises(ScoreError, match=r"--ood noise:pink: expected noise:gaussian, noise:uniform or folder:<dir>"):
+        main([str(tmp_path / "no-run"), "--ood", "noise:pink"])
+    with pytest.raises(ScoreError, match=r"--ood folder:.*missing is no folder"):
+        main([str(tmp_path / "no-run"), "--ood", f"folder:{tmp_path / 'missing'}"])
+
+
+def test_the_severity_summary_keeps_the_corruptions_scored_by_earlier_commands(swa_run, capsys):
+    main([str(swa_run), "--data", "cifar10c:brightness:1", "--device", "cpu"])
+    main([str(swa_run), "--data", "cifar10c:pixelate:1", "--device", "cpu"])
+    summary = json.loads((swa_run / "scores" / "cifar10c-summary.json").read_text())
+    assert summary["swa"]["1"]["corruptions"] == 2
+
+
+def test_the_report_shows_a_runs_scores_on_other_data_and_its_ood_detection(swa_run, tmp_path, capsys):
+    from swalab.results.report import report
+
+    main([str(swa_run), "--data", "cifar10c:contrast:2", "--ood", "noise:gaussian", "--device", "cpu"])
+    report([swa_run.parent], tmp_path / "out")
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "## Scored on other data (python -m swalab.results.score)" in table
+    assert "| swa/seed0 | cifar10c-contrast-2 | swa |" in table
+    assert "## Out-of-distribution detection" in table and "| swa/seed0 | ood-noise-gaussian | swa | msp |" in table

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch

@@ -191,6 +191,40 @@ def test_mixing_datasets_is_said_and_each_keeps_its_own_row(tmp_path, capsys):
     assert "| cifar10 / preresnet20 | 90.00 (n=1) |" in out and "| cifar100 / preresnet20 | 70.00 (n=1) |" in out
 
 
+def section(text, heading):
+    """The text of ``table.md`` under ``heading`` (a ``## `` line) up to the next ``## `` heading."""
+    return text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def markdown_tables(text):
+    """The lines of the markdown tables in ``text``."""
+    return "\n".join(line for line in text.splitlines() if line.startswith("|"))
+
+
+def test_a_report_over_two_datasets_has_one_table_per_dataset_and_model_each_with_only_its_own_columns(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path / "g", "sgd", seed, {"sgd": m(90.0 + seed)}, dataset="cifar10")
+        make_run(tmp_path / "g", "swa", seed, {"swa": m(92.0 + seed)}, budget=1.5, dataset="cifar10")
+        make_run(tmp_path / "g", "sgd", seed, {"sgd": m(70.0 + seed)}, dataset="cifar100", model="vgg16")
+        make_run(tmp_path / "g", "fge", seed, {"fge": m(72.0 + seed)}, dataset="cifar100", model="vgg16")
+        make_run(tmp_path / "g", "ema", seed, {"ema": m(71.0 + seed)}, dataset="cifar100", model="vgg16")
+    text = "\n" + report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()
+    assert text.startswith("\n## cifar10 / preresnet20\n") and "\n## cifar100 / vgg16\n" in text
+    cifar10, cifar100 = section(text, "## cifar10 / preresnet20"), section(text, "## cifar100 / vgg16")
+    assert "| row | SGD 1B (4 ep) | SWA 1.5B (6 ep) |" in cifar10
+    assert "| cifar10 / preresnet20 | 90.50 ± 0.71 (n=2) | 92.50 ± 0.71 (n=2) |" in cifar10
+    assert "| row | SGD 1B (4 ep) | FGE 1B (4 ep) | EMA 1B (4 ep) |" in cifar100
+    for part in (cifar10, cifar100):
+        assert "not run" not in markdown_tables(part)
+        assert "### Test accuracy (%)" in part and "### Paired differences against SGD" in part
+    assert "FGE" not in markdown_tables(cifar10) and "SWA" not in markdown_tables(cifar100)
+
+
+def test_a_report_over_one_dataset_and_model_keeps_one_table_under_the_metric_headings(grid, tmp_path):
+    text = report([grid], tmp_path / "out")["written"]["table.md"].read_text()
+    assert text.startswith("## Test accuracy (%)\n") and "## cifar10 / preresnet20\n" not in text
+
+
 def test_a_grid_record_reports_exactly_its_own_runs(grid, tmp_path):
     from swalab.grid import record_job
 

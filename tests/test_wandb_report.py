@@ -9,6 +9,7 @@ import os
 import statistics
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import wandb_workspaces.reports.v2 as wr  # a dependency of swalab: a missing one fails here, never skips
@@ -141,6 +142,7 @@ def test_offline_the_spec_is_written_next_to_table_md_and_reads_back_as_the_same
 @pytest.mark.slow  # trains a 3x2 grid once for the module (about 20 s on 2 cores)
 def test_publishing_later_uploads_the_offline_runs_then_saves_the_report(built, monkeypatch):
     calls, saved = [], []
+    monkeypatch.setattr(wandb_report, "wandb_api", lambda spec: SimpleNamespace(default_entity="mine"))  # a key
     monkeypatch.setattr(wandb_report.subprocess, "run", lambda cmd, check: calls.append(cmd))
     monkeypatch.setattr(wr.Report, "save", lambda self, **kw: saved.append(self) or self)
     monkeypatch.setattr(wr.Report, "url", property(lambda self: f"https://wandb.ai/{self.entity}/{self.project}/r"))
@@ -214,3 +216,57 @@ def test_the_reports_description_records_the_command_that_made_it_with_its_input
     monkeypatch.setenv("WANDB_MODE", "offline")
     made = report([tmp_path / "g"], tmp_path / "out", wandb_mode="offline")["wandb"]["report"]
     assert made.description == f"python -m swalab.results.report {tmp_path / 'g'} --out {tmp_path / 'out'} --wandb"
+
+
+@pytest.fixture
+def no_wandb_key(tmp_path, monkeypatch):
+    """A machine where W&B has no API key: none in the environment, no ``~/.netrc``, no W&B settings file."""
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / ".config" / "wandb"))
+
+
+def offline_spec(tmp_path, monkeypatch):
+    """The spec an offline ``report --wandb`` writes, for one recorded run."""
+    make_run(tmp_path / "g", "sgd", 0, {"sgd": m(90.0)})
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    spec = report([tmp_path / "g"], tmp_path / "out", wandb_mode="offline")["wandb"]["spec"]
+    monkeypatch.delenv("WANDB_MODE")
+    return spec
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["with-sync", "no-sync"])
+def test_publishing_without_an_api_key_says_in_one_line_how_to_log_in_and_uploads_nothing(
+        tmp_path, monkeypatch, capsys, no_wandb_key, sync):
+    spec = offline_spec(tmp_path, monkeypatch)
+
+    def wandb_sync_without_a_key(cmd, check):  # what `wandb sync` does without a key: prints W&B's error, exits 1
+        raise subprocess.CalledProcessError(1, cmd)
+    monkeypatch.setattr(wandb_report.subprocess, "run", wandb_sync_without_a_key)
+    monkeypatch.setattr(wr.Report, "save", lambda self, **kw: pytest.fail("saved without a key"))
+    capsys.readouterr()
+    assert wandb_report.main(["publish", str(spec)] + ([] if sync else ["--no-sync"])) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "`wandb login`" in err and "WANDB_API_KEY" in err
+    assert f"python -m swalab.results.wandb_report publish {spec}" in err  # the command to rerun, the spec kept
+    assert "Command '[" not in err and "CalledProcessError" not in err
+
+
+def test_a_failing_wandb_sync_is_said_in_one_line_with_the_command_to_rerun_and_nothing_is_saved(
+        tmp_path, monkeypatch, capsys):
+    spec = offline_spec(tmp_path, monkeypatch)
+    monkeypatch.setattr(wandb_report, "wandb_api", lambda spec: SimpleNamespace(default_entity="mine"))  # a key
+
+    def wandb_sync_fails(cmd, check):  # no network: W&B prints its error, exits 1
+        raise subprocess.CalledProcessError(1, cmd)
+    monkeypatch.setattr(wandb_report.subprocess, "run", wandb_sync_fails)
+    monkeypatch.setattr(wr.Report, "save", lambda self, **kw: pytest.fail("saved though the runs were not uploaded"))
+    capsys.readouterr()
+    assert wandb_report.main(["publish", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "`wandb sync` of 1 offline run failed (exit status 1" in err
+    assert f"python -m swalab.results.wandb_report publish {spec}" in err and "Command '[" not in err

@@ -71,7 +71,7 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
     datasets = sorted({r.dataset_name for r in runs if r.finished})
     if len(datasets) > 1:
         notes.insert(0, f"the runs mix {len(datasets)} datasets ({', '.join(datasets)}): "
-                        "one table row per dataset and model, never averaged across datasets")
+                        "one table per dataset and model, never averaged across datasets")
     return notes
 
 

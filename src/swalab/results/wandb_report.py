@@ -336,16 +336,47 @@ def publish_report(table: Table, out: str | Path, mode: str, project: str | None
     return result
 
 
+class CannotPublish(RuntimeError):
+    """Publishing stopped for a reason the user fixes (no W&B API key, ``wandb sync`` failed); the spec is kept."""
+
+
+def wandb_api(spec_path: str | Path):
+    """``wandb.Api()``, made before anything is uploaded, so that a machine without a W&B API key is told in one
+    line how to log in (instead of ``wandb sync``'s exit status under a raw ``CalledProcessError``); on a terminal
+    W&B itself asks for the key."""
+    import wandb
+    from wandb.errors import AuthenticationError, UsageError
+
+    try:
+        return wandb.Api()
+    except (UsageError, AuthenticationError) as exc:
+        problem = ("no W&B API key is configured" if isinstance(exc, UsageError)
+                   else f"the W&B API key is not valid ({str(exc).strip().rstrip('.')})")
+        raise CannotPublish(
+            f"{problem}: run `wandb login` or set WANDB_API_KEY, then `{PUBLISH.format(spec=spec_path)}` again; "
+            f"until then the report stays offline in {spec_path}") from None
+
+
+def sync_runs(folders: list[str], spec_path: str | Path) -> None:
+    """``wandb sync`` of the report's offline runs; its failure (its own message printed above) said in one line."""
+    try:
+        subprocess.run([sys.executable, "-m", "wandb", "sync", *folders], check=True)
+    except subprocess.CalledProcessError as exc:
+        raise CannotPublish(
+            f"`wandb sync` of {len(folders)} offline run{'s' if len(folders) != 1 else ''} failed (exit status "
+            f"{exc.returncode}; W&B's message is above) and no report was saved: fix that, then "
+            f"`{PUBLISH.format(spec=spec_path)}` again") from None
+
+
 def publish(spec_path: str | Path, entity: str | None = None, sync: bool = True) -> str:
     """Upload the offline runs a spec file names (``wandb sync``) and save its report; returns the report's URL."""
-    import wandb
-
     data = json.loads(Path(spec_path).read_text())
+    api = wandb_api(spec_path)
     folders = [f for f in data.get("offline_runs", []) if Path(f).is_dir()]
     if sync and folders:
-        subprocess.run([sys.executable, "-m", "wandb", "sync", *folders], check=True)
+        sync_runs(folders, spec_path)
     report = report_from_spec(data["report"])
-    report.entity = entity or report.entity or wandb.Api().default_entity
+    report.entity = entity or report.entity or api.default_entity
     report.save()
     return report.url
 
@@ -367,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(outline(json.loads(Path(args.spec).read_text())["report"])))
             return 0
         url = publish(args.spec, entity=args.entity, sync=not args.no_sync)
-    except (ReportUnavailable, OSError, subprocess.CalledProcessError) as exc:
+    except (ReportUnavailable, OSError, CannotPublish) as exc:
         print(f"[swalab.results.wandb_report] {exc}", file=sys.stderr)
         return 2
     print(f"[swalab.results.wandb_report] saved {url}")

@@ -189,13 +189,15 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
            "seeds). Δ: the paired difference to the row's SGD run of the same seed and budget B (mean ± std over "
            "seeds). An ensemble of seeds has one value; its Δ is to the mean of the SGD seeds.", ""]
     fitted = any("temperature" in e.metrics for row in table.rows for cell in row.cells.values() for e in cell.entries)
+    own_table = {id(row): part for _, part in per_dataset_and_model(table) for row in part.rows}  # its B in headers
     for row in table.rows:
+        header = own_table[id(row)].header
         acc_diffs, nll_diffs = paired_differences(row, "acc"), paired_differences(row, "nll")
         lines = []
         for column in sorted(row.cells, key=lambda c: c.order):
             cell = row.cells[column]
             temps = [float(e.metrics["temperature"]) for e in cell.entries if "temperature" in e.metrics]
-            lines.append([table.header(column), str(len(cell.entries)),
+            lines.append([header(column), str(len(cell.entries)),
                           *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
                           (f"{sum(temps) / len(temps):.3f}" + (AT_BOUND if any(e.metrics.get("temperature_at_bound")
                                                                                for e in cell.entries) else ""))
@@ -219,7 +221,9 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
     return out
 
 
-def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = (), ensembles: Sequence = ()) -> str:
+def metric_markdown(table: Table, paper: dict | None, level: str = "##") -> tuple[list[str], bool]:
+    """The metric tables (accuracy, NLL, ECE, Brier: one row per config, one column per method and budget) and the
+    paired differences against SGD, under ``level`` headings; and whether a paper row was shown."""
     columns = table.columns
     header = ["row", *(table.header(c) for c in columns)]
     out: list[str] = []
@@ -233,7 +237,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
             if published is not None:
                 lines.append([f"{row.name} (paper)", *(published.get(c.paper, "–") for c in columns)])
                 shown_paper = True
-        out += [f"## {title}", "", *_markdown_table(header, lines), ""]
+        out += [f"{level} {title}", "", *_markdown_table(header, lines), ""]
     out += at_bound_note(table)
     diffs = [(row, paired_differences(row)) for row in table.rows]
     diff_columns = sorted({c for row in table.rows for c in row.cells  # +ts keeps the accuracy of its predictor
@@ -242,12 +246,39 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
         lines = [[row.name, *(diff_text(row, c, d.get(c)) for c in diff_columns)] for row, d in diffs]
         example = next(((c, sgd_baseline(row, c)) for row, d in diffs for c in diff_columns if c in d), None)
         pair = f" ({example[0].label} − {example[1].label})" if example else ""
-        out += ["## Paired differences against SGD (accuracy points, per seed)", "",
+        out += [f"{level} Paired differences against SGD (accuracy points, per seed)", "",
                 f"Each seed's accuracy minus the SGD run of the same seed, row and budget B{pair}; mean ± sample std "
                 "over the seeds both hold. A column is paired only with an SGD run of exactly its B; a row of a method's own "
                 "other settings (SWA's pre-schedule, its lr) with the SGD of the row it shares every other setting with.",
                 "",
                 *_markdown_table(["row", *(f"{table.header(c)} − SGD" for c in diff_columns)], lines), ""]
+    return out, shown_paper
+
+
+def per_dataset_and_model(table: Table) -> list[tuple[str, Table]]:
+    """``table`` cut into one table per data set and model (``cifar10 / preresnet20``), in the order of their first
+    rows, each with only the columns its own rows fill: a report over several configs is then a few dense tables
+    instead of one wide table of mostly empty cells. A row keeps the row it shares its SGD with (same data set and
+    model)."""
+    parts: dict[str, list] = {}
+    for row in table.rows:
+        parts.setdefault(f"{row.dataset} / {row.model}", []).append(row)
+    return [(name, Table(rows, [])) for name, rows in parts.items()]
+
+
+def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] = (), ensembles: Sequence = ()) -> str:
+    """``table.md``: the metric tables and the paired differences (one section per data set and model when the runs
+    hold several), every column of a row, the ensembles of seeds, section 3.5, the rows' wall time, the notes."""
+    parts = per_dataset_and_model(table)
+    out: list[str] = []
+    shown_paper = False
+    if len(parts) == 1:
+        out, shown_paper = metric_markdown(table, paper)
+    else:
+        for name, part in parts:
+            lines, shown = metric_markdown(part, paper, level="###")
+            out += [f"## {name}", "", *lines]
+            shown_paper = shown_paper or shown
     out += every_column_markdown(table, ensembles)
     out += ensembles_markdown(ensembles)
     out += section35_markdown(table)

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from _common import (CIFAR_MEAN, CIFAR_STD, TrainerBench, build_model, machine_info, median, paper_sgd_trainer,
                      pick_device, random_split, sync, timed, write_result)
 
-from swalab.data import DataSplit, ResidentLoader
+from swalab.data import ResidentLoader
 from swalab.evaluate import labels_of, mean_loss_and_accuracy
 from swalab.methods.sgd import SGD
 from swalab.schedules import Constant

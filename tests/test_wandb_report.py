@@ -77,7 +77,7 @@ def table_file(out, key):
 def test_the_report_has_table_1_each_configs_training_runs_fge_against_swa_and_the_text(built):
     # a row is named by the settings its configs share (the grid's overrides, in the keys typed)
     assert headings(built["wandb"]["report"]) == [
-        "Table 1: test accuracy, NLL and ECE",
+        "Table 1: test accuracy, NLL, ECE and Brier score",
         "digits / preresnet20 · dataset.train_size=128, model.arch.depth=8, trainer.batch_size=64: training runs",
         "FGE against SWA", "The tables as text (table.md)"]
 
@@ -189,7 +189,7 @@ def test_a_report_of_recorded_runs_links_each_config_by_grid_tag_and_group_witho
         tags = ["swa-lab", f"method:{run.method}", "grid:2026-01-02_03-04-05"] + (["grid:2026-01-03_00-00-00"] * (n == 0))
         (run.path / RECORD_FILE).write_text(json.dumps({"id": f"run{n}", "group": f"g-{run.method}", "tags": tags}))
     made = wandb_report.build_report(table, project="p", entity=None, report_run="rep1")
-    assert headings(made) == ["Table 1: test accuracy, NLL and ECE", "cifar10 / preresnet20: training runs",
+    assert headings(made) == ["Table 1: test accuracy, NLL, ECE and Brier score", "cifar10 / preresnet20: training runs",
                               "FGE against SWA", "The tables as text (table.md)"]
     table1, training, fge = grids_of(made)
     assert table1.runsets[0].filters == "Metric(\"ID\") == 'rep1'" == fge.runsets[0].filters

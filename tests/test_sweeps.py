@@ -32,8 +32,8 @@ def test_grid_jobs_get_their_own_directories_and_a_relaunch_skips_them(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     runs = sorted(p.parent for p in (tmp_path / "outputs").rglob("metrics.json"))
     assert [r.relative_to(tmp_path / "outputs").as_posix() for r in runs] == [
-        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+run.eval_every-0/seed0",
-        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1+run.eval_every-0/seed1"]
+        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1/seed0",
+        "digits/preresnet20/sgd/dataset.train_size-128+trainer.batch_size-64+trainer.epochs-1/seed1"]  # run.*: no result
     for run in runs:
         assert json.loads((run / "status.json").read_text())["status"] == "complete"
         assert (run / "config.yaml").exists() and (run / "history.jsonl").exists()
@@ -41,7 +41,7 @@ def test_grid_jobs_get_their_own_directories_and_a_relaunch_skips_them(tmp_path)
     assert [job["state"] for job in read_jobs(tmp_path / "grid")] == ["complete", "complete"]
     mtimes = {r: (r / "metrics.json").stat().st_mtime_ns for r in runs}
 
-    second = multirun(tmp_path, "method=sgd", "seed=0,1")
+    second = multirun(tmp_path, "method=sgd", "seed=0,1", "run.keep_checkpoints=5")  # how it runs: the same runs
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.stdout.count("already holds a finished run") == 2
     assert {r: (r / "metrics.json").stat().st_mtime_ns for r in runs} == mtimes

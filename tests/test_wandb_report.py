@@ -21,8 +21,11 @@ from swalab.results.write import load_paper_tables
 from swalab.tracking import RECORD_FILE
 from test_report import m, make_run
 
-GRID = ["dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=6", "model.arch.depth=8",
-        "run.eval_every=1", "run.progress=false", "logger=wandb", "model.fge.pretrain=0.34",
+# B = 14 epochs: SGD and FGE train 14, SWA 1.5B 21, so SWA stands on FGE's B (section 3.5 compares only at one B), and
+# FGE's default pretraining (0.8 B = 11 epochs) leaves two cycles' middles: two members. Every method on its defaults
+# keeps the three in one table row (a method of other settings is a row of its own).
+GRID = ["dataset.train_size=128", "trainer.batch_size=64", "model.budget_epochs=14", "model.arch.depth=8",
+        "run.eval_every=1", "run.progress=false", "logger=wandb",
         "model.swa.score_every=1",  # SWA scores its average each epoch: the training panel plots it beside the live model
         "method=sgd,swa,fge", "seed=0,1"]
 
@@ -72,9 +75,11 @@ def table_file(out, key):
 
 @pytest.mark.slow  # trains a 3x2 grid once for the module (about 20 s on 2 cores)
 def test_the_report_has_table_1_each_configs_training_runs_fge_against_swa_and_the_text(built):
+    # a row is named by the settings its configs share (the grid's overrides, in the keys typed)
     assert headings(built["wandb"]["report"]) == [
-        "Table 1: test accuracy, NLL and ECE", "digits / preresnet20: training runs", "FGE against SWA",
-        "The tables as text (table.md)"]
+        "Table 1: test accuracy, NLL, ECE and Brier score",
+        "digits / preresnet20 · dataset.train_size=128, model.arch.depth=8, trainer.batch_size=64: training runs",
+        "FGE against SWA", "The tables as text (table.md)"]
 
 
 @pytest.mark.slow  # trains a 3x2 grid once for the module (about 20 s on 2 cores)
@@ -84,13 +89,13 @@ def test_table_1_is_numeric_mean_std_and_n_read_from_the_report_run(built):
     [runset] = table1.runsets
     report_run = runset.filters.split("'")[1]
     assert runset.filters == f"Metric(\"ID\") == '{report_run}'"
-    assert [p.table_name for p in table1.panels] == ["table1/acc", "table1/nll", "table1/ece"]
+    assert [p.table_name for p in table1.panels] == ["table1/acc", "table1/nll", "table1/ece", "table1/brier"]
     logged = table_file(published["spec"].parent, "table1/acc")
-    assert logged["columns"][:5] == ["row", "source", "SGD 1B (6 ep) mean", "SGD 1B (6 ep) std", "SGD 1B (6 ep) n"]
+    assert logged["columns"][:5] == ["row", "source", "SGD 1B (14 ep) mean", "SGD 1B (14 ep) std", "SGD 1B (14 ep) n"]
     [row] = logged["data"]
     swa = [json.loads((e.run.path / "metrics.json").read_text())["swa"]["acc"]
            for e in built["table"].rows[0].cells[next(c for c in built["table"].columns if c.method == "swa")].entries]
-    at = logged["columns"].index("SWA 1.5B (6 ep) mean")
+    at = logged["columns"].index("SWA 1.5B (21 ep) mean")
     assert row[at:at + 3] == [pytest.approx(statistics.fmean(swa)), pytest.approx(statistics.stdev(swa)), 2]
 
 
@@ -119,9 +124,9 @@ def test_the_fge_members_curve_is_drawn_with_each_swa_column_as_a_flat_line(buil
     series = {}
     for members, acc, name in logged["data"]:
         series.setdefault(name, []).append((members, acc))
-    assert sorted(series) == ["FGE 1B (6 ep) ensemble", "SWA 1.5B (6 ep) model"]
-    assert [k for k, _ in series["FGE 1B (6 ep) ensemble"]] == [1, 2]
-    assert len({acc for _, acc in series["SWA 1.5B (6 ep) model"]}) == 1
+    assert sorted(series) == ["FGE 1B (14 ep) ensemble", "SWA 1.5B (21 ep) model"]
+    assert [k for k, _ in series["FGE 1B (14 ep) ensemble"]] == [1, 2]
+    assert len({acc for _, acc in series["SWA 1.5B (21 ep) model"]}) == 1
 
 
 @pytest.mark.slow  # trains a 3x2 grid once for the module (about 20 s on 2 cores)
@@ -184,7 +189,7 @@ def test_a_report_of_recorded_runs_links_each_config_by_grid_tag_and_group_witho
         tags = ["swa-lab", f"method:{run.method}", "grid:2026-01-02_03-04-05"] + (["grid:2026-01-03_00-00-00"] * (n == 0))
         (run.path / RECORD_FILE).write_text(json.dumps({"id": f"run{n}", "group": f"g-{run.method}", "tags": tags}))
     made = wandb_report.build_report(table, project="p", entity=None, report_run="rep1")
-    assert headings(made) == ["Table 1: test accuracy, NLL and ECE", "cifar10 / preresnet20: training runs",
+    assert headings(made) == ["Table 1: test accuracy, NLL, ECE and Brier score", "cifar10 / preresnet20: training runs",
                               "FGE against SWA", "The tables as text (table.md)"]
     table1, training, fge = grids_of(made)
     assert table1.runsets[0].filters == "Metric(\"ID\") == 'rep1'" == fge.runsets[0].filters

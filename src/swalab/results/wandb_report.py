@@ -3,9 +3,9 @@
 Built with W&B's own report library, ``wandb_workspaces.reports.v2`` (a dependency of swalab),
 from the table ``swalab.results.table.build_table`` makes, so the W&B Report and ``table.md`` never differ:
 
-1. **Table 1**: accuracy, NLL and ECE per row and column as numbers (mean, std, n), the paper's
+1. **Table 1**: accuracy, NLL, ECE and Brier score per row and column as numbers (mean, std, n), the paper's
    numbers as rows of their own where it has them. W&B panels read tables from runs, so a
-   ``job_type=report`` run logs these tables (``table1/acc``, ...) and the curves of 3.
+   ``job_type=report`` run logs these tables (``table1/acc``, ..., ``table1/brier``) and the curves of 3.
 2. **Per table row, its training runs**: test error against epoch (the live model, and SWA's
    average) grouped by W&B group, i.e. by identity minus seed (mean and std over seeds); the
    reliability diagrams; each FGE run's ensemble accuracy against its members.
@@ -70,8 +70,8 @@ def parse_paper(text: str | None) -> tuple[float, float | None] | None:
 
 
 def numeric_tables(table: Table, paper: dict | None = None) -> dict[str, tuple[list[str], list[list]]]:
-    """Table 1's layout as numbers, one table per metric (``table1/acc``, ``table1/nll``, ``table1/ece``):
-    a line per row (and ``<row> (paper)`` under it where the paper has the row), per column its
+    """Table 1's layout as numbers, one table per metric (``table1/acc``, ``table1/nll``, ``table1/ece``,
+    ``table1/brier``): a line per row (and ``<row> (paper)`` under it where the paper has the row), per column its
     mean, std (None for one seed) and n."""
     columns = table.columns
     header = ["row", "source"] + [f"{c.label} {part}" for c in columns for part in ("mean", "std", "n")]
@@ -186,7 +186,7 @@ def build_report(table: Table, *, project: str, entity: str | None, report_run: 
            "filtered to those tags and its row's groups, so every panel links to its training runs."
            if grid_tags else "The training runs were launched outside a grid: run sets are filtered by W&B group."))]
 
-    blocks += [wr.H2("Table 1: test accuracy, NLL and ECE"),
+    blocks += [wr.H2("Table 1: test accuracy, NLL, ECE and Brier score"),
                wr.P("Mean, sample std and number of seeds per column, as numbers; rows marked (paper) are "
                     "Izmailov et al. (2018), where the paper has the row."),
                wr.PanelGrid(runsets=[report_runs], panels=[

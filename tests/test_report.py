@@ -732,3 +732,29 @@ def test_a_column_without_an_sgd_twin_leaves_the_pairs_of_the_columns_after_it()
     row = Row("cifar10", "preresnet20", "", {sgd: cell(sgd, 90.0, 92.0), swa8: cell(swa8, 95.0, 96.0),
                                              fge: cell(fge, 91.0, 94.0)})
     assert paired_differences(row) == {fge: [1.0, 2.0]}
+
+
+def test_a_row_of_swa_branched_off_the_sgd_trunk_draws_its_paired_sgd_named_by_its_settings(tmp_path, monkeypatch):
+    """The row tool's SWA (model.swa.pre_schedule=base) has a row of its own without an SGD run: its test-error panel
+    still shows the SGD run its differences are taken against, labelled with whose settings it has."""
+    from swalab.results.plots import plot_test_error
+
+    root = tmp_path / "g"
+    for seed in (0, 1):
+        make_run(root, "sgd", seed, {"sgd": m(90.0)})
+        with_apart(make_run(root, "swa", seed, {"swa": m(91.0)}, budget=1.5, name="base",
+                            extra={"model": {"swa": {"pre_schedule": "base"}}}), {"model.swa.pre_schedule": "base"})
+    figure = drawn(monkeypatch, plot_test_error, root, tmp_path)
+    swa_panel = next(ax for ax in figure.axes if ax.get_title() == "model.swa.pre_schedule=base")
+    labels = [line.get_label() for line in swa_panel.get_lines() if not line.get_label().startswith("_")]
+    assert "SGD 1B (4 ep) · the defaults (n=2)" in labels, labels
+
+
+def test_the_first_epochs_error_runs_above_the_top_where_it_would_squeeze_the_last_ones():
+    from swalab.results.plots import error_range
+
+    falling = {e: [80.0 / e + 9.0] for e in range(1, 201)}  # 89% after epoch 1, 9.4% at the end
+    shown, top = error_range([falling])
+    assert top is not None and top < 20.0 and max(shown) < top and min(shown) == min(falling[200])
+    flat = {e: [30.0 - e / 20] for e in range(1, 201)}  # never more than twice its later error: drawn whole
+    assert error_range([flat]) == ([v for vs in flat.values() for v in vs], None)

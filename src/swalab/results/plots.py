@@ -50,16 +50,23 @@ DASHES = [(5, 2), (2, 1.5), (7, 2, 1.5, 2), (1, 1.5), (4, 1.5, 1.5, 1.5, 1.5, 1.
 BAND_ALPHA = 0.07  # a seed band's fill: bands of several curves laid over each other keep their own colours
 
 
+MARKS = 20  # markers on a curve at most: one per epoch of a 300-epoch run hides the line under them
+
+
 def _mean_band(ax, points: dict[int, list[float]], style: str, label: str, color: str | None = None,
-               marker: str = "o", dashes: tuple | None = None, under: int = 0):
+               marker: str = "o", dashes: tuple | None = None, under: int = 0, group: int = 0):
     """The mean over seeds of ``{x: [value per seed]}``, with a band from the lowest to the highest seed, filled
     faintly and edged in the line's own colour. ``under`` curves drawn after this one: its line is that much wider
-    and its marker larger, so that where later lines lie on it its edges still show."""
+    and its marker larger, so that where later lines lie on it its edges still show. A long curve carries at most
+    :data:`MARKS` markers, the ``group``-th curve's shifted along it so that lines lying on each other show each
+    their own."""
     from matplotlib.colors import to_rgba
 
     xs = sorted(points)
     mean = [statistics.fmean(points[x]) for x in xs]
+    step = max(1, -(-len(xs) // MARKS))
     line, = ax.plot(xs, mean, style, marker=marker, ms=3.5 + 0.7 * under, mfc="none", mew=1.0,
+                    markevery=((group * max(1, step // 3)) % step, step),
                     lw=0.9 + 0.22 * under, label=label, color=color,
                     **({"dashes": dashes} if dashes and style != "-" else {}))
     if any(len(points[x]) > 1 for x in xs):
@@ -98,8 +105,10 @@ def plot_test_error(table: Table, path: Path) -> bool:
     Columns scored from the same runs (SWA 1B, 1.25B and 1.5B of one SWA run; SWA and SWAG of one SWAG run) are drawn
     once, named together; ``+ts`` columns have no curve of their own. Each group of columns has its method's colour,
     its own hollow marker and dash pattern, so that lines lying on each other (an FGE run's iterate over the SGD run
-    of its seed) stay visible; the error axis is logarithmic only over an order of magnitude; panels wrap three to a
-    row. Runs monitored on the validation split (``run.eval_split=val``) draw its error instead, and the axis says so."""
+    of its seed) stay visible; the error axis is logarithmic only over an order of magnitude, and cut above the
+    epochs past the first ones when those would squeeze the rest (:func:`error_range`); panels wrap three to a
+    row. A row of a method's own settings without an SGD run (SWA branched off an SGD trunk) also draws the SGD run
+    it is paired with, named by that run's settings. Runs monitored on the validation split (``run.eval_split=val``) draw its error instead, and the axis says so."""
     panels = [(row, curves) for row in table.rows if monitored_split(row.runs())
               for curves in [test_error_curves(row)] if any(len(points) > 1 for points, *_ in curves)]
     if not panels:  # a run scored only at its end (run.eval_every=0) has a point, not a curve
@@ -111,10 +120,13 @@ def plot_test_error(table: Table, path: Path) -> bool:
         banded = False
         for points, style_, label, color, group in curves:
             _mean_band(ax, points, style_, label, color=color, marker=MARKERS[group % len(MARKERS)],
-                       dashes=DASHES[group % len(DASHES)], under=min(groups - 1 - group, 5))
+                       dashes=DASHES[group % len(DASHES)], under=min(groups - 1 - group, 5), group=group)
             banded |= any(len(v) > 1 for v in points.values())
         what = "test error" if monitored_split(row.runs()) == "test" else "validation error"
-        style.value_axis(ax, [v for points, *_ in curves for vs in points.values() for v in vs], f"{what} (%)")
+        shown, top = error_range([points for points, *_ in curves])
+        style.value_axis(ax, shown, f"{what} (%)" + ("\n(first epochs above the top)" if top else ""))
+        if top:
+            ax.set_ylim(top=top)
         ax.set_xlabel("epoch")
         style.whole_ticks(ax.xaxis)
         ax.grid(alpha=0.3, which="both")
@@ -125,15 +137,34 @@ def plot_test_error(table: Table, path: Path) -> bool:
     return True
 
 
+FIRST_EPOCHS = 0.1  # the share of a curve's epochs whose error may rise above a test-error panel's top
+
+
+def error_range(curves: Sequence[dict[int, list[float]]]) -> tuple[list[float], float | None]:
+    """The errors a test-error panel's axis is fitted to, and the top it is cut at (None: not cut). The first
+    epochs' error (80% after epoch 1) would squeeze the last epochs, where methods differ by a point, into a few
+    pixels: when every error after the first :data:`FIRST_EPOCHS` of the epochs stays below half the highest, the
+    axis ends a little above those, and its label says the first epochs run above the top."""
+    last = max(x for points in curves for x in points)
+    every = [v for points in curves for vs in points.values() for v in vs]
+    later = [v for points in curves for x, vs in points.items() if x > FIRST_EPOCHS * last for v in vs]
+    if not later or max(later) >= 0.5 * max(every):
+        return every, None
+    return later, max(later) + 0.1 * (max(later) - min(later))
+
+
 def test_error_curves(row) -> list[tuple[dict, str, str, str, int]]:
     """``(points, line style, label, colour, group)`` per curve of a row's test-error panel (:func:`plot_test_error`):
     ``points`` maps an epoch to the error (%) of each seed's run scored there."""
     split = monitored_split(row.runs())
+    cells = dict(row.cells)
+    borrowed = {} if any(c.method == "sgd" for c in cells) else row.sgd_cells()
+    cells.update(borrowed)  # a row of a method's own settings (SWA branched off an SGD trunk): its paired SGD too
     groups: dict[tuple, list] = {}  # the same runs (one SWA run's budget columns) drawn once
-    for column in sorted(row.cells, key=lambda c: c.order):
+    for column in sorted(cells, key=lambda c: c.order):
         if column.scaled:
             continue
-        runs = tuple(sorted({str(e.run.path): e.run for e in row.cells[column].entries}.items()))
+        runs = tuple(sorted({str(e.run.path): e.run for e in cells[column].entries}.items()))
         groups.setdefault(runs, []).append(column)
     curves = []
     shades: dict[str, int] = defaultdict(int)  # a method's second group in a panel (its other settings): lighter
@@ -145,6 +176,8 @@ def test_error_curves(row) -> list[tuple[dict, str, str, str, int]]:
             f"{next(c for c in columns if c.base == m).name} "
             f"{', '.join(f'{c.budget:g}B' for c in columns if c.base == m)}" for m in methods
         ) + f" ({longest.epochs} ep)"
+        if longest in borrowed:  # not this row's settings: say whose they are
+            name += f" · {row.shares_with.label or 'the defaults'}"
         own = [k for k in scored_during_training(runs, split) if k in {f"{m}_{split}_acc" for m in methods}]
         series = [(key, f" · {key.removesuffix(f'_{split}_acc').upper()} model", "-") for key in own]
         iterate = any(m not in ("sgd", "pretrained") for m in methods)

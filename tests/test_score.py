@@ -192,7 +192,7 @@ def test_a_run_detects_noise_and_an_image_folder_against_its_test_split(swa_run,
 
 
 def test_an_ood_spec_that_names_nothing_is_refused_before_any_run_is_opened(tmp_path):
-    with pytest.raises(ScoreError, match=r"--ood noise:pink: expected noise:gaussian, noise:uniform or folder:<dir>"):
+    with pytest.raises(ScoreError, match=r"--ood noise:pink: expected noise:gaussian, noise:uniform, folder:<dir> or other-classes"):
         main([str(tmp_path / "no-run"), "--ood", "noise:pink"])
     with pytest.raises(ScoreError, match=r"--ood folder:.*missing is no folder"):
         main([str(tmp_path / "no-run"), "--ood", f"folder:{tmp_path / 'missing'}"])

@@ -57,7 +57,7 @@ def test_every_method_and_schedule_instantiates(make_cfg, method, schedule):
     cfg = make_cfg(f"method={method}", f"schedule={schedule}", "model.init_from=some/run", *base)
     m = validate(cfg)
     assert m.name == method
-    if method != "pretrained":
+    if method not in ("pretrained", "laplace"):  # they train nothing
         assert m.schedule(0.0) > 0 and m.lr_at(0, 0, 10) > 0
 
 

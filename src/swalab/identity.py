@@ -18,7 +18,7 @@ caches and workers; the logger; the paths; Hydra) never do. Within the counted g
 * a method's recipe block counts for the method that reads it only (``model.swa`` for SWA), so a
   setting of SWA's leaves an SGD run the same run;
 * a key added after runs were made counts only away from the value that leaves a run as it was
-  (``UNSET_VALUES``: ``dataset.val_size`` null or 0), so those runs keep their identity.
+  (``UNSET_VALUES``: ``dataset.val_size`` null or 0, ``dataset.classes`` null), so those runs keep their identity.
 
 The identity is stored in the run directory (``identity.json``: the canonical form and a short hash,
 and what sets the run apart from its defaults) and in every checkpoint. ``group_hash`` is the
@@ -65,7 +65,7 @@ READ_THROUGH = (
 )
 # Keys added after runs were made, at the values that leave a run as it was: there they are left out of the identity,
 # so a run made before the key existed keeps its identity, its directory and its report cell. Any other value counts.
-UNSET_VALUES = {"dataset.val_size": (None, 0)}
+UNSET_VALUES = {"dataset.val_size": (None, 0), "dataset.classes": (None,)}
 
 
 def method_part(key: str, recipe: str | None) -> bool:

@@ -141,7 +141,8 @@ class Trainer:
                                 test_labels=self.test_labels, log=self._pending_log.update,
                                 val_log_probs=self.val_log_probs if val_loader is not None else None,
                                 val_labels=self.val_labels, eval_split=options.eval_split,
-                                predictions=PredictionFiles(self.run_dir, write=self.main))
+                                predictions=PredictionFiles(self.run_dir, write=self.main),
+                                train_data=train_loader, val_data=val_loader)
 
     # -- services lent to methods --------------------------------------------------------
     def update_bn(self, model: nn.Module) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -61,6 +61,8 @@ class TrainContext:
     val_labels: torch.Tensor | None = None
     eval_split: str = "test"
     predictions: PredictionFiles | None = None  # None: PredictionFiles(run_dir)
+    train_data: Iterable | None = None  # the training loader, (x, y) batches augmented as in training: what a method fits on (Laplace)
+    val_data: Iterable | None = None    # the validation split's loader (dataset.val_size), or None
 
     def __post_init__(self) -> None:
         if self.predictions is None:

@@ -15,7 +15,9 @@ OOD sets (all made from files on this machine, none downloaded):
 
 * ``noise:gaussian`` / ``noise:uniform``: images of the run's shape, N(0.5, 0.25) clipped or U[0, 1], seeded;
 * ``folder:<dir>``: every image file under ``<dir>`` (any depth; e.g. Imagenette), converted to the run's channels and
-  resized to its image size (a box filter: 32x32 Imagenette), the first as many as the run's test split in sorted order.
+  resized to its image size (a box filter: 32x32 Imagenette), the first as many as the run's test split in sorted order;
+* ``other-classes``: the test images of the classes a run trained without (``dataset.classes``, split-class CIFAR-10
+  as in the SWAG paper); made from the run's own data by ``swalab.results.score``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from PIL import Image
 from swalab.data.splits import DataSplit
 
 SEED = 0
+OTHER_CLASSES = "other-classes"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 TPR = 0.95
 
@@ -104,16 +107,19 @@ def ood_metrics(in_log_probs: torch.Tensor, out_log_probs: torch.Tensor, in_memb
 def check_spec(spec: str) -> None:
     """Refuse, before any run is opened, an OOD spec that names nothing this module makes."""
     kind, _, rest = spec.partition(":")
-    if kind == "noise" and rest in ("gaussian", "uniform"):
+    if kind == "noise" and rest in ("gaussian", "uniform") or spec == OTHER_CLASSES:
         return
     if kind == "folder" and rest:
         if not Path(rest).is_dir():
             raise OODError(f"--ood {spec}: {rest} is no folder; give a folder of images (any depth)")
         return
-    raise OODError(f"--ood {spec}: expected noise:gaussian, noise:uniform or folder:<dir>")
+    raise OODError(f"--ood {spec}: expected noise:gaussian, noise:uniform, folder:<dir> or {OTHER_CLASSES}")
 
 
 def spec_name(spec: str) -> str:
+    """The folder under ``scores/`` of an OOD spec's record."""
+    if spec == OTHER_CLASSES:
+        return f"ood-{OTHER_CLASSES}"
     kind, _, rest = spec.partition(":")
     return f"ood-noise-{rest}" if kind == "noise" else f"ood-folder-{Path(rest).resolve().name}"
 

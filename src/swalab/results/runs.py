@@ -33,7 +33,8 @@ from swalab.checkpoint import read_torch_file
 from swalab.compat import upgraded_config
 from swalab.config import build
 from swalab.data import ImageData, subset
-from swalab.data.splits import cap_test_split
+from swalab.data.classes import ClassesError, keep_classes, other_classes
+from swalab.data.splits import DataSplit, cap_test_split
 from swalab.identity import identity_of, stored_identity
 from swalab.methods.base import known_recipes
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
@@ -215,10 +216,18 @@ class Run:
     def data(self, train_size: int | None = None, test_size: int | None = None, seed: int = 0) -> ImageData:
         """The run's data set, optionally cut to a seeded class-stratified training subset and a capped test set
         (seed 0, as ``dataset.test_size`` caps it), for analyses that cannot afford the whole splits."""
-        data: ImageData = build(self.cfg.dataset.source, "dataset.source")
+        data: ImageData = keep_classes(build(self.cfg.dataset.source, "dataset.source"), self.get("dataset.classes"))
         train = subset(data.train, train_size, seed) if train_size else data.train
         test = cap_test_split(data.test, test_size) if test_size else data.test
         return dataclasses.replace(data, train=train, test=test)
+
+    def other_classes_test(self) -> DataSplit:
+        """The test images of the classes the run did not train on (``dataset.classes``): its split-class OOD set."""
+        classes = self.get("dataset.classes")
+        if not classes:
+            raise ClassesError(f"{self.path} trained on every class (dataset.classes is not set): it has no "
+                               "other classes; train with e.g. dataset.classes=[0,1,2,3,4]")
+        return other_classes(build(self.cfg.dataset.source, "dataset.source"), classes)
 
     def model(self, data: ImageData | None = None) -> torch.nn.Module:
         """A fresh network of the run's architecture (built for ``data``'s classes and channels)."""

@@ -22,7 +22,7 @@ Each set is written to ``<run>/scores/<name>/metrics.json`` (the data's name, sp
 predictor's acc, NLL, ECE (15 equal-width and 20 equal-mass bins), Brier, and ``not_scored``) and ``predictions.pt``;
 with corruptions, the mean per severity over every corruption scored so far (this command's and earlier ones') to
 ``<run>/scores/cifar10c-summary.json``. ``--ood <spec>``
-(``noise:gaussian``, ``noise:uniform``, ``folder:<dir>``; ``swalab.results.ood``) sets each predictor's uncertainty on
+(``noise:gaussian``, ``noise:uniform``, ``folder:<dir>``, ``other-classes``; ``swalab.results.ood``) sets each predictor's uncertainty on
 the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score) in
 ``<run>/scores/ood-<name>/metrics.json``. The run's own records are never touched.
 """
@@ -160,7 +160,7 @@ def detect_ood(scored: Scored, spec: str) -> dict:
     """Each re-scorable predictor's OOD detection (``swalab.results.ood``): the run's test split against ``spec``'s
     images, written under ``<run>/scores/ood-<name>/metrics.json``."""
     own = scored.run.data().test
-    outside = ood.ood_split(spec, own)
+    outside = scored.run.other_classes_test() if spec == ood.OTHER_CLASSES else ood.ood_split(spec, own)
     in_log_probs, in_members = predictions_on(scored, own)
     out_log_probs, out_members = predictions_on(scored, outside)
     detected = {}
@@ -225,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--data", action="append", default=[],
                         help="test | cifar10c:<corruption>:<severity> | cifar10c:<corruption> | cifar10c:all")
     parser.add_argument("--ood", action="append", default=[],
-                        help="noise:gaussian | noise:uniform | folder:<dir>: OOD detection against the run's test split")
+                        help="noise:gaussian | noise:uniform | folder:<dir> | other-classes (those dataset.classes left out): OOD "
+                             "detection against the run's test split")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     args = parser.parse_args(argv)
     if not args.data and not args.ood:

@@ -30,6 +30,7 @@ from swalab import distributed, faults, slurm
 from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words
 from swalab.config import ConfigError, build
+from swalab.data.classes import keep_classes
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_log, run_log_only
@@ -83,6 +84,7 @@ def build_run(plan: RunPlan) -> Built:
     expected = cfg.dataset.get("num_classes")
     if expected is not None and data.num_classes != expected:
         raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
+    data = keep_classes(data, cfg.dataset.get("classes"))
     if plan.data_record is None and getattr(data, "record", None) is not None:  # downloaded just now
         plan = replace(plan, data_record=data.record,
                        identity={**plan.identity, DATA_FINGERPRINT: data.record["fingerprint"]})

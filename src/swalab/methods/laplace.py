@@ -1,0 +1,112 @@
+"""A last-layer Laplace approximation on a finished run's weights (laplace-torch): the post-hoc rival of SWAG.
+
+``method=laplace`` (``conf/method/laplace.yaml``) trains nothing. It starts from a finished run's weights
+(``model.init_from=<SGD run dir>``), fits a Gaussian posterior over the last linear layer with the Hessian (GGN)
+structure ``method.hessian`` on the training loader, chooses the prior precision by a grid search of the
+validation split's NLL (``dataset.val_size``; 10^-4 .. 10^4, ``method.grid_size`` points, laplace-torch's
+``optimize_prior_precision(method="gridsearch")``) and predicts with the linearised (GLM) predictive under the
+link approximation ``method.link`` (``probit``: Daxberger et al. 2021's default). Predictors: ``laplace`` and
+``map`` (the weights as loaded), scored by the same evaluator as every other method's, with ``+ts`` where the run
+fits temperatures. The library (PyPI ``laplace-torch``, the extra ``swalab[laplace]``) is imported only here, when
+the method runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from swalab.config import ConfigError
+from swalab.evaluate import ModelPredictor, Predictor
+from swalab.precision import scoring_precision
+from swalab.methods.base import TrainContext
+from swalab.methods.pretrained import Pretrained
+
+HESSIANS = ("kron", "diag", "full")
+LINKS = ("probit", "bridge", "mc")
+LOG_PRIOR_RANGE = (-4, 4)  # the grid of prior precisions, 10^-4 .. 10^4 (laplace-torch's default)
+
+
+class Sized:
+    """A loader of (x, y) batches as laplace-torch reads one: it needs ``len(loader.dataset)``, the image count."""
+
+    def __init__(self, loader: Iterable, images: int):
+        self.loader, self.dataset = loader, range(images)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+def count(loader: Iterable) -> int:
+    """The images a loader yields (its ``labels`` when it knows them, else one pass)."""
+    labels = getattr(loader, "labels", None)
+    return len(labels) if labels is not None else sum(len(y) for _, y in loader)
+
+
+def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str = "kron", link: str = "probit",
+                grid_size: int = 100):
+    """laplace-torch's last-layer Laplace of ``model`` fitted on ``train``, its prior precision chosen on ``val``."""
+    from laplace import Laplace
+
+    model.eval()
+    for p in model.parameters():  # laplace-torch flattens them with view(): weights read from a file may be strided
+        if not p.is_contiguous():
+            p.data = p.data.contiguous()
+    la = Laplace(model, "classification", subset_of_weights="last_layer", hessian_structure=hessian)
+    la.fit(Sized(train, count(train)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*link_approx.*")  # the library reminds that we pass the same
+        la.optimize_prior_precision(method="gridsearch", pred_type="glm", link_approx=link, val_loader=Sized(val, count(val)),
+                                    log_prior_prec_min=LOG_PRIOR_RANGE[0], log_prior_prec_max=LOG_PRIOR_RANGE[1],
+                                    grid_size=grid_size)
+    return la
+
+
+class LaplacePredictor:
+    """A fitted Laplace approximation as a predictor: the log of its GLM predictive under ``link``."""
+
+    def __init__(self, la, device: torch.device, link: str = "probit"):
+        self.la, self.device, self.link = la, device, link
+
+    @torch.no_grad()
+    def predict_log_proba(self, loader: Iterable) -> torch.Tensor:
+        out = []
+        with scoring_precision(self.device):
+            for x, _ in loader:
+                probs = self.la(x.to(self.device).float(), pred_type="glm", link_approx=self.link)
+                out.append(probs.float().cpu())
+        return torch.cat(out).clamp_min(torch.finfo(torch.float32).tiny).log()
+
+
+class LaplaceMethod(Pretrained):
+    """No training step; predictors ``map`` (the loaded weights) and ``laplace`` (last-layer Laplace on them)."""
+
+    name = "laplace"
+
+    def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None,
+                 hessian: str = "kron", link: str = "probit", grid_size: int = 100):
+        super().__init__(schedule, 0, budget, name)
+        if hessian not in HESSIANS:
+            raise ConfigError(f"method.hessian={hessian}: give one of {', '.join(HESSIANS)}")
+        if link not in LINKS:
+            raise ConfigError(f"method.link={link}: give one of {', '.join(LINKS)}")
+        if int(grid_size) < 2:
+            raise ConfigError(f"method.grid_size={grid_size}: give 2 or more prior precisions to search")
+        self.hessian, self.link, self.grid_size = hessian, link, int(grid_size)
+
+    def validate(self, initialized: bool) -> None:
+        if not initialized:
+            raise ConfigError("method=laplace fits a posterior around trained weights, but they are a random "
+                              "initialisation: set model.init_from=<a finished SGD run's directory>")
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        if ctx.val_data is None:
+            raise ConfigError("method=laplace fits its prior precision on the validation split, and this run has "
+                              "none: set dataset.val_size (e.g. dataset.val_size=5000), as the source run did or not")
+
+    def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
+        la = fit_laplace(ctx.model, ctx.train_data, ctx.val_data, self.hessian, self.link, self.grid_size)
+        return {"map": ModelPredictor(ctx.model, ctx.device), "laplace": LaplacePredictor(la, ctx.device, self.link)}

@@ -1,0 +1,102 @@
+"""``method=laplace``: laplace-torch's last-layer Laplace around a finished run's weights, its prior precision chosen on
+the validation split, scored by the evaluator every method goes through."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+pytest.importorskip("laplace", reason="laplace-torch is not installed (pip install 'swalab[laplace]')")
+
+from swalab.config import ConfigError  # noqa: E402
+from swalab.methods.laplace import LaplaceMethod, LaplacePredictor, fit_laplace  # noqa: E402
+from swalab.train import train  # noqa: E402
+
+TINY = ["dataset.train_size=200", "dataset.val_size=100", "trainer.batch_size=50", "run.eval_every=0"]
+
+
+def blobs(n: int, seed: int) -> TensorDataset:
+    """Three overlapping Gaussian classes in 2-D: no network can be sure of them, an overfitted one is."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    centres = torch.tensor([[0.0, 0.0], [1.5, 0.0], [0.75, 1.3]])
+    return TensorDataset(centres[y] + torch.randn(n, 2, generator=g), y)
+
+
+@pytest.fixture(scope="module")
+def overfitted():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
+    train_set = blobs(120, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(1500):  # far past the fit: confident and often wrong on new points
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(train_set.tensors[0]), train_set.tensors[1]).backward()
+        opt.step()
+    return model, DataLoader(train_set, batch_size=40), DataLoader(blobs(300, 2), batch_size=100), blobs(2000, 3)
+
+
+def test_last_layer_laplace_is_better_calibrated_than_the_overfitted_map(overfitted):
+    model, train_loader, val_loader, test_set = overfitted
+    la = fit_laplace(model, train_loader, val_loader, grid_size=21)
+    test_loader = DataLoader(test_set, batch_size=500)
+    log_probs = LaplacePredictor(la, torch.device("cpu")).predict_log_proba(test_loader)
+    with torch.no_grad():
+        map_log_probs = model(test_set.tensors[0]).log_softmax(dim=1)
+    labels = test_set.tensors[1]
+    torch.testing.assert_close(log_probs.exp().sum(dim=1), torch.ones(len(labels)))
+    nll = nn.functional.nll_loss(log_probs, labels).item()
+    map_nll = nn.functional.nll_loss(map_log_probs, labels).item()
+    assert nll < 0.9 * map_nll, (nll, map_nll)
+    assert (log_probs.argmax(1) == map_log_probs.argmax(1)).float().mean() > 0.95  # the probit keeps the MAP's ranking
+
+
+def test_settings_outside_what_laplace_torch_offers_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"method.hessian=lowrank: give one of kron, diag, full"):
+        LaplaceMethod(hessian="lowrank")
+    with pytest.raises(ConfigError, match=r"method.link=softmax: give one of probit, bridge, mc"):
+        LaplaceMethod(link="softmax")
+    with pytest.raises(ConfigError, match=r"model.init_from"):
+        LaplaceMethod().validate(initialized=False)
+
+
+def compose_run(overrides):
+    from conftest import CONF_DIR, QUIET
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[*QUIET, *TINY, *overrides])
+
+
+@pytest.fixture(scope="module")
+def sgd_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("laplace")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(compose_run(["method=sgd", "trainer.epochs=3", f"run.cache_dir={root / 'cache'}"]), run_dir=root / "sgd")
+    finally:
+        torch.set_num_threads(before)
+    return root / "sgd"
+
+
+def test_method_laplace_on_a_finished_sgd_run_scores_laplace_and_the_map_in_its_metrics(sgd_run, tmp_path):
+    cfg = compose_run(["method=laplace", f"model.init_from={sgd_run}", "method.grid_size=11",
+                       f"run.cache_dir={tmp_path / 'cache'}"])
+    train(cfg, run_dir=tmp_path / "laplace")
+    metrics = json.loads((tmp_path / "laplace" / "metrics.json").read_text())
+    source = json.loads((sgd_run / "metrics.json").read_text())
+    assert metrics["map"]["acc"] == pytest.approx(source["sgd"]["acc"])  # the loaded weights, unchanged
+    assert {"acc", "nll", "ece", "brier"} <= set(metrics["laplace"]) and metrics["laplace"]["nll"] != metrics["map"]["nll"]
+
+
+def test_method_laplace_without_a_validation_split_says_to_set_one(sgd_run, tmp_path):
+    cfg = compose_run(["method=laplace", f"model.init_from={sgd_run}", "dataset.val_size=null",
+                       f"run.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError, match=r"method=laplace fits its prior precision on the validation split.*"
+                                          r"set dataset.val_size"):
+        train(cfg, run_dir=tmp_path / "laplace")

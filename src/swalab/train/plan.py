@@ -256,8 +256,10 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
     try:
         metrics = final_metrics(run_dir)
     except DamagedRecord as exc:  # the run is scored again from its last checkpoint, which overwrites it
-        get_logger().warning(f"[swalab] {exc}: ignored; the run continues from its newest checkpoint (after the "
-                             "last epoch: only the final scoring runs again) and writes it anew")
+        get_logger().warning(f"[swalab] {exc}: ignored; " + (
+            "the run continues from its newest checkpoint (after the last epoch: only the final scoring runs again) "
+            "and writes it anew" if CheckpointStore(run_dir).paths() else "its resume checkpoints were deleted when it "
+            "finished (run.keep_finished_checkpoints=false), so it trains again from the start and writes it anew"))
         metrics = None
     if unfingerprinted:  # this config's own run, made before runs recorded their data
         get_logger().warning(f"[swalab] {run_dir} was made by a swalab that did not fingerprint its data: whether its "

@@ -50,7 +50,21 @@ def test_a_list_setting_is_labelled_in_brackets_and_named_by_its_items():
     assert label_of({"model.swa.score_at_budgets": [1, 1.25], "schedule": "cosine"}) == (
         "model.swa.score_at_budgets=[1,1.25], schedule=cosine")
     assert name_items({"model.swa.score_at_budgets": [1, 1.25], "loss.weights": []}) == (
-        ["model.swa.score_at_budgets-1_1.25", "loss.weights-empty"], True)
+        ["swa.score_at_budgets-1_1.25", "loss.weights-empty"], True)
+
+
+def test_a_setting_of_a_block_of_the_models_is_named_without_model_and_every_other_key_whole():
+    """``model.swa.pre_schedule-base+model.swa.score_every-1`` was the issue's name; today ``swa.pre_schedule-base+
+    swa.score_every-1``. A block of the model's named like a config group keeps its whole key (no two keys share a
+    name), and the names of identity version 2 are the whole keys (``compat.SHORT_NAMES_SINCE``)."""
+    apart = {"model.swa.pre_schedule": "base", "model.swa.score_every": 1, "model.arch.depth": 8, "model.lr": 0.1,
+             "model.trainer.x": 1, "trainer.epochs": 6}
+    assert name_items(apart)[0] == ["swa.pre_schedule-base", "swa.score_every-1", "arch.depth-8", "model.lr-0.1",
+                                    "model.trainer.x-1", "trainer.epochs-6"]
+    assert name_items(apart, version=2)[0][:3] == ["model.swa.pre_schedule-base", "model.swa.score_every-1",
+                                                   "model.arch.depth-8"]
+    assert run_name(NAMES, 0, {"model.swa.lr": 0.05}, {}, "0123456789ab", version=2) == (
+        "cifar10/preresnet20/swa/model.swa.lr-0.05/seed0")
 
 
 def test_a_value_a_directory_name_cannot_hold_is_replaced_and_the_name_marked_inexact_whatever_follows():

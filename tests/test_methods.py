@@ -322,7 +322,8 @@ def test_the_ema_over_cached_tensor_lists_equals_timms_model_ema_v3_bit_for_bit(
 @pytest.mark.slow
 def test_resume_in_the_middle_of_averaging_gives_the_same_swa_weights(make_cfg, tmp_path):
     overrides = ["method=swa", "dataset.train_size=64", "model.budget_epochs=4", "model.swa.start_epoch=3",
-                 "trainer.batch_size=32", "run.keep_checkpoints=20", "run.eval_every=0"]
+                 "trainer.batch_size=32", "run.keep_checkpoints=20", "run.keep_finished_checkpoints=true",
+                 "run.eval_every=0"]
     straight = tmp_path / "straight"
     train(make_cfg(*overrides), run_dir=straight)  # 6 epochs, captures after epochs 3, 4, 5, 6
     resumed_dir = tmp_path / "resumed"

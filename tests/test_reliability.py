@@ -33,17 +33,20 @@ from PIL import Image
 
 import swalab  # noqa: F401  (registers the config resolvers)
 from swalab import faults
-from swalab.checkpoint import CheckpointError, load_latest, save_checkpoint
+from swalab.checkpoint import CheckpointError, CheckpointStore, checkpoint_paths, load_latest, save_checkpoint
 from swalab.config import ConfigError
 from swalab.data.cache import CACHE_FORMAT_VERSION, cache_path, load_cache
 from swalab.train import train
+from swalab.train.build import load_init_weights
 from swalab.pausing import PREEMPTED_EXIT_CODE, Preempted
 from swalab.step import NonFiniteLossError
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+# The tests here pretend a finished run died after its last checkpoint (its metrics.json removed or damaged), so they
+# keep the checkpoints a finished run deletes (run.keep_finished_checkpoints; what it deletes: the tests at the end).
 TINY = ["logger=none", "run.progress=false", "trainer.epochs=4", "model.swa.start_epoch=2",
-        "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8"]
+        "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8", "run.keep_finished_checkpoints=true"]
 STEPS_PER_EPOCH = 4
 # What a pause at step 2 of epoch 2 says: the checkpoint's file and the same epochs (swalab.checkpoint.checkpoint_words)
 PAUSED_AT_STEP_2_OF_EPOCH_2 = "checkpoint epoch0001_step000002.pt written (after epoch 1 and 2 steps of epoch 2)"
@@ -803,3 +806,44 @@ def test_a_run_records_the_thread_count_of_each_start_and_resume(tmp_path):
     entries = json.loads((run / "environment.json").read_text())
     assert [e["threads"] for e in entries] == [threads, threads + 1]
     assert entries[0]["torch"] == torch.__version__ and entries[0]["device"] == "cpu" and "commit" in entries[0]
+
+
+# -- what a finished run keeps (docs/reliability.md, "What a run directory holds") ------------------------------------
+AT_DEFAULTS = "run.keep_finished_checkpoints=false"
+
+
+def test_a_finished_run_keeps_final_pt_and_its_branch_points_but_not_its_resume_checkpoints(tmp_path, reference):
+    """Once metrics.json is written, the rolling checkpoints (and the predictions only they name) go: final.pt holds
+    the finished weights. The epochs of run.save_at stay, and a branch and an init_from still start from the run."""
+    run = tmp_path / "run"
+    train(make_cfg(AT_DEFAULTS, "run.save_at=[2]"), run_dir=run)
+    assert sorted(p.relative_to(run).as_posix() for p in (run / "checkpoints").rglob("*")) == [
+        "checkpoints/saved", "checkpoints/saved/epoch0002.pt"]
+    assert_same_run(run, reference)  # the same weights, metrics and history as a run that keeps them
+    assert CheckpointStore(run).find(2) == run / "checkpoints" / "saved" / "epoch0002.pt"  # a branch point
+    weights, lineage = load_init_weights(str(run))  # model.init_from=<run dir>: its final.pt
+    assert lineage["checkpoint"] == str(run / "final.pt") and lineage["epoch"] == 4
+    final = torch.load(run / "final.pt", weights_only=False)["model"]
+    assert all(torch.equal(weights[k], v) for k, v in final.items())
+
+
+def test_a_kill_before_the_resume_checkpoints_go_leaves_them_to_the_next_launch_which_skips_and_removes_them(tmp_path):
+    run = tmp_path / "out" / "run"
+    killed = run_cli(run, AT_DEFAULTS, fault="final_record:1")  # metrics.json written, nothing removed yet
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (run / "metrics.json").exists() and checkpoint_paths(run / "checkpoints")
+    again = run_cli(run, AT_DEFAULTS)
+    assert again.returncode == 0 and "already holds a finished run" in again.stdout
+    assert not checkpoint_paths(run / "checkpoints") and (run / "final.pt").exists()
+    assert json.loads((run / "status.json").read_text())["status"] == "complete"
+
+
+def test_a_damaged_metrics_file_of_a_run_that_kept_no_checkpoint_says_it_trains_again_and_does(tmp_path, reference):
+    run = tmp_path / "run"
+    train(make_cfg(AT_DEFAULTS), run_dir=run)
+    (run / "metrics.json").write_bytes(b"")
+    again = run_cli(run, AT_DEFAULTS)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert ("its resume checkpoints were deleted when it finished (run.keep_finished_checkpoints=false), so it trains "
+            "again from the start") in again.stdout + again.stderr
+    assert_same_run(run, reference)

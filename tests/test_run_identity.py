@@ -6,21 +6,24 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conftest import CONF_DIR, REPO
 from swalab.config import ConfigError, default_choices
 from swalab.grid import read_jobs
-from swalab.identity import group_hash, identity_of, run_name
+from swalab.identity import differences, group_hash, identity_of, run_name
 from swalab.methods.base import known_recipes
 from swalab.runlock import RunLock, RunLocked
 from swalab.train import prepare, train
@@ -81,7 +84,7 @@ def test_names_use_only_characters_a_shell_and_an_override_take_unquoted():
     assert SAFE_NAME.match(odd) and "=" not in odd and "," not in odd
     assert odd.endswith("+id-01234567/seed0")  # a name that had to drop characters carries the group hash
     clean = run_name(names, 1, {"model.swa.score_at_budgets": [1.0, 1.25]}, choices, "0123456789ab")
-    assert clean == "digits/preresnet20/swa/model.swa.score_at_budgets-1_1.25/seed1"
+    assert clean == "digits/preresnet20/swa/swa.score_at_budgets-1_1.25/seed1"
     unknown = run_name(names, 1, None, choices, "0123456789ab")  # composed in Python: its defaults unknown
     assert unknown == "digits/preresnet20/swa/default+id-01234567/seed1"
 
@@ -285,7 +288,7 @@ def test_an_override_a_method_never_reads_names_the_same_run(tmp_path):
     assert len(list((out / "digits/preresnet20/sgd").rglob("metrics.json"))) == 1
     assert plan_of(out, *TINY, "method=sgd", "model.swa.lr=0.05").run_dir == plan_of(out, *TINY, "method=sgd").run_dir
     swa = plan_of(out, *TINY, "method=swa", "model.swa.lr=0.05")
-    assert "model.swa.lr-0.05" in swa.run_dir.as_posix() and swa.finished is None
+    assert "+swa.lr-0.05+" in swa.run_dir.as_posix() and swa.finished is None
 
 
 def test_a_run_named_by_an_earlier_swalab_is_refused_with_the_command_that_moves_it(tmp_path):
@@ -353,7 +356,7 @@ def test_an_unfinished_run_is_never_started_from_or_scored_as_if_finished(tmp_pa
     from swalab.results.runs import load_weights
 
     parent = tmp_path / "parent"
-    train(make_cfg(*TINY, "method=sgd", "run.save_at=[1]"), run_dir=parent)
+    train(make_cfg(*TINY, "method=sgd", "run.save_at=[1]", "run.keep_finished_checkpoints=true"), run_dir=parent)
     (parent / "metrics.json").unlink()  # as if it were still training (or had stopped) after its last epoch
     with pytest.raises(FileNotFoundError, match=r"model.init_from=.*parent has not finished \(its newest kept "
                                                 r"checkpoint is epoch 2 of 2\): name an epoch explicitly"):
@@ -471,3 +474,89 @@ def test_every_key_of_conf_is_classified_by_where_it_is_declared():
                     assert k == "_target_" or raw.startswith("${") or raw == str(dataset.get(k)), (option, k, raw)
         else:
             assert f"${{{key}}}" in text or f"${{{key}," in text or f",${{{key}}}" in text, key
+
+
+# -- a weights file is what it holds; names an earlier swalab gave; a method that trains nothing ----------------------
+
+def weights_file(path: Path, value: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"w": torch.full((4,), value)}, path)
+    return path
+
+
+def test_a_weights_file_is_the_same_run_wherever_it_lies_and_another_run_once_its_content_changes(tmp_path):
+    out, first = tmp_path / "out", weights_file(tmp_path / "a" / "w.pt", 1.0)
+    here = plan_of(out, *QUIET, "method=sgd", f"model.init_from={first}")
+    (tmp_path / "b").mkdir()
+    moved = first.rename(tmp_path / "b" / "renamed.pt")
+    there = plan_of(out, *QUIET, "method=sgd", f"model.init_from={moved}")
+    assert there.identity == here.identity and there.run_dir == here.run_dir  # moved: the same config, one directory
+    assert here.identity["model.init_from"].startswith("sha256-") and str(first) not in str(here.run_dir)
+    assert "model.init_from-sha256-" in here.run_dir.parent.name
+    weights_file(moved, 2.0)  # rewritten in place: other weights, another run
+    rewritten = plan_of(out, *QUIET, "method=sgd", f"model.init_from={moved}")
+    assert rewritten.identity != here.identity and rewritten.run_dir != here.run_dir
+
+
+def test_a_pretrained_file_counts_by_its_content_as_the_network_reads_it():
+    resolved = {"model": {"pretrained_file": None, "arch": {"pretrained_file": None}}}
+
+    def identity(path):
+        resolved["model"]["pretrained_file"] = resolved["model"]["arch"]["pretrained_file"] = str(path)
+        return identity_of(resolved, recipes=known_recipes())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        a = weights_file(Path(tmp) / "a.pt", 1.0)
+        (Path(tmp) / "elsewhere").mkdir()
+        b = Path(shutil.copy(a, Path(tmp) / "elsewhere" / "b.pt"))  # a copy: the same content
+        c = weights_file(Path(tmp) / "c.pt", 3.0)
+        assert identity(a) == identity(b) != identity(c)
+        assert set(identity(a)) == {"model.arch.pretrained_file"}  # model.pretrained_file is read through it
+
+
+def earlier_record(plan, content: bool = False) -> dict:
+    """The identity.json an earlier swalab (identity version 2) wrote for the run ``plan`` plans: a weights file by
+    its path."""
+    resolved = OmegaConf.to_container(plan.cfg, resolve=True)
+    identity = identity_of(resolved, plan.identity.get("data.fingerprint"), recipes=known_recipes(), content=content)
+    return {"version": 2, "hash": "x", "group": "x", "identity": identity}
+
+
+def test_a_run_named_by_identity_version_2_continues_in_its_directory_and_a_finished_one_is_skipped(tmp_path):
+    """Whole keys (``model.swa.score_every-1``) and a weights file by its path were the names of identity version 2:
+    a run started then is found where it is, continued there if unfinished and skipped if finished."""
+    out = tmp_path / "out"
+    swa = plan_of(out, *QUIET, "model.swa.score_every=1")
+    assert swa.run_dir.relative_to(out).as_posix() == "digits/preresnet20/swa/swa.score_every-1/seed0"
+    old = out / "digits/preresnet20/swa/model.swa.score_every-1/seed0"
+    old.mkdir(parents=True)
+    (old / "identity.json").write_text(json.dumps(earlier_record(swa)))
+    again = plan_of(out, *QUIET, "model.swa.score_every=1")
+    assert again.run_dir == old and again.finished is None  # an interrupted run: continued in its own directory
+
+    weights = weights_file(tmp_path / "w.pt", 1.0)
+    sgd = plan_of(out, *QUIET, "method=sgd", f"model.init_from={weights}")
+    then = earlier_record(sgd)
+    assert then["identity"]["model.init_from"] == str(weights)
+    from swalab.train.plan import earlier_name
+
+    names = {"dataset": "digits", "model": "preresnet20", "method": "sgd"}
+    old_dir = earlier_name(sgd.cfg, sgd.identity, sgd.settings, {}, names)
+    assert "model.init_from-" in old_dir.as_posix() and "sha256" not in old_dir.as_posix()
+    old_dir.mkdir(parents=True)
+    (old_dir / "identity.json").write_text(json.dumps(then))
+    (old_dir / "metrics.json").write_text(json.dumps({"sgd": {"acc": 50.0}}))
+    found = plan_of(out, *QUIET, "method=sgd", f"model.init_from={weights}")
+    assert found.run_dir == old_dir and found.finished == {"sgd": {"acc": 50.0}}  # skipped, not trained again
+
+
+def test_a_method_that_trains_nothing_is_not_named_or_set_apart_by_what_only_training_reads(tmp_path):
+    weights = weights_file(tmp_path / "w.pt", 1.0)
+    plain = plan_of(tmp_path, *QUIET, "method=pretrained", f"model.init_from={weights}")
+    other = plan_of(tmp_path, *QUIET, "method=pretrained", f"model.init_from={weights}", "schedule=cosine",
+                    "optimizer.momentum=0.5", "trainer.epochs=6", "model.lr=0.3", "loss.label_smoothing=0.1")
+    assert other.identity == plain.identity and other.run_dir == plain.run_dir
+    assert not [k for k in plain.identity if k.split(".")[0] in ("optimizer", "schedule", "loss", "trainer")]
+    assert plain.run_dir.parent.name.startswith("model.init_from-sha256-")
+    made_before = {**earlier_record(plain, content=True)["identity"], "optimizer.momentum": 0.9, "trainer.epochs": 0}
+    assert differences(plain.identity, made_before) == []  # a pretrained run recorded before this rule: the same run

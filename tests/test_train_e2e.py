@@ -32,7 +32,7 @@ def test_tiny_sgd_run_writes_a_self_describing_run_dir(make_cfg, tmp_path):
     assert (tmp_path / "config.yaml").read_text().count("num_classes: 10") >= 1
     assert "commit" in json.loads((tmp_path / "git.json").read_text())
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "complete"
-    assert checkpoint_paths(tmp_path / "checkpoints")  # the last checkpoint is kept
+    assert not checkpoint_paths(tmp_path / "checkpoints")  # final.pt supersedes them (run.keep_finished_checkpoints)
     assert torch.load(tmp_path / "final.pt", weights_only=False)["epoch"] == 3
     saved = torch.load(tmp_path / "predictions.pt", weights_only=False)  # what analyses read without weights
     accuracy = 100 * saved["probs"]["sgd"].float().argmax(1).eq(saved["labels"]).float().mean().item()
@@ -51,7 +51,7 @@ def test_a_finished_run_is_skipped_not_retrained(make_cfg, tmp_path, caplog):
 def test_resume_after_interruption_gives_the_same_final_weights(make_cfg, tmp_path):
     """Run straight through; then 'interrupt' a copy after epoch 2 of 5 and resume: identical weights."""
     overrides = ["method=swa", "dataset.train_size=256", "model.budget_epochs=4", "method.budget=1.25", "model.swa.start_epoch=3",
-                 "trainer.batch_size=64", "run.keep_checkpoints=10"]
+                 "trainer.batch_size=64", "run.keep_checkpoints=10", "run.keep_finished_checkpoints=true"]
     straight = tmp_path / "straight"
     train(make_cfg(*overrides), run_dir=straight)
     interrupted = tmp_path / "interrupted"
@@ -72,7 +72,7 @@ def test_resume_after_interruption_gives_the_same_final_weights(make_cfg, tmp_pa
 
 
 def test_a_checkpoint_of_another_run_is_refused(make_cfg, tmp_path):
-    train(make_cfg("method=sgd", *TINY), run_dir=tmp_path)
+    train(make_cfg("method=sgd", *TINY, "run.keep_finished_checkpoints=true"), run_dir=tmp_path)
     for name in ("metrics.json", "identity.json", "config.yaml"):  # only the checkpoints say whose run it was
         (tmp_path / name).unlink()
     with pytest.raises(CheckpointError, match=r"another config \(seed: 0 there, 1 here\)"):

@@ -232,6 +232,25 @@ class CheckpointStore:
         """The newest readable checkpoint (see :func:`load_latest`)."""
         return load_latest(self.dir, identity)
 
+    def release_resume_state(self) -> list[Path]:
+        """Delete what only a resume reads, once the run has finished, and return what was deleted: the rolling
+        checkpoints (``final.pt`` holds the finished weights; a finished run is skipped, never resumed) and the
+        predictions their method states name (``checkpoints/predictions/``: ``predictions.pt`` holds the final ones).
+        The branch points of ``run.save_at`` in ``saved/`` stay (rows branch from them; each is a link of its own).
+
+        When: only after every final record is durable (``swalab.train.records.make_durable``), so that a kill
+        before then still finds a checkpoint to score the run from. Deleting twice is harmless."""
+        import shutil
+
+        removed = self.paths()
+        for path in removed:
+            path.unlink(missing_ok=True)
+        predictions = self.dir / PredictionFiles.DIR
+        if predictions.is_dir():
+            removed.append(predictions)
+            shutil.rmtree(predictions, ignore_errors=True)
+        return removed
+
 
 class PredictionFiles:
     """Test-set predictions a method computed during training, one file each in ``checkpoints/predictions/``.

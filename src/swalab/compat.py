@@ -15,7 +15,7 @@ This module imports nothing of swalab: the identity, the config checks and the r
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # Identities written by earlier versions of swalab: they held a data folder's absolute path (a data set is its
@@ -44,6 +44,13 @@ ADDED_AT = {
 # as holding that value, so an earlier SWAG run at scale 0.5 is another run than today's default (diag_scale 1.0):
 # its swag_diag numbers were sampled with half the variance.
 ADDED_AS = {"method.diag_scale": ("swag", "method.scale")}
+# Identities written before a weights file counted by its content (identity version 3) held its path at these keys:
+# such a path is read as what the file there holds today (``content``, which swalab.identity passes), so a run of
+# that config is the same run while the file lies where it did; a file moved since is another path, as it was then.
+WEIGHTS_PATH_KEYS = ("model.init_from", "model.arch.pretrained_file")
+# Run directory names before identity version 3 named every setting by its whole key (model.swa.lr-0.05, today
+# swa.lr-0.05; swalab.identity.name_key) and a weights file by its path: a run of such a directory is found there.
+SHORT_NAMES_SINCE = 3
 RECIPE_SETTINGS = {
     "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
             **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
@@ -53,11 +60,14 @@ RECIPE_SETTINGS = {
 }
 
 
-def upgraded(identity: Mapping[str, Any]) -> dict[str, Any]:
+def upgraded(identity: Mapping[str, Any], content: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """``identity`` under today's names and spellings (``RENAMED``, ``RESPELLED``, ``RECIPE_SETTINGS``), with the keys
     added since at the values that did what it did (``ADDED_AT``): an identity written by an earlier swalab compares
-    equal to today's of the same config. Today's identities come back unchanged."""
+    equal to today's of the same config. Today's identities come back unchanged. ``content``: what a weights file's
+    path holds (``swalab.identity.by_content``), for the paths earlier identities held (``WEIGHTS_PATH_KEYS``)."""
     out = {RENAMED.get(k, k): v for k, v in identity.items()}
+    if content is not None:
+        out.update({k: content(out[k]) for k in WEIGHTS_PATH_KEYS if k in out})
     for old, (new, values) in RESPELLED.items():
         if old in out:
             out[new] = values.get(out.pop(old), "<unknown>")

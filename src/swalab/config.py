@@ -146,6 +146,7 @@ KEYS: dict[str, tuple] = {
     "trainer.nonfinite": ("str", None, None),
     "run.checkpoint_every": ("int", 1, None),
     "run.keep_checkpoints": ("int", 1, None),
+    "run.keep_finished_checkpoints": ("bool", None, None),
     "dataset.train_size": ("int?", 1, None),
     "dataset.test_size": ("int?", 1, None),
     "dataset.image_size": ("int?", 1, None),

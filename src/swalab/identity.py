@@ -12,11 +12,14 @@ where it runs (``RUN_GROUPS``: conf/run with device, progress, evaluation cadenc
 caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, four rules:
 
 * a data set is what its files hold, ``data.fingerprint`` (``swalab.data.fingerprint``), never
-  where they lie (``LOCATION``: ``dataset.root``);
+  where they lie (``LOCATION``: ``dataset.root``); a weights file likewise (:func:`is_weights_key`:
+  ``model.init_from`` naming a file, ``model.pretrained_file`` as the network reads it) counts as
+  ``sha256-<16 hex>`` of its content, so moving it makes no new run and rewriting it does;
 * a value read only through another key that counts is held there (``READ_THROUGH``: ``model.lr``
   as ``schedule.lr``, the loader's ``dataset.source.*`` copies of ``dataset.*``);
 * a method's recipe block counts for the method that reads it only (``model.swa`` for SWA), so a
-  setting of SWA's leaves an SGD run the same run;
+  setting of SWA's leaves an SGD run the same run; and what only training reads (``TRAINING_GROUPS``) counts
+  only for a method that trains (``Method.trains``: not ``method=pretrained``);
 * a key added after runs were made counts only away from the value that leaves a run as it was
   (``UNSET_VALUES``: ``dataset.val_size`` null or 0, ``dataset.classes`` null), so those runs keep their identity.
 
@@ -29,8 +32,10 @@ Run directories are ``<paths.output_dir>/[<experiment>/][<sweep>/]<dataset>/<mod
 where ``<rest>`` names what sets the run apart from the defaults of its data set, model and method
 (:func:`settings_apart`, the function the report's row labels come from too): the group choices
 that differ from the default (``schedule-cosine``), then every setting whose value differs, in the
-key a user types (``model.swa.lr-0.05``, ``trainer.epochs-6``), joined by ``+``, or ``default``. One
-config therefore has one name, however it was typed. The name uses only characters a shell and a Hydra
+key a user types, a block of the model's without ``model.`` (``swa.lr-0.05``, ``arch.depth-8``,
+``trainer.epochs-6``: :func:`name_key`), joined by ``+``, or ``default``; a weights file by its content
+(``model.init_from-sha256-<16 hex>``). One config therefore has one name, however it was typed. A directory named
+by an earlier swalab (whole keys, a weights file's path) is still found: ``swalab.train.plan.locate``. The name uses only characters a shell and a Hydra
 override take unquoted (letters, digits and ``_ - . +``), so a run directory can be passed as
 ``model.init_from=<dir>`` as it is. When a value needs other characters, or the name grows long, the
 group hash is appended (``+id-<hash>``) so that two configs never share a name.
@@ -45,7 +50,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from swalab.compat import RETIRED_KEYS, upgraded
+from swalab.compat import RETIRED_KEYS, SHORT_NAMES_SINCE, upgraded
+from swalab.data.fingerprint import weights_fingerprint
 
 # Where a key is declared says whether it counts: the groups of what a run computes, and the groups of how and
 # where it runs (conf/run: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
@@ -63,6 +69,8 @@ READ_THROUGH = (
     "dataset.source",
     "model.lr", "model.weight_decay", "model.budget_epochs", "model.pretrained", "model.pretrained_file",
 )
+# What only training reads: no part of the identity of a method that trains nothing (``Method.trains``: Pretrained).
+TRAINING_GROUPS = ("optimizer", "schedule", "loss", "trainer")
 # Keys added after runs were made, at the values that leave a run as it was: there they are left out of the identity,
 # so a run made before the key existed keeps its identity, its directory and its report cell. Any other value counts.
 UNSET_VALUES = {"dataset.val_size": (None, 0), "dataset.classes": (None,)}
@@ -75,7 +83,9 @@ def method_part(key: str, recipe: str | None) -> bool:
 
 
 IDENTITY_FILE = "identity.json"
-IDENTITY_VERSION = 2  # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks
+# 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks; 3: weights files by content,
+# names shortened (swa.lr-0.05 for model.swa.lr; earlier names are read by swalab.compat)
+IDENTITY_VERSION = 3
 DATA_FINGERPRINT = "data.fingerprint"
 # Keys identities hold today that an earlier swalab did not record (old-format reading: swalab.compat).
 ADDED_KEYS = (DATA_FINGERPRINT,)
@@ -109,8 +119,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def is_weights_key(key: str) -> bool:
+    """Whether ``key`` of an identity names a weights file: ``model.init_from`` (a file, or a run directory, which
+    stays a path) and the network's copy of ``model.pretrained_file`` (``model.arch.pretrained_file``)."""
+    return key == "model.init_from" or (key.startswith("model.") and key.endswith(".pretrained_file"))
+
+
+def by_content(value: Any, cache_dir: str | Path | None = None) -> Any:
+    """A weights key's value as the identity holds it: the file's content fingerprint when it names a file
+    (``swalab.data.fingerprint.weights_fingerprint``), else the value as it is (null, a run directory, a path that is
+    not there: the run refuses it when it loads it)."""
+    if not isinstance(value, str) or not value:
+        return value
+    return weights_fingerprint(value, cache_dir) or value
+
+
 def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None, *,
-                recipes: Sequence[str]) -> dict[str, Any]:
+                recipes: Sequence[str], content: bool = True) -> dict[str, Any]:
     """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
     and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
     known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
@@ -119,15 +144,21 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
     ``recipes`` are the model's recipe blocks of every method (``swalab.methods.base.known_recipes()``, which the
     caller passes: the methods sit above the identity): only the block of the run's own method counts (``model.swa``
     for SWA), so ``model.swa.lr=0.05`` leaves an SGD run the same run.
+
+    ``content``: a weights file counts by its content (:func:`by_content`); False gives the identity an earlier
+    swalab computed, with the file's path (to find a run directory it named, ``swalab.train.plan``).
     """
     flat: dict[str, Any] = {}
     for root in RESULT_GROUPS:
         if root in resolved:
             _flatten(resolved[root], root, flat)
     own = _own_recipe(resolved)
-    unread = tuple(f"model.{r}" for r in recipes if r != own)
+    unread = tuple(f"model.{r}" for r in recipes if r != own) + (() if method_trains(resolved) else TRAINING_GROUPS)
     identity = {k: v for k, v in flat.items() if not _under(k, (*LOCATION, *READ_THROUGH, *unread))
                 and not (k in UNSET_VALUES and _unset(k, v))}
+    if content:
+        cache_dir = (resolved.get("run") or {}).get("cache_dir")
+        identity.update({k: by_content(v, cache_dir) for k, v in identity.items() if is_weights_key(k)})
     if data_fingerprint is not None:
         identity[DATA_FINGERPRINT] = data_fingerprint
     return dict(sorted(identity.items()))
@@ -148,17 +179,36 @@ def recipe_of(identity: Mapping[str, Any]) -> str | None:
     return recipe
 
 
-def _own_recipe(resolved: Mapping[str, Any]) -> str | None:
-    """The recipe block the run's method reads (its class's ``recipe``), found from ``method._target_``."""
+def method_trains(resolved: Mapping[str, Any]) -> bool:
+    """Whether the run's method trains (its class's ``trains``; True for a class that cannot be imported here)."""
+    return getattr(_method_class(resolved), "trains", True)
+
+
+def untrained_view(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """A flat identity as one of a method that trains nothing holds it: without ``TRAINING_GROUPS`` when its method
+    trains nothing (an identity written before that rule held them), else unchanged."""
+    if method_trains({"method": {"_target_": identity.get("method._target_")}}):
+        return dict(identity)
+    return {k: v for k, v in identity.items() if not _under(k, TRAINING_GROUPS)}
+
+
+def _method_class(resolved: Mapping[str, Any]):
+    """The class of the run's method (``method._target_``), or None when there is none or it cannot be imported."""
     target = (resolved.get("method") or {}).get("_target_")
     if not target:
         return None
     try:
         from hydra.utils import get_class
 
-        return getattr(get_class(str(target)), "recipe", None)
-    except Exception:  # noqa: BLE001  a method class that cannot be imported here reads no recipe block we know of
+        return get_class(str(target))
+    except Exception:  # noqa: BLE001  a method class that cannot be imported here
         return None
+
+
+def _own_recipe(resolved: Mapping[str, Any]) -> str | None:
+    """The recipe block the run's method reads (its class's ``recipe``), found from ``method._target_``; None for a
+    method class that cannot be imported here (it reads no recipe block we know of)."""
+    return getattr(_method_class(resolved), "recipe", None)
 
 
 def canonical(identity: Mapping[str, Any]) -> str:
@@ -181,7 +231,7 @@ def group_hash(identity: Mapping[str, Any]) -> str:
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
     """``key: <theirs> there, <ours> here`` for every key whose values differ (absent keys included, but for
     the keys an earlier swalab recorded or did not: ``RETIRED_KEYS``, ``ADDED_KEYS``)."""
-    ours, theirs = upgraded(ours), upgraded(theirs)
+    ours, theirs = (untrained_view(upgraded(i, content=by_content)) for i in (ours, theirs))
     out = []
     for key in sorted(set(ours) | set(theirs)):
         if _under(key, ignore):
@@ -248,7 +298,7 @@ def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, An
         except (OSError, ValueError, KeyError, TypeError):
             identity = None
         if isinstance(identity, Mapping):
-            return upgraded(identity)
+            return upgraded(identity, content=by_content)
     config = run_dir / "config.yaml"
     if config.exists():
         import yaml
@@ -257,7 +307,8 @@ def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, An
             resolved = yaml.safe_load(config.read_text()) or {}
         except (OSError, yaml.YAMLError):
             return None
-        return upgraded(identity_of(resolved, recipes=recipes)) if isinstance(resolved, Mapping) else None
+        return (upgraded(identity_of(resolved, recipes=recipes), content=by_content) if isinstance(resolved, Mapping)
+                else None)
     return None
 
 
@@ -277,32 +328,45 @@ def _name_value(value: Any) -> tuple[str, bool]:
     return _safe(_shown(value))
 
 
-def name_items(apart: Mapping[str, Any] | None) -> tuple[list[str], bool]:
+def name_key(key: str) -> str:
+    """A setting's key as a directory name shows it: a block of the model's without ``model.`` (``swa.lr`` for
+    ``model.swa.lr``, ``arch.depth`` for ``model.arch.depth``), which no other key can read as (no config group is
+    named after a block of the model's; such a block keeps its whole key); every other key whole."""
+    parts = key.split(".")
+    if len(parts) >= 3 and parts[0] == "model" and parts[1] not in (*RESULT_GROUPS, *RUN_GROUPS):
+        return ".".join(parts[1:])
+    return key
+
+
+def name_items(apart: Mapping[str, Any] | None, version: int = IDENTITY_VERSION) -> tuple[list[str], bool]:
     """What sets a run apart (:func:`settings_apart`) as the items of its directory's name, in its order (group
-    choices first: ``schedule-cosine``, then settings: ``trainer.epochs-6``); and whether they render it exactly
-    (False when ``apart`` is unknown, a config composed in Python, or a value needed other characters)."""
+    choices first: ``schedule-cosine``, then settings: ``trainer.epochs-6``, ``swa.lr-0.05``: :func:`name_key`); and
+    whether they render it exactly (False when ``apart`` is unknown, a config composed in Python, or a value needed
+    other characters). ``version``: the names an identity of that version gave (whole keys before
+    ``compat.SHORT_NAMES_SINCE``), to find a run directory an earlier swalab named."""
     if apart is None:
         return [], False
     items, exact = [], True
     for key, value in apart.items():
         text, ok = _name_value(value)
-        key_text, key_ok = _safe(key)
+        key_text, key_ok = _safe(name_key(key) if version >= SHORT_NAMES_SINCE else key)
         items.append(f"{key_text}-{text}")
         exact &= ok and key_ok
     return items, exact
 
 
 def run_name(names: Mapping[str, str], seed: Any, apart: Mapping[str, Any] | None, choices: Mapping[str, Any],
-             group: str) -> str:
+             group: str, version: int = IDENTITY_VERSION) -> str:
     """The run directory below ``paths.output_dir`` (see the module doc).
 
     ``names``: ``dataset``, ``model`` and ``method`` names (``cfg.<group>.name``); ``apart``: what sets the run
     apart from its defaults (:func:`settings_apart`, the function the report's row labels come from; None when
     unknown: the name then carries the group hash); ``choices``: the chosen option of every config group (an
-    experiment or sweep heads the path); ``group``: :func:`group_hash` of the run's identity.
+    experiment or sweep heads the path); ``group``: :func:`group_hash` of the run's identity; ``version``: as
+    :func:`name_items` takes it.
     """
     head = [str(choices[g]) for g in ("experiment", "sweep") if choices.get(g) not in (None, "", "null")]
-    items, exact = name_items(apart)
+    items, exact = name_items(apart, version)
     rest = "+".join(items) or "default"
     if not exact or len(rest) > MAX_REST:  # keep the whole items that fit, then the group hash
         kept = []

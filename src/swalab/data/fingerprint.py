@@ -15,6 +15,9 @@ never used; a copied or moved folder gets new ``ctime``s and is read once more, 
 fingerprint. The digest of a file is SHA-1 of its size, its first and its last 32 KiB (the whole file
 when smaller: every CIFAR JPEG), a cheap hash that sees a rewritten image.
 
+A weights file is identified the same way, by its content (:func:`weights_fingerprint`: SHA-256 of the whole file,
+since a trained file keeps its size, its start and often its end), never by its path.
+
 The cache lives in the user's cache directory (:func:`swalab.data.cache.default_cache_dir`), never in the
 data folder, which is often read-only or shared.
 """
@@ -47,13 +50,25 @@ def file_digest(path: str, size: int) -> str:
     return h.hexdigest()
 
 
+def whole_file_digest(path: str, size: int) -> str:
+    """SHA-256 of the whole of ``path``: for a weights file, whose middle (the tensors) is what changes when it is
+    trained on, while its size, its start (the pickled names and shapes) and its end may not."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 class DigestCache:
     """Each file's digest under one data folder, kept in ``<cache dir>/fingerprints/<root key>.json`` and reused
-    while the file's (size, mtime, ctime, inode) are unchanged (module doc)."""
+    while the file's (size, mtime, ctime, inode) are unchanged (module doc). ``whole``: digests of whole files
+    (:func:`whole_file_digest`, for weights files), kept apart from the data's."""
 
-    def __init__(self, root: Path, cache_dir: str | Path | None = None):
+    def __init__(self, root: Path, cache_dir: str | Path | None = None, whole: bool = False):
         self.root = root
-        self.path = cache_root(cache_dir) / "fingerprints" / f"{root_key(root)}.json"
+        self.whole = whole
+        self.path = cache_root(cache_dir) / "fingerprints" / f"{root_key(root)}{'.sha256' if whole else ''}.json"
         try:
             self.entries: dict[str, list] = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -65,7 +80,7 @@ class DigestCache:
         entry = self.entries.get(relpath)
         if entry is not None and entry[:4] == key:
             return entry[4]
-        digest = file_digest(os.path.join(self.root, relpath), st.st_size)
+        digest = (whole_file_digest if self.whole else file_digest)(os.path.join(self.root, relpath), st.st_size)
         self.entries[relpath] = [*key, digest]
         self.changed = True
         return digest
@@ -130,6 +145,24 @@ def files_record(paths: dict[str, str | Path], cache_dir: str | Path | None = No
     for digests in by_root.values():
         digests.save()
     return _record(files)
+
+
+WEIGHTS_PREFIX = "sha256-"
+
+
+def weights_fingerprint(path: str | Path, cache_dir: str | Path | None = None) -> str | None:
+    """``sha256-<16 hex>``: what a weights file (``model.pretrained_file``, ``model.init_from=<file>``) holds, for a
+    run's identity (``swalab.identity``), so that a file moved or copied elsewhere is the same weights and a file
+    rewritten in place is other weights; None when ``path`` is no file. Read once per file, then cached like the
+    data's digests (its size, mtime, ctime and inode: a moved file is read once more, with the same result)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    path = path.resolve()
+    digests = DigestCache(path.parent, cache_dir, whole=True)
+    digest = digests.digest(path.name, path.stat())
+    digests.save()
+    return WEIGHTS_PREFIX + digest[:16]
 
 
 def data_record(fingerprint_text: str) -> dict:

@@ -89,6 +89,10 @@ class Method:
     # The model's recipe block this method takes its settings from (``model.swa`` for SWA), or None: its settings
     # are then the method's own config keys (``method.decay`` for EMA).
     recipe: str | None = None
+    # False for a method that trains nothing (Pretrained scores the weights it starts from): what only training reads
+    # (the optimizer, schedule, loss and trainer groups, ``swalab.identity.TRAINING_GROUPS``) then sets none of its
+    # runs apart, in their identity or their directory's name.
+    trains: bool = True
     # Settings that only add measurements (scoring the method's model during training) and never change a weight
     # or a final number: a report does not set runs apart by them.
     scoring_settings: tuple[str, ...] = ()

@@ -19,6 +19,7 @@ class Pretrained(Method):
     """No training step; one predictor, ``pretrained``: the model as it was loaded."""
 
     name = "pretrained"
+    trains = False  # its identity leaves out the optimizer, schedule, loss and trainer (swalab.identity)
 
     def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None):
         super().__init__(schedule, 0, budget, name)  # nothing trains: zero epochs whatever the config says

@@ -15,7 +15,8 @@ The run directory::
     status.json      running / failed / preempted / requeued / cancelled / interrupted (complete once
                      metrics.json is written), with the error line if any
     run.log          the run's log lines (one per epoch) with time stamps
-    checkpoints/     epochNNNN.pt (last two kept; saved/ holds run.save_at epochs)
+    checkpoints/     epochNNNN.pt (last two kept while it trains, none once it has finished: final.pt holds
+                     its weights); saved/ holds run.save_at epochs for good (docs/reliability.md)
     final.pt         live weights plus each method's own (SWA average, EMA)
     lineage.json     the checkpoint this run started from (model.init_from or run.branch_from), if any
     reliability.json per predictor, 15 confidence bins (count, accuracy, confidence) for reliability diagrams

@@ -86,7 +86,7 @@ def data_files_record(cfg: DictConfig) -> dict | None:
 
 
 def load_init_weights(spec: str) -> tuple[dict, dict]:
-    """Weights to start from: ``<run dir>`` (a finished run's last weights), ``<run dir>@<epoch>`` (that epoch's
+    """Weights to start from: ``<run dir>`` (a finished run's last weights: its ``final.pt``), ``<run dir>@<epoch>`` (that epoch's
     checkpoint, finished or not), a swalab checkpoint, or a plain state dict file.
 
     Returns the state dict and a lineage record naming where it came from.
@@ -107,6 +107,10 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
             why = unfinished(path)
             if why is not None:
                 raise FileNotFoundError(f"model.init_from={spec}: {why}")
+            final = path / "final.pt"  # a finished run keeps no resume checkpoint (run.keep_finished_checkpoints)
+            if final.is_file():
+                state = read_torch_file(final, f"model.init_from={spec}")
+                return state["model"], {"parent": str(path), "checkpoint": str(final), "epoch": state["epoch"]}
             state = store.latest()
             if state is None:
                 raise FileNotFoundError(f"model.init_from={spec}: {store.dir} holds no checkpoint")

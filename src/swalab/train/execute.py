@@ -40,9 +40,10 @@ from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record,
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
                                 load_into, loss_spec, optimizer_spec, read_status, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
-from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, append_environment, data_facts,
-                                  environment_entry, git_info, one_line, remove_killed_writes, save_predictions,
-                                  seed_everything, write_json, write_status, write_text)
+from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, RUN_FILES, append_environment,
+                                  data_facts, environment_entry, git_info, make_durable, one_line,
+                                  remove_killed_writes, save_predictions, seed_everything, write_json, write_status,
+                                  write_text)
 from swalab.pausing import Preempted
 from swalab.trainer import Trainer
 
@@ -172,8 +173,8 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
             if finished is not None:
                 log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json "
                          "kept)")
-                if read_status(plan.run_dir) != "complete":  # killed between its last two renames
-                    write_status(plan.run_dir, {"status": "complete"})
+                if read_status(plan.run_dir) != "complete":  # killed between metrics.json and its status
+                    settle_finished(plan)
             else:
                 lock = RunLock(plan.run_dir).acquire()
                 remove_killed_writes(plan.run_dir)  # under the lock: no live process writes them
@@ -266,6 +267,24 @@ def show(caught: list) -> None:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
+def settle_finished(plan: RunPlan) -> None:
+    """The last step of a finished run (its ``metrics.json`` written): make its final records durable, delete the
+    checkpoints only a resume reads (``CheckpointStore.release_resume_state``; ``run.keep_finished_checkpoints``
+    keeps them), then mark it complete. A kill at any point leaves ``metrics.json`` in place and ``status.json`` not
+    yet complete, and the same command, skipping the run, comes here again (:func:`claim`)."""
+    if not distributed.is_main():
+        return
+    run_dir = plan.run_dir
+    if not plan.cfg.run.get("keep_finished_checkpoints", False):
+        try:
+            make_durable(run_dir, RUN_FILES)
+            CheckpointStore(run_dir).release_resume_state()
+        except OSError as exc:  # the run has finished: a checkpoint left behind costs only disk
+            log.warning(f"[swalab] {run_dir}: could not remove its resume checkpoints ({exc}); final.pt holds the "
+                        "finished weights, so they can be deleted by hand")
+    write_status(run_dir, {"status": "complete"})
+
+
 def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
     plan = built.plan
     run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
@@ -330,7 +349,7 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
             log.info(f"[swalab] {run_dir} failed: {one_line(exc)}")
             tracker.finish(exit_code=1)
             raise
-        write_status(run_dir, {"status": "complete"})
+        settle_finished(plan)
         tracker.results(metrics, evaluation.reliability)
         tracker.finish()
         log.info(metrics_table(metrics))

@@ -21,8 +21,9 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
                            save_at_caveats)
 from swalab.data.fingerprint import changes
-from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, differences, group_hash, identity_of, name_items,
-                             run_name, settings_apart, stored_identity)
+from swalab.compat import SHORT_NAMES_SINCE
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, TRAINING_GROUPS, differences, group_hash, identity_of,
+                             method_trains, name_items, run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
 from swalab.methods.base import known_recipes
@@ -55,19 +56,39 @@ class RunPlan:
 
 def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the
-    run apart from its defaults. A run of the same config made by an earlier swalab under another name is
-    refused with the command that moves it (:func:`earlier_run_dir`)."""
+    run apart from its defaults. A run of the same config in a directory named by the rules of identity version 2
+    (:func:`earlier_name`) continues there; one named from the command line by an earlier swalab still is refused
+    with the command that moves it (:func:`earlier_run_dir`)."""
     if cfg.run.get("dir"):
         return fits(cfg, Path(str(cfg.run.dir)))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
     named = fits(cfg, Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {},
                                                                   group_hash(identity)))
+    then = earlier_name(cfg, identity, apart, choices or {}, names)
+    if not named.exists() and then != named and then.is_dir():
+        theirs = stored_identity(then, known_recipes())
+        if theirs is not None and not differences(identity, theirs):
+            get_logger().info(f"[swalab] this config's run is in {then}, named by an earlier swalab (its name today "
+                              f"is {named}): it continues there")
+            return then
     earlier = earlier_run_dir(named, identity)
     if earlier is not None:
         raise ConfigError(f"the run of this config is in {earlier}, named by an earlier swalab; its name today is "
                           f"{named}. Move it there (mv {earlier} {named}) and run the same command again to continue "
                           "or skip it, or give this run a directory of its own with run.dir=<dir>")
     return named
+
+
+def earlier_name(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict, names: dict) -> Path:
+    """The directory an identity of version 2 named this config: every setting by its whole key
+    (``model.swa.lr-0.05``), a weights file by its path and the group hash of an identity holding that path
+    (``swalab.compat.SHORT_NAMES_SINCE``). When it holds this config's run, that run continues there (:func:`locate`)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    then = identity_of(resolved, identity.get(DATA_FINGERPRINT), recipes=known_recipes(), content=False)
+    paths = {identity[k]: then[k] for k in identity if k in then and identity[k] != then[k]}  # fingerprint: path
+    then_apart = None if apart is None else {k: paths.get(v, v) if isinstance(v, str) else v for k, v in apart.items()}
+    return Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, then_apart, choices, group_hash(then),
+                                                      version=SHORT_NAMES_SINCE - 1)
 
 
 # Room for the longest path a run writes below its directory (checkpoints/predictions/fge_member_012_val.pt.<random>.tmp
@@ -158,8 +179,9 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -
                                        recipes=known_recipes())
     except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
         return None
+    trains = method_trains({"method": {"_target_": cfg.method.get("_target_")}})  # else no training group counts
     changed_groups = {g: v for g, v in choices.items() if g not in PLACE_GROUPS and not g.startswith("hydra")
-                      and v != primary.get(g)}
+                      and v != primary.get(g) and (trains or g not in TRAINING_GROUPS)}
     return settings_apart(identity, default_identity, interpolation_sources(cfg, identity), changed_groups)
 
 
@@ -256,8 +278,10 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
     try:
         metrics = final_metrics(run_dir)
     except DamagedRecord as exc:  # the run is scored again from its last checkpoint, which overwrites it
-        get_logger().warning(f"[swalab] {exc}: ignored; the run continues from its newest checkpoint (after the "
-                             "last epoch: only the final scoring runs again) and writes it anew")
+        get_logger().warning(f"[swalab] {exc}: ignored; " + (
+            "the run continues from its newest checkpoint (after the last epoch: only the final scoring runs again) "
+            "and writes it anew" if CheckpointStore(run_dir).paths() else "its resume checkpoints were deleted when it "
+            "finished (run.keep_finished_checkpoints=false), so it trains again from the start and writes it anew"))
         metrics = None
     if unfingerprinted:  # this config's own run, made before runs recorded their data
         get_logger().warning(f"[swalab] {run_dir} was made by a swalab that did not fingerprint its data: whether its "

@@ -139,6 +139,21 @@ def remove_killed_writes(run_dir: str | Path) -> list[Path]:
     return removed
 
 
+def make_durable(run_dir: str | Path, names: tuple[str, ...]) -> None:
+    """Flush each of ``names`` (those that exist) in ``run_dir`` and the directory itself to disk (``fsync``).
+
+    When: before a finished run deletes the checkpoints a resume would read (``CheckpointStore.release_resume_state``):
+    the renames that put its final records in place must survive a power cut first, or the run could be left with
+    neither its records nor a checkpoint to score it again from."""
+    run_dir = Path(run_dir)
+    for path in [run_dir / name for name in names if (run_dir / name).is_file()] + [run_dir]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (:func:`atomic_write`). Only the main rank writes (data-parallel runs
     share one directory)."""

@@ -550,6 +550,21 @@ def test_a_run_named_by_identity_version_2_continues_in_its_directory_and_a_fini
     assert found.run_dir == old_dir and found.finished == {"sgd": {"acc": 50.0}}  # skipped, not trained again
 
 
+def test_a_new_seed_of_a_config_named_by_identity_version_2_goes_beside_its_earlier_seeds(tmp_path):
+    """A grid extended by a seed after an upgrade keeps one directory of seeds per config: seed 1 goes beside the
+    seed 0 an earlier swalab named, not into a second directory under today's name; another config does not."""
+    out = tmp_path / "out"
+    seed0 = plan_of(out, *QUIET, "model.swa.score_every=1")
+    old = out / "digits/preresnet20/swa/model.swa.score_every-1/seed0"
+    old.mkdir(parents=True)
+    (old / "identity.json").write_text(json.dumps(earlier_record(seed0)))
+    (old / "metrics.json").write_text(json.dumps({"swa": {"acc": 50.0}}))
+    seed1 = plan_of(out, *QUIET, "model.swa.score_every=1", "seed=1")
+    assert seed1.run_dir == old.parent / "seed1"
+    other = plan_of(out, *QUIET, "model.swa.score_every=2", "seed=1")
+    assert other.run_dir.relative_to(out).as_posix() == "digits/preresnet20/swa/swa.score_every-2/seed1"
+
+
 def test_a_method_that_trains_nothing_is_not_named_or_set_apart_by_what_only_training_reads(tmp_path):
     weights = weights_file(tmp_path / "w.pt", 1.0)
     plain = plan_of(tmp_path, *QUIET, "method=pretrained", f"model.init_from={weights}")

@@ -71,12 +71,29 @@ def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | 
             get_logger().info(f"[swalab] this config's run is in {then}, named by an earlier swalab (its name today "
                               f"is {named}): it continues there")
             return then
+    if then != named and seeds_beside(then, named, identity):
+        get_logger().info(f"[swalab] this config's other seeds are in {then.parent}, named by an earlier swalab (its "
+                          f"name today is {named.parent}): seed {cfg.seed} goes beside them")
+        return fits(cfg, then)
     earlier = earlier_run_dir(named, identity)
     if earlier is not None:
         raise ConfigError(f"the run of this config is in {earlier}, named by an earlier swalab; its name today is "
                           f"{named}. Move it there (mv {earlier} {named}) and run the same command again to continue "
                           "or skip it, or give this run a directory of its own with run.dir=<dir>")
     return named
+
+
+def seeds_beside(then: Path, named: Path, identity: dict) -> bool:
+    """Whether a new seed of this config belongs in ``then`` (the name identity version 2 gave it) rather than in
+    today's ``named``: no seed of the config is under today's name yet, and one under the earlier name holds this
+    config but for the seed. One config keeps one directory of seeds, whichever swalab started it."""
+    if named.parent.exists() or not then.parent.is_dir():
+        return False
+    for seed_dir in sorted(then.parent.glob("seed*")):
+        theirs = stored_identity(seed_dir, known_recipes())
+        if theirs is not None and all(d.startswith("seed:") for d in differences(identity, theirs)):
+            return True
+    return False
 
 
 def earlier_name(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict, names: dict) -> Path:

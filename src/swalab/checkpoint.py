@@ -200,6 +200,13 @@ class CheckpointStore:
     def save(self, state: dict, epoch: int, step: int = 0) -> Path:
         return save_checkpoint(state, self.dir, epoch, step, keep=self.keep)
 
+    def kept_words(self) -> str:
+        """What a run stopped by a non-finite loss keeps to continue from: its newest checkpoint, or none yet."""
+        newest = self.paths()[:1]
+        if newest:
+            return f"the last good checkpoint {newest[0]} and history.jsonl are kept"
+        return f"no checkpoint had been written yet in {self.dir}, so a re-run starts from the beginning"
+
     def keep_for_good(self, epoch: int) -> Path:
         """Hard-link (or copy) the checkpoint of ``epoch`` into ``saved/``, where the rolling deletion never reaches."""
         import shutil

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -158,3 +159,15 @@ def epoch_line(row: dict, epochs: int, eta: float | None) -> str:
     if eta is not None and row["epoch"] < epochs:
         parts.append(f"ETA {format_seconds(eta)}")
     return "  ".join(parts)
+
+
+def mean_epoch_seconds(history: list[dict]) -> float | None:
+    """The mean time of the epochs a run's ``history`` rows have trained so far, or None before the first."""
+    seconds = [float(row["seconds"]) for row in history if "seconds" in row]
+    return statistics.fmean(seconds) if seconds else None
+
+
+def run_eta(history: list[dict], epochs: int, epoch: int) -> float | None:
+    """Seconds left in a run of ``epochs`` at the start of ``epoch``: the mean epoch time so far x epochs left."""
+    mean = mean_epoch_seconds(history)
+    return None if mean is None else mean * (epochs - epoch)

@@ -74,3 +74,27 @@ def catching_pause_signals(note: Callable[[int], None], enabled: bool = True) ->
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class PauseFlag:
+    """The pause signal a fit has received, if any: :meth:`note` is the handler :func:`catching_pause_signals` calls,
+    :meth:`paused` the loop's question at each step and epoch end.
+
+    Under data parallelism the answer is agreed by every rank (``agree``: ``swalab.distributed.agree``): each pauses
+    at the same step, under the same signal (the largest number of those received: a preemption's SIGTERM before a
+    Ctrl-C). That costs one CPU all-reduce per question, which a single process (``agree`` None) never makes."""
+
+    def __init__(self, agree: Callable[[int, str], int] | None = None):
+        self.agree = agree
+        self.signum: int | None = None
+
+    def note(self, signum: int) -> None:
+        self.signum = signum  # the loop pauses at its next step
+
+    def paused(self) -> bool:
+        if self.agree is None:
+            return self.signum is not None
+        agreed = self.agree(self.signum or 0, "max")
+        if agreed:
+            self.signum = agreed
+        return bool(agreed)

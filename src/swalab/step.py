@@ -15,8 +15,10 @@ parallelism every rank takes the same decision (``swalab.distributed.agree``).
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -115,3 +117,22 @@ def first_bad_step(bad_step: torch.Tensor, data_parallel: bool) -> int | None:
         first = distributed.agree(first if first >= 0 else never, "min")
         first = -1 if first == never else first
     return first if first >= 0 else None
+
+
+@dataclass
+class EpochTally:
+    """The running sums of one epoch's training steps (what a mid-epoch checkpoint carries as ``partial``)."""
+
+    t0: float
+    loss_sum: torch.Tensor
+    correct: torch.Tensor
+    seen: int
+    skips: int
+    lr: float
+
+    def accuracy(self) -> float:
+        return 100.0 * float(self.correct) / max(self.seen, 1)
+
+    def partial(self) -> dict:
+        return {"loss_sum": float(self.loss_sum), "correct": float(self.correct), "seen": self.seen,
+                "skips": self.skips, "seconds": time.perf_counter() - self.t0}

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,35 +37,16 @@ from swalab.config import check_monitoring
 from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
                              score_predictors)
 from swalab.graphed import GraphedStep, graph_refusal
-from swalab.logs import heartbeat, progress_bar
+from swalab.logs import heartbeat, mean_epoch_seconds, progress_bar, run_eta
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec, load_optimizer_state
-from swalab.pausing import Preempted, catching_pause_signals, signal_words
+from swalab.pausing import PauseFlag, Preempted, catching_pause_signals, signal_words
 from swalab.precision import check_precision, deterministic
 from swalab.snapshots import SnapshotWriter
-from swalab.step import NonFiniteLossError, TrainingStep, first_bad_step, skip_nonfinite
+from swalab.step import EpochTally, NonFiniteLossError, TrainingStep, first_bad_step, skip_nonfinite
 
 log = logging.getLogger("swalab.trainer")
-
-
-@dataclass
-class EpochTally:
-    """The running sums of one epoch's training steps (what a mid-epoch checkpoint carries as ``partial``)."""
-
-    t0: float
-    loss_sum: torch.Tensor
-    correct: torch.Tensor
-    seen: int
-    skips: int
-    lr: float
-
-    def accuracy(self) -> float:
-        return 100.0 * float(self.correct) / max(self.seen, 1)
-
-    def partial(self) -> dict:
-        return {"loss_sum": float(self.loss_sum), "correct": float(self.correct), "seen": self.seen,
-                "skips": self.skips, "seconds": time.perf_counter() - self.t0}
 
 
 @dataclass
@@ -132,7 +112,7 @@ class Trainer:
         self.history: list[dict] = []
         self.graphed: GraphedStep | None = None  # fit's CUDA-graphed step (swalab.graphed), when this run has one
         self._pending_log: dict = {}
-        self._signal: int | None = None
+        self.pause = PauseFlag(distributed.agree if self.ranks.enabled and options.handle_signals else None)
         self.test_labels = labels_of(test_loader)
         self.val_labels = labels_of(val_loader) if val_loader is not None else None
         self.ctx = TrainContext(model=self.model, device=device, epochs=options.epochs,
@@ -217,7 +197,7 @@ class Trainer:
             skips = int(partial.get("skips", 0))
             self.ungraphed_because = self._graph_refusal()  # again: the restored optimizer's groups
             self.graphed = self._graphed_step()
-            with catching_pause_signals(self._note_signal, self.opts.handle_signals):
+            with catching_pause_signals(self.pause.note, self.opts.handle_signals):
                 for epoch in range(start_epoch, self.opts.epochs):
                     tally = self._train_epoch(epoch, start_step if epoch == start_epoch else 0, partial, skips)
                     partial, skips = {}, tally.skips
@@ -236,10 +216,10 @@ class Trainer:
         self.model.train()
         if hasattr(self.train_loader, "set_epoch"):
             self.train_loader.set_epoch(epoch)
-        bar = progress_bar(epoch, self.opts.epochs, steps, first_step, self.run_eta(epoch),
+        bar = progress_bar(epoch, self.opts.epochs, steps, first_step, run_eta(self.history, self.opts.epochs, epoch),
                            False if not self.main else self.opts.progress)
         beat = (heartbeat(epoch, self.opts.epochs, steps, first_step, self.opts.heartbeat_minutes,
-                          self.mean_epoch_seconds(), log.info) if bar is None and self.main else None)
+                          mean_epoch_seconds(self.history), log.info) if bar is None and self.main else None)
         for step, (x, y) in enumerate(self.train_loader):
             if step < first_step:
                 continue
@@ -255,7 +235,7 @@ class Trainer:
                 loss, correct = self.step.forward_backward(x, target)
                 if self.opts.nonfinite == "skip" and skip_nonfinite(
                         loss, epoch, step, tally.skips, self.opts.max_skips, self.ranks.enabled, self.main,
-                        self._kept):
+                        self.store.kept_words):
                     self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are dropped with it
                     tally.skips += 1
                     continue
@@ -273,17 +253,17 @@ class Trainer:
                 bar.update(1)
             if beat is not None and step + 1 < steps:
                 beat(step, tally.t0)
-            if step + 1 < steps and self._paused():
+            if step + 1 < steps and self.pause.paused():
                 self.save(epoch, step + 1, tally.partial())
-                raise Preempted(f"{signal_words(self._signal)} received: checkpoint "
+                raise Preempted(f"{signal_words(self.pause.signum)} received: checkpoint "
                                 f"{checkpoint_name(epoch, step + 1)} written ({checkpoint_words(epoch, step + 1)})",
-                                self._signal)
+                                self.pause.signum)
         if bar is not None:
             bar.close()
         first_bad = first_bad_step(bad_step, self.ranks.enabled)
         if first_bad is not None:
             raise NonFiniteLossError(
-                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; {self._kept()}. "
+                f"the training loss became NaN/Inf at epoch {epoch + 1}, step {first_bad + 1}; {self.store.kept_words()}. "
                 "Lower the learning rate or set trainer.nonfinite=skip.")
         return tally
 
@@ -323,46 +303,14 @@ class Trainer:
         self._write_history()
         if self.on_epoch is not None and self.main:
             self.on_epoch(row)
-        paused = self._paused()
+        paused = self.pause.paused()
         if last or done % self.opts.checkpoint_every == 0 or done in self.opts.save_at or paused:
             self.save(done)
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
         if paused and not last:
-            raise Preempted(f"{signal_words(self._signal)} received: checkpoint {checkpoint_name(done)} written "
-                            f"({checkpoint_words(done)})", self._signal)
-
-    # -- decisions: each taken by every rank together (swalab.distributed.agree) ---------------------------------
-    def _note_signal(self, signum: int) -> None:
-        self._signal = signum  # the loop pauses at its next step (swalab.pausing)
-
-    def _paused(self) -> bool:
-        """Whether a pause signal (``PAUSE_SIGNALS``) reached this process or, under data parallelism, any rank; every
-        rank then pauses at this same step, under the same signal (the largest number of those received: a
-        preemption's SIGTERM before a Ctrl-C). One CPU all-reduce per call under data parallelism, none alone."""
-        if not self.ranks.enabled or not self.opts.handle_signals:
-            return self._signal is not None
-        agreed = distributed.agree(self._signal or 0, "max")
-        if agreed:
-            self._signal = agreed
-        return bool(agreed)
-
-    def _kept(self) -> str:
-        """What a run stopped by a non-finite loss keeps to continue from: its newest checkpoint, or none yet."""
-        newest = self.store.paths()[:1]
-        if newest:
-            return f"the last good checkpoint {newest[0]} and history.jsonl are kept"
-        return f"no checkpoint had been written yet in {self.store.dir}, so a re-run starts from the beginning"
-
-    def mean_epoch_seconds(self) -> float | None:
-        """The mean time of the epochs trained so far, or None before the first."""
-        seconds = [float(row["seconds"]) for row in self.history if "seconds" in row]
-        return statistics.fmean(seconds) if seconds else None
-
-    def run_eta(self, epoch: int) -> float | None:
-        """Seconds left in the run at the start of ``epoch``: the mean epoch time so far x epochs left."""
-        mean = self.mean_epoch_seconds()
-        return None if mean is None else mean * (self.opts.epochs - epoch)
+            raise Preempted(f"{signal_words(self.pause.signum)} received: checkpoint {checkpoint_name(done)} written "
+                            f"({checkpoint_words(done)})", self.pause.signum)
 
     def evaluate(self) -> Evaluation:
         """Score every predictor the method hands back, the same way (``swalab.evaluate.score_predictors``), with

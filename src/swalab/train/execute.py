@@ -33,7 +33,7 @@ from swalab.config import ConfigError, build
 from swalab.data.classes import keep_classes
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
-from swalab.logs import epoch_line, get_logger, run_log, run_log_only
+from swalab.logs import epoch_line, get_logger, run_eta, run_log, run_log_only
 from swalab.precision import slow_precision
 from swalab.runlock import RunLock
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
@@ -312,7 +312,7 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
 
             def on_epoch(row: dict) -> None:
                 tracker.log_epoch(row)
-                log.info(epoch_line(row, method.epochs, trainer.run_eta(row["epoch"])))
+                log.info(epoch_line(row, method.epochs, run_eta(trainer.history, trainer.opts.epochs, row["epoch"])))
 
             if built.branched:  # the trunk's epochs are this run's history too
                 for row in built.resume_state["history"]:

@@ -182,3 +182,14 @@ class GraphedStep:
         graph.replay()
         self.replays += 1
         return loss, correct
+
+
+def graphed_step(mode: str, device: torch.device, step: Step, optimizer: torch.optim.Optimizer, refusal: str | None,
+                 note: Callable[[str], None]) -> GraphedStep | None:
+    """A fit's CUDA-graphed ``step`` under ``run.cuda_graphs=mode``, or None to train eagerly because of ``refusal``
+    (:func:`graph_refusal`'s reason), which ``note`` says once under ``auto`` on a GPU (run.log)."""
+    if refusal is not None:
+        if mode == "auto" and device.type == "cuda":
+            note(f"[swalab] training eagerly, not as a CUDA graph: {refusal}")
+        return None
+    return GraphedStep(step, optimizer, device, strict=mode == "on", note=note)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -36,7 +35,7 @@ from swalab.checkpoint import (CheckpointStore, PredictionFiles, checkpoint_name
 from swalab.config import check_monitoring
 from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
                              score_predictors)
-from swalab.graphed import GraphedStep, graph_refusal
+from swalab.graphed import GraphedStep, graph_refusal, graphed_step
 from swalab.logs import heartbeat, mean_epoch_seconds, progress_bar, run_eta
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
@@ -44,35 +43,10 @@ from swalab.optim import OptimizerSpec, load_optimizer_state
 from swalab.pausing import PauseFlag, Preempted, catching_pause_signals, signal_words
 from swalab.precision import check_precision, deterministic
 from swalab.snapshots import SnapshotWriter
+from swalab.trainer_options import TrainerOptions
 from swalab.step import EpochTally, NonFiniteLossError, TrainingStep, first_bad_step, skip_nonfinite
 
 log = logging.getLogger("swalab.trainer")
-
-
-@dataclass
-class TrainerOptions:
-    """Loop settings, all explicit (``swalab.train`` fills them from ``conf/trainer`` and ``conf/run``)."""
-
-    epochs: int
-    precision: str = "auto"          # training steps' autocast: auto | bf16 | fp16 | fp32 (swalab.precision)
-    clip_grad_norm: float | None = None  # clip the gradients' global norm to this before each step (None: no clipping)
-    accumulate: int = 1              # micro-batches each batch is split into, one optimizer step per batch
-    channels_last: bool = True       # CUDA and CPU: oneDNN convolutions are 1.1-1.4x faster in it too
-    compile: bool = False
-    eval_every: int = 1              # score the live model on the test set every N epochs (0: end only)
-    checkpoint_every: int = 1        # epochs between checkpoints
-    keep_checkpoints: int = 2
-    nonfinite: str = "stop"          # stop | skip
-    max_skips: int = 10
-    progress: bool | None = None     # None: a bar only on an interactive terminal
-    heartbeat_minutes: float = 0     # where no bar is shown: a line every N minutes within an epoch (0: none)
-    deterministic: bool = True       # CUDA: deterministic algorithms, bit-equal reruns (precision.deterministic)
-    cuda_graphs: str = "auto"        # CUDA: the training step captured once and replayed: auto | on | off (swalab.graphed)
-    save_at: tuple[int, ...] = ()    # epochs whose checkpoints are kept for good (branching)
-    handle_signals: bool = True
-    eval_split: str = "test"         # the split per-epoch monitoring scores: test | val (the validation split)
-    temperature_scaling: bool | str = "auto"  # <name>+ts predictors: auto (with a validation split) | True | False
-    snapshots: int | float | None = None  # the live weights written to snapshots/: every N epochs, or 1/k of one (swalab.snapshots)
 
 
 # What a Trainer built without an optimizer or a loss trains with: SGD with the paper's momentum, plain cross-entropy.
@@ -196,7 +170,8 @@ class Trainer:
                 start_epoch, start_step, partial = self.restore(resume)
             skips = int(partial.get("skips", 0))
             self.ungraphed_because = self._graph_refusal()  # again: the restored optimizer's groups
-            self.graphed = self._graphed_step()
+            self.graphed = graphed_step(self.opts.cuda_graphs, self.device, self.step.whole, self.optimizer,
+                                        self.ungraphed_because, log.info if self.main else lambda line: None)
             with catching_pause_signals(self.pause.note, self.opts.handle_signals):
                 for epoch in range(start_epoch, self.opts.epochs):
                     tally = self._train_epoch(epoch, start_step if epoch == start_epoch else 0, partial, skips)
@@ -226,20 +201,10 @@ class Trainer:
             tally.lr = self.method.step_lr(epoch, step, steps)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             x, target = self.step.loss.prepare(x, y)  # mixup/cutmix when asked (swalab.losses)
-            if self.graphed is not None:
-                loss, correct = self.graphed(x, target, tally.lr)
-            else:
-                for group in self.optimizer.param_groups:
-                    group["lr"] = tally.lr
-                self.optimizer.zero_grad(set_to_none=True)
-                loss, correct = self.step.forward_backward(x, target)
-                if self.opts.nonfinite == "skip" and skip_nonfinite(
-                        loss, epoch, step, tally.skips, self.opts.max_skips, self.ranks.enabled, self.main,
-                        self.store.kept_words):
-                    self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are dropped with it
-                    tally.skips += 1
-                    continue
-                self.step.update()
+            loss, correct = (self.graphed(x, target, tally.lr) if self.graphed is not None
+                             else self._eager_step(x, target, epoch, step, tally))
+            if loss is None:  # a non-finite loss, skipped (trainer.nonfinite=skip)
+                continue
             bad_step = torch.where((bad_step < 0) & ~torch.isfinite(loss), step, bad_step)
             self.method.on_step_end(self.ctx, epoch, step)
             self.snapshots.after_step(self.model, epoch, step, steps)
@@ -273,14 +238,20 @@ class Trainer:
                              nonfinite=self.opts.nonfinite, data_parallel=self.ranks.enabled,
                              compiled=self.opts.compile, grad_scaled=self.step.scaler is not None)
 
-    def _graphed_step(self) -> GraphedStep | None:
-        """This fit's CUDA-graphed step, or None to train eagerly (under ``auto`` on a GPU, run.log says why)."""
-        if self.ungraphed_because is not None:
-            if self.opts.cuda_graphs == "auto" and self.device.type == "cuda" and self.main:
-                log.info(f"[swalab] training eagerly, not as a CUDA graph: {self.ungraphed_because}")
-            return None
-        return GraphedStep(self.step.whole, self.optimizer, self.device, strict=self.opts.cuda_graphs == "on",
-                           note=log.info if self.main else lambda line: None)
+    def _eager_step(self, x: torch.Tensor, target, epoch: int, step: int, tally: EpochTally):
+        """One optimizer step run eagerly: ``(loss, correct)``, or ``(None, None)`` when ``trainer.nonfinite=skip``
+        drops the step for its non-finite loss (its gradients dropped with it)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = tally.lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, correct = self.step.forward_backward(x, target)
+        if self.opts.nonfinite == "skip" and skip_nonfinite(loss, epoch, step, tally.skips, self.opts.max_skips,
+                                                            self.ranks.enabled, self.main, self.store.kept_words):
+            self.optimizer.zero_grad(set_to_none=True)
+            tally.skips += 1
+            return None, None
+        self.step.update()
+        return loss, correct
 
     def _end_epoch(self, epoch: int, tally: EpochTally) -> None:
         """The method's epoch hook, the history row (scored every ``eval_every`` epochs), the checkpoint."""

@@ -21,7 +21,7 @@ from swalab.losses import LossSpec
 from swalab.optim import OptimizerSpec
 from swalab.runlock import gone_holder
 from swalab.train.records import DamagedRecord, final_metrics
-from swalab.trainer import TrainerOptions
+from swalab.trainer_options import TrainerOptions
 
 
 def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:

@@ -112,7 +112,7 @@ def _boxes(ax, values: dict[int, list[float]], offset: float, width: float, colo
                    patch_artist=True, manage_ticks=False,
                    boxprops={"facecolor": to_rgba(color, 0.3), "edgecolor": color, "lw": 0.9},
                    whiskerprops={"color": color, "lw": 0.9}, capprops={"color": color, "lw": 0.9},
-                   medianprops={"color": color, "lw": 1.6},
+                   medianprops={"color": "black", "lw": 1.1},  # the median read on a light box too
                    flierprops={"marker": "o", "ms": 2.5, "mfc": "none", "mec": color, "mew": 0.7})
     if values.get(CLEAN):
         ax.plot([CLEAN + offset], values[CLEAN], "D", ms=4.5, color=color)
@@ -127,8 +127,8 @@ def _corruption_legend(columns, colours, counts: set[int]) -> list:
                      f"seed{'s' if len(cell.entries) > 1 else ''})") for (column, cell), c in zip(columns, colours)]
     many = f"{min(counts)}" + (f" to {max(counts)}" if len(counts) > 1 else "")
     handles.append(Line2D([], [], ls="none", marker="s", mfc="none", mec="grey", label=textwrap.fill(
-        f"box: the {many} corruptions at a severity, each the mean over seeds (median, quartiles, whiskers to "
-        "1.5 IQR, circles beyond)", LEGEND_CHARS)))
+        f"box: the {many} corruptions at a severity, each the mean over seeds (black: the median; quartiles, "
+        "whiskers to 1.5 IQR, circles beyond)", LEGEND_CHARS)))
     handles.append(Line2D([], [], ls="none", marker="D", ms=4.5, color="grey",
                           label=textwrap.fill("clean: the uncorrupted test set (mean over seeds)", LEGEND_CHARS)))
     return handles
@@ -173,8 +173,7 @@ def plot_shift_corruptions(table: Table, path: Path) -> bool:
         for k, (ax, (metric, label)) in enumerate(zip(axes[2 * i:2 * i + 2], CORRUPTION_METRICS)):
             _corruption_panel(ax, columns, metric, label, legend=k == 1)
             style.title(ax, f"{text} · {CORRUPTION_TITLES[metric]}" if text else CORRUPTION_TITLES[metric])
-    style.suptitle(fig, ", ".join(filter(None, [shared, "under corruption (CIFAR-10-C-style, made from the test "
-                                                        "split)"])))
+    style.suptitle(fig, ", ".join(filter(None, [shared, "the test split corrupted (CIFAR-10-C-style)"])))
     style.finish(plt, fig, path)
     return True
 
@@ -206,9 +205,9 @@ def mean_roc(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, n
 
 
 def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
-               ) -> dict[str, tuple[np.ndarray, np.ndarray, list[float]]]:
-    """``{score: (fpr, tpr, [AUROC per seed])}`` of a cell's predictor against the OOD set ``name``, for each of
-    ``scores`` stored, over the seeds whose per-image scores were kept."""
+               ) -> dict[str, tuple[np.ndarray, np.ndarray, list[float], int]]:
+    """``{score: (fpr, tpr, [AUROC per seed], seeds drawn)}`` of a cell's predictor against the OOD set ``name``, for
+    each of ``scores`` stored, over the seeds whose per-image scores were kept."""
     curves: dict[str, list] = defaultdict(list)
     aurocs: dict[str, list[float]] = defaultdict(list)
     for e in cell.entries:
@@ -219,7 +218,8 @@ def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
                 curves[score].append(ood.roc_curve(ins, outs))
                 if "auroc" in (record.get(score) or {}):
                     aurocs[score].append(float(record[score]["auroc"]))
-    return {score: (*mean_roc(curves[score]), aurocs[score]) for score in ROC_SCORES if curves.get(score)}
+    return {score: (*mean_roc(curves[score]), aurocs[score], len(curves[score]))
+            for score in ROC_SCORES if curves.get(score)}
 
 
 def _auroc_text(values: list[float]) -> str:
@@ -236,9 +236,8 @@ def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
     seeds = 1
     for column, color in zip(columns, _colours(columns)):
         cell = row.cells[column]
-        for score, (fpr, tpr, aurocs) in roc_curves(cell, name, read, scores).items():
+        for score, (fpr, tpr, aurocs, n) in roc_curves(cell, name, read, scores).items():
             line_style, said = ROC_SCORES[score]
-            n = len(cell.entries)
             ax.plot(fpr, tpr, ls=line_style, lw=1.3, color=color, label=f"{column.label} · {said}: "
                                                                        f"{_auroc_text(aurocs)} (n={n})")
             seeds = max(seeds, n)

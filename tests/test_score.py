@@ -189,6 +189,13 @@ def test_a_run_detects_noise_and_an_image_folder_against_its_test_split(swa_run,
     written = json.loads((swa_run / "scores" / "ood-noise-uniform" / "metrics.json").read_text())
     assert written["predictors"] == json.loads(json.dumps(noise["predictors"]))
     assert "OOD images are the positives" in capsys.readouterr().out
+    from swalab.results.ood import PER_IMAGE_FILE, auroc, read_kept_scores
+
+    kept = read_kept_scores(swa_run / "scores" / "ood-noise-uniform" / PER_IMAGE_FILE)  # for the report's ROC curves
+    assert set(kept) == set(noise["predictors"]) and set(kept["swa"]) == {"msp", "entropy"}
+    ins, outs = kept["swa"]["msp"]
+    assert (len(ins), len(outs)) == (noise["data"]["in_distribution"], noise["data"]["out_of_distribution"])
+    assert auroc(ins, outs) == pytest.approx(noise["predictors"]["swa"]["msp"]["auroc"], abs=2e-3)  # float16 kept
 
 
 def test_an_ood_spec_that_names_nothing_is_refused_before_any_run_is_opened(tmp_path):

@@ -9,7 +9,9 @@ Scores, higher = more likely out-of-distribution: ``msp`` (1 - the maximum softm
 members), ``mutual_information`` (the predictive entropy minus the members' mean entropy). Metrics, computed exactly
 here (a few lines of torch, no dependency): ``auroc`` (the probability that an OOD image scores above an
 in-distribution one, ties counted half), ``aupr`` (average precision with OOD as the positive class) and ``fpr95`` (the
-fraction of in-distribution images flagged at the threshold that flags 95% of the OOD ones).
+fraction of in-distribution images flagged at the threshold that flags 95% of the OOD ones); :func:`roc_curve`, whose
+area is ``auroc``. Each image's scores are kept beside the metrics (:data:`PER_IMAGE_FILE`, float16) for the report's
+ROC curves.
 
 OOD sets (all made from files on this machine, none downloaded):
 
@@ -78,7 +80,24 @@ def fpr_at_tpr(in_scores: torch.Tensor, out_scores: torch.Tensor, tpr: float = T
     return float((in_scores.double() >= threshold).double().mean())
 
 
+def roc_curve(in_scores: torch.Tensor, out_scores: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The ROC curve, OOD images the positives: ``(fpr, tpr)`` from (0, 0) to (1, 1), one point per distinct score
+    taken as a threshold (flag every image scoring at or above it; tied scores one point), so that the area under
+    the straight lines joining the points is :func:`auroc` exactly (ties counted half)."""
+    scores = torch.cat([in_scores, out_scores]).double()
+    positive = torch.cat([torch.zeros(len(in_scores)), torch.ones(len(out_scores))]).double()
+    order = scores.argsort(descending=True)
+    scores, positive = scores[order], positive[order]
+    last = torch.ones(len(scores), dtype=torch.bool)
+    last[:-1] = scores[1:] != scores[:-1]  # the end of each run of tied scores
+    tp, fp = positive.cumsum(0)[last], (1 - positive).cumsum(0)[last]
+    fpr = np.concatenate([[0.0], (fp / max(len(in_scores), 1)).numpy()])
+    tpr = np.concatenate([[0.0], (tp / max(len(out_scores), 1)).numpy()])
+    return fpr, tpr
+
+
 def detection(in_scores: torch.Tensor, out_scores: torch.Tensor) -> dict[str, float]:
+    """AUROC, AUPR and FPR at 95% TPR of one score, OOD images the positives."""
     return {"auroc": auroc(in_scores, out_scores), "aupr": aupr(in_scores, out_scores),
             "fpr95": fpr_at_tpr(in_scores, out_scores)}
 
@@ -97,10 +116,42 @@ def uncertainty(log_probs: torch.Tensor, members: list[torch.Tensor] | None = No
     return out
 
 
+def per_image(in_log_probs: torch.Tensor, out_log_probs: torch.Tensor, in_members=None, out_members=None,
+              ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{score: (in-distribution scores, OOD scores)}`` of one predictor, a number per image (:func:`uncertainty`)."""
+    ins, outs = uncertainty(in_log_probs, in_members), uncertainty(out_log_probs, out_members)
+    return {name: (ins[name], outs[name]) for name in ins if name in outs}
+
+
 def ood_metrics(in_log_probs: torch.Tensor, out_log_probs: torch.Tensor, in_members=None, out_members=None) -> dict:
     """``{score: {auroc, aupr, fpr95}}`` of one predictor on its in-distribution and OOD log-probabilities."""
-    ins, outs = uncertainty(in_log_probs, in_members), uncertainty(out_log_probs, out_members)
-    return {name: detection(ins[name], outs[name]) for name in ins if name in outs}
+    scores = per_image(in_log_probs, out_log_probs, in_members, out_members)
+    return {name: detection(ins, outs) for name, (ins, outs) in scores.items()}
+
+
+# -- the per-image scores, kept for ROC curves -------------------------------------------------------------------------
+#: beside an OOD set's ``metrics.json``: every predictor's per-image scores, float16 (a ROC curve needs them)
+PER_IMAGE_FILE = "per_image_scores.pt"
+
+
+def kept_scores(scores: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]) -> dict:
+    """What :data:`PER_IMAGE_FILE` holds of ``{predictor: {score: (in, out)}}``: float16 per image (2 bytes; a score in
+    [0, log K] keeps 3 significant digits, enough to draw a curve; the AUROC of ``metrics.json`` is from the full
+    precision), OOD images the positives."""
+    return {"positive": "out-of-distribution",
+            "predictors": {name: {score: {"in": ins.half(), "out": outs.half()} for score, (ins, outs) in by.items()}
+                           for name, by in scores.items()}}
+
+
+def read_kept_scores(path: Path) -> dict | None:
+    """``{predictor: {score: (in, out)}}`` (float32) of a :data:`PER_IMAGE_FILE`, or None where there is none (an OOD
+    set scored before they were kept) or it cannot be read."""
+    try:
+        kept = torch.load(path, map_location="cpu", weights_only=True)
+        return {name: {score: (v["in"].float(), v["out"].float()) for score, v in by.items()}
+                for name, by in kept["predictors"].items()}
+    except Exception:  # noqa: BLE001  missing or damaged: no curve, and the report says why
+        return None
 
 
 # -- the OOD sets ----------------------------------------------------------------------------------------------------

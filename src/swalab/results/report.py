@@ -3,11 +3,13 @@
 Use it after a grid (``python run.py -m ...``) or on any tree of run directories, or on the grid
 records in ``outputs/grids/<date_time>/`` (then exactly that grid's runs are read). It reads only the
 files each run wrote (``config.yaml``/``identity.json``, ``status.json``, ``metrics.json``,
-``history.jsonl``, ``reliability.json``, ``lineage.json``), never the weights, so it takes seconds.
+``history.jsonl``, ``reliability.json``, ``lineage.json``, ``scores/``), never the weights, so it takes
+seconds.
 
 How runs become a table that never mixes or double-counts them: ``swalab.results.table``. The
 pieces: ``runs`` (reading run directories), ``table`` (cells, rows, columns), ``write`` (table.md and
-the CSVs), ``plots``, ``diagnostics`` (section 3.5), ``wandb_report`` (the W&B Report).
+the CSVs), ``plots``, ``shift_plots`` (the runs scored under shift), ``diagnostics`` (section 3.5),
+``wandb_report`` (the W&B Report).
 
 Writes to ``--out`` (default ``report/``):
 
@@ -26,6 +28,12 @@ Writes to ``--out`` (default ``report/``):
     fge_curve.png     FGE ensemble accuracy against the number of members, SWA as a line
     reliability.png   reliability diagrams per column (ECE and Brier in the legend), with the share of images
                       per confidence bin beneath; ``--reliability sgd swa swag fge`` chooses the columns
+    shift_corruptions.png  runs scored under corruption (python -m swalab.results.score --data cifar10c:...):
+                      accuracy and ECE against severity per column, a box over the corruptions at each severity
+                      (swalab.results.shift_plots)
+    ood_roc.png       runs scored against OOD sets (--ood): ROC curves per OOD set, a curve per column and score,
+                      AUROC in the legend (``--roc-scores``: which scores); an OOD record without per-image
+                      scores draws none (a note says so)
     *.pdf             each figure as PDF too
 
 ``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also builds a W&B Report
@@ -52,6 +60,7 @@ from swalab.results.ensembles import seed_ensembles
 from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
 from swalab.results.row import row_cost, row_records
 from swalab.results.runs import Run, run_dirs
+from swalab.results.shift_plots import DEFAULT_ROC_SCORES, ROC_SCORES, plot_ood_roc, plot_shift_corruptions, roc_missing
 from swalab.results.table import Table, build_table
 from swalab.results.write import load_paper_tables, other_data_markdown, to_markdown, write_csv, write_runs_csv
 from swalab.runlock import process_exists
@@ -77,12 +86,13 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
 
 # Every file a report writes into ``--out`` (W&B's spec: ``swalab.results.wandb_report.SPEC_FILE``).
 REPORT_FILES = ("table.md", "table.csv", "runs.csv", "test_error.png", "fge_curve.png", "reliability.png",
-                "test_error.pdf", "fge_curve.pdf", "reliability.pdf", "wandb_report.json")
+                "shift_corruptions.png", "ood_roc.png", "test_error.pdf", "fge_curve.pdf", "reliability.pdf",
+                "shift_corruptions.pdf", "ood_roc.pdf", "wandb_report.json")
 
 
 def write_report(work: Path, roots: Sequence[str | Path], runs, table: Table, notes: list[str],
                  costs: list[dict], paper: bool, ensembles: Sequence = (),
-                 reliability: Sequence[str] | None = None) -> dict:
+                 reliability: Sequence[str] | None = None, roc_scores: Sequence[str] = DEFAULT_ROC_SCORES) -> dict:
     """Write every file of the report of ``runs`` (some of them finished) but W&B's into ``work``; return their
     names."""
     other = other_data_markdown([r for r in runs if r.finished])
@@ -94,7 +104,9 @@ def write_report(work: Path, roots: Sequence[str | Path], runs, table: Table, no
     write_runs_csv(runs, work / "runs.csv", roots)
     names: dict = {"table.md": True, "table.csv": True, "runs.csv": True}
     for name, plot in (("test_error", plot_test_error), ("fge_curve", plot_fge_curve),
-                       ("reliability", lambda t, p: plot_reliability(t, p, reliability))):
+                       ("reliability", lambda t, p: plot_reliability(t, p, reliability)),
+                       ("shift_corruptions", plot_shift_corruptions),
+                       ("ood_roc", lambda t, p: plot_ood_roc(t, p, roc_scores))):
         if plot(table, work / f"{name}.png"):
             names.update({f"{name}.png": True, f"{name}.pdf": True})
     return names
@@ -141,12 +153,13 @@ def publish(work: Path, out: Path, names: dict) -> None:
 
 def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wandb_mode: str | None = None,
            wandb_project: str | None = None, wandb_entity: str | None = None,
-           reliability: Sequence[str] | None = None) -> dict:
+           reliability: Sequence[str] | None = None, roc_scores: Sequence[str] = DEFAULT_ROC_SCORES) -> dict:
     """Collect runs below ``roots``, write the tables, CSVs and plots to ``out``; return what was found.
 
     ``wandb_mode`` (``online`` | ``offline``) also builds the W&B Report (``swalab.results.wandb_report``); its
     project and entity default to the runs' own. ``reliability`` names the methods whose columns the reliability
-    diagrams draw (``swalab.results.plots.reliability_columns``).
+    diagrams draw (``swalab.results.plots.reliability_columns``); ``roc_scores`` the OOD scores of the ROC curves
+    (``swalab.results.shift_plots``).
     """
     out = output_folder(out, "--out")
     missing = [str(r) for r in roots if not Path(r).exists()]
@@ -157,7 +170,7 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     finished = [r for r in runs if r.finished]
     table = build_table(runs)
     ensembles = seed_ensembles(table)
-    notes = problems_of(runs, table)
+    notes = problems_of(runs, table) + roc_missing(table)
     if reliability and not any(c.method in reliability for c in table.columns):
         notes.append(f"--reliability {' '.join(reliability)}: no column of these methods (the columns: "
                      f"{', '.join(sorted({c.method for c in table.columns}))}); no reliability diagram")
@@ -169,7 +182,7 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     with sigterm_exits():  # a SIGTERM (a time limit, kill) still removes the work folder
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))  # made here, then moved
         try:
-            names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability)
+            names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability, roc_scores)
             publish(work, out, names)
         except OSError as exc:  # a full disk, a quota: nothing of the earlier report was replaced
             raise OSError(exc.errno, f"cannot write the report into {out} ({exc.strerror or exc}): the earlier "
@@ -207,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the columns of the reliability diagrams, by method, each at its largest budget, e.g. "
                              "sgd swa swag fge (swa+ts: SWA at its fitted temperature); default: every column but "
                              "the +ts ones")
+    parser.add_argument("--roc-scores", nargs="+", metavar="SCORE", default=list(DEFAULT_ROC_SCORES),
+                        choices=list(ROC_SCORES),
+                        help="the OOD scores of ood_roc.png's curves: msp, entropy, mutual_information (default: msp "
+                             "mutual_information, the second where stored: an ensemble's)")
     parser.add_argument("--wandb", action="store_true",
                         help="also build a W&B Report: saved online, else its spec "
                              "is written next to table.md with the command that publishes it")
@@ -217,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = report(args.dirs, args.out, paper=args.paper, wandb_mode=args.wandb_mode if args.wandb else None,
                         wandb_project=args.wandb_project, wandb_entity=args.wandb_entity,
-                        reliability=args.reliability)
+                        reliability=args.reliability, roc_scores=args.roc_scores)
     except ImportError as exc:  # --wandb without wandb-workspaces
         print(f"[swalab.results.report] {exc}", file=sys.stderr)
         return 2

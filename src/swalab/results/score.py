@@ -24,7 +24,7 @@ with corruptions, the mean per severity over every corruption scored so far (thi
 ``<run>/scores/cifar10c-summary.json``. ``--ood <spec>``
 (``noise:gaussian``, ``noise:uniform``, ``folder:<dir>``, ``other-classes``; ``swalab.results.ood``) sets each predictor's uncertainty on
 the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score) in
-``<run>/scores/ood-<name>/metrics.json``. The run's own records are never touched.
+``<run>/scores/ood-<name>/metrics.json``, and each image's scores (float16) in ``per_image_scores.pt`` beside it. The run's own records are never touched.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 import torch
 
 from swalab.calibration import scaled, scaled_name
+from swalab.checkpoint import atomic_save
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
@@ -158,16 +159,19 @@ def score_on(scored: Scored, spec: DataSpec) -> dict:
 
 def detect_ood(scored: Scored, spec: str) -> dict:
     """Each re-scorable predictor's OOD detection (``swalab.results.ood``): the run's test split against ``spec``'s
-    images, written under ``<run>/scores/ood-<name>/metrics.json``."""
+    images, written under ``<run>/scores/ood-<name>/metrics.json``, each image's scores (float16) beside it in
+    ``per_image_scores.pt`` (the report draws ROC curves from them)."""
     own = scored.run.data().test
     outside = scored.run.other_classes_test() if spec == ood.OTHER_CLASSES else ood.ood_split(spec, own)
     in_log_probs, in_members = predictions_on(scored, own)
     out_log_probs, out_members = predictions_on(scored, outside)
-    detected = {}
+    per_image = {}
     for name, p in in_log_probs.items():
         ensemble = name in ("fge", "fge+ts") and in_members is not None
-        detected[name] = ood.ood_metrics(p, out_log_probs[name], in_members if ensemble else None,
-                                         out_members if ensemble else None)
+        per_image[name] = ood.per_image(p, out_log_probs[name], in_members if ensemble else None,
+                                        out_members if ensemble else None)
+    detected = {name: {score: ood.detection(ins, outs) for score, (ins, outs) in by.items()}
+                for name, by in per_image.items()}
     record = {"data": {"name": ood.spec_name(spec), "spec": spec, "in_distribution": len(own.labels),
                        "out_of_distribution": len(outside.labels),
                        "fingerprint": corruptions.fingerprint(outside.images)},
@@ -175,6 +179,7 @@ def detect_ood(scored: Scored, spec: str) -> dict:
               "not_scored": not_rescorable(scored, list(in_log_probs))}
     folder = scored.run.path / FOLDER / ood.spec_name(spec)
     folder.mkdir(parents=True, exist_ok=True)
+    atomic_save(ood.kept_scores(per_image), folder / ood.PER_IMAGE_FILE)  # the report's ROC curves read them
     write_json(folder / METRICS_FILE, record)
     return record
 

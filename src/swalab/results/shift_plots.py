@@ -1,0 +1,308 @@
+"""The report's figures of runs scored under shift (``python -m swalab.results.score``, ``<run>/scores/``,
+docs/shift.md): accuracy and ECE against corruption severity, and ROC curves of out-of-distribution detection.
+
+Both are drawn per row of the report's table (a dataset, a model and the settings they share), each predictor in its
+column's colour (``swalab.style.color_of``: SWA is the same green here as in the test-error curves), over the seeds of
+its cell:
+
+* ``shift_corruptions.png``: per row, an accuracy panel and an ECE panel against severity (Ovadia et al. 2019, their
+  figure 1): at each severity 1 to 5 a box per predictor over the corruptions scored, each corruption's value first
+  the mean over the seeds; at "clean", the uncorrupted test set (``scores/test`` where the run was scored on it
+  again, else the run's own ``metrics.json``: the same numbers), one marker.
+* ``ood_roc.png``: per row and OOD set, the ROC curve of each predictor and score (``msp``: 1 - the maximum softmax
+  probability, and ``mutual_information`` of an ensemble with saved members; ``entropy`` when asked: the report's
+  ``--roc-scores``), OOD images the positives,
+  from the per-image scores kept beside the OOD record (``swalab.results.ood.PER_IMAGE_FILE``); over several seeds
+  the mean true positive rate at each false positive rate (vertical averaging, Fawcett 2006). The legend gives the
+  AUROC of ``metrics.json`` (from full-precision scores; mean ± std over seeds). An OOD record scored before the
+  per-image scores were kept draws no curve, and :func:`roc_missing` says so in one line.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from swalab import style
+from swalab.results import ood
+from swalab.results.table import Cell, Column, Row, Table
+
+CORRUPTED = "cifar10c-"  # the folder of a corrupted set: scores/cifar10c-<corruption>-<severity>
+OOD = "ood-"             # the folder of an OOD record: scores/ood-<name>
+SEVERITIES = (1, 2, 3, 4, 5)
+CLEAN = 0                # the clean test set's place on the severity axis
+#: the corruption figure's two panels per row: metric, axis label
+CORRUPTION_METRICS = (("acc", "accuracy (%)"), ("ece", "ECE (15 equal-width bins)"))
+CORRUPTION_TITLES = {"acc": "accuracy", "ece": "calibration"}
+LEGEND_LINE = 0.15  # inches a line of a legend in 7 pt takes
+LEGEND_CHARS = 48  # a legend line to the right of a panel, wrapped at its words
+#: the OOD scores a ROC panel can draw, in this order, each with its line style and legend name
+ROC_SCORES = {"msp": ("-", "MSP"), "entropy": ("--", "entropy"), "mutual_information": (":", "mutual information")}
+#: those it draws unless told (``--roc-scores``): MSP of every predictor, mutual information where stored (an
+#: ensemble's); entropy ranks images much as MSP does and would double the curves
+DEFAULT_ROC_SCORES = ("msp", "mutual_information")
+ROC_LEGEND = "MSP: 1 - max. softmax probability"
+ROC_SEEDS = "; over seeds: the mean TPR at each FPR,\nAUROC mean ± std (n seeds)"
+ROC_GRID = np.linspace(0.0, 1.0, 201)  # the false positive rates of a ROC curve averaged over seeds
+
+
+# -- under corruption ------------------------------------------------------------------------------------------------
+def corrupted_records(run) -> dict[tuple[str, int], dict]:
+    """``{(corruption, severity): {predictor: metrics}}`` of a run's corrupted test sets."""
+    out = {}
+    for name, record in run.scores.items():
+        data = record.get("data") or {}
+        if name.startswith(CORRUPTED) and data.get("corruption") and data.get("severity"):
+            out[(str(data["corruption"]), int(data["severity"]))] = record["predictors"]
+    return out
+
+
+def clean_metrics(entry) -> dict:
+    """An entry's predictor on the clean test set: ``scores/test`` where the run was scored on it again, else the
+    run's own ``metrics.json`` (the same numbers)."""
+    again = ((entry.run.scores.get("test") or {}).get("predictors") or {}).get(entry.predictor)
+    return again or entry.metrics
+
+
+def severity_values(cell: Cell, metric: str) -> dict[int, list[float]]:
+    """``{severity: [one value per corruption]}`` of a cell, each value the mean over the seeds that scored it, and
+    at :data:`CLEAN` the clean test set's (mean over seeds); empty where no seed was scored under corruption."""
+    per: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for e in cell.entries:
+        for key, predictors in corrupted_records(e.run).items():
+            if metric in (predictors.get(e.predictor) or {}):
+                per[key].append(float(predictors[e.predictor][metric]))
+    out: dict[int, list[float]] = defaultdict(list)
+    for (_, severity), values in sorted(per.items()):
+        out[severity].append(statistics.fmean(values))
+    clean = [float(clean_metrics(e)[metric]) for e in cell.entries if metric in clean_metrics(e)]
+    if out and clean:
+        out[CLEAN] = [statistics.fmean(clean)]
+    return dict(out)
+
+
+def corrupted_columns(row: Row) -> list[tuple[Column, Cell]]:
+    """The columns of ``row`` scored under corruption, in the table's order."""
+    return [(c, row.cells[c]) for c in sorted(row.cells, key=lambda c: c.order)
+            if severity_values(row.cells[c], "acc")]
+
+
+def _colours(columns) -> list[str]:
+    """Each column's colour: its method's, a lighter shade for the method's second column in a panel (SWA+ts beside
+    SWA, SWA 1B beside SWA 1.5B)."""
+    shades: dict[str, int] = defaultdict(int)
+    out = []
+    for column in columns:
+        out.append(style.color_of(column.method, shades[column.base]))
+        shades[column.base] += 1
+    return out
+
+
+def _boxes(ax, values: dict[int, list[float]], offset: float, width: float, color: str) -> None:
+    """One predictor's boxes at severities 1..5 (shifted by ``offset``) and its clean marker."""
+    from matplotlib.colors import to_rgba
+
+    shown = [s for s in SEVERITIES if values.get(s)]
+    if shown:
+        ax.boxplot([values[s] for s in shown], positions=[s + offset for s in shown], widths=width,
+                   patch_artist=True, manage_ticks=False,
+                   boxprops={"facecolor": to_rgba(color, 0.3), "edgecolor": color, "lw": 0.9},
+                   whiskerprops={"color": color, "lw": 0.9}, capprops={"color": color, "lw": 0.9},
+                   medianprops={"color": "black", "lw": 1.1},  # the median read on a light box too
+                   flierprops={"marker": "o", "ms": 2.5, "mfc": "none", "mec": color, "mew": 0.7})
+    if values.get(CLEAN):
+        ax.plot([CLEAN + offset], values[CLEAN], "D", ms=4.5, color=color)
+
+
+def _corruption_legend(columns, colours, counts: set[int]) -> list:
+    """The legend of a corruption panel: a patch per predictor, then what a box and the clean marker are."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=style.to_hex(c) + "4d", edgecolor=c, label=f"{column.label} (n={len(cell.entries)} "
+                     f"seed{'s' if len(cell.entries) > 1 else ''})") for (column, cell), c in zip(columns, colours)]
+    many = f"{min(counts)}" + (f" to {max(counts)}" if len(counts) > 1 else "")
+    handles.append(Line2D([], [], ls="none", marker="s", mfc="none", mec="grey", label=textwrap.fill(
+        f"box: the {many} corruptions at a severity, each the mean over seeds (black: the median; quartiles, "
+        "whiskers to 1.5 IQR, circles beyond)", LEGEND_CHARS)))
+    handles.append(Line2D([], [], ls="none", marker="D", ms=4.5, color="grey",
+                          label=textwrap.fill("clean: the uncorrupted test set (mean over seeds)", LEGEND_CHARS)))
+    return handles
+
+
+def _corruption_panel(ax, columns, metric: str, label: str, legend: bool) -> None:
+    """One row's panel of ``metric`` against severity, all its predictors side by side at each severity; with
+    ``legend``, the row's legend to its right (one per row: both panels draw the same predictors)."""
+    colours = _colours([c for c, _ in columns])
+    width = 0.8 / len(columns)
+    counts = set()
+    for k, ((column, cell), color) in enumerate(zip(columns, colours)):
+        values = severity_values(cell, metric)
+        counts |= {len(v) for s, v in values.items() if s != CLEAN}
+        _boxes(ax, values, (k - (len(columns) - 1) / 2) * width, width * 0.85, color)
+    ax.set_xticks([CLEAN, *SEVERITIES], ["clean", *map(str, SEVERITIES)])
+    ax.set(xlim=(-0.6, max(SEVERITIES) + 0.6), xlabel="corruption severity", ylabel=label)
+    style.enough_ticks(ax.yaxis)
+    ax.grid(alpha=0.3, axis="y")
+    if legend:
+        ax.legend(handles=_corruption_legend(columns, colours, counts or {0}), fontsize=7, frameon=False,
+                  loc="upper left", bbox_to_anchor=(1.03, 1.0))
+
+
+def _row_items(row: Row) -> list[str]:
+    return style.label_items(f"{row.dataset} / {row.model}", row.label)
+
+
+def plot_shift_corruptions(table: Table, path: Path) -> bool:
+    """Accuracy and ECE against corruption severity (module doc), two panels per row of ``table`` whose runs were
+    scored under corruption, a row of the figure each; False (nothing drawn) when none was."""
+    rows = [(row, columns) for row in table.rows for columns in [corrupted_columns(row)] if columns]
+    if not rows:
+        return False
+    plt = style.pyplot()
+    fig, axes = style.panels(plt, 2 * len(rows), across=2)
+    if len(rows) == 1:  # the row is the figure's title; its panels are titled by what they show
+        shared, own = ", ".join(_row_items(rows[0][0])), [""]
+    else:
+        shared, own = style.panel_titles([_row_items(row) for row, _ in rows])
+    for i, ((row, columns), text) in enumerate(zip(rows, own)):
+        for k, (ax, (metric, label)) in enumerate(zip(axes[2 * i:2 * i + 2], CORRUPTION_METRICS)):
+            _corruption_panel(ax, columns, metric, label, legend=k == 1)
+            style.title(ax, f"{text} · {CORRUPTION_TITLES[metric]}" if text else CORRUPTION_TITLES[metric])
+    style.suptitle(fig, ", ".join(filter(None, [shared, "the test split corrupted (CIFAR-10-C-style)"])))
+    style.finish(plt, fig, path)
+    return True
+
+
+# -- out-of-distribution detection ------------------------------------------------------------------------------------
+def ood_names(row: Row) -> list[str]:
+    """The OOD sets (``ood-<name>``) any run of ``row`` was scored against."""
+    return sorted({name for run in row.runs() for name in run.scores if name.startswith(OOD)})
+
+
+def kept_scores(run, name: str, read: dict) -> dict | None:
+    """The per-image scores of one OOD record of ``run`` (``read``: the files read so far, one read per file)."""
+    path = Path(run.path) / "scores" / name / ood.PER_IMAGE_FILE
+    if path not in read:
+        read[path] = ood.read_kept_scores(path)
+    return read[path]
+
+
+def mean_roc(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One ROC curve as it is, or several (seeds) averaged vertically: the mean true positive rate at each false
+    positive rate of :data:`ROC_GRID` (each curve read at its highest rate there), from (0, 0)."""
+    if len(curves) == 1:
+        return curves[0]
+    tprs = []
+    for fpr, tpr in curves:
+        fpr_u, last = np.unique(fpr[::-1], return_index=True)  # the highest tpr at each fpr (tpr grows along fpr)
+        tprs.append(np.interp(ROC_GRID, fpr_u, tpr[::-1][last]))
+    return np.concatenate([[0.0], ROC_GRID]), np.concatenate([[0.0], np.mean(tprs, axis=0)])
+
+
+def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
+               ) -> dict[str, tuple[np.ndarray, np.ndarray, list[float], int]]:
+    """``{score: (fpr, tpr, [AUROC per seed], seeds drawn)}`` of a cell's predictor against the OOD set ``name``, for
+    each of ``scores`` stored, over the seeds whose per-image scores were kept."""
+    curves: dict[str, list] = defaultdict(list)
+    aurocs: dict[str, list[float]] = defaultdict(list)
+    for e in cell.entries:
+        kept = (kept_scores(e.run, name, read) or {}).get(e.predictor) or {}
+        record = ((e.run.scores.get(name) or {}).get("predictors") or {}).get(e.predictor) or {}
+        for score, (ins, outs) in kept.items():
+            if score in scores:
+                curves[score].append(ood.roc_curve(ins, outs))
+                if "auroc" in (record.get(score) or {}):
+                    aurocs[score].append(float(record[score]["auroc"]))
+    return {score: (*mean_roc(curves[score]), aurocs[score], len(curves[score]))
+            for score in ROC_SCORES if curves.get(score)}
+
+
+def _auroc_text(values: list[float]) -> str:
+    if not values:
+        return "AUROC –"
+    spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+    return f"AUROC {statistics.fmean(values):.3f}{spread}"
+
+
+def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
+    """One row's ROC panel against one OOD set: a curve per predictor and score, the diagonal, the legend beneath."""
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.9, ls=(0, (1, 2)), label="chance (AUROC 0.5)")
+    columns = [c for c in sorted(row.cells, key=lambda c: c.order)]
+    seeds = 1
+    for column, color in zip(columns, _colours(columns)):
+        cell = row.cells[column]
+        for score, (fpr, tpr, aurocs, n) in roc_curves(cell, name, read, scores).items():
+            line_style, said = ROC_SCORES[score]
+            ax.plot(fpr, tpr, ls=line_style, lw=1.3, color=color, label=f"{column.label} · {said}: "
+                                                                       f"{_auroc_text(aurocs)} (n={n})")
+            seeds = max(seeds, n)
+    ax.set(xlim=(-0.01, 1.01), ylim=(-0.01, 1.01),
+           xlabel="false positive rate\n(in-distribution test images flagged)",
+           ylabel="true positive rate\n(OOD images flagged)")
+    style.enough_ticks(ax.xaxis)
+    style.enough_ticks(ax.yaxis)
+    ax.grid(alpha=0.3)
+    style.legend_beneath(ax, below=46, title=ROC_LEGEND + (ROC_SEEDS if seeds > 1 else ""),
+                         title_fontsize=7)
+
+
+def ood_set_text(row: Row, name: str) -> str:
+    """The OOD set as a title shows it: its spec (a folder by its last two parts) and the images on each side."""
+    record = next(run.scores[name] for run in row.runs() if name in run.scores)
+    data = record.get("data") or {}
+    spec = str(data.get("spec") or name.removeprefix(OOD))
+    if spec.startswith("folder:"):
+        spec = "folder " + "/".join(Path(spec.removeprefix("folder:").rstrip("/")).parts[-2:])
+    counts = (f" ({data['in_distribution']} test vs {data['out_of_distribution']} OOD images)"
+              if "in_distribution" in data and "out_of_distribution" in data else "")
+    return f"OOD: {spec}{counts}"
+
+
+def roc_panels(table: Table, read: dict) -> list[tuple[Row, str]]:
+    """``(row, OOD set)`` of every panel ``ood_roc.png`` draws: those with per-image scores of at least one run."""
+    return [(row, name) for row in table.rows for name in ood_names(row)
+            if any(kept_scores(run, name, read) for run in row.runs() if name in run.scores)]
+
+
+def plot_ood_roc(table: Table, path: Path, scores=DEFAULT_ROC_SCORES) -> bool:
+    """ROC curves per row and OOD set (module doc), a curve per predictor and each of ``scores`` it has (default
+    :data:`DEFAULT_ROC_SCORES`); False (nothing drawn) when no run kept per-image OOD scores. A row's OOD sets side
+    by side, so that a line of the figure is a row where they fit."""
+    unknown = [s for s in scores if s not in ROC_SCORES]
+    if unknown:
+        raise ValueError(f"--roc-scores {' '.join(unknown)}: give some of {', '.join(ROC_SCORES)}")
+    read: dict = {}
+    panels = roc_panels(table, read)
+    if not panels:
+        return False
+    plt = style.pyplot()
+    across = max(sum(1 for r, _ in panels if r is row) for row, _ in panels)
+    lines = max(sum(len(roc_curves(cell, name, read, scores)) for cell in row.cells.values()) for row, name in panels)
+    fig, axes = style.panels(plt, len(panels), height=style.PANEL[0] + LEGEND_LINE * (lines + 3),
+                             across=min(across, style.ACROSS))  # near square axes, and the legend beneath
+    shared, own = style.panel_titles([[*_row_items(row), ood_set_text(row, name)] for row, name in panels])
+    for ax, (row, name), text in zip(axes, panels, own):
+        _roc_panel(ax, row, name, read, scores)
+        style.title(ax, text)
+    style.suptitle(fig, ", ".join(filter(None, [shared, "OOD detection (OOD images the positives)"])))
+    style.finish(plt, fig, path)
+    return True
+
+
+def roc_missing(table: Table) -> list[str]:
+    """One line naming the OOD records that keep no per-image scores (scored before they were kept), so draw no ROC
+    curve, and the command that keeps them; nothing when every record does."""
+    read: dict = {}
+    missing = sorted({f"{run.label}: {name}" for row in table.rows for run in row.runs() for name in run.scores
+                      if name.startswith(OOD) and kept_scores(run, name, read) is None})
+    if not missing:
+        return []
+    shown = "; ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+    return [f"no ROC curve for {len(missing)} OOD record(s) without per-image scores (scored before "
+            f"{ood.PER_IMAGE_FILE} was kept): {shown}; python -m swalab.results.score <run> --ood <spec> again "
+            "keeps them"]

@@ -1,5 +1,5 @@
 """The post-hoc figure: accuracy and NLL, on the test set and the validation split, against what each family of
-averages was swept over (the SWA window's start, LAWA's k, the EMA decay, WiSE-FT's alpha, the soup's ingredients),
+averages was swept over (the SWA window's start, LAWA's k, the EMA decay, the power EMA's sigma_rel, WiSE-FT's alpha, the soup's ingredients),
 with the online predictors of the runs marked (``--mark``: SGD, SWA, EMA of their ``metrics.json``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Sequence
 from swalab import style
 
 AXES = {"swa": "window start (epoch; the window ends at the last)", "lawa": "k (last snapshots averaged)",
-        "ema": "decay per snapshot", "wiseft": "alpha ((1 - alpha) start + alpha final)",
+        "ema": "decay per snapshot", "powerema": "sigma_rel (power EMA's width relative to training)", "wiseft": "alpha ((1 - alpha) start + alpha final)",
         "soup": "ingredients in the soup"}
 ONLINE = ("sgd", "swa", "ema")  # the online predictors a figure marks
 METRIC_NAMES = {"acc": "accuracy (%)", "nll": "NLL (mean per image)"}

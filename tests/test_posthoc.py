@@ -236,3 +236,26 @@ def test_a_power_ema_of_a_run_that_tracked_none_or_of_a_width_out_of_range_is_re
         main([str(swa_run), "--powerema", "0.1"])
     with pytest.raises(PosthocError, match=r"--powerema=\[0.5\]: width 0.5 is out of range"):
         main([str(power_runs[0]), "--powerema", "0.5"])
+
+
+def test_the_figure_draws_each_family_against_its_knob_with_the_online_marks_and_rings_the_choice(monkeypatch, tmp_path):
+    from swalab.posthoc import Result
+    from swalab.posthoc import figure
+
+    drawn = {}
+    monkeypatch.setattr(figure.style, "finish", lambda plt, fig, path: drawn.setdefault("fig", fig))
+    m = lambda acc, nll: {"acc": acc, "nll": nll, "val": {"acc": acc - 1, "nll": nll + 0.1}}  # noqa: E731
+    results = [Result(f"powerema{s}", "powerema", float(s), tmp_path, {f"powerema{s}": m(90 + i, 0.3 - i / 100)})
+               for i, s in enumerate(("0.05", "0.10", "0.15"))]
+    online = {"swa (swa run, seed 0)": m(91, 0.31), "ema (ema run, seed 0)": m(90.5, 0.33), "sgd (sgd run, seed 0)":
+              m(89, 0.4)}
+    assert figure.plot(results, online, tmp_path / "f.png", chosen=["powerema0.10"])
+    acc, nll = drawn["fig"].axes[:2]
+    assert acc.get_xlabel().startswith("sigma_rel")
+    labels = [line.get_label() for line in nll.get_lines()]
+    assert labels[:3] == ["post-hoc powerema, test", "post-hoc powerema, validation",
+                          "chosen on validation (its test score)"]
+    assert {"online swa (swa run, seed 0), test", "online ema (ema run, seed 0), validation",
+            "online sgd (sgd run, seed 0), test"} <= set(labels)
+    ring = nll.get_lines()[2]
+    assert list(ring.get_xdata()) == [0.10] and list(ring.get_ydata()) == [pytest.approx(0.29)]

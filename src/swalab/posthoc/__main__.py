@@ -56,14 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     results = build_and_score(args.runs, request, device=args.device)
+    chosen = select(results, request.by) if args.select else {}
     if args.select:
-        for (run, family), best in select(results, request.by).items():
+        for (run, family), best in chosen.items():
             val = best.metrics[best.label]["val"]
             print(f"[swalab.posthoc] chosen on validation {request.by}: {best.label} (val acc {val['acc']:.2f}, nll "
                   f"{val['nll']:.4f}) of {family} for {run}")
     first = Run(args.runs[0])
     title = f"post-hoc averages of {first.dataset_name} / {first.model_name} / {first.method}, seed {first.seed}"
-    if plot(results, online_of(args.mark or args.runs), figure, title=title):
+    if plot(results, online_of(args.mark or args.runs), figure, title=title,
+            chosen=[best.label for best in chosen.values()]):
         print(f"[swalab.posthoc] figure: {figure}")
     return 0
 

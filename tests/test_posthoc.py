@@ -166,3 +166,96 @@ def test_the_report_shows_post_hoc_predictors_as_predictors_of_their_run_with_th
     assert "swa[3:4]" in table and "swa[3:4]+ts" in table
     columns = {c.method for c in found["table"].columns}
     assert {"swa", "swa[3:4]"} <= columns
+
+
+# -- EDM2's power EMA, rebuilt from the snapshots of two tracked widths --------------------------------------------
+POWER = ["run.snapshots=0.25", "run.powerema=[0.05,0.10]", "dataset.val_size=100"]  # a snapshot every step: 16
+# The rebuild at a tracked width is its last snapshot: the solve gives it weight 1 - 2e-14 and the others ~1e-14, so
+# the rebuilt weights equal the stored ones to float32 rounding (measured: identical, max |difference| 0). At 0.07,
+# between the tracked widths, the rebuild over these 16 steps is 5.7e-5 of what averaging moved (|rebuilt - direct| /
+# |direct - live weights|, parameters only) from an EMA of 0.07 tracked directly (profile error 3.8e-3); the tracked
+# widths themselves are 0.43 and 0.69 from it.
+POWER_TRACKED_TOL = 1e-6
+POWER_OTHER_TOL = 5e-4
+
+
+@pytest.fixture(scope="module")
+def power_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny run tracking 0.05 and 0.10, and the same run (bit-equal training: one thread) tracking 0.07."""
+    root = tmp_path_factory.mktemp("powerema")
+    train(make_cfg(*POWER), run_dir=root / "two")
+    train(make_cfg(*POWER[:1], "run.powerema=[0.07]", *POWER[2:]), run_dir=root / "direct")
+    return root / "two", root / "direct"
+
+
+def power_distance(rebuilt: dict, direct: dict, live: dict) -> float:
+    """|rebuilt - direct| / |direct - live| over the parameters (BN statistics are recomputed on every side)."""
+    keys = [k for k in direct if direct[k].is_floating_point() and not k.endswith(("running_mean", "running_var"))]
+    num = sum(float((rebuilt[k].double() - direct[k].double()).pow(2).sum()) for k in keys)
+    den = sum(float((direct[k].double() - live[k].double()).pow(2).sum()) for k in keys)
+    return (num / den) ** 0.5
+
+
+def test_the_power_ema_rebuilt_at_a_tracked_width_is_that_tracked_ema(power_runs):
+    from swalab.posthoc import power_ema, power_snapshots
+
+    found = power_snapshots(power_runs[0])
+    assert len(found) == 16 and found[-1].t == 16
+    label, rebuilt, built_from, info = power_ema(found, 0.10)
+    tracked = found[-1].averages()["0.10"]
+    assert label == "powerema0.10" and len(built_from) == 16 and info["profile_error"] < 1e-6
+    for key, value in tracked.items():
+        assert torch.allclose(rebuilt[key], value, rtol=0, atol=POWER_TRACKED_TOL), key
+
+
+def test_the_power_ema_rebuilt_at_another_width_matches_an_ema_of_that_width_tracked_directly(power_runs):
+    from swalab.posthoc import power_ema, power_snapshots
+
+    two, direct_run = power_runs
+    _, rebuilt, _, info = power_ema(power_snapshots(two), 0.07)
+    last = torch.load(direct_run / "snapshots" / "epoch0004.pt", weights_only=True)
+    direct, live = last["powerema"]["averages"]["0.07"], last["model"]
+    assert power_distance(rebuilt, direct, live) < POWER_OTHER_TOL
+    nearest = min(power_distance(torch.load(two / "snapshots" / "epoch0004.pt", weights_only=True)["powerema"]
+                                 ["averages"][w], direct, live) for w in ("0.05", "0.10"))
+    assert nearest > 100 * POWER_OTHER_TOL  # no trivial pick of a tracked width
+
+
+def test_the_power_ema_is_scored_and_labelled_with_its_width(power_runs):
+    two, _ = power_runs
+    main([str(two), "--powerema", "0.07", "0.10"])
+    metrics = posthoc_metrics(two, "powerema0.10")
+    assert set(metrics) == {"powerema0.10", "powerema0.10+ts"}
+    described = metrics["powerema0.10"]["powerema"]
+    assert described["t"] == 16 and described["from_sigma_rels"] == [0.05, 0.10]
+    assert {"acc", "nll", "val"} <= set(posthoc_metrics(two, "powerema0.07")["powerema0.07"])
+
+
+def test_a_power_ema_of_a_run_that_tracked_none_or_of_a_width_out_of_range_is_refused(swa_run, power_runs):
+    with pytest.raises(PosthocError, match=r"--powerema 0.1: .* tracked no power EMA; train with run.powerema"):
+        main([str(swa_run), "--powerema", "0.1"])
+    with pytest.raises(PosthocError, match=r"--powerema=\[0.5\]: width 0.5 is out of range"):
+        main([str(power_runs[0]), "--powerema", "0.5"])
+
+
+def test_the_figure_draws_each_family_against_its_knob_with_the_online_marks_and_rings_the_choice(monkeypatch, tmp_path):
+    from swalab.posthoc import Result
+    from swalab.posthoc import figure
+
+    drawn = {}
+    monkeypatch.setattr(figure.style, "finish", lambda plt, fig, path: drawn.setdefault("fig", fig))
+    m = lambda acc, nll: {"acc": acc, "nll": nll, "val": {"acc": acc - 1, "nll": nll + 0.1}}  # noqa: E731
+    results = [Result(f"powerema{s}", "powerema", float(s), tmp_path, {f"powerema{s}": m(90 + i, 0.3 - i / 100)})
+               for i, s in enumerate(("0.05", "0.10", "0.15"))]
+    online = {"swa (swa run, seed 0)": m(91, 0.31), "ema (ema run, seed 0)": m(90.5, 0.33), "sgd (sgd run, seed 0)":
+              m(89, 0.4)}
+    assert figure.plot(results, online, tmp_path / "f.png", chosen=["powerema0.10"])
+    acc, nll = drawn["fig"].axes[:2]
+    assert acc.get_xlabel().startswith("sigma_rel")
+    labels = [line.get_label() for line in nll.get_lines()]
+    assert labels[:3] == ["post-hoc powerema, test", "post-hoc powerema, validation",
+                          "chosen on validation (its test score)"]
+    assert {"online swa (swa run, seed 0), test", "online ema (ema run, seed 0), validation",
+            "online sgd (sgd run, seed 0), test"} <= set(labels)
+    ring = nll.get_lines()[2]
+    assert list(ring.get_xdata()) == [0.10] and list(ring.get_ydata()) == [pytest.approx(0.29)]

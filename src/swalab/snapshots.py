@@ -12,6 +12,12 @@ Snapshots are written atomically (``swalab.checkpoint.atomic_save``) and named b
 resumed run writes those it had not yet written, and one it writes again (the steps between its last checkpoint
 and a kill) replaces the file with the same weights: an exact resume trains them bit for bit again. They change
 no result, so ``run.snapshots`` is no part of a run's identity (``conf/run``).
+
+``run.powerema`` (a list of relative widths sigma_rel, e.g. ``[0.05, 0.10]``) tracks EDM2's power-function EMAs of
+the live weights after every optimizer step (``swalab.powerema``) and writes them into every snapshot as
+``"powerema": {"t": steps averaged, "sigma_rels": {label: width}, "averages": {label: state dict}}``, from which
+``python -m swalab.posthoc --powerema`` rebuilds any other width. They change no trained weight either: no part of the
+identity. A checkpoint carries them (:meth:`SnapshotWriter.state_dict`), so a resumed run continues them exactly.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from torch import nn
 
 from swalab.checkpoint import atomic_save, checkpoint_name
 from swalab.config import ConfigError
+from swalab.powerema import PowerEMA
 
 FOLDER = "snapshots"
 _NAME = re.compile(r"^epoch(\d+)(?:_step(\d+))?\.pt$")
@@ -64,18 +71,44 @@ class SnapshotWriter:
     run_dir: Path
     snapshots: int | float | None = None
     write: bool = True  # False on every rank but the one that writes
+    powerema: tuple[float, ...] = ()  # widths of the power-function EMAs tracked and written with each snapshot
 
     def __post_init__(self):
         self.every, self.k = per_epoch(self.snapshots)
         self.dir = Path(self.run_dir) / FOLDER
+        self.power = PowerEMA(tuple(self.powerema)) if self.powerema else None
+        if self.power is not None and not self.every:
+            raise ConfigError(f"run.powerema={list(self.power.sigma_rels)} is written only into snapshots, and "
+                              "run.snapshots is null: set run.snapshots (e.g. 1: every epoch) or drop run.powerema")
 
     def _save(self, model: nn.Module, epoch: int, step: int, steps: int) -> None:
         if self.write:
-            atomic_save({"epoch": epoch, "step": step, "steps_per_epoch": steps, "model": fp32_weights(model)},
-                        self.dir / checkpoint_name(epoch, step))
+            snapshot = {"epoch": epoch, "step": step, "steps_per_epoch": steps, "model": fp32_weights(model)}
+            if self.power is not None:
+                snapshot["powerema"] = {"t": self.power.t, "sigma_rels": dict(zip(self.power.gammas,
+                                                                                 self.power.sigma_rels)),
+                                        "averages": self.power.weights(model)}
+            atomic_save(snapshot, self.dir / checkpoint_name(epoch, step))
+
+    def state_dict(self) -> dict | None:
+        """What a checkpoint keeps of this writer: the power EMAs' state, or None without them."""
+        return None if self.power is None else self.power.state_dict()
+
+    def load_state_dict(self, state: dict | None, device: torch.device | str, resumed_at: str) -> None:
+        """Continue the power EMAs of a checkpoint (``resumed_at``: its place, for the refusal of one without)."""
+        if self.power is None:
+            return
+        if state is None:
+            raise ConfigError(f"run.powerema={list(self.power.sigma_rels)}: the checkpoint it resumes from "
+                              f"({resumed_at}) tracked no power EMA, so the averages since step 1 cannot be had; drop "
+                              "run.powerema for this run, or train a new one with it from the start")
+        self.power.load_state_dict(state, device)
 
     def after_step(self, model: nn.Module, epoch: int, step: int, steps: int) -> None:
-        """Step ``step`` (from 0) of epoch ``epoch`` (from 0) is done: a mid-epoch snapshot when one falls here."""
+        """Step ``step`` (from 0) of epoch ``epoch`` (from 0) is done: the power EMAs move, and a mid-epoch
+        snapshot is written when one falls here."""
+        if self.power is not None:
+            self.power.update(model)
         if self.k <= 1 or step + 1 >= steps:
             return
         if any(step + 1 == round(j * steps / self.k) for j in range(1, self.k)):

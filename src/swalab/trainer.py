@@ -77,7 +77,8 @@ class Trainer:
         self.forward_model = torch.compile(self.forward_model) if options.compile else self.forward_model
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
         self.ranks = distributed.info()
-        self.snapshots = SnapshotWriter(self.run_dir, options.snapshots, write=self.main)  # run.snapshots
+        self.snapshots = SnapshotWriter(self.run_dir, options.snapshots, write=self.main,  # run.snapshots
+                                        powerema=tuple(options.powerema or ()))  # run.powerema
         self.optimizer = optimizer.build(self.model, lr=method.step_lr(0, 0, 1))
         self.step = TrainingStep(self.model, self.forward_model, self.optimizer,
                                  loss if loss is not None else LossSpec().build(num_classes=0), device,
@@ -124,6 +125,8 @@ class Trainer:
             state["scaler"] = self.step.scaler.state_dict()
         if rng_ranks is not None and len(rng_ranks) > 1:
             state["rng_ranks"] = rng_ranks
+        if self.snapshots.power is not None:  # run.powerema: the averages so far, to continue them exactly
+            state["powerema"] = self.snapshots.state_dict()
         return state
 
     def save(self, epoch: int, step: int = 0, partial: dict | None = None) -> Path:
@@ -145,6 +148,8 @@ class Trainer:
         if state.get("method") is not None:  # None: a branch (run.branch_from) starts its method fresh
             self.method.load_state_dict(state["method"], self.ctx)
         self.history = list(state["history"])
+        self.snapshots.load_state_dict(state.get("powerema"), self.device,
+                                       checkpoint_words(int(state["epoch"]), int(state.get("step", 0))))
         restore_rng(state, self.ranks.rank, self.ranks.world_size, self.device, warn=self.main)
         self._write_history()
         return int(state["epoch"]), int(state.get("step", 0)), dict(state.get("partial") or {})

@@ -34,3 +34,4 @@ class TrainerOptions:
     eval_split: str = "test"         # the split per-epoch monitoring scores: test | val (the validation split)
     temperature_scaling: bool | str = "auto"  # <name>+ts predictors: auto (with a validation split) | True | False
     snapshots: int | float | None = None  # the live weights written to snapshots/: every N epochs, or 1/k of one (swalab.snapshots)
+    powerema: tuple[float, ...] = ()  # widths sigma_rel of power-function EMAs written into every snapshot (swalab.powerema)

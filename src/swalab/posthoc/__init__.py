@@ -1,7 +1,8 @@
 """Averages built after training, from a run's snapshots and final weights, scored like every online predictor.
 
-    python -m swalab.posthoc <run dir>... [--swa A:B ...] [--lawa K ...] [--ema DECAY ...] [--soup uniform greedy]
-                             [--wiseft ALPHA ...] [--select val] [--by nll|acc] [--mark <run dir>...]
+    python -m swalab.posthoc <run dir>... [--swa A:B ...] [--lawa K ...] [--ema DECAY ...] [--powerema SIGMA_REL ...]
+                             [--soup uniform greedy] [--wiseft ALPHA ...] [--select val] [--by nll|acc]
+                             [--mark <run dir>...]
 
 Each run (``swalab.results.compare.score_run``: its network, test, BN-update and validation loaders, rebuilt from its
 directory) gives its snapshots (``run.snapshots``, ``swalab.snapshots``) in training order, its final live weights
@@ -11,6 +12,8 @@ last (unless a snapshot of the last epoch is there), and from them:
   the window of a SWA run's capture epochs is its online average (tests/test_posthoc.py);
 * ``lawaK``: the mean of the last K snapshots (Kaddour et al. 2022, timm's ``avg_checkpoints.py``);
 * ``emaD``: the EMA over the snapshots at decay D per snapshot: snapshot-granular, not per step;
+* ``poweremaS``: EDM2's power-function EMA of relative width S at the last snapshot, rebuilt by least squares from
+  the power EMAs a run tracked (``run.powerema``) in every snapshot (``swalab.powerema``): per step, any width;
 * ``wiseftA``: ``(1 - A) * start + A * final`` for a run started from weights (``model.init_from``);
 
 and across the runs given (one config, other seeds: one group hash, ``swalab.identity``), from their final live
@@ -34,9 +37,10 @@ import torch
 from swalab.config import ConfigError
 from swalab.evaluate import ModelPredictor, labels_of, metrics_from_log_probs, score_predictors
 from swalab.identity import differences, group_hash
-from swalab.posthoc.averages import State, ema_of, greedy_soup, interpolate, mean_of
+from swalab.posthoc.averages import State, combination, ema_of, greedy_soup, interpolate, mean_of
+from swalab.powerema import check_widths, coefficients, gamma_of, label_of, profile_error
 from swalab.results.compare import Scored, score_run
-from swalab.snapshots import snapshots_of
+from swalab.snapshots import Snapshot, snapshots_of
 from swalab.train.build import load_init_weights
 from swalab.train.records import METRICS_FILE, PREDICTIONS_FILE, save_predictions, write_json
 
@@ -126,6 +130,52 @@ def check_alpha(alpha: float) -> float:
     return alpha
 
 
+@dataclass(frozen=True)
+class PowerSnapshot:
+    """The power EMAs a snapshot holds (``run.powerema``): their step count ``t`` and ``{label: sigma_rel}``."""
+
+    snapshot: Snapshot
+    t: int
+    sigma_rels: dict[str, float]
+
+    def averages(self) -> dict[str, State]:
+        return torch.load(self.snapshot.path, map_location="cpu", weights_only=True)["powerema"]["averages"]
+
+
+def power_snapshots(run_dir: Path) -> list[PowerSnapshot]:
+    """The run's snapshots that hold power EMAs, in training order (read memory-mapped: only ``t`` is touched)."""
+    out = []
+    for s in snapshots_of(run_dir):
+        power = torch.load(s.path, map_location="cpu", weights_only=True, mmap=True).get("powerema")
+        if power is not None:
+            out.append(PowerSnapshot(s, int(power["t"]), {k: float(v) for k, v in power["sigma_rels"].items()}))
+    return out
+
+
+def check_powerema(scored: Scored, widths: Sequence[float]) -> list[PowerSnapshot]:
+    """The run's power-EMA snapshots, or ``PosthocError``: a run that tracked none, or too few to fit a width."""
+    found = power_snapshots(scored.run.path)
+    if not found:
+        raise PosthocError(f"--powerema {' '.join(f'{w:g}' for w in widths)}: {scored.run.path} tracked no power EMA; "
+                           "train with run.powerema=[0.05,0.10] and run.snapshots (e.g. 1) to rebuild any width later")
+    return found
+
+
+def power_ema(found: Sequence[PowerSnapshot], sigma_rel: float) -> tuple[str, State, list[str], dict]:
+    """EDM2's power EMA of width ``sigma_rel`` at the last snapshot's step, the least-squares combination of every
+    tracked average of every snapshot (``swalab.powerema``); with what it was built from and how well the profile
+    was matched (``profile_error``: |rebuilt - target| / |target| in L2 over the steps)."""
+    sources = [(float(p.t), gamma_of(s)) for p in found for s in p.sigma_rels.values()]
+    target = (float(found[-1].t), gamma_of(sigma_rel))
+    x = coefficients(sources, target)
+    weights = iter(float(v) for v in x)
+    pairs = ((next(weights), average) for p in found for average in p.averages().values())
+    widths = sorted({s for p in found for s in p.sigma_rels.values()})
+    info = {"sigma_rel": sigma_rel, "gamma": target[1], "t": found[-1].t, "from_sigma_rels": widths,
+            "profile_error": profile_error(sources, target, x), "largest_coefficient": float(x.abs().max())}
+    return f"powerema{label_of(sigma_rel)}", combination(pairs), [p.snapshot.path.name for p in found], info
+
+
 def start_weights(scored: Scored) -> State:
     """The weights a run started from (``model.init_from``), for WiSE-FT; refused for a run that started afresh."""
     spec = scored.run.get("model.init_from")
@@ -192,6 +242,7 @@ class Request:
     swa: Sequence[str] = ()
     lawa: Sequence[int] = ()
     ema: Sequence[float] = ()
+    powerema: Sequence[float] = ()
     soup: Sequence[str] = ()
     wiseft: Sequence[float] = ()
     select: str | None = None
@@ -228,6 +279,10 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
                                    f"({'; '.join(apart)}): a soup here mixes the seeds of one config only")
     for d in request.ema:
         check_decay(d)
+    try:
+        check_widths(request.powerema, key="--powerema")
+    except ConfigError as e:
+        raise PosthocError(str(e)) from None
     for a in request.wiseft:
         check_alpha(a)
     for scored in runs:
@@ -238,10 +293,13 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
             last_k(points, k)
         if request.wiseft:
             start_weights(scored)
+        if request.powerema:
+            check_powerema(scored, request.powerema)
 
 
-def per_run(scored: Scored, request: Request) -> Iterator[tuple[str, str, float, State, list[str]]]:
-    """``(label, family, knob, weights, built from)`` of every average of one run that ``request`` asks for."""
+def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
+    """``(label, family, knob, weights, built from[, what metrics.json says of it])`` of every average of one run
+    that ``request`` asks for."""
     points = points_of(scored)
     for w in request.swa:
         label, inside = swa_window(points, w)
@@ -251,6 +309,10 @@ def per_run(scored: Scored, request: Request) -> Iterator[tuple[str, str, float,
         yield label, "lawa", float(k), mean_of(p.read() for p in inside), [p.name for p in inside]
     for d in request.ema:
         yield f"ema{d:g}", "ema", d, ema_of((p.read() for p in points), d), [p.name for p in points]
+    found = check_powerema(scored, request.powerema) if request.powerema else []
+    for s in request.powerema:
+        label, weights, built_from, info = power_ema(found, s)
+        yield label, "powerema", s, weights, built_from, {"powerema": info}
     if request.wiseft:
         start, final = start_weights(scored), scored.run.weights("live")
         for a in request.wiseft:
@@ -278,8 +340,10 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
     check_request(request, runs)
     results: list[Result] = []
 
-    def add(scored: Scored, label: str, family: str, knob: float, weights: State, built_from: list[str]) -> None:
-        described = {"posthoc": family, "built_from": built_from, "epoch": int(scored.run.get("trainer.epochs"))}
+    def add(scored: Scored, label: str, family: str, knob: float, weights: State, built_from: list[str],
+            extra: dict | None = None) -> None:
+        described = {"posthoc": family, "built_from": built_from, "epoch": int(scored.run.get("trainer.epochs")),
+                     **(extra or {})}
         out = score(scored, label, weights, described)
         path = write_result(scored.run.path, label, out)
         results.append(Result(label, family, knob, scored.run.path, out["metrics"], built_from, path))

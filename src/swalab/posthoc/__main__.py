@@ -20,6 +20,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--swa", nargs="+", default=[], metavar="A:B", help="SWA over epochs A to B (A: to the end)")
     p.add_argument("--lawa", nargs="+", type=int, default=[], metavar="K", help="the mean of the last K snapshots")
     p.add_argument("--ema", nargs="+", type=float, default=[], metavar="DECAY", help="EMA over snapshots, per snapshot")
+    p.add_argument("--powerema", nargs="+", type=float, default=[], metavar="SIGMA_REL",
+                   help="EDM2's power EMA of this relative width, rebuilt from the run's run.powerema snapshots")
     p.add_argument("--soup", nargs="+", default=[], choices=["uniform", "greedy"],
                    help="soups of the runs' final weights (one config, other seeds); greedy by validation score")
     p.add_argument("--wiseft", nargs="+", type=float, default=[], metavar="ALPHA",
@@ -47,20 +49,23 @@ def online_of(run_dirs: Sequence[str]) -> dict[str, dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     figure = output_file(args.figure or Path(args.runs[0]) / FOLDER / "posthoc.png", "--figure")
-    request = Request(swa=args.swa, lawa=args.lawa, ema=args.ema, soup=args.soup, wiseft=args.wiseft,
-                      select=args.select, by=args.by)
-    if not any((request.swa, request.lawa, request.ema, request.soup, request.wiseft)):
-        print("[swalab.posthoc] nothing asked: give --swa, --lawa, --ema, --soup or --wiseft", file=sys.stderr)
+    request = Request(swa=args.swa, lawa=args.lawa, ema=args.ema, powerema=args.powerema, soup=args.soup,
+                      wiseft=args.wiseft, select=args.select, by=args.by)
+    if not any((request.swa, request.lawa, request.ema, request.powerema, request.soup, request.wiseft)):
+        print("[swalab.posthoc] nothing asked: give --swa, --lawa, --ema, --powerema, --soup or --wiseft",
+              file=sys.stderr)
         return 2
     results = build_and_score(args.runs, request, device=args.device)
+    chosen = select(results, request.by) if args.select else {}
     if args.select:
-        for (run, family), best in select(results, request.by).items():
+        for (run, family), best in chosen.items():
             val = best.metrics[best.label]["val"]
             print(f"[swalab.posthoc] chosen on validation {request.by}: {best.label} (val acc {val['acc']:.2f}, nll "
                   f"{val['nll']:.4f}) of {family} for {run}")
     first = Run(args.runs[0])
     title = f"post-hoc averages of {first.dataset_name} / {first.model_name} / {first.method}, seed {first.seed}"
-    if plot(results, online_of(args.mark or args.runs), figure, title=title):
+    if plot(results, online_of(args.mark or args.runs), figure, title=title,
+            chosen=[best.label for best in chosen.values()]):
         print(f"[swalab.posthoc] figure: {figure}")
     return 0
 

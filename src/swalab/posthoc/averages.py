@@ -46,6 +46,21 @@ def ema_of(states: Iterable[State], decay: float) -> State:
     return {key: ema[key].to(t.dtype) if key in ema else t.clone() for key, t in last.items()}
 
 
+def combination(pairs: Iterable[tuple[float, State]]) -> State:
+    """``sum_i x_i * state_i`` over ``(x_i, state_i)`` (the power EMA rebuilt from snapshots: the x_i sum to 1 and
+    may be negative), read one state at a time."""
+    total: dict[str, torch.Tensor] = {}
+    last: State = {}
+    for x, state in pairs:
+        last = state
+        for key, t in state.items():
+            if t.is_floating_point():
+                total[key] = total[key].add_(t.double(), alpha=x) if key in total else t.double() * x
+    if not last:
+        raise ValueError("no weights to combine")
+    return {key: total[key].to(t.dtype) if key in total else t.clone() for key, t in last.items()}
+
+
 def interpolate(start: State, final: State, alpha: float) -> State:
     """WiSE-FT: ``(1 - alpha) * start + alpha * final`` for every floating tensor (``final``'s others)."""
     return {key: ((1 - alpha) * start[key].double() + alpha * t.double()).to(t.dtype) if t.is_floating_point()

@@ -1,5 +1,5 @@
 """The post-hoc figure: accuracy and NLL, on the test set and the validation split, against what each family of
-averages was swept over (the SWA window's start, LAWA's k, the EMA decay, WiSE-FT's alpha, the soup's ingredients),
+averages was swept over (the SWA window's start, LAWA's k, the EMA decay, the power EMA's sigma_rel, WiSE-FT's alpha, the soup's ingredients),
 with the online predictors of the runs marked (``--mark``: SGD, SWA, EMA of their ``metrics.json``)."""
 
 from __future__ import annotations
@@ -10,18 +10,19 @@ from typing import Sequence
 from swalab import style
 
 AXES = {"swa": "window start (epoch; the window ends at the last)", "lawa": "k (last snapshots averaged)",
-        "ema": "decay per snapshot", "wiseft": "alpha ((1 - alpha) start + alpha final)",
+        "ema": "decay per snapshot", "powerema": "sigma_rel (power EMA's width relative to training)", "wiseft": "alpha ((1 - alpha) start + alpha final)",
         "soup": "ingredients in the soup"}
 ONLINE = ("sgd", "swa", "ema")  # the online predictors a figure marks
 METRIC_NAMES = {"acc": "accuracy (%)", "nll": "NLL (mean per image)"}
 
 
-def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = "") -> bool:
+def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = "", chosen: Sequence[str] = ()) -> bool:
     """One row of panels (accuracy, NLL) per family of ``results`` (:class:`swalab.posthoc.Result`), test solid,
     validation dashed, in black (``style.METHOD_COLORS['posthoc']``: a post-hoc EMA is never mistaken for the online
     one); ``online``: ``{label: metrics}`` of online predictors, drawn as thin horizontal lines in their method's
-    colour. One legend per row, beneath its NLL panel (the accuracy panel beside it draws the same lines). False when
-    there is nothing to draw."""
+    colour; ``chosen``: labels chosen on the validation split (``--select val``), ringed on their test curve. One legend
+    per row, beneath its NLL panel (the accuracy panel beside it draws the same lines). False when there is nothing
+    to draw."""
     families = [f for f in AXES if any(r.family == f for r in results)]
     if not families:
         return False
@@ -38,6 +39,10 @@ def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = ""
             if all("val" in r.metrics[r.label] for r in mine):
                 ax.plot(xs, [r.metrics[r.label]["val"][metric] for r in mine], "--s", ms=4, mfc="none", color=color,
                         label=f"post-hoc {family}, validation")
+            picked = [r for r in mine if r.label in chosen]
+            if picked:
+                ax.plot([r.knob for r in picked], [r.metrics[r.label][metric] for r in picked], "o", ms=11, mfc="none",
+                        mec=color, mew=1.5, label="chosen on validation (its test score)")
             for label, m in online.items():
                 method = label.split(" ")[0]
                 ax.axhline(m[metric], color=style.color_of(method), lw=1.0, label=f"online {label}, test")

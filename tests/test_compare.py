@@ -25,7 +25,8 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runs")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=4"])
+        swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=4",
+                                                        "run.keep_finished_checkpoints=true"])  # copied as if still training
         fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "model.fge.pretrain_epochs=2",
                                                         "model.fge.save_members=true"])
     before = torch.get_num_threads()

@@ -311,7 +311,8 @@ def test_an_fp16_run_pauses_and_resumes_bit_equal_with_its_loss_scale(tmp_path, 
     from swalab.train import train
     from swalab.pausing import Preempted
 
-    fp16 = [*[o for o in MODERN if not o.startswith("trainer.precision=")], "trainer.precision=fp16"]
+    fp16 = [*[o for o in MODERN if not o.startswith("trainer.precision=")], "trainer.precision=fp16",
+            "run.keep_finished_checkpoints=true"]  # the last checkpoints' scalers are compared below
     straight = train(make_cfg(*fp16), run_dir=tmp_path / "straight")
     faults.reset()
     monkeypatch.setenv(faults.ENV, "train_step:6:TERM")  # step 2 of epoch 2

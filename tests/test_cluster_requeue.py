@@ -22,7 +22,7 @@ import pytest
 from slurm_jobs import (PYTHON, SLURM, TINY, assert_same_run, env, only_run_dir, restarts, run, slurm_job_ids,
                         squeue_line, start, text, wait_for)
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # about 5 minutes: .ci/run runs them after `make test`
 RUN = ["method=swa", *TINY]
 
 

@@ -65,7 +65,7 @@ NOT_RUN_HERE = {
                                "are composed here with the installed plugin)",
     "tests/cluster/slurm-up": "starts a local SLURM cluster, as root (the `cluster` tests start it when they can)",
     "tests/cluster/slurm-down": "stops that cluster",
-    "python -m pytest tests/test_cluster.py tests/test_cluster_requeue.py tests/test_cluster_tasks.py":
+    "python -m pytest -m cluster tests/test_cluster.py tests/test_cluster_requeue.py tests/test_cluster_tasks.py":
         "the cluster tests: about 7 minutes on the cluster of tests/cluster/slurm-up (skipped with their reason "
         "without it)",
     'if [ $code -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi': IN_A_SLURM_JOB,

@@ -58,19 +58,25 @@ def _average_ranks(x: torch.Tensor) -> torch.Tensor:
     return ((ends - counts.double() + 1 + ends) / 2)[inverse]
 
 
-def aupr(in_scores: torch.Tensor, out_scores: torch.Tensor) -> float:
-    """Average precision with the OOD images as positives: sum over thresholds of precision x recall gained (tied
-    scores taken as one threshold)."""
+def flagged_counts(in_scores: torch.Tensor, out_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """At each distinct score taken as a threshold, from the highest down (flag every image scoring at or above it;
+    tied scores one threshold): how many OOD images (true positives) and in-distribution ones (false positives) are
+    flagged, in float64. What :func:`aupr` and :func:`roc_curve` both sum over."""
     scores = torch.cat([in_scores, out_scores]).double()
     positive = torch.cat([torch.zeros(len(in_scores)), torch.ones(len(out_scores))]).double()
     order = scores.argsort(descending=True)
     scores, positive = scores[order], positive[order]
     last = torch.ones(len(scores), dtype=torch.bool)
     last[:-1] = scores[1:] != scores[:-1]  # the end of each run of tied scores
-    tp = positive.cumsum(0)[last]
-    flagged = torch.arange(1, len(scores) + 1, dtype=torch.float64)[last]
+    return positive.cumsum(0)[last], (1 - positive).cumsum(0)[last]
+
+
+def aupr(in_scores: torch.Tensor, out_scores: torch.Tensor) -> float:
+    """Average precision with the OOD images as positives: sum over thresholds of precision x recall gained (tied
+    scores taken as one threshold)."""
+    tp, fp = flagged_counts(in_scores, out_scores)
     recall_gained = torch.diff(tp, prepend=torch.zeros(1)) / len(out_scores)
-    return float((tp / flagged * recall_gained).sum())
+    return float((tp / (tp + fp) * recall_gained).sum())
 
 
 def fpr_at_tpr(in_scores: torch.Tensor, out_scores: torch.Tensor, tpr: float = TPR) -> float:
@@ -84,13 +90,7 @@ def roc_curve(in_scores: torch.Tensor, out_scores: torch.Tensor) -> tuple[np.nda
     """The ROC curve, OOD images the positives: ``(fpr, tpr)`` from (0, 0) to (1, 1), one point per distinct score
     taken as a threshold (flag every image scoring at or above it; tied scores one point), so that the area under
     the straight lines joining the points is :func:`auroc` exactly (ties counted half)."""
-    scores = torch.cat([in_scores, out_scores]).double()
-    positive = torch.cat([torch.zeros(len(in_scores)), torch.ones(len(out_scores))]).double()
-    order = scores.argsort(descending=True)
-    scores, positive = scores[order], positive[order]
-    last = torch.ones(len(scores), dtype=torch.bool)
-    last[:-1] = scores[1:] != scores[:-1]  # the end of each run of tied scores
-    tp, fp = positive.cumsum(0)[last], (1 - positive).cumsum(0)[last]
+    tp, fp = flagged_counts(in_scores, out_scores)
     fpr = np.concatenate([[0.0], (fp / max(len(in_scores), 1)).numpy()])
     tpr = np.concatenate([[0.0], (tp / max(len(out_scores), 1)).numpy()])
     return fpr, tpr

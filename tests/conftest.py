@@ -39,6 +39,23 @@ def one_thread():
     torch.set_num_threads(1)
 
 
+def train_on_one_thread(run_dir: Path, *overrides: str) -> Path:
+    """Train the run of ``overrides`` (plus the quiet test settings) into ``run_dir`` in this process, on one torch
+    thread, putting the count back afterwards: for module-scoped fixtures, which ``one_thread`` (per test) cannot
+    serve."""
+    from swalab.train import train
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*QUIET, *overrides])
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(cfg, run_dir=run_dir)
+    finally:
+        torch.set_num_threads(before)
+    return run_dir
+
+
 @pytest.fixture
 def make_cfg():
     """``make_cfg(*overrides)``: the composed config for those overrides (plus quiet test settings)."""

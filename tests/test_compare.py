@@ -13,30 +13,19 @@ import torch
 from swalab.results.compare import compare, main, score_run
 from swalab.evaluate import metrics_from_log_probs
 from swalab.results.runs import load_weights, open_run
-from swalab.train import train
 
 TINY = ["dataset.train_size=64", "trainer.batch_size=32", "run.eval_every=0", "trainer.epochs=6"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from conftest import CONF_DIR, QUIET
-    from hydra import compose, initialize_config_dir
+    from conftest import train_on_one_thread
 
     root = tmp_path_factory.mktemp("runs")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        swa = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=4",
-                                                        "run.keep_finished_checkpoints=true"])  # copied as if still training
-        fge = compose(config_name="config", overrides=[*QUIET, *TINY, "method=fge", "model.fge.pretrain_epochs=2",
-                                                        "model.fge.save_members=true"])
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(swa, run_dir=root / "swa")
-        train(fge, run_dir=root / "fge")
-    finally:
-        torch.set_num_threads(before)
-    return root / "swa", root / "fge"
+    return (train_on_one_thread(root / "swa", *TINY, "method=swa", "model.swa.start_epoch=4",
+                                "run.keep_finished_checkpoints=true"),  # copied as if still training
+            train_on_one_thread(root / "fge", *TINY, "method=fge", "model.fge.pretrain_epochs=2",
+                                "model.fge.save_members=true"))
 
 
 def test_a_run_reopens_with_its_model_weights_and_loaders(runs):

@@ -74,13 +74,10 @@ def compose_run(overrides):
 
 @pytest.fixture(scope="module")
 def sgd_run(tmp_path_factory):
+    from conftest import train_on_one_thread
+
     root = tmp_path_factory.mktemp("laplace")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(compose_run(["method=sgd", "trainer.epochs=3", f"run.cache_dir={root / 'cache'}"]), run_dir=root / "sgd")
-    finally:
-        torch.set_num_threads(before)
+    train_on_one_thread(root / "sgd", *TINY, "method=sgd", "trainer.epochs=3", f"run.cache_dir={root / 'cache'}")
     return root / "sgd"
 
 

@@ -46,20 +46,10 @@ def test_classes_that_are_no_proper_subset_are_refused_saying_what_to_give(class
 
 @pytest.fixture(scope="module")
 def split_run(tmp_path_factory):
-    from conftest import CONF_DIR, QUIET
-    from hydra import compose, initialize_config_dir
+    from conftest import train_on_one_thread
 
     root = tmp_path_factory.mktemp("split")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*QUIET, *TINY, "dataset.classes=[0,1,2,3,4]",
-                                                       f"run.cache_dir={root / 'cache'}"])
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(cfg, run_dir=root / "sgd")
-    finally:
-        torch.set_num_threads(before)
-    return root / "sgd"
+    return train_on_one_thread(root / "sgd", *TINY, "dataset.classes=[0,1,2,3,4]", f"run.cache_dir={root / 'cache'}")
 
 
 def test_a_split_class_run_has_five_outputs_and_detects_the_other_five_classes(split_run, capsys):

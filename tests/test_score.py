@@ -13,27 +13,17 @@ import torch
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
 from swalab.results.score import ScoreError, main, parse_data, severity_summary
-from swalab.train import train
 
 TINY = ["dataset.train_size=96", "dataset.val_size=48", "trainer.batch_size=32", "run.eval_every=0", "trainer.epochs=4"]
 
 
 @pytest.fixture(scope="module")
 def swa_run(tmp_path_factory):
-    from conftest import CONF_DIR, QUIET
-    from hydra import compose, initialize_config_dir
+    from conftest import train_on_one_thread
 
     root = tmp_path_factory.mktemp("score")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*QUIET, *TINY, "method=swa", "model.swa.start_epoch=2",
-                                                       f"run.cache_dir={root / 'cache'}"])
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(cfg, run_dir=root / "swa")
-    finally:
-        torch.set_num_threads(before)
-    return root / "swa"
+    return train_on_one_thread(root / "swa", *TINY, "method=swa", "model.swa.start_epoch=2",
+                               f"run.cache_dir={root / 'cache'}")
 
 
 def test_rescoring_a_run_on_its_own_test_split_gives_the_numbers_of_its_metrics_json(swa_run, capsys):

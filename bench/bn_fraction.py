@@ -6,7 +6,10 @@ and NLL are shown equal to the full pass. This measures the second on a finished
 ``trainer.bn_update_fraction`` of the training set (the loader the trainer builds for it: a fixed subset drawn with
 ``seed + 1``), for each fraction and each of several subset seeds, and are scored on the whole test set in float32,
 as a run scores them. Reported per fraction: the accuracy and NLL of every draw, their spread, and the seconds of
-the BN pass (median over draws). A fraction of 1 is the whole set; its draws differ only in augmentation.
+the BN pass (median over draws). A fraction of 1 is the whole set; its draws differ only in augmentation. The
+network takes the run's memory layout (``run.channels_last``) as the trainer does; ``bn_fraction_preresnet164_cuda
+.json`` was measured before it did (NCHW weights fed channels_last batches), so its seconds are slower than a run's
+BN update: read them against each other, not against an epoch.
 
 Usage (after a run, e.g. ``python run.py dataset=cifar10 model=preresnet164 method=swa ...``)::
 
@@ -22,6 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
 from _common import machine_info, pick_device, sync, write_result  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -45,6 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     run = open_run(args.run)
     data = run.data()
     model = run.model(data).to(device)
+    if bool(run.cfg.run.channels_last):  # the layout the trainer gives it (its loaders already yield channels_last)
+        model = model.to(memory_format=torch.channels_last)
     weights = load_weights(f"{args.run}:{args.weights}")
     seed = int(run.cfg.seed)
     rows = []

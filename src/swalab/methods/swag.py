@@ -59,6 +59,22 @@ def load_flat(model: nn.Module, vector: torch.Tensor) -> None:
             offset += n
 
 
+def draw_weights(mean: torch.Tensor, sq_mean: torch.Tensor, deviations, scale: float,
+                 generator: torch.Generator) -> torch.Tensor:
+    """One weight vector from the Gaussian of the module doc: ``mean + sqrt(scale) (sqrt(var) z1 + D^T z2 / sqrt(K - 1))``
+    with the low-rank term only when ``deviations`` holds two or more (none: SWAG-diagonal). Shared by a training
+    run's samples and ``swalab.results.swag_samples``, which draws them again for a finished run."""
+    var = (sq_mean.to(mean.device) - mean * mean).clamp_min(VAR_CLAMP)
+    z1 = torch.randn(mean.shape, generator=generator).to(mean.device)
+    draw = var.sqrt() * z1
+    k = len(deviations)
+    if k > 1:
+        z2 = torch.randn(k, generator=generator)
+        for z, deviation in zip(z2.tolist(), deviations):  # D^T z2 without a stacked K x d copy of D
+            draw.add_(deviation.to(mean.device), alpha=z / (k - 1) ** 0.5)
+    return mean + scale ** 0.5 * draw
+
+
 class SWAG(SWA):
     """SWAG (module doc): SWA's training and captures from ``model.swa``; its own settings ``method.*``."""
 
@@ -106,15 +122,8 @@ class SWAG(SWA):
     # -- sampling ---------------------------------------------------------------------------------
     def sample(self, mean: torch.Tensor, generator: torch.Generator, low_rank: bool) -> torch.Tensor:
         """One draw of the weights (module doc); ``low_rank=False`` is SWAG-diagonal, drawn at ``diag_scale``."""
-        var = (self.sq_mean - mean * mean).clamp_min(VAR_CLAMP)
-        z1 = torch.randn(mean.shape, generator=generator).to(mean.device)
-        draw = var.sqrt() * z1
-        k = len(self.deviations)
-        if low_rank and k > 1:
-            z2 = torch.randn(k, generator=generator)
-            for z, deviation in zip(z2.tolist(), self.deviations):  # D^T z2 without a stacked K x d copy of D
-                draw.add_(deviation.to(mean.device), alpha=z / (k - 1) ** 0.5)
-        return mean + (self.scale if low_rank else self.diag_scale) ** 0.5 * draw
+        return draw_weights(mean, self.sq_mean, self.deviations if low_rank else (),
+                            self.scale if low_rank else self.diag_scale, generator)
 
     def sampled_log_probs(self, ctx: TrainContext, low_rank: bool, generator: torch.Generator) -> CachedEnsemble:
         """The test log-probabilities of ``samples`` draws, each with its BN statistics recomputed (on the training

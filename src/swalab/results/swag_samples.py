@@ -1,0 +1,96 @@
+"""SWAG's samples drawn again for a finished run, so that ``python -m swalab.results.score`` can set ``swag`` and
+``swag_diag`` on other data (corrupted test sets, OOD detection) beside SWA, SGD and temperature scaling.
+
+When and why: a SWAG run scores its samples on its own test split at its end and keeps their predictions, not its
+moments. The moments (the second moment of the SWA iterates and the last K deviations) are in the method state of
+every checkpoint; a finished run deletes its rolling checkpoints unless ``run.keep_finished_checkpoints=true`` kept
+them. From the kept checkpoint of its last epoch the same Gaussian is rebuilt around the run's SWA average
+(``final.pt``), ``samples`` weight vectors are drawn anew (``swalab.methods.swag.draw_weights``, seeded here by the
+run's seed and the sample's index: not the run's own draws, so on the run's own test split the scores agree with
+``metrics.json`` within sampling noise, not to the digit), each sample's BN statistics are recomputed once on the
+run's BN-update data, as the run did, and every sample is then scored on each test set asked for.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from swalab.checkpoint import CheckpointStore, read_checkpoint
+from swalab.evaluate import ensemble_log_mean
+from swalab.methods.swag import draw_weights, flat_parameters, load_flat
+
+KINDS = {"swag": True, "swag_diag": False}  # predictor -> whether its draw has the low-rank term
+
+
+@dataclass
+class SwagSamples:
+    """A finished SWAG run's Gaussian (from the checkpoint ``source``) and the BN statistics of each sample, computed
+    on first use and kept for every later test set."""
+
+    mean: torch.Tensor
+    sq_mean: torch.Tensor
+    deviations: list[torch.Tensor]
+    scales: dict[str, float]
+    samples: int
+    seed: int
+    source: str
+    bn: dict[tuple[str, int], dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        """What a score record says of the samples it used."""
+        return {"samples": self.samples, "seed": self.seed, "moments_from": self.source,
+                "rank": len(self.deviations), "scales": self.scales,
+                "note": "drawn anew, not the run's own samples: on its own test split within sampling noise of "
+                        "metrics.json"}
+
+    def model(self, base: torch.nn.Module, kind: str, index: int, update_bn) -> torch.nn.Module:
+        """Sample ``index`` of ``kind`` (``swag`` or ``swag_diag``) in a copy of ``base``, its BN statistics
+        recomputed by ``update_bn`` the first time and restored from then on."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 2 * index + KINDS[kind])
+        deviations = self.deviations if KINDS[kind] else []
+        model = copy.deepcopy(base)
+        load_flat(model, draw_weights(self.mean, self.sq_mean, deviations, self.scales[kind], generator))
+        buffers = self.bn.get((kind, index))
+        if buffers is None:
+            update_bn(model)
+            self.bn[(kind, index)] = {k: v.detach().clone() for k, v in model.state_dict().items()
+                                      if k in dict(model.named_buffers())}
+        else:
+            model.load_state_dict(buffers, strict=False)
+        return model
+
+    def log_probs(self, base: torch.nn.Module, kind: str, update_bn, predict) -> torch.Tensor:
+        """The Bayesian model average of ``kind``: the mean of the samples' probabilities under ``predict``."""
+        return ensemble_log_mean([predict(self.model(base, kind, i, update_bn)) for i in range(self.samples)])
+
+
+def last_epoch_moments(run) -> tuple[dict, str] | str:
+    """The method state of the kept checkpoint of ``run``'s last epoch and its name, or why there is none."""
+    last = int(run.cfg.trainer.epochs)
+    kept = dict(CheckpointStore(run.path).kept())
+    if last not in kept:
+        return ("SWAG's moments are kept only in the checkpoint of its last epoch, which a finished run deletes: "
+                "train it with run.keep_finished_checkpoints=true to score swag and swag_diag again")
+    state = read_checkpoint(kept[last])
+    method = state.get("method") or {}
+    if method.get("sq_mean") is None:
+        return f"{kept[last]} holds no SWAG moments (its method captured no model)"
+    return method, f"checkpoints/{kept[last].relative_to(run.path / 'checkpoints')}"
+
+
+def swag_samples(run, swa_model: torch.nn.Module, samples: int | None = None) -> SwagSamples | str:
+    """The samples of a finished SWAG ``run`` around ``swa_model`` (its average, from ``final.pt``), ``samples`` of
+    them (default: the run's ``method.samples``), or why they cannot be drawn."""
+    found = last_epoch_moments(run)
+    if isinstance(found, str):
+        return found
+    method, source = found
+    scale = float(run.get("method.scale"))
+    return SwagSamples(mean=flat_parameters(swa_model, "cpu"), sq_mean=method["sq_mean"].float().cpu(),
+                       deviations=[d.float().cpu() for d in method.get("deviations") or []],
+                       scales={"swag": scale, "swag_diag": float(run.get("method.diag_scale", scale))},
+                       samples=int(samples or run.get("method.samples")), seed=int(run.get("seed", 0)),
+                       source=source)

@@ -97,3 +97,22 @@ def test_method_laplace_without_a_validation_split_says_to_set_one(sgd_run, tmp_
     with pytest.raises(ConfigError, match=r"method=laplace fits its prior precision on the validation split.*"
                                           r"set dataset.val_size"):
         train(cfg, run_dir=tmp_path / "laplace")
+
+
+def test_a_laplace_run_is_scored_again_by_fitting_its_posterior_again(sgd_run, tmp_path, capsys):
+    """``score`` keeps no posterior: it fits it again as the run did, so on the run's own test split ``laplace`` and
+    ``map`` give the run's numbers (float summation order aside), and on a corrupted set both are scored."""
+    from swalab.results.score import main
+
+    cfg = compose_run(["method=laplace", f"model.init_from={sgd_run}", "method.grid_size=11",
+                       f"run.cache_dir={tmp_path / 'cache'}"])
+    train(cfg, run_dir=tmp_path / "laplace")
+    own = json.loads((tmp_path / "laplace" / "metrics.json").read_text())
+    records = main([str(tmp_path / "laplace"), "--data", "test", "--data", "cifar10c:contrast:5",
+                    "--device", "cpu"])[str(tmp_path / "laplace")]["records"]
+    again = records[0]["predictors"]
+    for name in ("laplace", "map"):
+        for metric in ("acc", "nll", "ece", "brier"):
+            assert again[name][metric] == pytest.approx(own[name][metric], rel=1e-4, abs=1e-5), (name, metric)
+    assert records[0]["laplace"]["refitted"] and not records[0]["not_scored"].get("laplace")
+    assert {"laplace", "map"} <= set(records[1]["predictors"])

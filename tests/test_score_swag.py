@@ -1,5 +1,5 @@
 """``python -m swalab.results.score`` on a SWAG run: its samples drawn again from the moments in the kept checkpoint
-of its last epoch (``swalab.results.swag_samples``), so that ``swag`` and ``swag_diag`` stand beside SWA and SGD on
+of its last epoch (``swalab.results.rebuilt``), so that ``swag`` and ``swag_diag`` stand beside SWA and SGD on
 other test sets; a run that kept no such checkpoint says how to keep one."""
 
 from __future__ import annotations

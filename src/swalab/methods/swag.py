@@ -63,7 +63,7 @@ def draw_weights(mean: torch.Tensor, sq_mean: torch.Tensor, deviations, scale: f
                  generator: torch.Generator) -> torch.Tensor:
     """One weight vector from the Gaussian of the module doc: ``mean + sqrt(scale) (sqrt(var) z1 + D^T z2 / sqrt(K - 1))``
     with the low-rank term only when ``deviations`` holds two or more (none: SWAG-diagonal). Shared by a training
-    run's samples and ``swalab.results.swag_samples``, which draws them again for a finished run."""
+    run's samples and ``swalab.results.rebuilt``, which draws them again for a finished run."""
     var = (sq_mean.to(mean.device) - mean * mean).clamp_min(VAR_CLAMP)
     z1 = torch.randn(mean.shape, generator=generator).to(mean.device)
     draw = var.sqrt() * z1

@@ -9,7 +9,8 @@ and loaders, rebuilt from its directory); the other test set goes through the ru
 normalisation, its batch size), and every predictor whose weights the run kept is scored by
 ``swalab.evaluate.metrics_from_log_probs``: ``sgd`` (the live weights), ``swa`` / ``ema`` (``final.pt``), ``fge``
 and ``fge_avg`` (saved members), ``swag`` and ``swag_diag`` (samples drawn again from the moments in the kept
-checkpoint of the run's last epoch, ``swalab.results.swag_samples``; ``--swag-samples``), and each ``<name>+ts`` at
+checkpoint of the run's last epoch; ``--swag-samples``), ``laplace`` and ``map`` of a ``method=laplace`` run (its
+posterior fitted again; both in ``swalab.results.rebuilt``), and each ``<name>+ts`` at
 the temperature the run fitted on its validation split. What cannot be scored again is listed, with why, under
 ``not_scored`` (a budget mark's average, an FGE ensemble without saved members, a SWAG run that kept no checkpoint
 of its last epoch: only their test predictions are kept; a post-hoc average only its scores).
@@ -46,7 +47,7 @@ from swalab.data.splits import DataSplit
 from swalab.results import ood
 from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
 from swalab.results.compare import Scored, run_predictions, score_run
-from swalab.results.swag_samples import KINDS, SwagSamples, swag_samples
+from swalab.results.rebuilt import Rebuilt, rebuild
 from swalab.train.records import METRICS_FILE, PREDICTIONS_FILE, save_predictions, write_json
 
 FOLDER = "scores"
@@ -106,17 +107,19 @@ def on_other_data(scored: Scored, split: DataSplit) -> Scored:
     return dataclasses.replace(scored, test_loader=test_loader)
 
 
-def not_rescorable(scored: Scored, names: Sequence[str], swag: SwagSamples | str | None = None) -> dict[str, str]:
+def not_rescorable(scored: Scored, names: Sequence[str], rebuilt: Rebuilt | None = None) -> dict[str, str]:
     """Why each predictor of the run's ``metrics.json`` (and ``posthoc/``) not among ``names`` cannot be scored again
-    (``swag``: why a SWAG run's samples cannot be drawn again, from :func:`swalab.results.swag_samples.swag_samples`)."""
+    (``rebuilt``: why the run's posterior could not be rebuilt, ``swalab.results.rebuilt``)."""
+    why_not = rebuilt.why_not if rebuilt is not None else {}
     why = {}
     for name in [*scored.run.metrics, *scored.run.posthoc]:
         if name in names or "acc" not in (scored.run.metrics.get(name) or scored.run.posthoc.get(name) or {}):
             continue
-        if name in scored.run.posthoc:
+        kind = next((prefix for prefix in why_not if name.startswith(prefix)), None)
+        if kind is not None:
+            why[name] = why_not[kind]
+        elif name in scored.run.posthoc:
             why[name] = "a post-hoc average: its weights are not kept (python -m swalab.posthoc builds it again)"
-        elif name.startswith("swag"):
-            why[name] = swag if isinstance(swag, str) else "SWAG's samples were not drawn again"
         elif name.startswith("swa@"):
             why[name] = "a budget mark: the run kept its test predictions, not its weights"
         elif name.startswith("fge"):
@@ -126,10 +129,10 @@ def not_rescorable(scored: Scored, names: Sequence[str], swag: SwagSamples | str
     return why
 
 
-def predictions_on(scored: Scored, split: DataSplit, swag: SwagSamples | str | None = None
+def predictions_on(scored: Scored, split: DataSplit, rebuilt: Rebuilt | None = None
                    ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor] | None]:
-    """The log-probabilities on ``split`` of every predictor of the run whose weights it kept (``+ts`` at the run's
-    own temperatures), SWAG's when ``swag`` holds its samples, and its FGE members' (None without saved members)."""
+    """The log-probabilities on ``split`` of every predictor of the run whose weights it kept and of those ``rebuilt``
+    holds (``+ts`` at the run's own temperatures), and its FGE members' (None without saved members)."""
     other = on_other_data(scored, split)
     members = None
     if scored.run.method == "fge" and not scored.run.member_paths():
@@ -138,10 +141,10 @@ def predictions_on(scored: Scored, split: DataSplit, swag: SwagSamples | str | N
             log_probs[name] = other.log_probs(other.model_for(scored.run.weights(name), f"{scored.run.path}/final.pt"))
     else:
         log_probs, members = run_predictions(other)
-    if isinstance(swag, SwagSamples):
-        base = scored.model_for(scored.run.weights("swa"), f"{scored.run.path}/final.pt[swa]")
-        for kind in KINDS:
-            log_probs[kind] = swag.log_probs(base, kind, scored.update_bn, other.log_probs)
+    if scored.run.method == "laplace":  # its live weights are its MAP predictor
+        log_probs["map"] = log_probs.pop("sgd")
+    if rebuilt is not None:
+        log_probs.update(rebuilt.log_probs(other))
     for name in list(log_probs):
         fitted = (scored.run.metrics.get(scaled_name(name)) or {}).get("temperature")
         if fitted is not None:  # the run's own temperature, fitted on its validation split
@@ -149,16 +152,16 @@ def predictions_on(scored: Scored, split: DataSplit, swag: SwagSamples | str | N
     return log_probs, members
 
 
-def score_on(scored: Scored, spec: DataSpec, swag: SwagSamples | str | None = None) -> dict:
+def score_on(scored: Scored, spec: DataSpec, rebuilt: Rebuilt | None = None) -> dict:
     """Every re-scorable predictor of one run on ``spec``'s test set, written under ``<run>/scores/<name>/``."""
     split, made = spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
-    log_probs, _ = predictions_on(scored, split, swag)
+    log_probs, _ = predictions_on(scored, split, rebuilt)
     labels = split.labels
     metrics = {name: metrics_from_log_probs(p, labels) for name, p in log_probs.items()}
     record = {"data": {"name": spec.name, "spec": spec.spec, "images": len(labels), "fingerprint": made,
                        **({"corruption": spec.corruption, "severity": spec.severity} if spec.corruption else {})},
-              "ece_bins": ECE_LEGEND, "predictors": metrics, "not_scored": not_rescorable(scored, list(log_probs), swag),
-              **({"swag_samples": swag.describe()} if isinstance(swag, SwagSamples) else {})}
+              "ece_bins": ECE_LEGEND, "predictors": metrics, "not_scored": not_rescorable(scored, list(log_probs), rebuilt),
+              **(rebuilt.record if rebuilt is not None else {})}
     folder = scored.run.path / FOLDER / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / METRICS_FILE, record)
@@ -167,14 +170,14 @@ def score_on(scored: Scored, spec: DataSpec, swag: SwagSamples | str | None = No
     return record
 
 
-def detect_ood(scored: Scored, spec: str, swag: SwagSamples | str | None = None) -> dict:
+def detect_ood(scored: Scored, spec: str, rebuilt: Rebuilt | None = None) -> dict:
     """Each re-scorable predictor's OOD detection (``swalab.results.ood``): the run's test split against ``spec``'s
     images, written under ``<run>/scores/ood-<name>/metrics.json``, each image's scores (float16) beside it in
     ``per_image_scores.pt`` (the report draws ROC curves from them)."""
     own = scored.run.data().test
     outside = scored.run.other_classes_test() if spec == ood.OTHER_CLASSES else ood.ood_split(spec, own)
-    in_log_probs, in_members = predictions_on(scored, own, swag)
-    out_log_probs, out_members = predictions_on(scored, outside, swag)
+    in_log_probs, in_members = predictions_on(scored, own, rebuilt)
+    out_log_probs, out_members = predictions_on(scored, outside, rebuilt)
     per_image = {}
     for name, p in in_log_probs.items():
         ensemble = name in ("fge", "fge+ts") and in_members is not None
@@ -186,8 +189,8 @@ def detect_ood(scored: Scored, spec: str, swag: SwagSamples | str | None = None)
                        "out_of_distribution": len(outside.labels),
                        "fingerprint": corruptions.fingerprint(outside.images)},
               "positive": "out-of-distribution", "predictors": detected,
-              "not_scored": not_rescorable(scored, list(in_log_probs), swag),
-              **({"swag_samples": swag.describe()} if isinstance(swag, SwagSamples) else {})}
+              "not_scored": not_rescorable(scored, list(in_log_probs), rebuilt),
+              **(rebuilt.record if rebuilt is not None else {})}
     folder = scored.run.path / FOLDER / ood.spec_name(spec)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_save(ood.kept_scores(per_image), folder / ood.PER_IMAGE_FILE)  # the report's ROC curves read them
@@ -261,13 +264,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results = {}
     for run_dir in args.runs:
         scored = score_run(run_dir, device=args.device)
-        swag = None
-        if scored.run.method == "swag":
-            swag = swag_samples(scored.run, scored.model_for(scored.run.weights("swa"), f"{run_dir}/final.pt[swa]"),
-                                args.swag_samples)
+        rebuilt = rebuild(scored, args.swag_samples)
         records = []
         for spec in specs:
-            record = score_on(scored, spec, swag)
+            record = score_on(scored, spec, rebuilt)
             records.append(record)
             print(f"{scored.label} on {spec.name} ({record['data']['images']} images):")
             print(metrics_table(record["predictors"]))
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 print(f"  not scored: {name}: {why}")
         detections = []
         for spec in args.ood:
-            record = detect_ood(scored, spec, swag)
+            record = detect_ood(scored, spec, rebuilt)
             detections.append(record)
             print(f"{scored.label}: its test split against {record['data']['name']} "
                   f"({record['data']['out_of_distribution']} images):\n{ood_table(record)}")

@@ -1,14 +1,19 @@
-"""SWAG's samples drawn again for a finished run, so that ``python -m swalab.results.score`` can set ``swag`` and
-``swag_diag`` on other data (corrupted test sets, OOD detection) beside SWA, SGD and temperature scaling.
+"""Predictors of a finished run rebuilt for ``python -m swalab.results.score``, beyond the weights it kept: SWAG's
+samples and a Laplace posterior, so that ``swag``, ``swag_diag`` and ``laplace`` stand beside SWA, SGD and
+temperature scaling on other data (corrupted test sets, OOD detection).
 
-When and why: a SWAG run scores its samples on its own test split at its end and keeps their predictions, not its
-moments. The moments (the second moment of the SWA iterates and the last K deviations) are in the method state of
-every checkpoint; a finished run deletes its rolling checkpoints unless ``run.keep_finished_checkpoints=true`` kept
-them. From the kept checkpoint of its last epoch the same Gaussian is rebuilt around the run's SWA average
-(``final.pt``), ``samples`` weight vectors are drawn anew (``swalab.methods.swag.draw_weights``, seeded here by the
-run's seed and the sample's index: not the run's own draws, so on the run's own test split the scores agree with
+When and why: such a run scores its posterior on its own test split at its end and keeps the predictions, not the
+posterior. **SWAG**: the moments (the second moment of the SWA iterates and the last K deviations) are in the method
+state of every checkpoint; a finished run deletes its rolling checkpoints unless ``run.keep_finished_checkpoints=true``
+kept them. From the kept checkpoint of its last epoch the same Gaussian is rebuilt around the run's SWA average
+(``final.pt``), ``samples`` weight vectors are drawn anew (``swalab.methods.swag.draw_weights``, seeded by the run's
+seed and the sample's index: not the run's own draws, so on the run's own test split the scores agree with
 ``metrics.json`` within sampling noise, not to the digit), each sample's BN statistics are recomputed once on the
-run's BN-update data, as the run did, and every sample is then scored on each test set asked for.
+run's BN-update data, as the run did, and every sample is then scored on each test set asked for. **Laplace**
+(``method=laplace``): the fit is deterministic given the run's weights and data (the Kronecker factors summed over
+the run's training loader at its epoch-0 order, the prior precision by the same grid search on its validation
+split), so it is fitted again, as the run fitted it, and agrees with the run's own ``laplace`` on its test split up
+to float summation order.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swalab.checkpoint import CheckpointStore, read_checkpoint
+from swalab.config import ConfigError
 from swalab.evaluate import ensemble_log_mean
 from swalab.methods.swag import draw_weights, flat_parameters, load_flat
 
@@ -94,3 +100,53 @@ def swag_samples(run, swa_model: torch.nn.Module, samples: int | None = None) ->
                        scales={"swag": scale, "swag_diag": float(run.get("method.diag_scale", scale))},
                        samples=int(samples or run.get("method.samples")), seed=int(run.get("seed", 0)),
                        source=source)
+
+
+@dataclass
+class Rebuilt:
+    """What :func:`rebuild` made of one run: ``predict(other)`` gives the rebuilt predictors' log-probabilities on
+    ``other`` (a ``Scored`` reading another test set), ``why_not`` why predictors of a kind could not be rebuilt
+    (``{name prefix: reason}``), ``record`` what a score record says of them."""
+
+    predict: object = None
+    why_not: dict[str, str] = field(default_factory=dict)
+    record: dict = field(default_factory=dict)
+
+    def log_probs(self, other) -> dict[str, torch.Tensor]:
+        return self.predict(other) if self.predict is not None else {}
+
+
+def rebuild(scored, swag_sample_count: int | None = None) -> Rebuilt:
+    """The rebuilt predictors of ``scored``'s run (a ``swalab.results.compare.Scored``): SWAG's samples of a SWAG run,
+    the Laplace posterior of a ``method=laplace`` run, nothing for any other."""
+    run = scored.run
+    if run.method == "swag":
+        swa = scored.model_for(run.weights("swa"), f"{run.path}/final.pt[swa]")
+        samples = swag_samples(run, swa, swag_sample_count)
+        if isinstance(samples, str):
+            return Rebuilt(why_not={"swag": samples})
+        return Rebuilt(predict=lambda other: {kind: samples.log_probs(swa, kind, scored.update_bn, other.log_probs)
+                                              for kind in KINDS},
+                       record={"swag_samples": samples.describe()})
+    if run.method == "laplace":
+        return laplace_again(scored)
+    return Rebuilt()
+
+
+def laplace_again(scored) -> Rebuilt:
+    """A ``method=laplace`` run's posterior fitted again around its weights (module doc)."""
+    from swalab.methods.laplace import LaplacePredictor, fit_laplace
+
+    run = scored.run
+    if scored.val_loader is None:  # a laplace run always has one: it refuses to run without
+        raise ConfigError(f"{run.path}: a Laplace run without a validation split cannot be fitted again")
+    train, _, _ = run.loaders(run.data(), scored.device)
+    method = run.cfg.method
+    link = str(method.get("link", "probit"))
+    la = fit_laplace(scored.model, train, scored.val_loader, str(method.get("hessian", "kron")), link,
+                     int(method.get("grid_size", 100)))
+    predictor = LaplacePredictor(la, scored.device, link)
+    prior = la.prior_precision
+    return Rebuilt(predict=lambda other: {"laplace": predictor.predict_log_proba(other.test_loader)},
+                   record={"laplace": {"refitted": True, "hessian": str(method.get("hessian", "kron")), "link": link,
+                                       "prior_precision": [float(v) for v in torch.as_tensor(prior).reshape(-1)]}})

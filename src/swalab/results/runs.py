@@ -41,6 +41,7 @@ from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
 from swalab.runlock import gone_holder
+from swalab.runstatus import RunStatus
 from swalab.train.records import DamagedRecord, final_metrics
 
 FINAL = "final.pt"
@@ -112,25 +113,25 @@ class Run:
         """``complete`` exactly when ``metrics.json`` reads back (the one record of a finished run); else what
         ``status.json`` says (running, failed, preempted, interrupted), or that ``metrics.json`` is damaged."""
         if self.metrics:
-            return "complete"
+            return RunStatus.COMPLETE
         if self._final[1] is not None:
-            return "damaged"
-        status = self._status.get("status") or "no status"
-        if status == "running" and self._gone is not None:
-            return "stopped"
-        return "incomplete" if status == "complete" else status
+            return RunStatus.DAMAGED
+        status = self._status.get("status") or RunStatus.NONE
+        if status == RunStatus.RUNNING and self._gone is not None:
+            return RunStatus.STOPPED
+        return RunStatus.INCOMPLETE if status == RunStatus.COMPLETE else status
 
     @cached_property
     def _gone(self) -> str | None:
         """Why no process trains this run although ``status.json`` says running (``swalab.runlock.gone_holder``)."""
-        return gone_holder(self.path) if self._status.get("status") == "running" else None
+        return gone_holder(self.path) if self._status.get("status") == RunStatus.RUNNING else None
 
     @property
     def error(self) -> str | None:
         damaged = self._final[1]
         if damaged is not None:
             return f"{damaged}: re-run the run's command to score it again from its last checkpoint"
-        if self.status == "stopped":
+        if self.status == RunStatus.STOPPED:
             return (f"status.json says running, but no process trains it ({self._gone}): re-run its command to "
                     "continue from its newest checkpoint")
         return self._status.get("error")

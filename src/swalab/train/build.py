@@ -20,6 +20,7 @@ from swalab.data import ResidentLoader, subset
 from swalab.losses import LossSpec
 from swalab.optim import OptimizerSpec
 from swalab.runlock import gone_holder
+from swalab.runstatus import STOPPED_STATES, RunStatus
 from swalab.train.records import DamagedRecord, final_metrics
 from swalab.trainer_options import TrainerOptions
 
@@ -47,16 +48,13 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
     total = f" of {epochs}" if epochs is not None and newest is not None else ""
     pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None and epoch_pick else ""
     status = read_status(run_dir)
-    if status == "running" and gone_holder(run_dir) is not None:
+    if status == RunStatus.RUNNING and gone_holder(run_dir) is not None:
         why = "no process trains it"
-    elif status in STOPPED:
+    elif status in STOPPED_STATES:
         why = f"it stopped: {status}"
     else:  # training now, or as far as can be told from here
         return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
     return f"{run_dir} has not finished ({where}{total}; {why}): {pick}re-run its own command to finish it"
-
-
-STOPPED = ("preempted", "interrupted", "failed", "requeued", "cancelled")  # statuses of a run no process trains
 
 
 def read_status(run_dir: Path) -> str | None:

@@ -36,6 +36,7 @@ from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_eta, run_log, run_log_only
 from swalab.precision import slow_precision
 from swalab.runlock import RunLock
+from swalab.runstatus import RunStatus
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
                                 load_into, loss_spec, optimizer_spec, read_status, trainer_options)
@@ -173,7 +174,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
             if finished is not None:
                 log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json "
                          "kept)")
-                if read_status(plan.run_dir) != "complete":  # killed between metrics.json and its status
+                if read_status(plan.run_dir) != RunStatus.COMPLETE:  # killed between metrics.json and its status
                     settle_finished(plan)
             else:
                 lock = RunLock(plan.run_dir).acquire()
@@ -218,7 +219,7 @@ def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = No
         write_json(run_dir / DATA_FILE, facts)
     if lineage is not None:
         write_json(run_dir / "lineage.json", lineage)
-    write_json(run_dir / "status.json", {"status": "running"})
+    write_json(run_dir / "status.json", {"status": RunStatus.RUNNING})
 
 
 def wandb_run(plan: RunPlan) -> dict | None:
@@ -282,7 +283,7 @@ def settle_finished(plan: RunPlan) -> None:
         except OSError as exc:  # the run has finished: a checkpoint left behind costs only disk
             log.warning(f"[swalab] {run_dir}: could not remove its resume checkpoints ({exc}); final.pt holds the "
                         "finished weights, so they can be deleted by hand")
-    write_status(run_dir, {"status": "complete"})
+    write_status(run_dir, {"status": RunStatus.COMPLETE})
 
 
 def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
@@ -340,12 +341,12 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (before its first step, the final scoring)
             message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
                        "re-run the same command to continue")
-            write_status(run_dir, {"status": "interrupted", "message": message})
+            write_status(run_dir, {"status": RunStatus.INTERRUPTED, "message": message})
             run_log_only(f"[swalab] {run_dir} interrupted: {message}")  # run.py says it on the terminal
             tracker.finish(exit_code=1)
             raise
         except BaseException as exc:
-            write_status(run_dir, {"status": "failed", "error": one_line(exc), "traceback": traceback.format_exc()})
+            write_status(run_dir, {"status": RunStatus.FAILED, "error": one_line(exc), "traceback": traceback.format_exc()})
             log.info(f"[swalab] {run_dir} failed: {one_line(exc)}")
             tracker.finish(exit_code=1)
             raise

@@ -34,7 +34,7 @@ from swalab.runlock import RunLocked
 from swalab.runstatus import RunStatus
 from swalab.train import TrainingFailed, execute, prepare
 from swalab.train.records import message, one_line
-from swalab.train.records import write_status
+from swalab.rundir import RunDir
 from swalab.pausing import INTERRUPTED_EXIT_CODE, Preempted
 from swalab.step import NonFiniteLossError
 
@@ -80,7 +80,7 @@ def main(cfg: DictConfig) -> float | None:
             hand_on(exc)
         except Exception as err:  # submitit declined to requeue (e.g. "timed-out too many times")
             exc.status = RunStatus.PREEMPTED
-            write_status(run_dir, {"status": exc.status, "message": f"{exc}; not requeued: {one_line(err)}"})
+            RunDir(run_dir).write_status({"status": exc.status, "message": f"{exc}; not requeued: {one_line(err)}"})
             record(exc.status, f"not requeued: {one_line(err)}")
             print(f"[swalab] not requeued: {one_line(err)}; re-run the same command to continue", file=sys.stderr)
         if multirun and SUBMITIT_JOB in os.environ:  # this process is one job of the grid, which goes on

@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from swalab.runstatus import OK_STATES
-from swalab.train.records import write_text
+from swalab.rundir import write_text
 
 JOBS_DIR = "jobs"
 SUMMARY_FILE = "summary.txt"

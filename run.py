@@ -31,9 +31,10 @@ from swalab import distributed
 from swalab.checkpoint import CheckpointError
 from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
+from swalab.runstatus import RunStatus
 from swalab.train import TrainingFailed, execute, prepare
 from swalab.train.records import message, one_line
-from swalab.train.records import write_status
+from swalab.rundir import RunDir
 from swalab.pausing import INTERRUPTED_EXIT_CODE, Preempted
 from swalab.step import NonFiniteLossError
 
@@ -65,7 +66,7 @@ def main(cfg: DictConfig) -> float | None:
             close_grid(hydra_cfg.sweep.dir, interrupted=True)
         sys.exit(code)
 
-    record("running")
+    record(RunStatus.RUNNING)
     try:
         plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices),
                        grid=hydra_cfg.sweep.dir if multirun else None)
@@ -78,23 +79,23 @@ def main(cfg: DictConfig) -> float | None:
         try:
             hand_on(exc)
         except Exception as err:  # submitit declined to requeue (e.g. "timed-out too many times")
-            exc.status = "preempted"
-            write_status(run_dir, {"status": exc.status, "message": f"{exc}; not requeued: {one_line(err)}"})
+            exc.status = RunStatus.PREEMPTED
+            RunDir(run_dir).write_status({"status": exc.status, "message": f"{exc}; not requeued: {one_line(err)}"})
             record(exc.status, f"not requeued: {one_line(err)}")
             print(f"[swalab] not requeued: {one_line(err)}; re-run the same command to continue", file=sys.stderr)
         if multirun and SUBMITIT_JOB in os.environ:  # this process is one job of the grid, which goes on
-            if exc.status == "requeued":
+            if exc.status == RunStatus.REQUEUED:
                 sys.exit(exc.exit_code)  # the job comes back and resumes
             return None  # the job will not come back: it ends here, and the grid's summary says why
         stop_grid(exc.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before the run started training or while it was scored at the end
-        record("interrupted", "KeyboardInterrupt: Ctrl-C")
+        record(RunStatus.INTERRUPTED, "KeyboardInterrupt: Ctrl-C")
         print("[swalab] interrupted (Ctrl-C): nothing of the run is lost; re-run the same command to continue",
               file=sys.stderr)
         stop_grid(INTERRUPTED_EXIT_CODE)
     except TrainingFailed as failed:  # training had started: status.json records the error
         exc = failed.__cause__
-        record("failed", one_line(exc))
+        record(RunStatus.FAILED, one_line(exc))
         if multirun:
             print(f"[swalab] job failed, the grid goes on: {type(exc).__name__}: {message(exc)}", file=sys.stderr)
             return None
@@ -103,7 +104,7 @@ def main(cfg: DictConfig) -> float | None:
         print(f"[swalab] {message(exc)}", file=sys.stderr)
         sys.exit(1)
     except Exception as exc:  # refused before anything was written
-        record("locked" if isinstance(exc, RunLocked) else "refused", one_line(exc))
+        record(RunStatus.LOCKED if isinstance(exc, RunLocked) else RunStatus.REFUSED, one_line(exc))
         if multirun:
             print(f"[swalab] job did not run, the grid goes on: {message(exc)}", file=sys.stderr)
             return None
@@ -111,7 +112,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         print(f"[swalab] {message(exc)}", file=sys.stderr)
         sys.exit(REFUSED_EXIT_CODE)
-    record("skipped" if skipped else "complete")
+    record(RunStatus.SKIPPED if skipped else RunStatus.COMPLETE)
     first = next((m for m in metrics.values() if "acc" in m), None)
     return None if first is None else first["acc"]
 

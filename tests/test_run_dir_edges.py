@@ -15,7 +15,7 @@ from conftest import REPO
 from swalab.config import ConfigError
 from swalab.runlock import LOCK_FILE
 from swalab.train import prepare, train
-from swalab.train.records import RUN_FILES
+from swalab.rundir import RunDir
 
 QUIET = ["logger=none", "run.progress=false"]
 TINY = [*QUIET, "dataset.train_size=128", "trainer.batch_size=64", "trainer.epochs=2", "model.arch.depth=8",
@@ -67,7 +67,7 @@ def test_a_folder_of_the_users_without_a_file_a_run_writes_takes_the_run(tmp_pat
 def test_every_file_a_finished_run_writes_is_among_the_names_that_mark_a_clash(tmp_path, make_cfg):
     run = tmp_path / "run"
     train(make_cfg(*TINY, "method=swa", "logger=wandb", "logger.mode=disabled"), run_dir=run)
-    assert {p.name for p in run.iterdir()} <= {*RUN_FILES, LOCK_FILE}  # the lock is the lock's business (runlock)
+    assert {p.name for p in run.iterdir()} <= {*RunDir.FILES, LOCK_FILE}  # the lock is the lock's business (runlock)
 
 
 def old_run_without_fingerprint(run):

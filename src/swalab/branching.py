@@ -33,8 +33,9 @@ from pathlib import Path
 
 from swalab.checkpoint import CheckpointStore, read_checkpoint
 from swalab.identity import differences, method_part, recipe_of
+from swalab.rundir import RunDir
 
-LINEAGE_FILE = "lineage.json"
+LINEAGE_FILE = RunDir.LINEAGE
 
 
 class BranchError(ValueError):

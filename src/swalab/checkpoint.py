@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from swalab import faults
+from swalab.rundir import RunDir
 
 FORMAT = "swalab-checkpoint"
 VERSION = 1
@@ -190,7 +191,7 @@ class CheckpointStore:
     SAVED = "saved"
 
     def __init__(self, run_dir: str | Path, keep: int = 2):
-        self.dir = Path(run_dir) / "checkpoints"
+        self.dir = Path(run_dir) / RunDir.CHECKPOINTS
         self.keep = keep
 
     def paths(self) -> list[Path]:
@@ -272,7 +273,7 @@ class PredictionFiles:
     DIR = "predictions"
 
     def __init__(self, run_dir: str | Path, write: bool = True):
-        self.dir = Path(run_dir) / "checkpoints" / self.DIR
+        self.dir = Path(run_dir) / RunDir.CHECKPOINTS / self.DIR
         self.write = write
 
     def path(self, name: str) -> Path:

@@ -22,11 +22,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from swalab.train.records import write_text
+from swalab.runstatus import OK_STATES
+from swalab.rundir import write_text
 
 JOBS_DIR = "jobs"
 SUMMARY_FILE = "summary.txt"
-OK_STATES = ("complete", "skipped")
 
 
 def record_job(grid_dir: str | Path, number: int, overrides: list[str], run_dir: str | Path | None, state: str,

@@ -52,6 +52,7 @@ from typing import Any
 
 from swalab.compat import RETIRED_KEYS, SHORT_NAMES_SINCE, upgraded
 from swalab.data.fingerprint import weights_fingerprint
+from swalab.rundir import RunDir
 
 # Where a key is declared says whether it counts: the groups of what a run computes, and the groups of how and
 # where it runs (conf/run: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
@@ -82,7 +83,7 @@ def method_part(key: str, recipe: str | None) -> bool:
     return _under(key, ("method", "trainer.epochs", "schedule.horizon", *((f"model.{recipe}",) if recipe else ())))
 
 
-IDENTITY_FILE = "identity.json"
+IDENTITY_FILE = RunDir.IDENTITY
 # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks; 3: weights files by content,
 # names shortened (swa.lr-0.05 for model.swa.lr; earlier names are read by swalab.compat)
 IDENTITY_VERSION = 3
@@ -299,7 +300,7 @@ def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, An
             identity = None
         if isinstance(identity, Mapping):
             return upgraded(identity, content=by_content)
-    config = run_dir / "config.yaml"
+    config = run_dir / RunDir.CONFIG
     if config.exists():
         import yaml
 

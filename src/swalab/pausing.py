@@ -13,17 +13,19 @@ import contextlib
 import signal
 from collections.abc import Callable, Iterator
 
+from swalab.runstatus import RunStatus
+
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the SLURM requeue wrapper re-launches on it
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 # The signals that pause a run: each makes the loop write a checkpoint at the step it is on and stop, leaving
 # this status in status.json and this exit code for run.py. Ctrl-C is a pause like a preemption. Under SLURM
 # swalab.slurm.stop_status names a preemption more exactly (requeued, cancelled).
-PAUSE_SIGNALS: dict[int, tuple[str, int]] = {
-    signal.SIGTERM: ("preempted", PREEMPTED_EXIT_CODE),     # scheduler preemption, scancel, scontrol requeue, a time limit
-    signal.SIGUSR1: ("preempted", PREEMPTED_EXIT_CODE),     # sbatch --signal=USR1, SUBMITIT_PREEMPT_SIGNAL=USR1
-    signal.SIGUSR2: ("preempted", PREEMPTED_EXIT_CODE),     # submitit's default time-limit/preemption signal
-    signal.SIGINT: ("interrupted", INTERRUPTED_EXIT_CODE),
+PAUSE_SIGNALS: dict[int, tuple[RunStatus, int]] = {
+    signal.SIGTERM: (RunStatus.PREEMPTED, PREEMPTED_EXIT_CODE),     # scheduler preemption, scancel, scontrol requeue, a time limit
+    signal.SIGUSR1: (RunStatus.PREEMPTED, PREEMPTED_EXIT_CODE),     # sbatch --signal=USR1, SUBMITIT_PREEMPT_SIGNAL=USR1
+    signal.SIGUSR2: (RunStatus.PREEMPTED, PREEMPTED_EXIT_CODE),     # submitit's default time-limit/preemption signal
+    signal.SIGINT: (RunStatus.INTERRUPTED, INTERRUPTED_EXIT_CODE),
 }
 
 
@@ -38,10 +40,10 @@ class Preempted(RuntimeError):
     def __init__(self, message: str, signum: int | None = None):
         super().__init__(message)
         self.signum = signum  # run.py hands the signal on to a launcher's own handler (submitit)
-        self.status, self.exit_code = PAUSE_SIGNALS.get(signum, ("preempted", PREEMPTED_EXIT_CODE))
+        self.status, self.exit_code = PAUSE_SIGNALS.get(signum, (RunStatus.PREEMPTED, PREEMPTED_EXIT_CODE))
 
     def __str__(self) -> str:
-        then = ("the job is requeued and resumes from it" if self.status == "requeued"
+        then = ("the job is requeued and resumes from it" if self.status == RunStatus.REQUEUED
                 else "re-run the same command to continue")
         return f"{self.args[0]}; {then}"
 

@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from swalab.runstatus import RunStatus
+
 SCONTROL_TIMEOUT_S = 20
 
 
@@ -64,7 +66,7 @@ def stop_status(signum: int | None, default: str, env: Mapping[str, str] = os.en
     ``record`` is the job's ``scontrol show job`` record (read when not given).
     """
     if signum is not None and requeued_by_launcher(signum):
-        return "requeued"
+        return RunStatus.REQUEUED
     job = job_id(env)
     if job is None:
         return default
@@ -77,11 +79,11 @@ def stop_status(signum: int | None, default: str, env: Mapping[str, str] = os.en
     except ValueError:
         return default
     if restarts > started_with:  # scontrol requeue, or a preemption with PreemptMode=REQUEUE
-        return "requeued"
+        return RunStatus.REQUEUED
     state, reason = record.get("JobState", ""), record.get("Reason", "")
     ending = state == "CANCELLED" or (state == "COMPLETING" and record.get("EndTime", "Unknown") != "Unknown")
     if ending and reason != "TimeLimit":
-        return "cancelled"
+        return RunStatus.CANCELLED
     return default
 
 

@@ -33,8 +33,9 @@ from torch import nn
 from swalab.checkpoint import atomic_save, checkpoint_name
 from swalab.config import ConfigError
 from swalab.powerema import PowerEMA
+from swalab.rundir import RunDir
 
-FOLDER = "snapshots"
+FOLDER = RunDir.SNAPSHOTS
 _NAME = re.compile(r"^epoch(\d+)(?:_step(\d+))?\.pt$")
 
 

@@ -35,7 +35,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-RECORD_FILE = "wandb_run.json"
+from swalab.rundir import RunDir
+
+RECORD_FILE = RunDir.WANDB_RUN
 MAX_NAME = 128  # characters W&B keeps of a run's name and group
 
 

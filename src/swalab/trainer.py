@@ -40,6 +40,7 @@ from swalab.logs import heartbeat, mean_epoch_seconds, progress_bar, run_eta
 from swalab.losses import LossSpec, TrainingLoss
 from swalab.methods.base import Method, TrainContext
 from swalab.optim import OptimizerSpec, load_optimizer_state
+from swalab.rundir import RunDir
 from swalab.pausing import PauseFlag, Preempted, catching_pause_signals, signal_words
 from swalab.precision import check_precision, deterministic
 from swalab.snapshots import SnapshotWriter
@@ -157,7 +158,7 @@ class Trainer:
     def _write_history(self) -> None:
         if not self.main:
             return
-        path = self.run_dir / "history.jsonl"
+        path = self.run_dir / RunDir.HISTORY
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(row) + "\n" for row in self.history))
         tmp.replace(path)

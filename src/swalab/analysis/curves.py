@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
+from swalab.rundir import RunDir
 
 
 #: how a SWA run has its average scored during training, said wherever a run did not
@@ -27,7 +28,7 @@ SCORE_EVERY = "model.swa.score_every=N scores it every N epochs"
 
 
 def read_history(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "history.jsonl"
+    path = Path(run_dir) / RunDir.HISTORY
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} has no history.jsonl")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

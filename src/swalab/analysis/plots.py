@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from swalab import style
-from swalab.train.records import atomic_write
+from swalab.rundir import atomic_write
 
 plt = style.pyplot()  # Agg, no LaTeX: the one style of every swalab figure (swalab.style)
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swalab.evaluate import predict_logits, recompute_bn
-from swalab.train.records import atomic_write
+from swalab.rundir import atomic_write
 from swalab.analysis.weights import ParamSpace, squared_norm
 
 

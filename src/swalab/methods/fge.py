@@ -26,10 +26,11 @@ import torch
 from swalab.checkpoint import atomic_save
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedEnsemble, Predictor, log_of
+from swalab.rundir import RunDir
 from swalab.methods.base import Method, TrainContext, check_pre_schedule, unread_schedule_keys
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 
-MEMBER_PROBS_FILE = "fge_member_probs.pt"  # in the run directory: {"member_log_probs", "member_epochs", "labels"}
+MEMBER_PROBS_FILE = RunDir.MEMBER_PROBS  # in the run directory: {"member_log_probs", "member_epochs", "labels"}
 
 
 def member_file(k: int, split: str = "test") -> str:
@@ -143,7 +144,7 @@ class FGE(Method):
         if val_log_probs is not None:  # a member is scored on the validation split too
             self.member_val_files.append(ctx.predictions.save(member_file(len(self.ensemble), "val"), val_log_probs))
         if self.save_members and ctx.predictions.write:  # the writing rank only
-            path = Path(ctx.run_dir) / "members" / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
+            path = Path(ctx.run_dir) / RunDir.MEMBERS / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_save({"model": ctx.model.state_dict(), "epoch": epoch + 1}, path)
 

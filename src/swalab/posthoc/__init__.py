@@ -42,9 +42,10 @@ from swalab.powerema import check_widths, coefficients, gamma_of, label_of, prof
 from swalab.results.compare import Scored, score_run
 from swalab.snapshots import Snapshot, snapshots_of
 from swalab.train.build import load_init_weights
-from swalab.train.records import METRICS_FILE, PREDICTIONS_FILE, save_predictions, write_json
+from swalab.rundir import RunDir, write_json
+from swalab.train.records import save_predictions
 
-FOLDER = "posthoc"
+FOLDER = RunDir.POSTHOC
 
 
 class PosthocError(ConfigError):
@@ -83,7 +84,7 @@ def points_of(scored: Scored) -> list[Point]:
     steps = found[0].steps_per_epoch() if any(s.step for s in found) else 1
     points = [Point(s.position(steps), s.path.name, s.weights) for s in found]
     if not points or points[-1].position < epochs:
-        points.append(Point(float(epochs), "final.pt", lambda: scored.run.weights("live")))
+        points.append(Point(float(epochs), RunDir.FINAL, lambda: scored.run.weights("live")))
     return points
 
 
@@ -229,8 +230,8 @@ def write_result(run: Path, label: str, scored_out: dict) -> Path:
     """``<run>/posthoc/<name>/``: ``metrics.json`` and ``predictions.pt`` (the run's own records untouched)."""
     folder = Path(run) / FOLDER / folder_name(label)
     folder.mkdir(parents=True, exist_ok=True)
-    save_predictions(scored_out["evaluation"], folder / PREDICTIONS_FILE)
-    write_json(folder / METRICS_FILE, scored_out["metrics"])
+    save_predictions(scored_out["evaluation"], folder / RunDir.PREDICTIONS)
+    write_json(folder / RunDir.METRICS, scored_out["metrics"])
     return folder
 
 
@@ -317,7 +318,7 @@ def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
         start, final = start_weights(scored), scored.run.weights("live")
         for a in request.wiseft:
             yield f"wiseft{a:g}", "wiseft", a, interpolate(start, final, a), [str(scored.run.get("model.init_from")),
-                                                                               "final.pt"]
+                                                                               RunDir.FINAL]
 
 
 def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple[str, str, float, State, list[str]]]:

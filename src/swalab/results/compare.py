@@ -38,7 +38,7 @@ from swalab.cli import output_file
 from swalab.config import ConfigError
 from swalab.identity import label_of
 from swalab.train.build import build_val_loader, load_into
-from swalab.train.records import write_text
+from swalab.rundir import write_text
 from swalab.train.build import unfinished
 from swalab.distributed import select_device
 

@@ -109,7 +109,7 @@ def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
     per seed.
     """
     from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
-    from swalab.train.records import PREDICTIONS_FILE
+    from swalab.rundir import RunDir
 
     out: dict[str, dict] = {}
     every_swa = [(c, cell, f"{c.label} · {r.label}" if r is not row else c.label) for r in (row, *kin)
@@ -130,7 +130,7 @@ def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
             singles = {}
             for swa_column, swa_cell, swa_label in swa:
                 twin = next((e for e in swa_cell.entries if e.run.seed == entry.run.seed), None)
-                saved = _load_probs(twin.run.path / PREDICTIONS_FILE) if twin else None
+                saved = _load_probs(twin.run.path / RunDir.PREDICTIONS) if twin else None
                 if saved and twin.predictor in saved["probs"] and saved["labels"].equal(members["labels"]):
                     singles[swa_label] = saved["probs"][twin.predictor].float()
             result = section35(member_probs, singles)

@@ -24,7 +24,7 @@ import torch
 
 from swalab.evaluate import ensemble_log_mean, log_of, metrics_from_log_probs
 from swalab.results.table import Cell, Column, Row, Table
-from swalab.train.records import PREDICTIONS_FILE
+from swalab.rundir import RunDir
 
 
 @dataclass
@@ -55,9 +55,9 @@ def saved_log_probs(run_path: Path, predictor: str, files: dict | None = None,
                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None]:
     """``(log-probabilities, labels, None)`` of ``predictor`` in a run's ``predictions.pt``, or ``(None, None, why)``.
     ``files`` keeps the files read so far (one read per run)."""
-    path = Path(run_path) / PREDICTIONS_FILE
+    path = Path(run_path) / RunDir.PREDICTIONS
     if not path.exists():
-        return None, None, f"{path.parent.name} has no {PREDICTIONS_FILE} (a run of an earlier swalab)"
+        return None, None, f"{path.parent.name} has no {RunDir.PREDICTIONS} (a run of an earlier swalab)"
     files = {} if files is None else files
     if path not in files:
         files[path] = _read(path)
@@ -68,7 +68,7 @@ def saved_log_probs(run_path: Path, predictor: str, files: dict | None = None,
         return saved["log_probs"][predictor].float(), saved["labels"], None
     if predictor in (saved.get("probs") or {}):  # files of earlier versions kept probabilities only
         return log_of(saved["probs"][predictor]), saved["labels"], None
-    return None, None, (f"{path} holds no predictions of {predictor!r} (above {PREDICTIONS_FILE}'s limit of numbers, "
+    return None, None, (f"{path} holds no predictions of {predictor!r} (above {RunDir.PREDICTIONS}'s limit of numbers, "
                         "or a run of an earlier swalab)")
 
 

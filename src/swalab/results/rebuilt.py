@@ -84,7 +84,7 @@ def last_epoch_moments(run) -> tuple[dict, str] | str:
     method = state.get("method") or {}
     if method.get("sq_mean") is None:
         return f"{kept[last]} holds no SWAG moments (its method captured no model)"
-    return method, f"checkpoints/{kept[last].relative_to(run.path / 'checkpoints')}"
+    return method, str(kept[last].relative_to(run.path))
 
 
 def swag_samples(run, swa_model: torch.nn.Module, samples: int | None = None) -> SwagSamples | str:

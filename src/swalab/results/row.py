@@ -47,7 +47,7 @@ from swalab.config import ConfigError
 from swalab.train.build import build_method
 from swalab.train.plan import locate
 from swalab.train.plan import apart_from_defaults, identity_for, validate
-from swalab.train.records import DamagedRecord, final_metrics, write_text
+from swalab.rundir import DamagedRecord, RunDir, write_text
 
 REPO = Path(__file__).resolve().parents[3]
 SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
@@ -200,7 +200,7 @@ def swag_columns(budget: float) -> dict[str, str]:
 def finished(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a finished run; a damaged ``metrics.json`` is not (the job runs and heals it)."""
     try:
-        return final_metrics(run_dir) is not None
+        return RunDir(run_dir).final_metrics() is not None
     except DamagedRecord:
         return False
 
@@ -263,7 +263,7 @@ def row_metrics(manifest: dict[str, dict], root: Path | None = None) -> dict[str
     out = {}
     for column, where in manifest.items():
         run_dir = run_path(root, where["run"])
-        metrics = final_metrics(run_dir)
+        metrics = RunDir(run_dir).final_metrics()
         if metrics is None:
             raise FileNotFoundError(f"{run_dir} has not finished (no metrics.json): run the row's command again")
         out[column] = metrics[where["predictor"]]
@@ -290,7 +290,7 @@ def row_records(roots) -> list[dict]:
 
 def trained_epochs(run_dir: Path, after: int) -> list[dict]:
     """The history rows of the epochs ``run_dir`` trained itself: those after its branch point ``after``."""
-    path = run_dir / "history.jsonl"
+    path = run_dir / RunDir.HISTORY
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

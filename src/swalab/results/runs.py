@@ -41,17 +41,8 @@ from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
 from swalab.runlock import gone_holder
-from swalab.train.records import DamagedRecord, final_metrics
-
-FINAL = "final.pt"
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
+from swalab.runstatus import RunStatus
+from swalab.rundir import DamagedRecord, RunDir, read_json
 
 class Run:
     """One run directory (see the module doc). Build it with :func:`open_run` to score it again, or
@@ -65,7 +56,7 @@ class Run:
     def config(self) -> dict:
         """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged)."""
         try:
-            loaded = yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+            loaded = yaml.safe_load((self.path / RunDir.CONFIG).read_text()) or {}
         except (OSError, yaml.YAMLError):
             return {}
         return upgraded_config(loaded) if isinstance(loaded, dict) else {}  # a list or a scalar: damaged
@@ -91,19 +82,19 @@ class Run:
     def apart(self) -> dict | None:
         """What sets the run apart from its defaults, in the keys a user types (``identity.json``'s ``apart``,
         ``swalab.identity.settings_apart``); None for a run that has no record of it (earlier versions)."""
-        record = _read_json(self.path / "identity.json") or {}
+        record = read_json(self.path / RunDir.IDENTITY) or {}
         apart = record.get("apart")
         return dict(apart) if isinstance(apart, dict) else None
 
     @cached_property
     def _status(self) -> dict:
-        return _read_json(self.path / "status.json") or {}
+        return read_json(self.path / RunDir.STATUS) or {}
 
     @cached_property
     def _final(self) -> tuple[dict, str | None]:
-        """``metrics.json`` read back (``swalab.train.records.final_metrics``) and what is wrong with it, if anything."""
+        """``metrics.json`` read back (``RunDir.final_metrics``) and what is wrong with it, if anything."""
         try:
-            return final_metrics(self.path) or {}, None
+            return RunDir(self.path).final_metrics() or {}, None
         except DamagedRecord as exc:
             return {}, str(exc)
 
@@ -112,25 +103,25 @@ class Run:
         """``complete`` exactly when ``metrics.json`` reads back (the one record of a finished run); else what
         ``status.json`` says (running, failed, preempted, interrupted), or that ``metrics.json`` is damaged."""
         if self.metrics:
-            return "complete"
+            return RunStatus.COMPLETE
         if self._final[1] is not None:
-            return "damaged"
-        status = self._status.get("status") or "no status"
-        if status == "running" and self._gone is not None:
-            return "stopped"
-        return "incomplete" if status == "complete" else status
+            return RunStatus.DAMAGED
+        status = self._status.get("status") or RunStatus.NONE
+        if status == RunStatus.RUNNING and self._gone is not None:
+            return RunStatus.STOPPED
+        return RunStatus.INCOMPLETE if status == RunStatus.COMPLETE else status
 
     @cached_property
     def _gone(self) -> str | None:
         """Why no process trains this run although ``status.json`` says running (``swalab.runlock.gone_holder``)."""
-        return gone_holder(self.path) if self._status.get("status") == "running" else None
+        return gone_holder(self.path) if self._status.get("status") == RunStatus.RUNNING else None
 
     @property
     def error(self) -> str | None:
         damaged = self._final[1]
         if damaged is not None:
             return f"{damaged}: re-run the run's command to score it again from its last checkpoint"
-        if self.status == "stopped":
+        if self.status == RunStatus.STOPPED:
             return (f"status.json says running, but no process trains it ({self._gone}): re-run its command to "
                     "continue from its newest checkpoint")
         return self._status.get("error")
@@ -147,7 +138,7 @@ class Run:
     def history(self) -> list[dict]:
         """``history.jsonl``, one dict per epoch (a line cut short by a kill is skipped)."""
         rows = []
-        path = self.path / "history.jsonl"
+        path = self.path / RunDir.HISTORY
         for line in path.read_text().splitlines() if path.exists() else ():
             try:
                 rows.append(json.loads(line))
@@ -160,8 +151,8 @@ class Run:
         """Predictors built after training (``python -m swalab.posthoc``): ``{label: metrics}`` of every
         ``posthoc/*/metrics.json`` (``swa[12:16]``, ``lawa5``, ``ema0.9``, their ``+ts``), a damaged one skipped."""
         out: dict[str, dict] = {}
-        for path in sorted((self.path / "posthoc").glob("*/metrics.json")):
-            found = _read_json(path)
+        for path in sorted((self.path / RunDir.POSTHOC).glob(f"*/{RunDir.METRICS}")):
+            found = read_json(path)
             if isinstance(found, dict):
                 out.update({k: v for k, v in found.items() if isinstance(v, dict)})
         return out
@@ -172,19 +163,19 @@ class Run:
         ``scores/*/metrics.json`` (a test set's acc, NLL, ECE, Brier per predictor; an OOD set's AUROC, AUPR, FPR95),
         a damaged one skipped."""
         out: dict[str, dict] = {}
-        for path in sorted((self.path / "scores").glob("*/metrics.json")):
-            found = _read_json(path)
+        for path in sorted((self.path / RunDir.SCORES).glob(f"*/{RunDir.METRICS}")):
+            found = read_json(path)
             if isinstance(found, dict) and isinstance(found.get("predictors"), dict):
                 out[path.parent.name] = found
         return out
 
     @cached_property
     def reliability(self) -> dict:
-        return _read_json(self.path / "reliability.json") or {}
+        return read_json(self.path / RunDir.RELIABILITY) or {}
 
     @cached_property
     def lineage(self) -> dict | None:
-        return _read_json(self.path / "lineage.json")
+        return read_json(self.path / RunDir.LINEAGE)
 
     @property
     def dataset_name(self) -> str:
@@ -245,27 +236,27 @@ class Run:
         why = unfinished(self.path)
         if why is not None:
             raise FileNotFoundError(why)
-        final = self.path / FINAL
+        final = self.path / RunDir.FINAL
         if not final.exists():
-            raise FileNotFoundError(f"{self.path} has finished but holds no {FINAL}: re-score it by moving its "
+            raise FileNotFoundError(f"{self.path} has finished but holds no {RunDir.FINAL}: re-score it by moving its "
                                     "metrics.json away and re-running its command")
         state = read_torch_file(final)
         if name in ("live", "sgd", "model"):
             return state["model"]
         methods = state.get("methods") or {}
         if name not in methods:
-            raise KeyError(f"{self.path}: {FINAL} holds weights of {sorted(methods)} besides the live model, "
+            raise KeyError(f"{self.path}: {RunDir.FINAL} holds weights of {sorted(methods)} besides the live model, "
                            f"not {name!r}")
         return methods[name]
 
     def method_weights(self) -> list[str]:
         """The names of the method's own weights in ``final.pt`` (``["swa"]``, ``["ema"]`` or none)."""
-        final = self.path / FINAL
+        final = self.path / RunDir.FINAL
         return sorted(read_torch_file(final).get("methods") or {}) if final.exists() else []
 
     def member_paths(self) -> list[Path]:
         """FGE members saved with ``model.fge.save_members=true``, in the order they were collected."""
-        return sorted((self.path / "members").glob("member_*.pt"))
+        return sorted((self.path / RunDir.MEMBERS).glob("member_*.pt"))
 
     def cached_member_log_probs(self) -> list[torch.Tensor] | None:
         """The FGE members' test log-probabilities cached at the end of training (None when absent)."""
@@ -278,7 +269,7 @@ class Run:
 def open_run(run_dir: str | Path) -> Run:
     """A run directory to score again: it must hold its ``config.yaml``."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists():
+    if not (run_dir / RunDir.CONFIG).exists():
         raise FileNotFoundError(f"{run_dir} is not a swalab run directory: no config.yaml there")
     return Run(run_dir)
 
@@ -293,9 +284,9 @@ def run_dirs(roots: Iterable[str | Path]) -> list[Path]:
         for job in read_jobs(root):
             if job.get("run_dir"):
                 found.add(Path(job["run_dir"]))
-        for marker in ("config.yaml", "status.json", "identity.json"):
+        for marker in (RunDir.CONFIG, RunDir.STATUS, RunDir.IDENTITY):
             for hit in root.rglob(marker):
-                if "wandb" in hit.parent.parts:
+                if RunDir.WANDB in hit.parent.parts:
                     continue
                 found.add(hit.parent)
     return sorted(p for p in found if p.exists())
@@ -307,7 +298,7 @@ def run_of(spec: str) -> Path | None:
     if path.is_dir():
         return path
     for parent in path.parents:  # <run>/final.pt, <run>/checkpoints/[saved/]epochNNNN.pt
-        if (parent / "config.yaml").exists():
+        if (parent / RunDir.CONFIG).exists():
             return parent
     return None
 

@@ -48,9 +48,10 @@ from swalab.results import ood
 from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
 from swalab.results.compare import Scored, run_predictions, score_run
 from swalab.results.rebuilt import Rebuilt, rebuild
-from swalab.train.records import METRICS_FILE, PREDICTIONS_FILE, save_predictions, write_json
+from swalab.rundir import RunDir, write_json
+from swalab.train.records import save_predictions
 
-FOLDER = "scores"
+FOLDER = RunDir.SCORES
 SUMMARY_FILE = "cifar10c-summary.json"
 SUMMARY_METRICS = ("acc", "nll", "ece", "brier")
 
@@ -164,9 +165,9 @@ def score_on(scored: Scored, spec: DataSpec, rebuilt: Rebuilt | None = None) -> 
               **(rebuilt.record if rebuilt is not None else {})}
     folder = scored.run.path / FOLDER / spec.name
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / METRICS_FILE, record)
+    write_json(folder / RunDir.METRICS, record)
     save_predictions(Evaluation(metrics=metrics, reliability={}, log_probs=log_probs, labels=labels),
-                     folder / PREDICTIONS_FILE)
+                     folder / RunDir.PREDICTIONS)
     return record
 
 
@@ -194,7 +195,7 @@ def detect_ood(scored: Scored, spec: str, rebuilt: Rebuilt | None = None) -> dic
     folder = scored.run.path / FOLDER / ood.spec_name(spec)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_save(ood.kept_scores(per_image), folder / ood.PER_IMAGE_FILE)  # the report's ROC curves read them
-    write_json(folder / METRICS_FILE, record)
+    write_json(folder / RunDir.METRICS, record)
     return record
 
 

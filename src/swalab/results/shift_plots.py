@@ -30,6 +30,7 @@ import numpy as np
 from swalab import style
 from swalab.results import ood
 from swalab.results.table import Cell, Column, Row, Table
+from swalab.rundir import RunDir
 
 CORRUPTED = "cifar10c-"  # the folder of a corrupted set: scores/cifar10c-<corruption>-<severity>
 OOD = "ood-"             # the folder of an OOD record: scores/ood-<name>
@@ -186,7 +187,7 @@ def ood_names(row: Row) -> list[str]:
 
 def kept_scores(run, name: str, read: dict) -> dict | None:
     """The per-image scores of one OOD record of ``run`` (``read``: the files read so far, one read per file)."""
-    path = Path(run.path) / "scores" / name / ood.PER_IMAGE_FILE
+    path = Path(run.path) / RunDir.SCORES / name / ood.PER_IMAGE_FILE
     if path not in read:
         read[path] = ood.read_kept_scores(path)
     return read[path]

@@ -27,6 +27,7 @@ from typing import Sequence
 from swalab.calibration import SUFFIX, base_name
 from swalab.identity import differences, group_hash, identity_hash, label_of, method_part, recipe_of
 from swalab.results.runs import Run
+from swalab.rundir import RunDir
 
 # The paper's column order (SGD, FGE, SWA, EMA); a method of one's own comes after these, by name.
 METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "swag": 4, "swag_diag": 5, "ema": 6}
@@ -252,7 +253,7 @@ def shared_settings(run: Run) -> dict | None:
 
 
 def _first_written(entries: Sequence[Entry]) -> float:
-    times = [(e.run.path / "config.yaml").stat().st_mtime for e in entries if (e.run.path / "config.yaml").exists()]
+    times = [(e.run.path / RunDir.CONFIG).stat().st_mtime for e in entries if (e.run.path / RunDir.CONFIG).exists()]
     return min(times, default=0.0)
 
 

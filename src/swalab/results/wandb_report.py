@@ -38,7 +38,7 @@ from swalab.results.plots import scored_during_training
 from swalab.results.table import METRICS, Row, Table, mean_std
 from swalab.results.write import paper_row, to_markdown
 from swalab.tracking import WandbTracker, new_run_id, read_record
-from swalab.train.records import write_text
+from swalab.rundir import write_text
 
 SPEC_FILE = "wandb_report.json"
 PUBLISH = "python -m swalab.results.wandb_report publish {spec}"

@@ -20,7 +20,8 @@ from swalab.data import ResidentLoader, subset
 from swalab.losses import LossSpec
 from swalab.optim import OptimizerSpec
 from swalab.runlock import gone_holder
-from swalab.train.records import DamagedRecord, final_metrics
+from swalab.runstatus import STOPPED_STATES, RunStatus
+from swalab.rundir import DamagedRecord, RunDir
 from swalab.trainer_options import TrainerOptions
 
 
@@ -30,7 +31,7 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
     ``@<epoch>``. ``epoch_pick``: whether the caller takes ``<run dir>@<epoch>`` (``model.init_from`` does; compare,
     which scores a run's own predictors, does not), and so whether the message offers it."""
     try:
-        if final_metrics(run_dir) is not None:
+        if RunDir(run_dir).final_metrics() is not None:
             return None
     except DamagedRecord as exc:
         return f"{exc}; re-run its command to score it again"
@@ -40,33 +41,20 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
     try:
         import yaml
 
-        epochs = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("trainer", {}).get("epochs")
+        epochs = (yaml.safe_load((run_dir / RunDir.CONFIG).read_text()) or {}).get("trainer", {}).get("epochs")
     except (OSError, ValueError, AttributeError):
         pass
     where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
     total = f" of {epochs}" if epochs is not None and newest is not None else ""
     pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None and epoch_pick else ""
-    status = read_status(run_dir)
-    if status == "running" and gone_holder(run_dir) is not None:
+    status = RunDir(run_dir).status()
+    if status == RunStatus.RUNNING and gone_holder(run_dir) is not None:
         why = "no process trains it"
-    elif status in STOPPED:
+    elif status in STOPPED_STATES:
         why = f"it stopped: {status}"
     else:  # training now, or as far as can be told from here
         return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
     return f"{run_dir} has not finished ({where}{total}; {why}): {pick}re-run its own command to finish it"
-
-
-STOPPED = ("preempted", "interrupted", "failed", "requeued", "cancelled")  # statuses of a run no process trains
-
-
-def read_status(run_dir: Path) -> str | None:
-    """What ``status.json`` says (running, preempted, interrupted, failed, ...), or None without one."""
-    import json
-
-    try:
-        return json.loads((Path(run_dir) / "status.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def data_files_record(cfg: DictConfig) -> dict | None:
@@ -107,7 +95,7 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
             why = unfinished(path)
             if why is not None:
                 raise FileNotFoundError(f"model.init_from={spec}: {why}")
-            final = path / "final.pt"  # a finished run keeps no resume checkpoint (run.keep_finished_checkpoints)
+            final = path / RunDir.FINAL  # a finished run keeps no resume checkpoint (run.keep_finished_checkpoints)
             if final.is_file():
                 state = read_torch_file(final, f"model.init_from={spec}")
                 return state["model"], {"parent": str(path), "checkpoint": str(final), "epoch": state["epoch"]}

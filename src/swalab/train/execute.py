@@ -36,14 +36,14 @@ from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
 from swalab.logs import epoch_line, get_logger, run_eta, run_log, run_log_only
 from swalab.precision import slow_precision
 from swalab.runlock import RunLock
+from swalab.runstatus import RunStatus
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
 from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
-                                load_into, loss_spec, optimizer_spec, read_status, trainer_options)
+                                load_into, loss_spec, optimizer_spec, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
-from swalab.train.records import (DATA_FILE, METRICS_FILE, PREDICTIONS_FILE, RUN_FILES, append_environment,
-                                  data_facts, environment_entry, git_info, make_durable, one_line,
-                                  remove_killed_writes, save_predictions, seed_everything, write_json, write_status,
-                                  write_text)
+from swalab.rundir import RunDir, write_json, write_text
+from swalab.train.records import (append_environment, data_facts, environment_entry, git_info, make_durable, one_line,
+                                  remove_killed_writes, save_predictions, seed_everything)
 from swalab.pausing import Preempted
 from swalab.trainer import Trainer
 
@@ -173,7 +173,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
             if finished is not None:
                 log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json "
                          "kept)")
-                if read_status(plan.run_dir) != "complete":  # killed between metrics.json and its status
+                if RunDir(plan.run_dir).status() != RunStatus.COMPLETE:  # killed between metrics.json and its status
                     settle_finished(plan)
             else:
                 lock = RunLock(plan.run_dir).acquire()
@@ -207,18 +207,18 @@ def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = No
     if not distributed.is_main():
         return
     run_dir = plan.run_dir
-    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(as_run(plan.resolved, plan.method))))
+    write_text(run_dir / RunDir.CONFIG, OmegaConf.to_yaml(OmegaConf.create(as_run(plan.resolved, plan.method))))
     write_json(run_dir / IDENTITY_FILE, record(plan.identity, plan.settings))
     if plan.overrides is not None:
-        write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
+        write_text(run_dir / RunDir.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     git = git_info()  # two git commands: asked once, recorded in both files
-    write_json(run_dir / "git.json", git)
+    write_json(run_dir / RunDir.GIT, git)
     append_environment(run_dir, environment_entry(plan.device, git, str(plan.cfg.trainer.precision)))
     if facts is not None:
-        write_json(run_dir / DATA_FILE, facts)
+        write_json(run_dir / RunDir.DATA, facts)
     if lineage is not None:
-        write_json(run_dir / "lineage.json", lineage)
-    write_json(run_dir / "status.json", {"status": "running"})
+        write_json(run_dir / RunDir.LINEAGE, lineage)
+    write_json(run_dir / RunDir.STATUS, {"status": RunStatus.RUNNING})
 
 
 def wandb_run(plan: RunPlan) -> dict | None:
@@ -277,12 +277,12 @@ def settle_finished(plan: RunPlan) -> None:
     run_dir = plan.run_dir
     if not plan.cfg.run.get("keep_finished_checkpoints", False):
         try:
-            make_durable(run_dir, RUN_FILES)
+            make_durable(run_dir, RunDir.FILES)
             CheckpointStore(run_dir).release_resume_state()
         except OSError as exc:  # the run has finished: a checkpoint left behind costs only disk
             log.warning(f"[swalab] {run_dir}: could not remove its resume checkpoints ({exc}); final.pt holds the "
                         "finished weights, so they can be deleted by hand")
-    write_status(run_dir, {"status": "complete"})
+    RunDir(run_dir).write_status({"status": RunStatus.COMPLETE})
 
 
 def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
@@ -322,30 +322,30 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
             final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": method.epochs,
                      "identity": plan.identity}
             if distributed.is_main():
-                atomic_save(final, run_dir / "final.pt")
-            tracker.final_checkpoint(run_dir / "final.pt")
-            write_json(run_dir / "reliability.json", evaluation.reliability)
+                atomic_save(final, run_dir / RunDir.FINAL)
+            tracker.final_checkpoint(run_dir / RunDir.FINAL)
+            write_json(run_dir / RunDir.RELIABILITY, evaluation.reliability)
             if distributed.is_main():
-                save_predictions(evaluation, run_dir / PREDICTIONS_FILE)
+                save_predictions(evaluation, run_dir / RunDir.PREDICTIONS)
                 for name, obj in method.artifacts(trainer.ctx).items():
                     atomic_save(obj, run_dir / name)
-            write_json(run_dir / METRICS_FILE, metrics)  # last: from here on the run is finished (final_metrics)
+            write_json(run_dir / RunDir.METRICS, metrics)  # last: from here on the run is finished (final_metrics)
             faults.hit("final_record")  # test-only kill point (swalab.faults)
         except Preempted as exc:
             exc.status = slurm.stop_status(exc.signum, exc.status)  # under SLURM: requeued, cancelled or preempted
-            write_status(run_dir, {"status": exc.status, "message": str(exc)})
+            RunDir(run_dir).write_status({"status": exc.status, "message": str(exc)})
             run_log_only(f"[swalab] {run_dir} {exc.status}: {exc}")  # run.py says it on the terminal
             tracker.finish(exit_code=1)
             raise
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (before its first step, the final scoring)
             message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
                        "re-run the same command to continue")
-            write_status(run_dir, {"status": "interrupted", "message": message})
+            RunDir(run_dir).write_status({"status": RunStatus.INTERRUPTED, "message": message})
             run_log_only(f"[swalab] {run_dir} interrupted: {message}")  # run.py says it on the terminal
             tracker.finish(exit_code=1)
             raise
         except BaseException as exc:
-            write_status(run_dir, {"status": "failed", "error": one_line(exc), "traceback": traceback.format_exc()})
+            RunDir(run_dir).write_status({"status": RunStatus.FAILED, "error": one_line(exc), "traceback": traceback.format_exc()})
             log.info(f"[swalab] {run_dir} failed: {one_line(exc)}")
             tracker.finish(exit_code=1)
             raise

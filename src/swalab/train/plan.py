@@ -8,7 +8,6 @@ with the keys that differ.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from swalab.methods.base import known_recipes
 from swalab.precision import check_precision
 from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
 from swalab.tracking import RECORD_FILE
-from swalab.train.records import RUN_FILES, DamagedRecord, final_metrics, read_data_record
+from swalab.rundir import DamagedRecord, RunDir, read_json
 from swalab.distributed import select_device
 
 
@@ -131,18 +130,11 @@ def earlier_run_dir(named: Path, identity: dict) -> Path | None:
     if not method_dir.is_dir():
         return None
     for candidate in sorted(method_dir.glob(f"*/{seed_dir}")):
-        record = json_of(candidate / IDENTITY_FILE)
+        record = read_json(candidate / IDENTITY_FILE) or {}
         theirs = stored_identity(candidate, known_recipes())
         if record.get("version") is None and theirs is not None and not differences(identity, theirs):
             return candidate
     return None
-
-
-def json_of(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
@@ -243,30 +235,30 @@ def run_record(run_dir: Path) -> str | None:
     checkpoints named as swalab names them (each carries its run's identity, checked when one is resumed), else its W&B
     record (``wandb_run.json``), else a ``config.yaml`` holding a resolved swalab config (a run of an earlier swalab wrote no identity.json), which names
     its seed, data set, model and method."""
-    if isinstance(json_of(run_dir / IDENTITY_FILE).get("identity"), dict):
+    if isinstance((read_json(run_dir / IDENTITY_FILE) or {}).get("identity"), dict):
         return IDENTITY_FILE
     if CheckpointStore(run_dir).paths():
-        return "checkpoints"
+        return RunDir.CHECKPOINTS
     if (run_dir / RECORD_FILE).is_file():  # the W&B run of a run: a name only swalab writes
         return RECORD_FILE
     import yaml
 
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config = yaml.safe_load((run_dir / RunDir.CONFIG).read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return None
     if isinstance(config, dict) and "seed" in config and all(isinstance(config.get(g), dict)
                                                              for g in ("dataset", "model", "method")):
-        return "config.yaml"
+        return RunDir.CONFIG
     return None
 
 
 def check_not_foreign(run_dir: Path) -> None:
     """Refuse ``run_dir`` when it is no swalab run (:func:`run_record`) yet holds a file of a name a run writes
-    (``records.RUN_FILES``): the run would write over a file of the user's (their own ``history.jsonl``)."""
+    (``RunDir.FILES``): the run would write over a file of the user's (their own ``history.jsonl``)."""
     if run_record(run_dir) is not None or not run_dir.is_dir():
         return
-    clashes = [name for name in RUN_FILES if (run_dir / name).exists()]
+    clashes = [name for name in RunDir.FILES if (run_dir / name).exists()]
     if clashes:
         raise ConfigError(f"{run_dir} is not a swalab run (no identity.json, no config.yaml of a run) but holds "
                           f"{', '.join(clashes)}, which a run writes: nothing there is touched. Give the run a new or "
@@ -282,7 +274,7 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
     theirs = stored_identity(run_dir, known_recipes())
     diffs = differences(identity, theirs) if theirs is not None else []
     if [d for d in diffs if d.startswith(DATA_FINGERPRINT + ":")] and len(diffs) == 1:
-        then = read_data_record(run_dir)
+        then = RunDir(run_dir).read_json(RunDir.DATA)
         what = changes(then["record"], data_record) if then and data_record else "its files differ"
         raise ConfigError(f"{run_dir} holds this config's run on other data: the data set changed since it was "
                           f"made ({what}). Nothing there is touched. Restore the data to continue that run, or train "
@@ -293,7 +285,7 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
                           "one its own directory with run.dir=<dir>")
     unfingerprinted = theirs is not None and DATA_FINGERPRINT in identity and DATA_FINGERPRINT not in theirs
     try:
-        metrics = final_metrics(run_dir)
+        metrics = RunDir(run_dir).final_metrics()
     except DamagedRecord as exc:  # the run is scored again from its last checkpoint, which overwrites it
         get_logger().warning(f"[swalab] {exc}: ignored; " + (
             "the run continues from its newest checkpoint (after the last epoch: only the final scoring runs again) "

@@ -1,41 +1,26 @@
-"""The small files of a run directory and the one-line errors they record.
-
-``metrics.json`` (the record that a run is finished, :func:`final_metrics`), ``git.json``, ``status.json`` (best effort: a full disk must not hide the error it reports),
-``predictions.pt``, and the ``<type>: <first line>`` form of an error that ``status.json`` and a grid's
-summary keep. Only the main rank writes (data-parallel runs share one directory).
+"""What a run records besides its names and atomic writes (``swalab.rundir``): seeds, ``git.json`` and
+``environment.json`` entries, ``data.json``'s facts, ``predictions.pt``, the temp files a kill leaves behind, and
+the ``<type>: <first line>`` form of an error that ``status.json`` and a grid's summary keep.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
 import subprocess
-import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO, Callable
 
 import numpy as np
 import torch
 
-from swalab import distributed
 from swalab.cli import message
 from swalab.checkpoint import atomic_save
 from swalab.data.splits import pixel_max
-from swalab.logs import get_logger
 from swalab.precision import training_dtype
+from swalab.rundir import RunDir, write_json
 
-log = get_logger()
-PREDICTIONS_FILE = "predictions.pt"
-METRICS_FILE = "metrics.json"
-# Every name a run writes in its directory (swalab.train's module doc; FGE's fge_member_probs.pt and members/ too): a
-# folder that holds one of them but no record of a run (swalab.train.plan.run_record) is no run, and training there
-# would write over a file of the user's. The lock (swalab.runlock) is not among them: it is taken before a run is known.
-RUN_FILES = ("config.yaml", "overrides.yaml", "identity.json", "git.json", "environment.json", "data.json",
-             "lineage.json", "status.json", "run.log", "history.jsonl", METRICS_FILE, "final.pt", "reliability.json",
-             PREDICTIONS_FILE, "wandb_run.json", "wandb", "checkpoints", "members", "fge_member_probs.pt")
 PREDICTIONS_MAX = 5_000_000  # numbers per predictor (test images x classes) kept in predictions.pt
 
 
@@ -70,9 +55,6 @@ def git_info() -> dict:
     return {"commit": commit or None, "dirty": dirty}
 
 
-ENVIRONMENT_FILE = "environment.json"
-
-
 def environment_entry(device, git: dict, precision: str = "auto") -> dict:
     """What a run's numbers depend on beyond its config, as this process runs it: when it started, the commit
     (``git``, from :func:`git_info`), torch's version, its CPU thread count and the device (on CUDA with the GPU's
@@ -92,35 +74,13 @@ def environment_entry(device, git: dict, precision: str = "auto") -> dict:
 
 def append_environment(run_dir: str | Path, entry: dict) -> None:
     """Add ``entry`` to the run's ``environment.json``, one entry per time the run started or resumed."""
-    path = Path(run_dir) / ENVIRONMENT_FILE
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):
-        entries = []
-    write_json(path, [*(entries if isinstance(entries, list) else []), entry])
-
-
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
-    """Have ``write`` fill a temp file beside ``path`` (it is handed the open binary file), then rename it over
-    ``path``. For any file a reader may open while it is rewritten (a record, a summary, a figure, an array): a
-    kill leaves the old file or the new one, never half of one; an error while writing leaves the old file and
-    no temp file behind."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; these are shared like any other output
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    entries = RunDir(run_dir).read_json(RunDir.ENVIRONMENT)
+    write_json(RunDir(run_dir) / RunDir.ENVIRONMENT, [*(entries if isinstance(entries, list) else []), entry])
 
 
 # The temp name atomic_write and atomic_save give a file while they write it (tempfile.mkstemp's 8 random characters).
 KILLED_WRITE = re.compile(r"^[\w@+-][\w.@+-]*\.[a-z0-9_]{8}\.tmp$")
-WRITTEN_IN = ("", "members", "checkpoints", "checkpoints/predictions", "checkpoints/saved")  # the run's folders
+WRITTEN_IN = ("", RunDir.MEMBERS, RunDir.CHECKPOINTS, f"{RunDir.CHECKPOINTS}/predictions", f"{RunDir.CHECKPOINTS}/saved")  # the run's folders
 
 
 def remove_killed_writes(run_dir: str | Path) -> list[Path]:
@@ -154,21 +114,6 @@ def make_durable(run_dir: str | Path, names: tuple[str, ...]) -> None:
             os.close(fd)
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (:func:`atomic_write`). Only the main rank writes (data-parallel runs
-    share one directory)."""
-    if not distributed.is_main():
-        return
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def write_json(path: Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
-
-
-DATA_FILE = "data.json"
-
-
 def data_facts(data, record: dict | None) -> dict:
     """What a run found in its data set (``data.json``): the record of the files read (per class folder a count
     and a hash, ``swalab.data.fingerprint``), the classes, channels, image size, bits per pixel and channel (8, or
@@ -186,38 +131,6 @@ def data_facts(data, record: dict | None) -> dict:
             "record": record}
 
 
-def read_data_record(run_dir: str | Path) -> dict | None:
-    """The run's ``data.json`` (:func:`data_facts`), or None (runs of earlier versions have none)."""
-    try:
-        return json.loads((Path(run_dir) / DATA_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-class DamagedRecord(ValueError):
-    """A run's ``metrics.json`` exists but cannot be read (empty, cut short, not swalab's)."""
-
-
-def final_metrics(run_dir: str | Path) -> dict | None:
-    """The run's final metrics, or None while it has none.
-
-    ``metrics.json`` is the one record that says a run is finished: it is written last, in one atomic step,
-    so a run whose ``metrics.json`` reads back is finished whatever ``status.json`` says (a kill right after
-    it was written leaves ``status: running`` behind). Raises :class:`DamagedRecord`, naming the file, when
-    it exists but does not hold one metrics dict per predictor.
-    """
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return None
-    try:
-        metrics = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DamagedRecord(f"{path} cannot be read ({type(exc).__name__}: {exc})") from None
-    if not isinstance(metrics, dict) or not any(isinstance(m, dict) and "acc" in m for m in metrics.values()):
-        raise DamagedRecord(f"{path} holds no predictor's metrics")
-    return metrics
-
-
 def one_line(exc: BaseException) -> str:
     """``<type>: <first line of its message>``: what status.json and a grid's summary record. A first line
     that introduces a list (``invalid config:`` then ``  - seed='abc' must be an integer``) keeps the list's
@@ -227,15 +140,6 @@ def one_line(exc: BaseException) -> str:
     if first.endswith(":") and len(text) > 1:
         first += " " + "; ".join(line.removeprefix("- ") for line in text[1:] if line.startswith("- "))
     return f"{type(exc).__name__}: {first}".rstrip(": ")
-
-
-def write_status(run_dir: Path, status: dict) -> None:
-    """``status.json``, best effort: when the disk is full even this small file may not fit, and the
-    error being reported matters more than the record of it."""
-    try:
-        write_json(run_dir / "status.json", status)
-    except OSError as exc:
-        log.warning(f"[swalab] could not record status {status.get('status')!r} in {run_dir} ({exc})")
 
 
 def save_predictions(evaluation, path: Path) -> None:

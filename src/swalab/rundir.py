@@ -1,0 +1,119 @@
+"""A run directory: the name of every file and folder a run writes there, and the readers and writers of its records.
+
+When it matters: training writes these files; the report, ``model.init_from``, post-hoc averaging and the analyses
+read them back. Each takes the names from :class:`RunDir`, and reads a record through it, never through the
+package that trains. Every write is atomic (:func:`atomic_write`): a reader never opens half a file, whatever
+kills the writer. Only the main rank writes (data-parallel runs share one directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from swalab import distributed
+from swalab.logs import RUN_LOG, get_logger
+
+
+class DamagedRecord(ValueError):
+    """A run's ``metrics.json`` exists but cannot be read (empty, cut short, not swalab's)."""
+
+
+class RunDir:
+    """``RunDir(path)``: one run directory's records. ``RunDir.METRICS`` and the like: the names in every run
+    directory (``swalab.train``'s module doc says what each holds)."""
+
+    CONFIG, OVERRIDES, IDENTITY, GIT = "config.yaml", "overrides.yaml", "identity.json", "git.json"
+    ENVIRONMENT, DATA, LINEAGE, STATUS = "environment.json", "data.json", "lineage.json", "status.json"
+    LOG, HISTORY, METRICS, FINAL = RUN_LOG, "history.jsonl", "metrics.json", "final.pt"
+    RELIABILITY, PREDICTIONS, WANDB_RUN, WANDB = "reliability.json", "predictions.pt", "wandb_run.json", "wandb"
+    CHECKPOINTS, MEMBERS, MEMBER_PROBS = "checkpoints", "members", "fge_member_probs.pt"
+    SNAPSHOTS, POSTHOC, SCORES = "snapshots", "posthoc", "scores"  # written later: swalab.snapshots, .posthoc, .results.score
+    # Every name a run writes while it trains: a folder that holds one of them but no record of a run
+    # (swalab.train.plan.run_record) is no run, and training there would write over a file of the user's. The lock
+    # (swalab.runlock) is not among them: it is taken before a run is known.
+    FILES = (CONFIG, OVERRIDES, IDENTITY, GIT, ENVIRONMENT, DATA, LINEAGE, STATUS, LOG, HISTORY, METRICS, FINAL,
+             RELIABILITY, PREDICTIONS, WANDB_RUN, WANDB, CHECKPOINTS, MEMBERS, MEMBER_PROBS)
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def read_json(self, name: str) -> Any:
+        return read_json(self.path / name)
+
+    def status(self) -> str | None:
+        """What ``status.json`` says (a ``swalab.runstatus.RunStatus``: running, preempted, failed, ...), or None
+        without one."""
+        record = self.read_json(self.STATUS)
+        return record.get("status") if isinstance(record, dict) else None
+
+    def write_status(self, status: dict) -> None:
+        """``status.json``, best effort: when the disk is full even this small file may not fit, and the
+        error being reported matters more than the record of it."""
+        try:
+            write_json(self.path / self.STATUS, status)
+        except OSError as exc:
+            get_logger().warning(f"[swalab] could not record status {status.get('status')!r} in {self.path} ({exc})")
+
+    def final_metrics(self) -> dict | None:
+        """The run's final metrics, or None while it has none.
+
+        ``metrics.json`` is the one record that says a run is finished: it is written last, in one atomic step,
+        so a run whose ``metrics.json`` reads back is finished whatever ``status.json`` says (a kill right after
+        it was written leaves ``status: running`` behind). Raises :class:`DamagedRecord`, naming the file, when
+        it exists but does not hold one metrics dict per predictor.
+        """
+        path = self.path / self.METRICS
+        if not path.exists():
+            return None
+        try:
+            metrics = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DamagedRecord(f"{path} cannot be read ({type(exc).__name__}: {exc})") from None
+        if not isinstance(metrics, dict) or not any(isinstance(m, dict) and "acc" in m for m in metrics.values()):
+            raise DamagedRecord(f"{path} holds no predictor's metrics")
+        return metrics
+
+
+def read_json(path: Path) -> Any:
+    """The JSON file at ``path`` read back, or None when it is missing or damaged."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Have ``write`` fill a temp file beside ``path`` (it is handed the open binary file), then rename it over
+    ``path``. For any file a reader may open while it is rewritten (a record, a summary, a figure, an array): a
+    kill leaves the old file or the new one, never half of one; an error while writing leaves the old file and
+    no temp file behind."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; these are shared like any other output
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (:func:`atomic_write`). Only the main rank writes (data-parallel runs
+    share one directory)."""
+    if not distributed.is_main():
+        return
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_json(path: Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2, default=float) + "\n")

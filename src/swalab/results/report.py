@@ -60,6 +60,7 @@ from swalab.results.ensembles import seed_ensembles
 from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
 from swalab.results.row import row_cost, row_records
 from swalab.results.runs import Run, run_dirs
+from swalab.results.shift_summary import corruption_markdown, ood_markdown
 from swalab.results.shift_plots import DEFAULT_ROC_SCORES, ROC_SCORES, plot_ood_roc, plot_shift_corruptions, roc_missing
 from swalab.results.table import Table, build_table
 from swalab.results.write import load_paper_tables, other_data_markdown, to_markdown, write_csv, write_runs_csv
@@ -95,7 +96,7 @@ def write_report(work: Path, roots: Sequence[str | Path], runs, table: Table, no
                  reliability: Sequence[str] | None = None, roc_scores: Sequence[str] = DEFAULT_ROC_SCORES) -> dict:
     """Write every file of the report of ``runs`` (some of them finished) but W&B's into ``work``; return their
     names."""
-    other = other_data_markdown([r for r in runs if r.finished])
+    other = [*corruption_markdown(table), *ood_markdown(table), *other_data_markdown([r for r in runs if r.finished])]
     (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs, ensembles)
                                    + ("\n" + "\n".join(other) if other else "")
                                    + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"

@@ -1,0 +1,161 @@
+"""The report's tables of runs scored under shift, summarised per cell (one config, its seeds): what a reader compares.
+
+When and why: ``python -m swalab.results.score`` writes one record per run and test set (75 corrupted sets for
+``cifar10c:all``), and the report's per-run tables list every one of them; the question a reader brings (does SWA keep
+its gain under shift, does SWAG or MultiSWAG beat temperature scaling and Laplace when the data move) is answered by
+the summary: per row of the report's table and per column (predictor), at each corruption severity the mean over the
+corruptions scored there, then mean ± std over the cell's seeds, as Ovadia et al. (2019) summarise theirs.
+
+* **Under corruption**: accuracy, NLL and ECE (15 equal-width bins) at "clean" (the uncorrupted test set) and at each
+  severity 1 to 5; a seed counts at a severity only over the corruptions every seed of the cell was scored on.
+* **Ensembles of seeds under corruption**: a cell's seeds as one ensemble on each corrupted set (the mean of their
+  probabilities in ``scores/<set>/predictions.pt``, as ``swalab.results.ensembles`` forms it on the clean set: SGD x3
+  a deep ensemble, SWAG x3 MultiSWAG), then the mean over corruptions per severity; ``+ts`` columns are not ensembled.
+* **Out-of-distribution detection**: AUROC of the maximum-softmax-probability score per OOD set, mean ± std over
+  seeds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs
+from swalab.results.ensembles import saved_log_probs
+from swalab.results.shift_plots import CORRUPTED, OOD, SEVERITIES, clean_metrics, corrupted_records
+from swalab.results.table import Cell, Column, Table, mean_std
+from swalab.rundir import RunDir
+
+METRICS = (("acc", "accuracy %", 2), ("nll", "NLL", 4), ("ece", "ECE (15 equal-width bins)", 4))
+
+
+def shared_sets(cell: Cell) -> list[tuple[str, int]]:
+    """The ``(corruption, severity)`` sets every seed of ``cell`` was scored on for its predictor."""
+    sets = None
+    for entry in cell.entries:
+        own = {key for key, predictors in corrupted_records(entry.run).items() if entry.predictor in predictors}
+        sets = own if sets is None else sets & own
+    return sorted(sets or ())
+
+
+def per_seed_severity(cell: Cell, metric: str) -> dict[int, list[float]]:
+    """``{severity: [one value per seed]}``, each the seed's mean over the shared corruptions at that severity, and
+    at 0 the clean test set's."""
+    sets = shared_sets(cell)
+    out: dict[int, list[float]] = defaultdict(list)
+    for entry in cell.entries:
+        records = corrupted_records(entry.run)
+        for severity in SEVERITIES:
+            values = [records[key][entry.predictor][metric] for key in sets if key[1] == severity]
+            if values:
+                out[severity].append(statistics.fmean(float(v) for v in values))
+        clean = clean_metrics(entry)
+        if sets and metric in clean:
+            out[0].append(float(clean[metric]))
+    return dict(out)
+
+
+def ensemble_severity(cell: Cell, metric: str) -> dict[int, float] | str:
+    """The ensemble of the cell's seeds on every shared corrupted set, its ``metric`` averaged over corruptions per
+    severity (module doc), or why there is none."""
+    if len(cell.entries) < 2:
+        return "one seed"
+    per: dict[int, list[float]] = defaultdict(list)
+    files: dict = {}
+    for corruption, severity in shared_sets(cell):
+        folder = f"{CORRUPTED}{corruption}-{severity}"
+        members, labels = [], None
+        for entry in cell.entries:
+            log_probs, own, why = saved_log_probs(Path(entry.run.path) / RunDir.SCORES / folder, entry.predictor, files)
+            if why is not None:
+                return f"seed {entry.run.seed}: {why}"
+            if labels is not None and not torch.equal(own, labels):
+                return f"seed {entry.run.seed} was scored on other labels of {folder}"
+            labels = own
+            members.append(log_probs)
+        per[severity].append(float(metrics_from_log_probs(ensemble_log_mean(members), labels)[metric]))
+    if not per:
+        return "no corrupted set scored by every seed"
+    return {severity: statistics.fmean(values) for severity, values in sorted(per.items())}
+
+
+def _columns(table: Table):
+    for row in table.rows:
+        for column in sorted(row.cells, key=lambda c: c.order):
+            yield row, column, row.cells[column]
+
+
+def _name(row, column: Column) -> str:
+    return f"{row.name} · {column.label}" if row.name else column.label
+
+
+def corruption_markdown(table: Table) -> list[str]:
+    """The summary tables under corruption, one per metric, and the ensembles of seeds (module doc)."""
+    scored = [(row, column, cell) for row, column, cell in _columns(table) if shared_sets(cell)]
+    if not scored:
+        return []
+    header = ["row · column", "seeds", "clean", *[f"severity {s}" for s in SEVERITIES]]
+    out = ["## Under corruption: mean over corruptions per severity (python -m swalab.results.score)", "",
+           "Each seed's mean over the corruptions scored at a severity (only corruptions every seed of the cell was "
+           "scored on), then mean ± std over the seeds; clean: the uncorrupted test set.", ""]
+    for metric, title, digits in METRICS:
+        lines = []
+        for row, column, cell in scored:
+            values = per_seed_severity(cell, metric)
+            lines.append([_name(row, column), str(len(cell.entries)),
+                          *[_shown(values[s], digits) if values.get(s) else "–" for s in (0, *SEVERITIES)]])
+        out += [f"### {title}", "", *_table(header, lines), ""]
+    lines, why_not = [], []
+    for row, column, cell in scored:
+        if column.scaled:
+            continue
+        found = {metric: ensemble_severity(cell, metric) for metric, _, _ in METRICS}
+        if isinstance(found["acc"], str):
+            if len(cell.entries) > 1:
+                why_not.append(f"- {_name(row, column)}: {found['acc']}")
+            continue
+        for metric, title, digits in METRICS:
+            lines.append([f"{_name(row, column)} x{len(cell.entries)}", title,
+                          *[f"{found[metric][s]:.{digits}f}" if s in found[metric] else "–" for s in SEVERITIES]])
+    if lines:
+        out += ["### Ensembles of seeds under corruption (SGD xN: a deep ensemble; SWAG xN: MultiSWAG)", "",
+                "The mean of the seeds' probabilities on each corrupted set, scored, then the mean over corruptions.", "",
+                *_table(["ensemble", "metric", *[f"severity {s}" for s in SEVERITIES]], lines), ""]
+    if why_not:
+        out += ["Not ensembled under corruption:", *why_not, ""]
+    return out
+
+
+def ood_markdown(table: Table) -> list[str]:
+    """AUROC of the maximum softmax probability per OOD set, mean ± std over a cell's seeds."""
+    lines = []
+    for row, column, cell in _columns(table):
+        per_set: dict[str, list[float]] = defaultdict(list)
+        for entry in cell.entries:
+            for name, record in entry.run.scores.items():
+                found = (record.get("predictors") or {}).get(entry.predictor) or {}
+                if name.startswith(OOD) and "msp" in found:
+                    per_set[name[len(OOD):]].append(float(found["msp"]["auroc"]))
+        for name, values in sorted(per_set.items()):
+            if len(values) == len(cell.entries):
+                lines.append([_name(row, column), name, str(len(values)), _shown(values, 4)])
+    if not lines:
+        return []
+    return ["## Out-of-distribution detection, per cell: AUROC of 1 - max softmax probability", "",
+            "Mean ± std over the seeds of each cell (a cell counts only where every seed was scored on the set).", "",
+            *_table(["row · column", "OOD set", "seeds", "AUROC (msp)"], lines), ""]
+
+
+def _shown(values: Sequence[float], digits: int) -> str:
+    """``mean ± std`` (the std over seeds; a single value alone)."""
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
+
+
+def _table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(line) + " |" for line in lines]]

@@ -1,0 +1,88 @@
+"""The report's summary of runs scored under shift (``swalab.results.shift_summary``): per cell, each seed's mean over
+the corruptions of a severity (only those every seed was scored on), then mean ± std over seeds; the seeds' ensemble
+on each corrupted set (MultiSWAG, deep ensembles) from the kept predictions; AUROC per OOD set over seeds."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from test_shift_figures import CORRUPTIONS, corrupted_acc, shifted, table_of
+
+from swalab.checkpoint import atomic_save
+from swalab.results.report import report
+from swalab.results.shift_summary import corruption_markdown, ensemble_severity, ood_markdown
+
+
+def line_of(lines, start: str) -> list[str]:
+    found = [line for line in lines if line.startswith(f"| {start} |")]
+    assert found, (start, lines)
+    return [cell.strip() for cell in found[0].strip("|").split("|")]
+
+
+def test_each_severity_is_the_seeds_mean_over_corruptions_then_mean_and_std_over_seeds(tmp_path):
+    shifted(tmp_path / "g")
+    lines = corruption_markdown(table_of(tmp_path / "g"))
+    swa = line_of(lines, "cifar10 / preresnet20 · dataset.train_size=1000 · SWA 1.5B (6 ep)")
+    per_seed = [statistics.fmean(corrupted_acc("swa", s, c, 3) for c in CORRUPTIONS) for s in (0, 1)]
+    assert swa[1] == "2"
+    assert swa[5] == f"{statistics.fmean(per_seed):.2f} ± {statistics.stdev(per_seed):.2f}"  # severity 3
+    assert swa[2] == "95.50 ± 0.71"  # clean: seeds 95 and 96
+
+
+def test_a_corruption_one_seed_was_not_scored_on_is_left_out_for_every_seed_of_the_cell(tmp_path):
+    shifted(tmp_path / "g")
+    for folder in (tmp_path / "g").glob("cifar10/preresnet20/swa/*/seed1/scores/cifar10c-fog-*"):
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+    swa = line_of(corruption_markdown(table_of(tmp_path / "g")), "cifar10 / preresnet20 · dataset.train_size=1000 · SWA 1.5B (6 ep)")
+    per_seed = [statistics.fmean(corrupted_acc("swa", s, c, 2) for c in ("contrast", "gaussian_noise")) for s in (0, 1)]
+    assert swa[4] == f"{statistics.fmean(per_seed):.2f} ± {statistics.stdev(per_seed):.2f}"
+
+
+def test_the_ensemble_of_seeds_is_scored_on_each_corrupted_set_from_their_kept_predictions(tmp_path):
+    shifted(tmp_path / "g")
+    labels = torch.tensor([0, 1, 0, 1])
+    # seed 0 right on images 0 and 1, seed 1 on 2 and 3, each sure of itself; together right on all four
+    confident = {0: torch.tensor([[0.9, 0.1], [0.1, 0.9], [0.4, 0.6], [0.6, 0.4]]),
+                 1: torch.tensor([[0.4, 0.6], [0.6, 0.4], [0.9, 0.1], [0.1, 0.9]])}
+    for seed in (0, 1):
+        for folder in (tmp_path / "g").glob(f"cifar10/preresnet20/swa/*/seed{seed}/scores/cifar10c-*"):
+            atomic_save({"log_probs": {"swa": confident[seed].log()}, "labels": labels}, folder / "predictions.pt")
+    table = table_of(tmp_path / "g")
+    swa = next(cell for column, cell in table.rows[0].cells.items() if column.method == "swa" and not column.scaled)
+    assert ensemble_severity(swa, "acc") == {s: 100.0 for s in range(1, 6)}
+    sgd = next(cell for column, cell in table.rows[0].cells.items() if column.method == "sgd" and not column.scaled)
+    assert ensemble_severity(sgd, "acc").startswith("seed 0: cifar10c-contrast-1 has no predictions.pt")
+    lines = corruption_markdown(table)
+    assert line_of(lines, "cifar10 / preresnet20 · dataset.train_size=1000 · SWA 1.5B (6 ep) x2")[1] == "accuracy %"
+    assert any(line.startswith("- cifar10 / preresnet20 · dataset.train_size=1000 · SGD 1B (4 ep): seed 0") for line in lines)
+
+
+def test_the_ood_summary_is_the_records_auroc_over_seeds(tmp_path):
+    shifted(tmp_path / "g")
+    table = table_of(tmp_path / "g")
+    swa = next(cell for column, cell in table.rows[0].cells.items() if column.method == "swa" and not column.scaled)
+    aurocs = [e.run.scores["ood-noise-gaussian"]["predictors"]["swa"]["msp"]["auroc"] for e in swa.entries]
+    row = line_of([line for line in ood_markdown(table) if "| noise-gaussian |" in line],
+                  "cifar10 / preresnet20 · dataset.train_size=1000 · SWA 1.5B (6 ep)")
+    assert row[2] == "2" and row[3] == f"{statistics.fmean(aurocs):.4f} ± {statistics.stdev(aurocs):.4f}"
+
+
+def test_the_report_puts_the_summaries_before_the_per_run_tables(tmp_path):
+    shifted(tmp_path / "g")
+    report([tmp_path / "g"], tmp_path / "out")
+    text = (tmp_path / "out" / "table.md").read_text()
+    assert text.index("## Under corruption: mean over corruptions per severity") < text.index("## Scored on other data")
+    assert "## Out-of-distribution detection, per cell" in text
+
+
+def test_runs_never_scored_under_shift_get_no_summary(tmp_path):
+    shifted(tmp_path / "g")
+    for folder in (tmp_path / "g").rglob("scores"):
+        import shutil
+
+        shutil.rmtree(folder)
+    table = table_of(tmp_path / "g")
+    assert corruption_markdown(table) == [] and ood_markdown(table) == []

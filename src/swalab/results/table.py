@@ -30,8 +30,6 @@ from swalab.identity import differences, group_hash, identity_hash, label_of, me
 from swalab.methods import REPORT_ORDER, column_rank
 from swalab.results.runs import Run
 
-METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 equal-width bins, Guo et al.)"),
-           ("brier", "Test Brier score (mean per image)"))
 
 
 @dataclass(frozen=True)

@@ -227,24 +227,15 @@ def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_
 
 @dataclass(frozen=True)
 class Metric:
-    """One score of a predictor, defined once: ``metrics_from_log_probs`` computes it for every predictor (single
-    models, ensembles, ensembles of seeds), and, where ``reported``, the report's tables, its CSV, its ensembles of
-    seeds and the W&B mirror read it from here."""
+    """One score of a predictor, defined once: ``metrics_from_log_probs`` computes it for every predictor and, where
+    ``reported``, the report's tables, CSV and ensembles of seeds and the W&B mirror read it from here."""
 
-    name: str      # its key in metrics.json (``brier``)
-    title: str     # the heading of its own table in a report (``Test Brier score (mean per image)``)
-    heading: str   # its column beside the other metrics (``Brier``)
+    name: str      # its key in metrics.json
+    title: str     # the heading of its own table in a report
+    heading: str   # its column beside the other metrics
     compute: Callable[[torch.Tensor, torch.Tensor], float | None]  # (float log-probabilities, labels); None: not here
     digits: int = 4
-    reported: bool = True  # a table of the report; False: kept in metrics.json only
-
-
-def _top5(log_probs: torch.Tensor, labels: torch.Tensor) -> float | None:
-    """Top-5 accuracy (%), for more than 5 classes; ranked on log-probabilities: float32 probabilities below e^-103
-    all tie at 0."""
-    if log_probs.shape[1] <= 5:
-        return None
-    return 100.0 * float(log_probs.topk(5, dim=1).indices.eq(labels[:, None]).any(dim=1).float().mean())
+    reported: bool = True  # False: kept in metrics.json only
 
 
 # Every metric of every predictor, in the order files and tables show them: a metric of one's own is one entry here.
@@ -257,7 +248,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("ece_mass20", "Test ECE (20 equal-mass bins, the SWAG paper's)", "ECE (20 equal-mass bins)",
            lambda lp, y: equal_mass_calibration_error(lp.exp(), y), reported=False),
     Metric("brier", "Test Brier score (mean per image)", "Brier", lambda lp, y: brier_score(lp.exp(), y)),
-    Metric("top5", "Test top-5 accuracy (%)", "top-5 %", _top5, digits=2, reported=False),
+    Metric("top5", "Test top-5 accuracy (%)", "top-5 %", digits=2, reported=False,  # ranked on log-probabilities
+           compute=lambda lp, y: 100.0 * float(lp.topk(5, dim=1).indices.eq(y[:, None]).any(dim=1).float().mean())
+           if lp.shape[1] > 5 else None),
 )}
 
 

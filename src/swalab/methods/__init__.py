@@ -11,8 +11,7 @@ from swalab.methods.swag import SWAG
 
 __all__ = ["Method", "TrainContext", "SGD", "SWA", "FGE", "EMA", "Pretrained", "SWAG", "LaplaceMethod"]
 
-# The built-in methods in the order reports show their columns (the paper's SGD, FGE, SWA first); a method of one's
-# own needs no entry: its columns stand after these.
+# The built-in methods in the order reports show their columns; a method of one's own stands after them, unlisted.
 REPORT_ORDER = (Pretrained, SGD, FGE, SWA, SWAG, EMA, LaplaceMethod)
 
 

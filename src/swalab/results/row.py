@@ -181,13 +181,13 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
             ov = swa_overrides(b, [], "swag" if last else "swa")
             jobs.append(Job(f"swag_b{fmt_budget(b)}" if last else f"swa_b{fmt_budget(b)}", ov,
                             run_dir_of(compose_run(ov), ov),
-                            columns={f"SWA {fmt_budget(b)}B": "swa", **(swag_columns(b) if last else {})}))
+                            columns={f"SWA {fmt_budget(b)}B": "swa", **(columns_for(SWAG, b) if last else {})}))
         return jobs
 
     swa_ov = swa_overrides(budgets[-1], budgets[:-1], "swag" if swag else "swa")
     children = [("swag" if swag else "swa", swa_ov, compose_run(swa_ov),
                  {**{f"SWA {fmt_budget(b)}B": f"swa@{fmt_budget(b)}" for b in budgets[:-1]},
-                  f"SWA {fmt_budget(budgets[-1])}B": "swa", **(swag_columns(budgets[-1]) if swag else {})}), *others]
+                  f"SWA {fmt_budget(budgets[-1])}B": "swa", **(columns_for(SWAG, budgets[-1]) if swag else {})}), *others]
     points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
     save_at = "run.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()) - {0})) + "]"
     jobs = [Job("sgd", [*trunk_ov, save_at], trunk_dir, columns={"SGD": "sgd"})]
@@ -202,11 +202,6 @@ def columns_for(method, budget: float) -> dict[str, str]:
     """The row's columns a run of ``method`` at ``budget`` budgets fills (``FGE 1B``, ``SWAG-diag 1.5B``): those it
     declares (``Method.columns``), by the names reports give them."""
     return {f"{title_of(p)} {fmt_budget(budget)}B": p for p in columns_of(method)}
-
-
-def swag_columns(budget: float) -> dict[str, str]:
-    """The columns a SWAG run of ``budget`` budgets adds to the row's record beside SWA's."""
-    return columns_for(SWAG, budget)
 
 
 def finished(run_dir: Path) -> bool:
@@ -241,12 +236,6 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
     return done
 
 
-def column_order(column: str, predictor: str) -> tuple:
-    """The order of reports (``swalab.methods.column_rank``: SGD, FGE, SWA, SWAG, EMA, a method of one's own), each
-    method's columns by growing budget."""
-    return column_rank(predictor), float(column.partition(" ")[2].rstrip("B") or 1)
-
-
 def relative_to(run_dir: Path, output_dir: Path) -> str:
     """``run_dir`` relative to the output directory holding the record, so that the record moves with it."""
     try:
@@ -256,11 +245,12 @@ def relative_to(run_dir: Path, output_dir: Path) -> str:
 
 
 def manifest_of(jobs: list[Job], output_dir: Path) -> dict[str, dict]:
-    """Table 1 column -> the run directory (relative to ``output_dir``) and predictor holding it, in the
-    paper's column order."""
+    """Table 1 column -> the run directory (relative to ``output_dir``) and predictor holding it, in the reports'
+    order (``swalab.methods.column_rank``), each method's columns by growing budget."""
     pairs = [(column, {"run": relative_to(job.run_dir, output_dir), "predictor": predictor})
              for job in jobs for column, predictor in job.columns.items()]
-    return dict(sorted(pairs, key=lambda pair: column_order(pair[0], pair[1]["predictor"])))
+    return dict(sorted(pairs, key=lambda pair: (column_rank(pair[1]["predictor"]),
+                                                float(pair[0].partition(" ")[2].rstrip("B") or 1))))
 
 
 def run_path(root: Path | None, where: str) -> Path:

@@ -79,3 +79,38 @@ def test_a_new_method_is_one_module_and_one_config(tmp_path):
     with (tmp_path / "report" / "table.csv").open() as f:
         columns = {r["column"] for r in csv.DictReader(f)}
     assert columns == {"POLYAK 1B (4 ep)"}
+
+
+def test_a_new_method_has_its_run_in_a_row_and_its_column_after_the_built_in_ones(tmp_path, monkeypatch):
+    """The same two files, and nothing else: ``python -m swalab.results.row --method polyak`` plans a Polyak run
+    beside SGD, SWA and FGE (trained straight through: it declares no later branch point) and records its column
+    after theirs, named as the report names it."""
+    from swalab.results.row import manifest_of, plan_row
+
+    (tmp_path / "polyak.py").write_text(METHOD)
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "polyak.yaml").write_text(CONFIG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    jobs = plan_row("digits", "preresnet20", 0, ["logger=none", "model.budget_epochs=8", "model.swa.start_epoch=6",
+                                                 f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+                                                 f"paths.output_dir={tmp_path / 'out'}"], methods=("polyak", "fge"))
+    assert [j.name for j in jobs] == ["sgd", "swa", "polyak", "fge"]
+    polyak = jobs[2]
+    assert "method=polyak" in polyak.overrides and polyak.parent is None and polyak.columns == {"POLYAK 1B": "polyak"}
+    assert list(manifest_of(jobs, tmp_path / "out")) == ["SGD", "FGE 1B", "SWA 1B", "SWA 1.25B", "SWA 1.5B",
+                                                         "POLYAK 1B"]
+
+
+def test_a_method_of_ones_own_stands_after_the_built_in_ones_in_the_report_whatever_its_name(tmp_path):
+    """``averaged`` sorts before ``ema`` and ``sgd`` by name; the report still puts the paper's methods first."""
+    from test_report import m, make_run, table_lines
+
+    from swalab.results.report import report
+
+    for seed in (0, 1):
+        make_run(tmp_path / "runs", "averaged", seed, {"averaged": m(91.0), "sgd": m(80.0)},
+                 extra={"method": {"_target_": "averaged.Averaged"}})  # not importable here: read by its name
+        make_run(tmp_path / "runs", "ema", seed, {"ema": m(90.5)})
+        make_run(tmp_path / "runs", "sgd", seed, {"sgd": m(90.0)})
+    report([tmp_path / "runs"], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[0] == "| row | SGD 1B (4 ep) | EMA 1B (4 ep) | AVERAGED 1B (4 ep) |"

@@ -208,7 +208,7 @@ def test_final_metrics_are_numbers_in_the_summary_and_curves_are_tables(tmp_path
                     {"fge": bins})
     assert run.summary == {"fge/acc": 91.5, "fge/nll": 0.3, "fge/ece": 0.02}
     [charts] = run.logged
-    assert charts["fge/curve"].table.data == [[1, 90.0, None, None], [2, 91.5, None, None]]
+    assert charts["fge/curve"].table.data == [[1, 90.0, None, None, None], [2, 91.5, None, None, None]]
     assert charts["reliability"].table.data == [["fge", 0.9, 1.0, 0.95, 0.66, 3]]  # empty bins left out
 
 

@@ -225,23 +225,46 @@ def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_
     return rows
 
 
+@dataclass(frozen=True)
+class Metric:
+    """One score of a predictor, defined once: ``metrics_from_log_probs`` computes it for every predictor and, where
+    ``reported``, the report's tables, CSV and ensembles of seeds and the W&B mirror read it from here."""
+
+    name: str      # its key in metrics.json
+    title: str     # the heading of its own table in a report
+    heading: str   # its column beside the other metrics
+    compute: Callable[[torch.Tensor, torch.Tensor], float | None]  # (float log-probabilities, labels); None: not here
+    digits: int = 4
+    reported: bool = True  # False: kept in metrics.json only
+
+
+# Every metric of every predictor, in the order files and tables show them: a metric of one's own is one entry here.
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("acc", "Test accuracy (%)", "accuracy %", digits=2,
+           compute=lambda lp, y: 100.0 * float(lp.argmax(dim=1).eq(y).float().mean())),
+    Metric("nll", "Test NLL (mean per image)", "NLL", lambda lp, y: float(F.nll_loss(lp, y, reduction="mean"))),
+    Metric("ece", "Test ECE (15 equal-width bins, Guo et al.)", "ECE (15 equal-width bins)",
+           lambda lp, y: expected_calibration_error(lp.exp(), y)),
+    Metric("ece_mass20", "Test ECE (20 equal-mass bins, the SWAG paper's)", "ECE (20 equal-mass bins)",
+           lambda lp, y: equal_mass_calibration_error(lp.exp(), y), reported=False),
+    Metric("brier", "Test Brier score (mean per image)", "Brier", lambda lp, y: brier_score(lp.exp(), y)),
+    Metric("top5", "Test top-5 accuracy (%)", "top-5 %", digits=2, reported=False,  # ranked on log-probabilities
+           compute=lambda lp, y: 100.0 * float(lp.topk(5, dim=1).indices.eq(y[:, None]).any(dim=1).float().mean())
+           if lp.shape[1] > 5 else None),
+)}
+
+
+def reported_metrics() -> list[Metric]:
+    """The metrics a report shows (``Metric.reported``), in order."""
+    return [m for m in METRICS.values() if m.reported]
+
+
 def metrics_from_log_probs(log_probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Accuracy (%), mean NLL, ECE, Brier score (and top-5 accuracy when there are more than 5 classes) of one
-    predictor's log-probabilities: every metric of every predictor comes from here."""
-    log_probs = log_probs.float()
-    labels = labels.long()
-    probs = log_probs.exp()
-    out = {
-        "acc": 100.0 * float(log_probs.argmax(dim=1).eq(labels).float().mean()),
-        "nll": float(F.nll_loss(log_probs, labels, reduction="mean")),
-        "ece": expected_calibration_error(probs, labels),
-        "ece_mass20": equal_mass_calibration_error(probs, labels),
-        "brier": brier_score(probs, labels),
-    }
-    if probs.shape[1] > 5:  # ranked on log-probabilities: float32 probabilities below e^-103 all tie at 0
-        top5 = log_probs.topk(5, dim=1).indices.eq(labels[:, None]).any(dim=1)
-        out["top5"] = 100.0 * float(top5.float().mean())
-    return out
+    """Every metric of ``METRICS`` (accuracy %, mean NLL, ECE, Brier score, top-5 accuracy when there are more than 5
+    classes) of one predictor's log-probabilities: every metric of every predictor comes from here."""
+    log_probs, labels = log_probs.float(), labels.long()
+    values = {name: metric.compute(log_probs, labels) for name, metric in METRICS.items()}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:

@@ -172,6 +172,8 @@ class WandbTracker(NullTracker):
         def write():
             import wandb
 
+            from swalab.evaluate import reported_metrics
+
             charts = {}
             rows = [[name, b["lo"], b["hi"], b["conf"], b["acc"], b["count"]]
                     for name, bins in reliability.items() for b in bins if b.get("count")]
@@ -183,8 +185,9 @@ class WandbTracker(NullTracker):
             for name, m in metrics.items():
                 curve = m.get("curve") if isinstance(m, dict) else None
                 if curve:
-                    table = wandb.Table(columns=["members", "acc", "nll", "ece"],
-                                        data=[[p["members"], p["acc"], p.get("nll"), p.get("ece")] for p in curve])
+                    names = [metric.name for metric in reported_metrics()]
+                    table = wandb.Table(columns=["members", *names],
+                                        data=[[p["members"], *(p.get(n) for n in names)] for p in curve])
                     charts[f"{name}/curve"] = wandb.plot.line(table, x="members", y="acc",
                                                               title=f"{name}: test accuracy against members")
             if charts:

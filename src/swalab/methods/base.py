@@ -96,6 +96,10 @@ class Method:
     # Settings that only add measurements (scoring the method's model during training) and never change a weight
     # or a final number: a report does not set runs apart by them.
     scoring_settings: tuple[str, ...] = ()
+    # The predictors a report shows as this method's columns, in their order; empty: the one named after the method.
+    columns: tuple[str, ...] = ()
+    # Another method's columns this one fills where no run of that method does (SWAG trains exactly as SWA).
+    stands_in: tuple[str, ...] = ()
 
     def __init__(self, schedule: Schedule, epochs: int, budget: float = 1.0, name: str | None = None):
         self.schedule = schedule

@@ -79,6 +79,8 @@ class SWAG(SWA):
     """SWAG (module doc): SWA's training and captures from ``model.swa``; its own settings ``method.*``."""
 
     name = "swag"
+    columns = ("swag", "swag_diag")
+    stands_in = ("swa",)  # its ``swa`` and ``swa@<b>`` are the SWA average of the same training (model.swa)
 
     def __init__(self, schedule: Schedule, epochs: int, lr: float, rank: int = 20, samples: int = 30,
                  scale: float = 0.5, diag_scale: float = 1.0, moments_device: str = "cpu", **swa):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from swalab.evaluate import ensemble_log_mean, log_of, metrics_from_log_probs
+from swalab.evaluate import ensemble_log_mean, log_of, metrics_from_log_probs, reported_metrics
 from swalab.results.table import Cell, Column, Row, Table
 from swalab.rundir import RunDir
 
@@ -75,7 +75,7 @@ def saved_log_probs(run_path: Path, predictor: str, files: dict | None = None,
 def ensemble_of(row: Row, column: Column, cell: Cell, files: dict | None = None) -> SeedEnsemble:
     """The ensemble of ``cell``'s seeds (module doc), or why there is none."""
     out = SeedEnsemble(row=row, column=column, seeds=cell.seeds,
-                       members={m: cell.values(m) for m in ("acc", "nll", "ece", "brier")})
+                       members={m.name: cell.values(m.name) for m in reported_metrics()})
     if len(cell.entries) < 2:
         out.why = "one seed: an ensemble of seeds needs 2 or more"
         return out

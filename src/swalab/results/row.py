@@ -4,6 +4,7 @@
     python -m swalab.results.row ... --dry-run      # print the commands in dependency order (for SLURM, see docs/branching.md)
     python -m swalab.results.row ... --naive        # the five runs trained straight through, for comparison
     python -m swalab.results.row ... --swag         # SWAG and SWAG-diag beside SWA, from the same branch
+    python -m swalab.results.row ... --method polyak  # a further method's columns (one of one's own too)
 
 When to use it: the five runs of a row share most of their epochs. Trained naively they cost
 5.75 budgets per seed; branched they cost about 2: one SGD trunk (``method=sgd``, 1 budget) keeps
@@ -37,6 +38,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -44,6 +46,8 @@ from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.config import ConfigError
+from swalab.methods import SWAG, column_rank, columns_of
+from swalab.results.table import title_of
 from swalab.train.build import build_method
 from swalab.train.plan import locate
 from swalab.train.plan import apart_from_defaults, identity_for, validate
@@ -66,7 +70,7 @@ class RowError(RuntimeError):
 class Job:
     """One run of the row: its ``run.py`` overrides, where it lands, and what it branches from."""
 
-    name: str                                  # sgd | swa | fge | swa_b<budget> (naive)
+    name: str                                  # sgd | swa | swa_b<budget> (naive) | a further method (fge)
     overrides: list[str]
     run_dir: Path
     parent: str | None = None                  # the job it branches from
@@ -125,19 +129,21 @@ def fmt_budget(b: float) -> str:
 
 
 def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_budgets=SWA_BUDGETS,
-             fge: bool = True, naive: bool = False, ema: bool = False, swag: bool = False) -> list[Job]:
+             methods: Sequence[str] = ("fge",), naive: bool = False, swag: bool = False) -> list[Job]:
     """The jobs of one row for one seed, in dependency order (the trunk first).
 
-    ``ema`` adds an EMA run of one budget, trained straight through (EMA keeps state from its first
-    step, so it cannot branch off the trunk). ``swag`` trains the run of the largest SWA budget as SWAG
-    (``method=swag``: SWA's training, SWA's predictors and SWAG's), branched off the trunk where SWA's would be.
+    ``methods`` are the row's further methods (``method=<name>``), one run of its own budget each, after SGD and
+    SWA: each branches off the trunk as late as its lr agrees with the trunk's (``Method.last_branch_epoch``; a
+    method that keeps state from its first step, as EMA, trains straight through) and fills the columns it declares
+    (``Method.columns``). ``swag`` trains the run of the largest SWA budget as SWAG (``method=swag``: SWA's training,
+    SWA's predictors and SWAG's), branched off the trunk where SWA's would be.
     """
     keys = {o.lstrip("+").split("=", 1)[0]: o for o in extra}
     fixed = [o for k, o in keys.items() if k in ("trainer.epochs", "method.budget")]
     if fixed:
         raise RowError(f"{', '.join(fixed)}: a row's runs are 1, 1.25 and 1.5 budgets long, so their lengths come "
                          "from the budget B: set model.budget_epochs=<B> instead")
-    owned = {"method": "a row trains every method itself (--no-fge, --ema, --swa-budgets choose them)",
+    owned = {"method": "a row trains every method itself (--no-fge, --ema, --method, --swa-budgets choose them)",
              "seed": "the row's seeds are --seeds", "dataset": "the row's data set is --dataset",
              "model": "the row's model is --model",
              "run.dir": "a row's jobs each need their own run directory (set paths.output_dir=<dir> instead)"}
@@ -161,40 +167,41 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
             out.append(f"schedule.horizon={trunk_epochs}")  # the SGD run's schedule, "not modified" (paper 3.2)
         return out
 
-    fge_ov = [*base, "method=fge"]
-    ema_ov = [*base, "method=ema"]
-    extra_jobs = [Job("ema", ema_ov, run_dir_of(compose_run(ema_ov), ema_ov), columns={"EMA": "ema"})] if ema else []
+    others = []  # (name, overrides, config, columns) of each further method
+    for name in methods:
+        ov = [*base, f"method={name}"]
+        cfg = compose_run(ov)
+        method = method_of(cfg)
+        others.append((name, ov, cfg, columns_for(method, method.budget)))
     if naive:
         jobs = [Job("sgd", trunk_ov, trunk_dir, columns={"SGD": "sgd"})]
-        if fge:
-            jobs.append(Job("fge", fge_ov, run_dir_of(compose_run(fge_ov), fge_ov), columns={"FGE 1B": "fge"}))
+        jobs += [Job(name, ov, run_dir_of(cfg, ov), columns=columns) for name, ov, cfg, columns in others]
         for b in budgets:
             last = swag and b == budgets[-1]
             ov = swa_overrides(b, [], "swag" if last else "swa")
             jobs.append(Job(f"swag_b{fmt_budget(b)}" if last else f"swa_b{fmt_budget(b)}", ov,
                             run_dir_of(compose_run(ov), ov),
-                            columns={f"SWA {fmt_budget(b)}B": "swa", **(swag_columns(b) if last else {})}))
-        return jobs + extra_jobs
+                            columns={f"SWA {fmt_budget(b)}B": "swa", **(columns_for(SWAG, b) if last else {})}))
+        return jobs
 
     swa_ov = swa_overrides(budgets[-1], budgets[:-1], "swag" if swag else "swa")
     children = [("swag" if swag else "swa", swa_ov, compose_run(swa_ov),
                  {**{f"SWA {fmt_budget(b)}B": f"swa@{fmt_budget(b)}" for b in budgets[:-1]},
-                  f"SWA {fmt_budget(budgets[-1])}B": "swa", **(swag_columns(budgets[-1]) if swag else {})})]
-    if fge:
-        children.append(("fge", fge_ov, compose_run(fge_ov), {"FGE 1B": "fge"}))
+                  f"SWA {fmt_budget(budgets[-1])}B": "swa", **(columns_for(SWAG, budgets[-1]) if swag else {})}), *others]
     points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
-    save_at = "run.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()))) + "]"
+    save_at = "run.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()) - {0})) + "]"
     jobs = [Job("sgd", [*trunk_ov, save_at], trunk_dir, columns={"SGD": "sgd"})]
     for name, ov, cfg, columns in children:
-        k = points[name]
-        jobs.append(Job(name, [*ov, f"run.branch_from={trunk_dir}@{k}"], run_dir_of(cfg, ov),
-                        parent="sgd", branch_epoch=k, columns=columns))
-    return jobs + extra_jobs
+        k = points[name]  # 0: the method keeps state from its first step and trains straight through
+        jobs.append(Job(name, [*ov, f"run.branch_from={trunk_dir}@{k}"] if k else ov, run_dir_of(cfg, ov),
+                        parent="sgd" if k else None, branch_epoch=k or None, columns=columns))
+    return jobs
 
 
-def swag_columns(budget: float) -> dict[str, str]:
-    """The columns a SWAG run of ``budget`` budgets adds to the row's record beside SWA's."""
-    return {f"SWAG {fmt_budget(budget)}B": "swag", f"SWAG-diag {fmt_budget(budget)}B": "swag_diag"}
+def columns_for(method, budget: float) -> dict[str, str]:
+    """The row's columns a run of ``method`` at ``budget`` budgets fills (``FGE 1B``, ``SWAG-diag 1.5B``): those it
+    declares (``Method.columns``), by the names reports give them."""
+    return {f"{title_of(p)} {fmt_budget(budget)}B": p for p in columns_of(method)}
 
 
 def finished(run_dir: Path) -> bool:
@@ -229,12 +236,6 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
     return done
 
 
-def column_order(column: str) -> tuple:
-    """The paper's order: SGD, FGE, SWA by growing budget, SWAG, then EMA."""
-    method, _, budget = column.partition(" ")
-    return {"SGD": 0, "FGE": 1, "SWA": 2, "SWAG": 3, "SWAG-diag": 4, "EMA": 5}.get(method, 9), float(budget.rstrip("B") or 1)
-
-
 def relative_to(run_dir: Path, output_dir: Path) -> str:
     """``run_dir`` relative to the output directory holding the record, so that the record moves with it."""
     try:
@@ -244,11 +245,12 @@ def relative_to(run_dir: Path, output_dir: Path) -> str:
 
 
 def manifest_of(jobs: list[Job], output_dir: Path) -> dict[str, dict]:
-    """Table 1 column -> the run directory (relative to ``output_dir``) and predictor holding it, in the
-    paper's column order."""
+    """Table 1 column -> the run directory (relative to ``output_dir``) and predictor holding it, in the reports'
+    order (``swalab.methods.column_rank``), each method's columns by growing budget."""
     pairs = [(column, {"run": relative_to(job.run_dir, output_dir), "predictor": predictor})
              for job in jobs for column, predictor in job.columns.items()]
-    return dict(sorted(pairs, key=lambda pair: column_order(pair[0])))
+    return dict(sorted(pairs, key=lambda pair: (column_rank(pair[1]["predictor"]),
+                                                float(pair[0].partition(" ")[2].rstrip("B") or 1))))
 
 
 def run_path(root: Path | None, where: str) -> Path:
@@ -352,6 +354,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-fge", action="store_true", help="leave out the FGE column")
     parser.add_argument("--naive", action="store_true", help="train each column straight through (no branching)")
     parser.add_argument("--ema", action="store_true", help="add an EMA run of one budget (trained straight through)")
+    parser.add_argument("--method", action="append", default=[], metavar="NAME",
+                        help="add a run of method=NAME (a method of one's own too): its columns after SWA's")
     parser.add_argument("--swag", action="store_true",
                         help="train the largest SWA budget as SWAG (method=swag): SWA's columns and SWAG's from one run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands in order and run nothing")
@@ -370,8 +374,8 @@ def main(argv: list[str] | None = None) -> dict:
 def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
     result = {}
     for seed in args.seeds:
-        jobs = plan_row(args.dataset, args.model, seed, extra, args.swa_budgets, fge=not args.no_fge,
-                        naive=args.naive, ema=args.ema, swag=args.swag)
+        methods = [*(() if args.no_fge else ("fge",)), *(("ema",) if args.ema else ()), *args.method]
+        jobs = plan_row(args.dataset, args.model, seed, extra, args.swa_budgets, methods, args.naive, args.swag)
         costs = run_jobs(jobs, dry_run=args.dry_run)
         if args.dry_run:
             continue

@@ -13,7 +13,8 @@
   its own column and, through its ``swa@<b>`` predictors (``model.swa.score_at_budgets``), to the
   columns of the earlier budget marks, without a name being parsed. A predictor at its fitted
   temperature (``swa+ts``, runs with a validation split) is a column of its own beside its predictor's;
-  a SWAG run fills the SWA columns too where no SWA run does (``STANDS_IN``).
+  a SWAG run fills the SWA columns too where no SWA run does (``Method.stands_in``). Columns stand in the order
+  the methods declare (``swalab.methods.column_rank``), a method of one's own after the built-in ones.
 """
 
 from __future__ import annotations
@@ -26,13 +27,10 @@ from typing import Sequence
 
 from swalab.calibration import SUFFIX, base_name
 from swalab.identity import differences, group_hash, identity_hash, label_of, method_part, recipe_of
+from swalab.methods import REPORT_ORDER, column_rank
 from swalab.results.runs import Run
 from swalab.rundir import RunDir
 
-# The paper's column order (SGD, FGE, SWA, EMA); a method of one's own comes after these, by name.
-METHOD_ORDER = {"pretrained": 0, "sgd": 1, "fge": 2, "swa": 3, "swag": 4, "swag_diag": 5, "ema": 6}
-METRICS = (("acc", "Test accuracy (%)"), ("nll", "Test NLL (mean per image)"), ("ece", "Test ECE (15 equal-width bins, Guo et al.)"),
-           ("brier", "Test Brier score (mean per image)"))
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class Column:
         (``swa[12:16]``, ``lawa5+ts``)."""
         if self.posthoc:
             return self.method
-        return self.base.upper().replace("_DIAG", "-diag") + (SUFFIX if self.scaled else "")
+        return title_of(self.base) + (SUFFIX if self.scaled else "")
 
     @property
     def label(self) -> str:
@@ -69,7 +67,7 @@ class Column:
 
     @property
     def order(self) -> tuple:
-        return METHOD_ORDER.get(self.base, 9) + 10 * self.posthoc, self.budget, self.epochs, self.scaled, self.method
+        return column_rank(self.base) + 1000 * self.posthoc, self.budget, self.epochs, self.scaled, self.method
 
     @property
     def paper(self) -> str:
@@ -91,34 +89,48 @@ class Entry:
     predictor: str
     column: Column
     metrics: dict
-    stands_in: bool = False  # a predictor of another method's column (``STANDS_IN``): a run of that method goes first
+    stands_in: bool = False  # a predictor of another method's column (``Method.stands_in``): a run of it goes first
 
     @property
     def cell(self) -> tuple[str, str]:
         return group_hash(self.run.identity), self.predictor
 
 
-# A method that trains exactly as another and scores that method's predictors too stands in that method's columns
-# where no run of it does: SWAG trains as SWA (the same schedule and captures, model.swa), so a SWAG run's ``swa``
-# and ``swa@<b>`` are the SWA average of the same training, and one run (python -m swalab.results.row --swag) fills
-# the SWA and the SWAG columns. A run of SWA itself in the same row goes first (build_table).
-STANDS_IN = {"swag": ("swa",)}
+def title_of(predictor: str) -> str:
+    """``SWA``, ``SWAG-diag``: a predictor's family as column labels show it."""
+    return predictor.upper().replace("_DIAG", "-diag")
+
+
+def method_class(run: Run) -> type | None:
+    """The run's method class (``method._target_``; a config that names none: the built-in method of its name), or
+    None where it cannot be imported here (a method of one's own off this PYTHONPATH: read by its name alone)."""
+    from hydra.utils import get_class
+
+    target = run.get("method._target_")
+    if target is None:
+        return next((method for method in REPORT_ORDER if method.name == run.method), None)
+    try:
+        return get_class(str(target))
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def entries_of(run: Run) -> list[Entry]:
     """The run's own predictors (``sgd`` of an SGD run, ``swa`` of a SWA run...), SWA's budget marks, each at its
-    fitted temperature (``<name>+ts``) too, the predictors it stands in for (``STANDS_IN``), and those built after
+    fitted temperature (``<name>+ts``) too, the predictors it stands in for (``Method.stands_in``: a SWAG run fills
+    SWA's columns where no SWA run does, python -m swalab.results.row --swag; build_table), and those built after
     training (``swalab.posthoc``: columns of their own, after the methods', at the run's budget)."""
     out = []
     epochs = int(run.get("trainer.epochs", 0) or 0)
     budget = float(run.get("method.budget", 1.0) or 0.0)
+    fills = getattr(method_class(run), "stands_in", ())
     for name, m in run.metrics.items():
         if not isinstance(m, dict) or "acc" not in m:
             continue
         base, scaled = base_name(name)
         family = base.split("@")[0]  # swa@1.25 is SWA at a budget mark
         own = family == run.method or family.startswith(f"{run.method}_")
-        stands_in = family in STANDS_IN.get(run.method, ())
+        stands_in = family in fills
         if not (own or stands_in):
             continue  # e.g. the last iterate of a SWA run is not the SGD baseline
         column = Column(family + (SUFFIX if scaled else ""), float(m.get("budget", budget)), int(m.get("epoch", epochs)))
@@ -222,12 +234,7 @@ IN_COLUMN = ("method.name", "method.budget", "trainer.epochs")
 
 def scoring_settings(run: Run) -> set[str]:
     """The keys of the run's method that only add measurements (``Method.scoring_settings``), as a user types them."""
-    from hydra.utils import get_class
-
-    try:
-        names = get_class(str(run.get("method._target_"))).scoring_settings
-    except Exception:  # noqa: BLE001  a method class that cannot be imported here: nothing is left out
-        names = ()
+    names = getattr(method_class(run), "scoring_settings", ())
     return {f"{prefix}.{name}" for name in names for prefix in ("method", f"model.{run.method}")}
 
 
@@ -274,7 +281,7 @@ def build_table(runs: Sequence[Run]) -> Table:
             cells[entry.cell]["entries"].append(entry)
     taken = {(json.dumps(c["context"], sort_keys=True, default=str), c["column"]) for c in cells.values()
              if not c["stands_in"]}
-    cells = {k: c for k, c in cells.items()  # a run of the method itself fills its column (STANDS_IN)
+    cells = {k: c for k, c in cells.items()  # a run of the method itself fills its column (Method.stands_in)
              if not (c["stands_in"] and (json.dumps(c["context"], sort_keys=True, default=str), c["column"]) in taken)}
     # rows: one per distinct context; within a row one cell per column, further variants in rows of their own
     contexts: dict[str, dict] = {}

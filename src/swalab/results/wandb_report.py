@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from swalab.results.plots import scored_during_training
-from swalab.results.table import METRICS, Row, Table, mean_std
+from swalab.evaluate import reported_metrics
+from swalab.results.table import Row, Table, mean_std
 from swalab.results.write import paper_row, to_markdown
 from swalab.tracking import WandbTracker, new_run_id, read_record
 from swalab.rundir import write_text
@@ -76,7 +77,7 @@ def numeric_tables(table: Table, paper: dict | None = None) -> dict[str, tuple[l
     columns = table.columns
     header = ["row", "source"] + [f"{c.label} {part}" for c in columns for part in ("mean", "std", "n")]
     out = {}
-    for metric, _ in METRICS:
+    for metric in (m.name for m in reported_metrics()):
         lines = []
         for row in table.rows:
             line: list[Any] = [row.name, "swalab"]
@@ -191,7 +192,7 @@ def build_report(table: Table, *, project: str, entity: str | None, report_run: 
                     "Izmailov et al. (2018), where the paper has the row."),
                wr.PanelGrid(runsets=[report_runs], panels=[
                    wr.WeavePanelSummaryTable(table_name=f"table1/{metric}", layout=wr.Layout(w=24, h=8))
-                   for metric, _ in METRICS])]
+                   for metric in (m.name for m in reported_metrics())])]
 
     for number, (row, link) in enumerate(zip(table.rows, links)):
         blocks.append(wr.H2(f"{row.name}: training runs"))

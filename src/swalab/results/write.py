@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from swalab.evaluate import AT_BOUND
+from swalab.evaluate import AT_BOUND, reported_metrics
 from swalab.identity import group_hash
 from swalab.results.diagnostics import section35_of
 from swalab.results.runs import Run
-from swalab.results.table import (METRICS, Table, budget_epochs_of, fmt_cell, mean_std, paired_differences,
+from swalab.results.table import (Table, budget_epochs_of, fmt_cell, mean_std, paired_differences,
                                   sgd_baseline)
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
@@ -163,17 +163,17 @@ def ensembles_markdown(ensembles: Sequence) -> list[str]:
     lines = []
     for e in ensembles:
         if e.metrics is None:
-            lines.append([e.row.name, e.label, ", ".join(map(str, e.seeds)), f"not formed: {e.why}", "", "", ""])
+            lines.append([e.row.name, e.label, ", ".join(map(str, e.seeds)), f"not formed: {e.why}", *[""] * (len(reported_metrics()) - 1)])
             continue
         lines.append([e.row.name, e.label, ", ".join(map(str, e.seeds)),
-                      *(f"{e.metrics[m]:.{2 if m == 'acc' else 4}f} ({_mean_pm(e.members[m], 2 if m == 'acc' else 4)})"
-                        for m in ("acc", "nll", "ece", "brier"))])
+                      *(f"{e.metrics[m.name]:.{m.digits}f} ({_mean_pm(e.members[m.name], m.digits)})"
+                        for m in reported_metrics())])
     return ["## Ensembles of seeds (deep ensembles; SWAG x n is MultiSWAG)", "",
             "Each config's seeds as one ensemble: the mean of their saved test probabilities (predictions.pt, no "
             "forward pass), scored like every predictor; in brackets the mean ± std of the seeds on their own. Only runs "
             "of exactly one config but the seed, scored on the same test labels; +ts columns are not ensembled (their "
             "temperature would have to be fitted on the ensemble's own validation split).", "",
-            *_markdown_table(["row", "ensemble", "seeds", "accuracy %", "NLL", "ECE (15 equal-width bins)", "Brier"], lines), ""]
+            *_markdown_table(["row", "ensemble", "seeds", *(m.heading for m in reported_metrics())], lines), ""]
 
 
 def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
@@ -198,7 +198,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             cell = row.cells[column]
             temps = [float(e.metrics["temperature"]) for e in cell.entries if "temperature" in e.metrics]
             lines.append([header(column), str(len(cell.entries)),
-                          *(_mean_pm(cell.values(m), 2 if m == "acc" else 4) for m in ("acc", "nll", "ece", "brier")),
+                          *(_mean_pm(cell.values(m.name), m.digits) for m in reported_metrics()),
                           (f"{sum(temps) / len(temps):.3f}" + (AT_BOUND if any(e.metrics.get("temperature_at_bound")
                                                                                for e in cell.entries) else ""))
                           if temps else "",
@@ -211,9 +211,9 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             delta = {m: (f"{e.metrics[m] - mean_std(base.values(m))[0]:+.{d}f}" if base and base.values(m) else why)
                      for m, d in (("acc", 2), ("nll", 4))}
             lines.append([e.label, f"{len(e.seeds)} (ensemble)",
-                          *(f"{e.metrics[m]:.{2 if m == 'acc' else 4}f}" for m in ("acc", "nll", "ece", "brier")), "",
+                          *(f"{e.metrics[m.name]:.{m.digits}f}" for m in reported_metrics()), "",
                           delta["acc"], delta["nll"]])
-        out += [f"### {row.name}", "", *_markdown_table(["column", "n", "accuracy %", "NLL", "ECE (15 equal-width bins)", "Brier", "T",
+        out += [f"### {row.name}", "", *_markdown_table(["column", "n", *(m.heading for m in reported_metrics()), "T",
                                                          "Δ accuracy", "Δ NLL"], lines), ""]
     if not fitted:
         out += ["T is blank in every row: none of these runs held out a validation split (dataset.val_size), so no "
@@ -228,8 +228,7 @@ def metric_markdown(table: Table, paper: dict | None, level: str = "##") -> tupl
     header = ["row", *(table.header(c) for c in columns)]
     out: list[str] = []
     shown_paper = False  # whether a paper row was shown: only then is its source said
-    for metric, title in METRICS:
-        digits = 2 if metric == "acc" else 4
+    for metric, title, digits in ((m.name, m.title, m.digits) for m in reported_metrics()):
         lines = []
         for row in table.rows:
             lines.append([row.name, *(cell_text(row, c, metric, digits) for c in columns)])
@@ -330,7 +329,7 @@ def write_csv(table: Table, path: Path, ensembles: Sequence = ()) -> None:
                 cell = row.cells.get(column)
                 if cell is None:
                     continue
-                for metric, _ in METRICS:
+                for metric in (m.name for m in reported_metrics()):
                     values = cell.values(metric)
                     if not values:
                         continue
@@ -344,7 +343,7 @@ def write_csv(table: Table, path: Path, ensembles: Sequence = ()) -> None:
             if e.metrics is None:
                 continue
             cell = e.row.cells[e.column]
-            for metric, _ in METRICS:
+            for metric in (m.name for m in reported_metrics()):
                 writer.writerow([e.row.name, e.row.dataset, e.row.model, e.row.label, e.label, e.column.method,
                                  f"{e.column.budget:g}", e.column.epochs, metric, f"{e.metrics[metric]:.6f}", "",
                                  len(e.seeds), f"{e.metrics[metric]:.6f}", " ".join(map(str, e.seeds)),

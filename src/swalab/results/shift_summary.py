@@ -6,7 +6,7 @@ its gain under shift, does SWAG or MultiSWAG beat temperature scaling and Laplac
 the summary: per row of the report's table and per column (predictor), at each corruption severity the mean over the
 corruptions scored there, then mean ± std over the cell's seeds, as Ovadia et al. (2019) summarise theirs.
 
-* **Under corruption**: accuracy, NLL and ECE (15 equal-width bins) at "clean" (the uncorrupted test set) and at each
+* **Under corruption**: every reported metric (accuracy, NLL, ECE, Brier: ``swalab.evaluate.METRICS``) at "clean" (the uncorrupted test set) and at each
   severity 1 to 5; a seed counts at a severity only over the corruptions every seed of the cell was scored on.
 * **Ensembles of seeds under corruption**: a cell's seeds as one ensemble on each corrupted set (the mean of their
   probabilities in ``scores/<set>/predictions.pt``, as ``swalab.results.ensembles`` forms it on the clean set: SGD x3
@@ -24,13 +24,11 @@ from typing import Sequence
 
 import torch
 
-from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs
+from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_metrics
 from swalab.results.ensembles import saved_log_probs
 from swalab.results.shift_plots import CORRUPTED, OOD, SEVERITIES, clean_metrics, corrupted_records
 from swalab.results.table import Cell, Column, Table, mean_std
 from swalab.rundir import RunDir
-
-METRICS = (("acc", "accuracy %", 2), ("nll", "NLL", 4), ("ece", "ECE (15 equal-width bins)", 4))
 
 
 def shared_sets(cell: Cell) -> list[tuple[str, int]]:
@@ -83,6 +81,11 @@ def ensemble_severity(cell: Cell, metric: str) -> dict[int, float] | str:
     return {severity: statistics.fmean(values) for severity, values in sorted(per.items())}
 
 
+def _metrics() -> list[tuple[str, str, int]]:
+    """``(key, heading, digits)`` of every metric a report shows (``swalab.evaluate.METRICS``)."""
+    return [(m.name, m.heading, m.digits) for m in reported_metrics()]
+
+
 def _columns(table: Table):
     for row in table.rows:
         for column in sorted(row.cells, key=lambda c: c.order):
@@ -102,7 +105,7 @@ def corruption_markdown(table: Table) -> list[str]:
     out = ["## Under corruption: mean over corruptions per severity (python -m swalab.results.score)", "",
            "Each seed's mean over the corruptions scored at a severity (only corruptions every seed of the cell was "
            "scored on), then mean ± std over the seeds; clean: the uncorrupted test set.", ""]
-    for metric, title, digits in METRICS:
+    for metric, title, digits in _metrics():
         lines = []
         for row, column, cell in scored:
             values = per_seed_severity(cell, metric)
@@ -113,12 +116,12 @@ def corruption_markdown(table: Table) -> list[str]:
     for row, column, cell in scored:
         if column.scaled:
             continue
-        found = {metric: ensemble_severity(cell, metric) for metric, _, _ in METRICS}
+        found = {metric: ensemble_severity(cell, metric) for metric, _, _ in _metrics()}
         if isinstance(found["acc"], str):
             if len(cell.entries) > 1:
                 why_not.append(f"- {_name(row, column)}: {found['acc']}")
             continue
-        for metric, title, digits in METRICS:
+        for metric, title, digits in _metrics():
             lines.append([f"{_name(row, column)} x{len(cell.entries)}", title,
                           *[f"{found[metric][s]:.{digits}f}" if s in found[metric] else "–" for s in SEVERITIES]])
     if lines:

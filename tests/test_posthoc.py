@@ -14,12 +14,15 @@ import pytest
 import torch
 
 from swalab.config import ConfigError
-from swalab.posthoc import PosthocError
-from swalab.posthoc.__main__ import main
+from swalab.models.timm_models import create_timm_model
+from swalab.posthoc import PosthocError, folder_name, start_weights
+from swalab.posthoc.__main__ import main, online_of
 from swalab.posthoc.averages import ema_of, greedy_soup, interpolate, mean_of
+from swalab.results.compare import score_run
 from swalab.results.report import report
 from swalab.snapshots import snapshots_of
 from swalab.train import train
+from test_imagenet import tiny_imagenet, tiny_run  # noqa: F401 (a fixture)
 from test_reliability import make_cfg
 
 SNAPSHOTS = ["run.snapshots=1", "dataset.val_size=100", "model.swa.capture_every=1"]
@@ -259,3 +262,43 @@ def test_the_figure_draws_each_family_against_its_knob_with_the_online_marks_and
             "online sgd (sgd run, seed 0), test"} <= set(labels)
     ring = nll.get_lines()[2]
     assert list(ring.get_xdata()) == [0.10] and list(ring.get_ydata()) == [pytest.approx(0.29)]
+
+
+def test_wiseft_of_a_timm_fine_tune_starts_from_its_pretrained_weights(make_cfg, tiny_imagenet, tmp_path):
+    """A timm network fine-tuned from its pretrained weights (model.pretrained_file here, the hub's alike) has no
+    model.init_from: its start is the weights the network was built with, a 1000-way head included. With the BN
+    statistics interpolated (--wiseft-bn interpolate) alpha 0 and 1 are the pretrained network and the fine-tune as
+    their runs scored them; recomputed over the fine-tune's training data they are other networks."""
+    weights = tmp_path / "weights.pth"
+    pretrained = create_timm_model("test_resnet").state_dict()
+    torch.save(pretrained, weights)
+    tuned, scored = tmp_path / "tuned", tmp_path / "pretrained"
+    train(tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={weights}", "method=sgd", "trainer.epochs=1",
+                   "run.eval_every=0"), run_dir=tuned)
+    train(tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={weights}", "method=pretrained"), run_dir=scored)
+    start, source = start_weights(score_run(tuned, device="cpu"))
+    assert source == str(weights) and start.keys() == pretrained.keys()
+    assert all(torch.equal(start[k], v) for k, v in pretrained.items())
+    main([str(tuned), "--wiseft", "0", "1", "--wiseft-bn", "recompute", "interpolate", "--mark", str(tuned),
+          str(scored)])
+    assert posthoc_metrics(tuned, "wiseft0")["wiseft0"]["built_from"] == [str(weights), "final.pt"]
+    online = {"wiseft0[bn-interp]": json.loads((scored / "metrics.json").read_text())["pretrained"],
+              "wiseft1[bn-interp]": json.loads((tuned / "metrics.json").read_text())["sgd"]}
+    for label, expected in online.items():
+        got = posthoc_metrics(tuned, folder_name(label))[label]
+        assert got["bn"] == "interpolated" and got["acc"] == expected["acc"], label
+        assert got["nll"] == pytest.approx(expected["nll"], abs=METRIC_TOL), label
+    assert posthoc_metrics(tuned, "wiseft0")["wiseft0"]["bn"] == "recomputed"
+    assert (tuned / "posthoc" / "posthoc.png").is_file()
+    assert set(online_of([str(tuned), str(scored)])) == {"sgd (sgd run, seed 0)", "pretrained (pretrained run, seed 0)"}
+
+
+def test_wiseft_is_refused_for_a_timm_run_whose_head_was_initialised_at_random(make_cfg, tmp_path):
+    weights = tmp_path / "weights.pth"
+    torch.save(create_timm_model("test_resnet").state_dict(), weights)  # 1000 classes; the digits have 10
+    tuned = tmp_path / "digits"
+    train(make_cfg("model=timm", "model.name=test_resnet", f"model.pretrained_file={weights}", "method=sgd",
+                   "trainer.epochs=1", "dataset.train_size=64", "trainer.batch_size=32", "run.eval_every=0"),
+          run_dir=tuned)
+    with pytest.raises(PosthocError, match="--wiseft: .*head of 1000 classes re-initialised at random for 10"):
+        main([str(tuned), "--wiseft", "0.5"])

@@ -14,7 +14,9 @@ last (unless a snapshot of the last epoch is there), and from them:
 * ``emaD``: the EMA over the snapshots at decay D per snapshot: snapshot-granular, not per step;
 * ``poweremaS``: EDM2's power-function EMA of relative width S at the last snapshot, rebuilt by least squares from
   the power EMAs a run tracked (``run.powerema``) in every snapshot (``swalab.powerema``): per step, any width;
-* ``wiseftA``: ``(1 - A) * start + A * final`` for a run started from weights (``model.init_from``);
+* ``wiseftA``: ``(1 - A) * start + A * final`` for a run started from weights (``model.init_from``, or a timm
+  network's pretrained weights: ``model.pretrained``, ``model.pretrained_file``); ``wiseftA[bn-interp]``
+  (``--wiseft-bn interpolate``) the same with the BatchNorm statistics interpolated too instead of recomputed;
 
 and across the runs given (one config, other seeds: one group hash, ``swalab.identity``), from their final live
 weights: ``soup-uniform(N)``, their mean, and ``soup-greedy(N)``, the greedy soup by validation score (N: the runs
@@ -46,6 +48,10 @@ from swalab.rundir import RunDir, write_json
 from swalab.train.records import save_predictions
 
 FOLDER = RunDir.POSTHOC
+# --wiseft-bn: (family, label suffix, what metrics.json says of the BN statistics). Recomputed over the fine-tune's
+# training data, alpha 0 is not the start network (its statistics were those of the start's own training data);
+# interpolated like the weights (running means and variances), alpha 0 and 1 are the start and the final networks.
+WISEFT_BN = {"recompute": ("wiseft", "", "recomputed"), "interpolate": ("wiseft-bn-interp", "[bn-interp]", "interpolated")}
 
 
 class PosthocError(ConfigError):
@@ -177,13 +183,29 @@ def power_ema(found: Sequence[PowerSnapshot], sigma_rel: float) -> tuple[str, St
     return f"powerema{label_of(sigma_rel)}", combination(pairs), [p.snapshot.path.name for p in found], info
 
 
-def start_weights(scored: Scored) -> State:
-    """The weights a run started from (``model.init_from``), for WiSE-FT; refused for a run that started afresh."""
+def start_weights(scored: Scored) -> tuple[State, str]:
+    """The weights a run started from, for WiSE-FT, and where they came from: ``model.init_from``'s, or the
+    pretrained weights a timm network was built with (``model.pretrained``, ``model.pretrained_file``: the run's
+    network built afresh from its config loads the same weights). Refused for a run that started afresh, and for
+    one whose classifier timm initialised at random (a head of another size than the weights'): its start is no
+    pretrained network."""
     spec = scored.run.get("model.init_from")
-    if not spec:
-        raise PosthocError(f"--wiseft: {scored.run.path} started from no weights (model.init_from is null): WiSE-FT "
-                           "interpolates between the weights a fine-tune started from and its final ones")
-    return load_init_weights(str(spec))[0]
+    if spec:
+        return load_init_weights(str(spec))[0], str(spec)
+    file = scored.run.get("model.pretrained_file")
+    if not (file or scored.run.get("model.pretrained")):
+        raise PosthocError(f"--wiseft: {scored.run.path} started from no weights (model.init_from is null and "
+                           "model.pretrained false): WiSE-FT interpolates between the weights a fine-tune started "
+                           "from and its final ones")
+    model = scored.run.model()
+    weights_classes = (getattr(model, "pretrained_cfg", None) or {}).get("num_classes")
+    classes = getattr(model, "num_classes", weights_classes)
+    if weights_classes and classes != weights_classes:
+        raise PosthocError(f"--wiseft: {scored.run.path} started from pretrained weights with a head of "
+                           f"{weights_classes} classes re-initialised at random for {classes}: its start is no "
+                           "pretrained network (WiSE-FT needs the start's head trained, e.g. the weights' own)")
+    source = str(file) if file else f"{scored.run.get('model.name')} (timm's pretrained weights)"
+    return model.state_dict(), source
 
 
 # -- scoring ----------------------------------------------------------------------------------------------------------
@@ -191,10 +213,12 @@ def has_val(scored: Scored) -> bool:
     return scored.val_loader is not None
 
 
-def model_of(scored: Scored, weights: State, source: str) -> torch.nn.Module:
-    """The run's network with ``weights`` and its BatchNorm statistics recomputed over the run's training data."""
+def model_of(scored: Scored, weights: State, source: str, recompute_bn: bool = True) -> torch.nn.Module:
+    """The run's network with ``weights`` and its BatchNorm statistics recomputed over the run's training data
+    (``recompute_bn=False``: those ``weights`` hold, e.g. WiSE-FT's interpolated statistics)."""
     model = scored.model_for(weights, source)
-    scored.update_bn(model)
+    if recompute_bn:
+        scored.update_bn(model)
     return model
 
 
@@ -210,9 +234,9 @@ def val_score(scored: Scored, by: str) -> Callable[[State], float]:
     return score
 
 
-def score(scored: Scored, label: str, weights: State, described: dict) -> dict:
+def score(scored: Scored, label: str, weights: State, described: dict, recompute_bn: bool = True) -> dict:
     """``label``'s metrics (and ``label+ts``'s) as a run scores its predictors, with the predictions to write."""
-    model = model_of(scored, weights, label)
+    model = model_of(scored, weights, label, recompute_bn)
     val_loader = scored.val_loader
     evaluation = score_predictors({label: ModelPredictor(model, scored.device)}, scored.test_loader,
                                   scored.test_labels(), val_loader,
@@ -246,6 +270,7 @@ class Request:
     powerema: Sequence[float] = ()
     soup: Sequence[str] = ()
     wiseft: Sequence[float] = ()
+    wiseft_bn: Sequence[str] = ("recompute",)
     select: str | None = None
     by: str = "nll"
 
@@ -286,6 +311,11 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
         raise PosthocError(str(e)) from None
     for a in request.wiseft:
         check_alpha(a)
+    for mode in request.wiseft_bn:
+        if mode not in WISEFT_BN:
+            raise PosthocError(f"--wiseft-bn {mode}: recompute (BatchNorm statistics over the training data, as for "
+                               "every average) or interpolate (the start's and the final statistics, interpolated "
+                               "as the weights are)")
     for scored in runs:
         points = points_of(scored)
         for w in request.swa:
@@ -315,10 +345,12 @@ def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
         label, weights, built_from, info = power_ema(found, s)
         yield label, "powerema", s, weights, built_from, {"powerema": info}
     if request.wiseft:
-        start, final = start_weights(scored), scored.run.weights("live")
-        for a in request.wiseft:
-            yield f"wiseft{a:g}", "wiseft", a, interpolate(start, final, a), [str(scored.run.get("model.init_from")),
-                                                                               RunDir.FINAL]
+        (start, source), final = start_weights(scored), scored.run.weights("live")
+        for mode in request.wiseft_bn:
+            family, suffix, bn = WISEFT_BN[mode]
+            for a in request.wiseft:
+                yield (f"wiseft{a:g}{suffix}", family, a, interpolate(start, final, a), [source, RunDir.FINAL],
+                       {"bn": bn})
 
 
 def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple[str, str, float, State, list[str]]]:
@@ -345,7 +377,7 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
             extra: dict | None = None) -> None:
         described = {"posthoc": family, "built_from": built_from, "epoch": int(scored.run.get("trainer.epochs")),
                      **(extra or {})}
-        out = score(scored, label, weights, described)
+        out = score(scored, label, weights, described, recompute_bn=described.get("bn") != "interpolated")
         path = write_result(scored.run.path, label, out)
         results.append(Result(label, family, knob, scored.run.path, out["metrics"], built_from, path))
         m = out["metrics"][label]

@@ -25,18 +25,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soup", nargs="+", default=[], choices=["uniform", "greedy"],
                    help="soups of the runs' final weights (one config, other seeds); greedy by validation score")
     p.add_argument("--wiseft", nargs="+", type=float, default=[], metavar="ALPHA",
-                   help="(1 - ALPHA) start + ALPHA final, for runs started from model.init_from")
+                   help="(1 - ALPHA) start + ALPHA final, for runs started from weights (model.init_from or timm "
+                        "pretrained)")
+    p.add_argument("--wiseft-bn", nargs="+", default=["recompute"], choices=["recompute", "interpolate"],
+                   help="WiSE-FT's BatchNorm statistics: recompute (over the training data, default; alpha 0 is then "
+                        "not the start network) and/or interpolate (as the weights: alpha 0 and 1 are the start and "
+                        "the final networks), labelled wiseftA[bn-interp]")
     p.add_argument("--select", default=None, help="val: name the best of each family on the validation split")
     p.add_argument("--by", default="nll", help="what --select and the greedy soup rank by: nll (default) or acc")
     p.add_argument("--mark", nargs="+", default=[], metavar="RUN",
-                   help="runs whose online SGD / SWA / EMA the figure marks (default: the runs given)")
+                   help="runs whose online SGD / SWA / EMA (or pretrained, of a method=pretrained run) the "
+                        "figure marks (default: the runs given)")
     p.add_argument("--figure", default=None, help=f"the figure's file (default: <first run>/{FOLDER}/posthoc.png)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     return p
 
 
 def online_of(run_dirs: Sequence[str]) -> dict[str, dict]:
-    """``{"swa (seed0)": metrics}``: the online SGD, SWA and EMA predictors the runs scored (their metrics.json)."""
+    """``{"swa (swa run, seed 0)": metrics}``: the online SGD, SWA and EMA predictors the runs scored (their
+    metrics.json), and the pretrained weights a ``method=pretrained`` run scored."""
     out = {}
     for d in run_dirs:
         run = Run(d)
@@ -50,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     figure = output_file(args.figure or Path(args.runs[0]) / FOLDER / "posthoc.png", "--figure")
     request = Request(swa=args.swa, lawa=args.lawa, ema=args.ema, powerema=args.powerema, soup=args.soup,
-                      wiseft=args.wiseft, select=args.select, by=args.by)
+                      wiseft=args.wiseft, wiseft_bn=args.wiseft_bn, select=args.select, by=args.by)
     if not any((request.swa, request.lawa, request.ema, request.powerema, request.soup, request.wiseft)):
         print("[swalab.posthoc] nothing asked: give --swa, --lawa, --ema, --powerema, --soup or --wiseft",
               file=sys.stderr)

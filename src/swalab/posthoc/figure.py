@@ -1,6 +1,7 @@
 """The post-hoc figure: accuracy and NLL, on the test set and the validation split, against what each family of
 averages was swept over (the SWA window's start, LAWA's k, the EMA decay, the power EMA's sigma_rel, WiSE-FT's alpha, the soup's ingredients),
-with the online predictors of the runs marked (``--mark``: SGD, SWA, EMA of their ``metrics.json``)."""
+with the online predictors of the runs marked (``--mark``: SGD, SWA, EMA of their ``metrics.json``, and the pretrained
+weights a ``method=pretrained`` run scored: WiSE-FT's alpha = 0 with the weights' own BatchNorm statistics)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Sequence
 from swalab import style
 
 AXES = {"swa": "window start (epoch; the window ends at the last)", "lawa": "k (last snapshots averaged)",
-        "ema": "decay per snapshot", "powerema": "sigma_rel (power EMA's width relative to training)", "wiseft": "alpha ((1 - alpha) start + alpha final)",
+        "ema": "decay per snapshot", "powerema": "sigma_rel (power EMA's width relative to training)", "wiseft": "alpha ((1 - alpha) start + alpha final), BN recomputed",
+        "wiseft-bn-interp": "alpha ((1 - alpha) start + alpha final), BN interpolated",
         "soup": "ingredients in the soup"}
-ONLINE = ("sgd", "swa", "ema")  # the online predictors a figure marks
+ONLINE = ("sgd", "swa", "ema", "pretrained")  # the online predictors a figure marks
 METRIC_NAMES = {"acc": "accuracy (%)", "nll": "NLL (mean per image)"}
 
 

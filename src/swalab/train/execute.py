@@ -107,7 +107,7 @@ def execute(plan: RunPlan) -> dict:
     then train and record it (:func:`_train`; a failure there is raised as :class:`TrainingFailed`)."""
     distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     finished, lock = claim(plan)
-    if finished is not None:
+    if finished is not None:  # nothing to train: skipped
         return finished
     with contextlib.ExitStack() as held:
         if lock is not None:
@@ -155,7 +155,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
     if distributed.is_main():
         try:
             finished = plan.finished
-            if finished is not None:
+            if plan.skips:
                 log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json "
                          "kept)")
                 if RunDir(plan.run_dir).status() != RunStatus.COMPLETE:  # killed between metrics.json and its status

@@ -52,6 +52,11 @@ class RunPlan:
     data_record: dict | None = None       # the files the data set reads (swalab.data.fingerprint), when known
     settings: dict | None = None          # what sets it apart from its defaults, in user keys (apart_from_defaults)
 
+    @property
+    def skips(self) -> bool:
+        """Whether the run is skipped, not trained: its directory holds this config's finished run (``finished``)."""
+        return self.finished is not None
+
 
 def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the

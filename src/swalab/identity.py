@@ -300,17 +300,8 @@ def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, An
             identity = None
         if isinstance(identity, Mapping):
             return upgraded(identity, content=by_content)
-    config = run_dir / RunDir.CONFIG
-    if config.exists():
-        import yaml
-
-        try:
-            resolved = yaml.safe_load(config.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            return None
-        return (upgraded(identity_of(resolved, recipes=recipes), content=by_content) if isinstance(resolved, Mapping)
-                else None)
-    return None
+    resolved = RunDir(run_dir).config()
+    return None if resolved is None else upgraded(identity_of(resolved, recipes=recipes), content=by_content)
 
 
 # -- run directory names ------------------------------------------------------------------------

@@ -40,13 +40,8 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
         return f"{exc}; re-run its command to score it again"
     kept = CheckpointStore(run_dir).kept()
     newest = kept[-1][0] if kept else None
-    epochs = None
-    try:
-        import yaml
-
-        epochs = (yaml.safe_load((run_dir / RunDir.CONFIG).read_text()) or {}).get("trainer", {}).get("epochs")
-    except (OSError, ValueError, AttributeError):
-        pass
+    trainer = (RunDir(run_dir).config() or {}).get("trainer", {})
+    epochs = trainer.get("epochs") if isinstance(trainer, dict) else None
     where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
     total = f" of {epochs}" if epochs is not None and newest is not None else ""
     pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None and epoch_pick else ""

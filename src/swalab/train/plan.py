@@ -246,13 +246,8 @@ def run_record(run_dir: Path) -> str | None:
         return RunDir.CHECKPOINTS
     if (run_dir / RECORD_FILE).is_file():  # the W&B run of a run: a name only swalab writes
         return RECORD_FILE
-    import yaml
-
-    try:
-        config = yaml.safe_load((run_dir / RunDir.CONFIG).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    if isinstance(config, dict) and "seed" in config and all(isinstance(config.get(g), dict)
+    config = RunDir(run_dir).config() or {}
+    if "seed" in config and all(isinstance(config.get(g), dict)
                                                              for g in ("dataset", "model", "method")):
         return RunDir.CONFIG
     return None

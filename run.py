@@ -71,7 +71,6 @@ def main(cfg: DictConfig) -> float | None:
         plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices),
                        grid=hydra_cfg.sweep.dir if multirun else None)
         run_dir = plan.run_dir
-        skipped = plan.finished is not None
         metrics = execute(plan)
     except Preempted as exc:
         record(exc.status, str(exc))
@@ -112,7 +111,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         print(f"[swalab] {message(exc)}", file=sys.stderr)
         sys.exit(REFUSED_EXIT_CODE)
-    record(RunStatus.SKIPPED if skipped else RunStatus.COMPLETE)
+    record(RunStatus.SKIPPED if plan.skips else RunStatus.COMPLETE)
     first = next((m for m in metrics.values() if "acc" in m), None)
     return None if first is None else first["acc"]
 

@@ -35,8 +35,6 @@ from swalab.checkpoint import CheckpointStore, read_checkpoint
 from swalab.identity import differences, method_part, recipe_of
 from swalab.rundir import RunDir
 
-LINEAGE_FILE = RunDir.LINEAGE
-
 
 class BranchError(ValueError):
     """A branch that would not equal the straight-through run; the message says why and what to change."""
@@ -105,5 +103,5 @@ def check_branch(method, state: dict, steps_per_epoch: int) -> None:
 
 def read_lineage(run_dir: str | Path) -> dict | None:
     """The run's ``lineage.json`` (``kind`` ``branch``, or absent for a weights-only ``init_from``), if any."""
-    path = Path(run_dir) / LINEAGE_FILE
+    path = Path(run_dir) / RunDir.LINEAGE
     return json.loads(path.read_text()) if path.exists() else None

@@ -291,26 +291,12 @@ def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, An
     """The identity of the run in ``run_dir`` under today's names (``swalab.compat.upgraded``): ``identity.json``, else
     computed from its ``config.yaml`` (``recipes``: as :func:`identity_of` takes them); None without either. A file that cannot be read, or holds something else than a
     mapping (damaged, or edited by hand), counts as absent."""
-    run_dir = Path(run_dir)
-    path = run_dir / IDENTITY_FILE
-    if path.exists():
-        try:
-            identity = json.loads(path.read_text())["identity"]
-        except (OSError, ValueError, KeyError, TypeError):
-            identity = None
-        if isinstance(identity, Mapping):
-            return upgraded(identity, content=by_content)
-    config = run_dir / RunDir.CONFIG
-    if config.exists():
-        import yaml
-
-        try:
-            resolved = yaml.safe_load(config.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            return None
-        return (upgraded(identity_of(resolved, recipes=recipes), content=by_content) if isinstance(resolved, Mapping)
-                else None)
-    return None
+    record = RunDir(run_dir).read_json(RunDir.IDENTITY)
+    identity = record.get("identity") if isinstance(record, dict) else None
+    if isinstance(identity, Mapping):
+        return upgraded(identity, content=by_content)
+    resolved = RunDir(run_dir).config()
+    return None if resolved is None else upgraded(identity_of(resolved, recipes=recipes), content=by_content)
 
 
 # -- run directory names ------------------------------------------------------------------------

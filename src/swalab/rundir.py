@@ -47,6 +47,17 @@ class RunDir:
     def read_json(self, name: str) -> Any:
         return read_json(self.path / name)
 
+    def config(self) -> dict | None:
+        """The resolved config the run wrote (``config.yaml``), or None when it is missing, cannot be read, or holds
+        something else than a mapping (damaged, or edited by hand)."""
+        import yaml
+
+        try:
+            config = yaml.safe_load((self.path / self.CONFIG).read_text()) or {}
+        except (OSError, ValueError, yaml.YAMLError):
+            return None
+        return config if isinstance(config, dict) else None
+
     def status(self) -> str | None:
         """What ``status.json`` says (a ``swalab.runstatus.RunStatus``: running, preempted, failed, ...), or None
         without one."""

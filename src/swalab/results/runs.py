@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
@@ -55,11 +54,8 @@ class Run:
     @cached_property
     def config(self) -> dict:
         """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged)."""
-        try:
-            loaded = yaml.safe_load((self.path / RunDir.CONFIG).read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            return {}
-        return upgraded_config(loaded) if isinstance(loaded, dict) else {}  # a list or a scalar: damaged
+        loaded = RunDir(self.path).config()
+        return {} if loaded is None else upgraded_config(loaded)
 
     @cached_property
     def cfg(self) -> DictConfig:

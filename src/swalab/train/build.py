@@ -8,12 +8,15 @@ from (``swalab.config.build``).
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
+from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint, read_torch_file
 from swalab.config import ConfigError, build, is_number
 from swalab.data import ResidentLoader, subset
@@ -37,13 +40,8 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
         return f"{exc}; re-run its command to score it again"
     kept = CheckpointStore(run_dir).kept()
     newest = kept[-1][0] if kept else None
-    epochs = None
-    try:
-        import yaml
-
-        epochs = (yaml.safe_load((run_dir / RunDir.CONFIG).read_text()) or {}).get("trainer", {}).get("epochs")
-    except (OSError, ValueError, AttributeError):
-        pass
+    trainer = (RunDir(run_dir).config() or {}).get("trainer", {})
+    epochs = trainer.get("epochs") if isinstance(trainer, dict) else None
     where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
     total = f" of {epochs}" if epochs is not None and newest is not None else ""
     pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None and epoch_pick else ""
@@ -112,6 +110,43 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
     return state, {"parent": None, "checkpoint": str(path), "epoch": None}
+
+
+class StartKind(Enum):
+    FRESH = "fresh"          # the model's own initial weights
+    RESUME = "resume"        # the run's own newest checkpoint, however it started
+    BRANCH = "branch"        # another run's checkpoint, its whole state but the method's (run.branch_from)
+    INIT_FROM = "init-from"  # another run's or a file's weights only (model.init_from)
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a run begins (:func:`start_of`): it decides the run's first log line, the state the trainer continues
+    from, where its W&B run picks up and its ``lineage.json``."""
+
+    kind: StartKind
+    state: dict | None = None    # the checkpoint state training continues from: the run's own or the trunk's
+    lineage: dict | None = None  # where its first weights came from (model.init_from, run.branch_from), if elsewhere
+
+
+def start_of(cfg: DictConfig, run_dir: Path, identity: dict, method, model: torch.nn.Module,
+             steps_per_epoch: int) -> Start:
+    """How the run of ``cfg`` begins, once its lock is held: resumed from its own newest checkpoint when it has one
+    (``run.resume``), else branched, else from ``model.init_from``'s weights, else fresh. Those weights are loaded
+    into ``model`` whenever they are set, a resumed run's too (its checkpoint then replaces them; its lineage stays
+    theirs); a branch is refused here when it would not equal the straight-through run (``swalab.branching``)."""
+    lineage = None
+    if cfg.model.get("init_from"):
+        weights, lineage = load_init_weights(cfg.model.init_from)
+        load_into(model, weights, str(cfg.model.init_from))
+    state = CheckpointStore(run_dir).latest(identity) if cfg.run.resume is not False else None
+    if state is not None:  # a branch that wrote checkpoints of its own resumes from them, its lineage as recorded
+        return Start(StartKind.RESUME, state, read_lineage(run_dir) if cfg.run.get("branch_from") else lineage)
+    if cfg.run.get("branch_from"):
+        state, lineage = load_branch_state(str(cfg.run.branch_from), identity)
+        check_branch(method, state, steps_per_epoch)
+        return Start(StartKind.BRANCH, state, lineage)
+    return Start(StartKind.INIT_FROM if cfg.model.get("init_from") else StartKind.FRESH, None, lineage)
 
 
 def load_into(model: torch.nn.Module, state: dict, source: str) -> None:

@@ -27,7 +27,6 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from swalab import distributed, faults, slurm
-from swalab.branching import check_branch, load_branch_state, read_lineage
 from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words
 from swalab.config import ConfigError, build
 from swalab.data.classes import keep_classes
@@ -38,8 +37,8 @@ from swalab.precision import slow_precision
 from swalab.runlock import RunLock
 from swalab.runstatus import RunStatus
 from swalab.tracking import RECORD_FILE, NullTracker, WandbTracker, plan_record, run_labels
-from swalab.train.build import (build_loaders, build_model, build_val_loader, check_batches_of_one, load_init_weights,
-                                load_into, loss_spec, optimizer_spec, trainer_options)
+from swalab.train.build import (Start, StartKind, build_loaders, build_model, build_val_loader, check_batches_of_one,
+                                loss_spec, optimizer_spec, start_of, trainer_options)
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.rundir import RunDir, write_json, write_text
 from swalab.train.records import (append_environment, data_facts, environment_entry, git_info, make_durable, one_line,
@@ -69,15 +68,13 @@ class Built:
 
     plan: RunPlan                    # the plan, with the fingerprint of data downloaded while it was built
     trainer: Trainer
-    lineage: dict | None
-    resume_state: dict | None
-    branched: bool
+    start: Start                     # fresh, resumed, branched or from other weights (build.start_of)
     data_facts: dict | None = None   # what the run found in its data set (data.json)
     cache_note: str | None = None    # where the decoded images were cached, when this run wrote the cache
 
 
 def build_run(plan: RunPlan) -> Built:
-    """Load the data, build the model, loaders, resume or branch state and the trainer (no file written)."""
+    """Load the data, build the model, loaders and trainer and find how the run starts (no file written)."""
     cfg, run_dir, method = plan.cfg, plan.run_dir, plan.method
     seed_everything(int(cfg.seed), distributed.info().rank)  # each rank its own stream (records.rank_seed)
     device = distributed.local_device(plan.device)
@@ -95,24 +92,12 @@ def build_run(plan: RunPlan) -> Built:
     method.validate_steps(len(train_loader))
     model = build_model(cfg, data)
     check_batches_of_one(model, train_loader, device)
-    lineage = None
-    if cfg.model.get("init_from"):
-        weights, lineage = load_init_weights(cfg.model.init_from)
-        load_into(model, weights, str(cfg.model.init_from))
-    resume_state = CheckpointStore(run_dir).latest(plan.identity) if cfg.run.resume is not False else None
-    branched = False
-    if cfg.run.get("branch_from"):  # another run's full checkpoint state; see swalab.branching
-        if resume_state is None:
-            resume_state, lineage = load_branch_state(str(cfg.run.branch_from), plan.identity)
-            branched = True
-            check_branch(method, resume_state, len(train_loader))
-        else:  # this branch wrote checkpoints of its own and resumes from them
-            lineage = read_lineage(run_dir)
+    start = start_of(cfg, run_dir, plan.identity, method, model, len(train_loader))
     options = trainer_options(cfg, method.epochs)
     trainer = Trainer(model, method, train_loader, test_loader, bn_loader, device, run_dir, options,
                       identity=plan.identity, optimizer=optimizer_spec(cfg), loss=loss_spec(cfg).build(data.num_classes),
                       val_loader=val_loader)
-    return Built(plan=plan, trainer=trainer, lineage=lineage, resume_state=resume_state, branched=branched,
+    return Built(plan=plan, trainer=trainer, start=start,
                  data_facts=data_facts(data, plan.data_record), cache_note=getattr(data, "cache_note", None))
 
 
@@ -122,7 +107,7 @@ def execute(plan: RunPlan) -> dict:
     then train and record it (:func:`_train`; a failure there is raised as :class:`TrainingFailed`)."""
     distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     finished, lock = claim(plan)
-    if finished is not None:
+    if finished is not None:  # nothing to train: skipped
         return finished
     with contextlib.ExitStack() as held:
         if lock is not None:
@@ -170,7 +155,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
     if distributed.is_main():
         try:
             finished = plan.finished
-            if finished is not None:
+            if plan.skips:
                 log.info(f"[swalab] {plan.run_dir} already holds a finished run of this config; skipping (metrics.json "
                          "kept)")
                 if RunDir(plan.run_dir).status() != RunStatus.COMPLETE:  # killed between metrics.json and its status
@@ -247,16 +232,16 @@ def make_tracker(plan: RunPlan, built: Built):
     if not distributed.is_main():
         return NullTracker()
     config = {**plan.resolved, "identity": {k: v for k, v in record(plan.identity).items() if k != "identity"}}
-    if built.lineage is not None:
-        config["lineage"] = built.lineage
+    if built.start.lineage is not None:
+        config["lineage"] = built.start.lineage
     labels = wandb_run(plan)
     kwargs = {}
     if labels is not None:
         write_json(plan.run_dir / RECORD_FILE, labels)
-        resumed = built.resume_state is not None and not built.branched  # a branch's W&B run starts empty
+        resumed = built.start.kind is StartKind.RESUME  # a branch's W&B run starts empty
         kwargs = {"run_id": labels["id"], "name": labels["name"], "group": labels["group"],
                   "job_type": labels["job_type"], "tags": labels["tags"],
-                  "logged_through": int(built.resume_state["epoch"]) if resumed else 0}
+                  "logged_through": int(built.start.state["epoch"]) if resumed else 0}
     return instantiate(plan.cfg.logger, _partial_=True)(run_dir=str(plan.run_dir), run_config=config, **kwargs)
 
 
@@ -287,8 +272,8 @@ def settle_finished(plan: RunPlan) -> None:
 
 def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
     plan = built.plan
-    run_dir, trainer, method = plan.run_dir, built.trainer, plan.method
-    write_run_files(plan, built.lineage, built.data_facts)
+    run_dir, trainer, method, start = plan.run_dir, built.trainer, plan.method, built.start
+    write_run_files(plan, start.lineage, built.data_facts)
     with run_log(run_dir, main=distributed.is_main()):
         tracker = NullTracker()  # until the run's own is made: a Ctrl-C before then still ends as interrupted
         try:
@@ -297,9 +282,9 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
                 log.info(f"[swalab] {built.cache_note}")
             if lock is not None and lock.took_over():
                 log.info(f"[swalab] {lock.took_over()}")
-            if built.resume_state is not None and not built.branched:
-                done, step = int(built.resume_state["epoch"]), int(built.resume_state.get("step", 0))
-                log.info(f"[swalab] resuming {run_dir} from {built.resume_state['path']} "
+            if start.kind is StartKind.RESUME:
+                done, step = int(start.state["epoch"]), int(start.state.get("step", 0))
+                log.info(f"[swalab] resuming {run_dir} from {start.state['path']} "
                          f"({checkpoint_words(done, step)})")
             else:
                 log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epochs, identity "
@@ -314,10 +299,10 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
                 tracker.log_epoch(row)
                 log.info(epoch_line(row, method.epochs, run_eta(trainer.history, trainer.opts.epochs, row["epoch"])))
 
-            if built.branched:  # the trunk's epochs are this run's history too
-                for row in built.resume_state["history"]:
+            if start.kind is StartKind.BRANCH:  # the trunk's epochs are this run's history too
+                for row in start.state["history"]:
                     tracker.log_epoch(row)
-            evaluation = trainer.fit(built.resume_state, on_epoch=on_epoch)
+            evaluation = trainer.fit(start.state, on_epoch=on_epoch)
             metrics = evaluation.metrics
             final = {"model": trainer.model.state_dict(), "methods": method.final_weights(), "epoch": method.epochs,
                      "identity": plan.identity}

@@ -52,6 +52,11 @@ class RunPlan:
     data_record: dict | None = None       # the files the data set reads (swalab.data.fingerprint), when known
     settings: dict | None = None          # what sets it apart from its defaults, in user keys (apart_from_defaults)
 
+    @property
+    def skips(self) -> bool:
+        """Whether the run is skipped, not trained: its directory holds this config's finished run (``finished``)."""
+        return self.finished is not None
+
 
 def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the
@@ -241,13 +246,8 @@ def run_record(run_dir: Path) -> str | None:
         return RunDir.CHECKPOINTS
     if (run_dir / RECORD_FILE).is_file():  # the W&B run of a run: a name only swalab writes
         return RECORD_FILE
-    import yaml
-
-    try:
-        config = yaml.safe_load((run_dir / RunDir.CONFIG).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    if isinstance(config, dict) and "seed" in config and all(isinstance(config.get(g), dict)
+    config = RunDir(run_dir).config() or {}
+    if "seed" in config and all(isinstance(config.get(g), dict)
                                                              for g in ("dataset", "model", "method")):
         return RunDir.CONFIG
     return None

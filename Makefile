@@ -19,7 +19,7 @@ demo: install
 	$(PY) -m swalab.results.row --dataset digits --model preresnet20 --seeds 0 --ema
 
 # The default test suite (slow and GPU tests deselected; run them with `make test-all`), in TEST_JOBS processes
-# (pytest-xdist; 2: the 2 cores it is timed on, 14 minutes instead of 26). The tests marked `cluster` run after it, one
+# (pytest-xdist; 2: the 2 cores it is timed on, 12 minutes instead of 26). The tests marked `cluster` run after it, one
 # at a time (they share one SLURM node), when a SLURM cluster answers (tests/cluster/slurm-up starts a local one, as
 # .ci/run does), else they are skipped with the reason.
 TEST_JOBS ?= 2

@@ -52,9 +52,9 @@ def test_the_ensemble_of_seeds_is_scored_on_each_corrupted_set_from_their_kept_p
             atomic_save({"log_probs": {"swa": confident[seed].log()}, "labels": labels}, folder / "predictions.pt")
     table = table_of(tmp_path / "g")
     swa = next(cell for column, cell in table.rows[0].cells.items() if column.method == "swa" and not column.scaled)
-    assert ensemble_severity(swa, "acc") == {s: 100.0 for s in range(1, 6)}
+    assert {s: m["acc"] for s, m in ensemble_severity(swa).items()} == {s: 100.0 for s in range(1, 6)}
     sgd = next(cell for column, cell in table.rows[0].cells.items() if column.method == "sgd" and not column.scaled)
-    assert ensemble_severity(sgd, "acc").startswith("seed 0: cifar10c-contrast-1 has no predictions.pt")
+    assert ensemble_severity(sgd).startswith("seed 0: cifar10c-contrast-1 has no predictions.pt")
     lines = corruption_markdown(table)
     assert line_of(lines, "cifar10 / preresnet20 · dataset.train_size=1000 · SWA 1.5B (6 ep) x2")[1] == "accuracy %"
     assert any(line.startswith("- cifar10 / preresnet20 · dataset.train_size=1000 · SGD 1B (4 ep): seed 0") for line in lines)

@@ -62,8 +62,7 @@ class SwagSamples:
         buffers = self.bn.get((kind, index))
         if buffers is None:
             update_bn(model)
-            self.bn[(kind, index)] = {k: v.detach().clone() for k, v in model.state_dict().items()
-                                      if k in dict(model.named_buffers())}
+            self.bn[(kind, index)] = {k: b.detach().clone() for k, b in model.named_buffers()}
         else:
             model.load_state_dict(buffers, strict=False)
         return model

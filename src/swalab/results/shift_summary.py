@@ -57,12 +57,13 @@ def per_seed_severity(cell: Cell, metric: str) -> dict[int, list[float]]:
     return dict(out)
 
 
-def ensemble_severity(cell: Cell, metric: str) -> dict[int, float] | str:
-    """The ensemble of the cell's seeds on every shared corrupted set, its ``metric`` averaged over corruptions per
-    severity (module doc), or why there is none."""
+def ensemble_severity(cell: Cell) -> dict[int, dict[str, float]] | str:
+    """The ensemble of the cell's seeds on every shared corrupted set, each metric averaged over corruptions per
+    severity (``{severity: {metric: value}}``, module doc), or why there is none. Each set's predictions are read and
+    ensembled once, for every metric."""
     if len(cell.entries) < 2:
         return "one seed"
-    per: dict[int, list[float]] = defaultdict(list)
+    per: dict[int, list[dict[str, float]]] = defaultdict(list)
     files: dict = {}
     for corruption, severity in shared_sets(cell):
         folder = f"{CORRUPTED}{corruption}-{severity}"
@@ -75,10 +76,11 @@ def ensemble_severity(cell: Cell, metric: str) -> dict[int, float] | str:
                 return f"seed {entry.run.seed} was scored on other labels of {folder}"
             labels = own
             members.append(log_probs)
-        per[severity].append(float(metrics_from_log_probs(ensemble_log_mean(members), labels)[metric]))
+        per[severity].append(metrics_from_log_probs(ensemble_log_mean(members), labels))
     if not per:
         return "no corrupted set scored by every seed"
-    return {severity: statistics.fmean(values) for severity, values in sorted(per.items())}
+    return {severity: {metric: statistics.fmean(float(m[metric]) for m in scored) for metric, _, _ in _metrics()}
+            for severity, scored in sorted(per.items())}
 
 
 def _metrics() -> list[tuple[str, str, int]]:
@@ -116,14 +118,14 @@ def corruption_markdown(table: Table) -> list[str]:
     for row, column, cell in scored:
         if column.scaled:
             continue
-        found = {metric: ensemble_severity(cell, metric) for metric, _, _ in _metrics()}
-        if isinstance(found["acc"], str):
+        found = ensemble_severity(cell)
+        if isinstance(found, str):
             if len(cell.entries) > 1:
-                why_not.append(f"- {_name(row, column)}: {found['acc']}")
+                why_not.append(f"- {_name(row, column)}: {found}")
             continue
         for metric, title, digits in _metrics():
             lines.append([f"{_name(row, column)} x{len(cell.entries)}", title,
-                          *[f"{found[metric][s]:.{digits}f}" if s in found[metric] else "–" for s in SEVERITIES]])
+                          *[f"{found[s][metric]:.{digits}f}" if s in found else "–" for s in SEVERITIES]])
     if lines:
         out += ["### Ensembles of seeds under corruption (SGD xN: a deep ensemble; SWAG xN: MultiSWAG)", "",
                 "The mean of the seeds' probabilities on each corrupted set, scored, then the mean over corruptions.", "",

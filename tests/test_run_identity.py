@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from conftest import CONF_DIR, REPO
 from swalab.config import ConfigError, default_choices
 from swalab.grid import read_jobs
-from swalab.identity import differences, group_hash, identity_of, run_name
+from swalab.identity import differences, group_hash, identity_of, label_of, record, run_name, stored_identity
 from swalab.methods.base import known_recipes
 from swalab.runlock import RunLock, RunLocked
 from swalab.train import prepare, train
@@ -578,3 +578,109 @@ def test_a_method_that_trains_nothing_is_not_named_or_set_apart_by_what_only_tra
     assert plain.run_dir.parent.name.startswith("model.init_from-sha256-")
     made_before = {**earlier_record(plain, content=True)["identity"], "optimizer.momentum": 0.9, "trainer.epochs": 0}
     assert differences(plain.identity, made_before) == []  # a pretrained run recorded before this rule: the same run
+
+
+# -- a run directory model.init_from names is its source run: its config and whether it is this run's seed ----------
+
+SGD_SOURCE = [*QUIET, "method=sgd", "trainer.epochs=3"]
+
+
+def finished_run(plan) -> Path:
+    """The run ``plan`` plans, finished as far as its identity goes: its ``identity.json`` (as training writes it)
+    and its metrics, where ``plan`` places it."""
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / "identity.json").write_text(json.dumps(record(plan.identity, plan.settings)))
+    (plan.run_dir / "metrics.json").write_text(json.dumps({"sgd": {"acc": 50.0}}))
+    return plan.run_dir
+
+
+def laplace_from(out: Path, source: Path | str, seed: int):
+    return plan_of(out, *QUIET, "method=laplace", f"model.init_from={source}", f"seed={seed}")
+
+
+def test_the_seeds_of_a_laplace_config_each_started_from_its_own_seeds_run_share_one_group(tmp_path):
+    """The report's one Laplace cell of n seeds: seed k starts from the SGD run of seed k, and the source counts as
+    its config (its group hash), not as its path, which names the seed."""
+    sources = [finished_run(plan_of(tmp_path / "src", *SGD_SOURCE, f"seed={s}")) for s in (0, 1, 2)]
+    runs = [laplace_from(tmp_path / "out", source, seed) for seed, source in enumerate(sources)]
+    sgd_group = group_hash(json.loads((sources[0] / "identity.json").read_text())["identity"])
+    assert {run.identity["model.init_from"] for run in runs} == {f"run-{sgd_group}"}
+    assert len({group_hash(run.identity) for run in runs}) == 1
+    assert {run.run_dir.parent for run in runs} == {runs[0].run_dir.parent}  # one directory of seeds
+    assert runs[0].run_dir.relative_to(tmp_path / "out").as_posix() == (
+        f"digits/preresnet20/laplace/model.init_from-run-{sgd_group}/seed0")
+    assert SAFE_NAME.match(runs[0].run_dir.as_posix())
+    assert label_of(runs[0].settings) == f"model.init_from=run-{sgd_group}"  # the report's row label
+    other = finished_run(plan_of(tmp_path / "src", *SGD_SOURCE, "trainer.epochs=4", "seed=1"))
+    assert group_hash(laplace_from(tmp_path / "out", other, 1).identity) != group_hash(runs[0].identity)
+
+
+def test_a_run_started_from_another_seeds_run_is_another_experiment_naming_that_seed(tmp_path):
+    seed0 = finished_run(plan_of(tmp_path / "src", *SGD_SOURCE, "seed=0"))
+    own = laplace_from(tmp_path / "out", seed0, 0)
+    crossed = laplace_from(tmp_path / "out", seed0, 1)  # seed 1 from seed 0's run
+    assert crossed.identity["model.init_from"] == own.identity["model.init_from"] + "-seed0"
+    assert group_hash(crossed.identity) != group_hash(own.identity)
+    assert crossed.run_dir.parent != own.run_dir.parent and SAFE_NAME.match(crossed.run_dir.as_posix())
+
+
+def test_a_source_run_is_the_same_however_its_folder_is_spelled_and_wherever_it_lies(tmp_path, monkeypatch):
+    source = finished_run(plan_of(tmp_path / "src", *SGD_SOURCE))
+    out = tmp_path / "out"
+    absolute = laplace_from(out, source, 0)
+    monkeypatch.chdir(tmp_path)
+    relative = laplace_from(out, source.relative_to(tmp_path), 0)
+    slash = laplace_from(out, f"{source}/", 0)
+    dotted = laplace_from(out, f"{tmp_path}/./src/../src/{source.relative_to(tmp_path / 'src')}", 0)
+    moved = shutil.copytree(source, tmp_path / "elsewhere" / "sgd_seed0")
+    shutil.rmtree(source)
+    there = laplace_from(out, moved, 0)
+    for other in (relative, slash, dotted, there):
+        assert other.identity == absolute.identity and other.run_dir == absolute.run_dir
+
+
+def test_an_epoch_picked_from_a_source_run_is_kept_in_its_identity_and_its_name(tmp_path):
+    source = finished_run(plan_of(tmp_path / "src", *SGD_SOURCE))
+    whole = plan_of(tmp_path / "out", *QUIET, "method=sgd", f"model.init_from={source}")
+    at2 = plan_of(tmp_path / "out", *QUIET, "method=sgd", f"model.init_from={source}@2")
+    at3 = plan_of(tmp_path / "out", *QUIET, "method=sgd", f"model.init_from={source}@3")
+    assert at2.identity["model.init_from"] == whole.identity["model.init_from"] + "@2"
+    assert len({whole.run_dir, at2.run_dir, at3.run_dir}) == 3
+    assert at2.run_dir.parent.name == f"model.init_from-{whole.identity['model.init_from']}-epoch2"
+    cfg = compose_hydra(*QUIET, f"model.init_from={at2.run_dir}@1")  # the name still passes unquoted
+    assert cfg.model.init_from == f"{at2.run_dir}@1"
+
+
+def test_a_path_that_names_no_source_run_stays_a_path(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "empty", tmp_path / "missing"):
+        resolved = {"seed": 0, "model": {"init_from": str(path)}}
+        assert identity_of(resolved, recipes=known_recipes())["model.init_from"] == str(path)
+
+
+def test_a_run_that_recorded_its_source_runs_path_is_found_and_the_same_run(tmp_path):
+    """Identities of version 3 held the run directory's path, and named the directory by it: that run is the same
+    run today while its source lies where it did (it is read as its source run), and it continues in its directory,
+    or is skipped when finished; a new seed, which version 3 named apart anyway, shares its group."""
+    source = finished_run(plan_of(tmp_path / "src", *SGD_SOURCE))
+    out = tmp_path / "out"
+    today = laplace_from(out, source, 0)
+    from swalab.train.plan import earlier_name
+
+    names = {"dataset": "digits", "model": "preresnet20", "method": "laplace"}
+    old_dir = earlier_name(today.cfg, today.identity, today.settings, {}, names, version=3)
+    assert old_dir != today.run_dir
+    resolved = OmegaConf.to_container(today.cfg, resolve=True)
+    then = identity_of(resolved, today.identity.get("data.fingerprint"), recipes=known_recipes(), sources=False)
+    assert then["model.init_from"] == str(source)
+    assert differences(today.identity, then) == []  # read under today's rules: the same run
+    old_dir.mkdir(parents=True)
+    (old_dir / "identity.json").write_text(json.dumps({"version": 3, "hash": "x", "group": group_hash(then),
+                                                         "identity": then}))
+    (old_dir / "metrics.json").write_text(json.dumps({"laplace": {"acc": 50.0}}))
+    found = laplace_from(out, source, 0)
+    assert found.run_dir == old_dir and found.finished == {"laplace": {"acc": 50.0}}
+    seed1 = laplace_from(out, finished_run(plan_of(tmp_path / "src", *SGD_SOURCE, "seed=1")), 1)
+    assert seed1.run_dir == today.run_dir.parent / "seed1"  # version 3 named each seed's run by its own source path
+    finished_run(seed1)
+    assert len({group_hash(stored_identity(d, known_recipes())) for d in (old_dir, seed1.run_dir)}) == 1  # one cell

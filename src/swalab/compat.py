@@ -44,13 +44,18 @@ ADDED_AT = {
 # as holding that value, so an earlier SWAG run at scale 0.5 is another run than today's default (diag_scale 1.0):
 # its swag_diag numbers were sampled with half the variance.
 ADDED_AS = {"method.diag_scale": ("swag", "method.scale")}
-# Identities written before a weights file counted by its content (identity version 3) held its path at these keys:
-# such a path is read as what the file there holds today (``content``, which swalab.identity passes), so a run of
-# that config is the same run while the file lies where it did; a file moved since is another path, as it was then.
+# Identities written before a weights file counted by its content (identity version 3) held its path at these keys,
+# and before a run directory counted as its source run (version 4, model.init_from=<run dir>) the directory's path:
+# such a path is read as what is there today (``content``, which swalab.identity passes: the file's content, the
+# source run), so a run of that config is the same run while the file or folder lies where it did; one moved since is
+# another path, as it was then.
 WEIGHTS_PATH_KEYS = ("model.init_from", "model.arch.pretrained_file")
 # Run directory names before identity version 3 named every setting by its whole key (model.swa.lr-0.05, today
 # swa.lr-0.05; swalab.identity.name_key) and a weights file by its path: a run of such a directory is found there.
 SHORT_NAMES_SINCE = 3
+# Run directory names before identity version 4 named a run directory that model.init_from names by its path
+# (today by its source run: model.init_from-run-<group hash>): a run of such a directory is found there.
+RUN_SOURCES_SINCE = 4
 RECIPE_SETTINGS = {
     "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
             **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",

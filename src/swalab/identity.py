@@ -14,7 +14,11 @@ caches and workers; the logger; the paths; Hydra) never do. Within the counted g
 * a data set is what its files hold, ``data.fingerprint`` (``swalab.data.fingerprint``), never
   where they lie (``LOCATION``: ``dataset.root``); a weights file likewise (:func:`is_weights_key`:
   ``model.init_from`` naming a file, ``model.pretrained_file`` as the network reads it) counts as
-  ``sha256-<16 hex>`` of its content, so moving it makes no new run and rewriting it does;
+  ``sha256-<16 hex>`` of its content, so moving it makes no new run and rewriting it does; and a run directory
+  ``model.init_from`` names (``<dir>`` or ``<dir>@<epoch>``) counts as that source run (:func:`source_run`):
+  ``run-<its group hash>`` when its seed is this run's, so that the seeds of one config started each from its own
+  seed's run share a group, ``run-<group hash>-seed<k>`` when it is another seed's, with the ``@<epoch>`` kept;
+  never the path, so spelling, moving or copying the folder makes no new run;
 * a value read only through another key that counts is held there (``READ_THROUGH``: ``model.lr``
   as ``schedule.lr``, the loader's ``dataset.source.*`` copies of ``dataset.*``);
 * a method's recipe block counts for the method that reads it only (``model.swa`` for SWA), so a
@@ -34,8 +38,9 @@ where ``<rest>`` names what sets the run apart from the defaults of its data set
 that differ from the default (``schedule-cosine``), then every setting whose value differs, in the
 key a user types, a block of the model's without ``model.`` (``swa.lr-0.05``, ``arch.depth-8``,
 ``trainer.epochs-6``: :func:`name_key`), joined by ``+``, or ``default``; a weights file by its content
-(``model.init_from-sha256-<16 hex>``). One config therefore has one name, however it was typed. A directory named
-by an earlier swalab (whole keys, a weights file's path) is still found: ``swalab.train.plan.locate``. The name uses only characters a shell and a Hydra
+(``model.init_from-sha256-<16 hex>``), a source run by its value (``model.init_from-run-<group hash>``, an epoch as
+``-epoch<k>``). One config therefore has one name, however it was typed. A directory named
+by an earlier swalab (whole keys, a weights file's or a run directory's path) is still found: ``swalab.train.plan.locate``. The name uses only characters a shell and a Hydra
 override take unquoted (letters, digits and ``_ - . +``), so a run directory can be passed as
 ``model.init_from=<dir>`` as it is. When a value needs other characters, or the name grows long, the
 group hash is appended (``+id-<hash>``) so that two configs never share a name.
@@ -85,8 +90,9 @@ def method_part(key: str, recipe: str | None) -> bool:
 
 IDENTITY_FILE = RunDir.IDENTITY
 # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks; 3: weights files by content,
-# names shortened (swa.lr-0.05 for model.swa.lr; earlier names are read by swalab.compat)
-IDENTITY_VERSION = 3
+# names shortened (swa.lr-0.05 for model.swa.lr; earlier names are read by swalab.compat); 4: a run directory
+# model.init_from names counts as its source run (run-<group hash>), not as its path (compat.RUN_SOURCES_SINCE)
+IDENTITY_VERSION = 4
 DATA_FINGERPRINT = "data.fingerprint"
 # Keys identities hold today that an earlier swalab did not record (old-format reading: swalab.compat).
 ADDED_KEYS = (DATA_FINGERPRINT,)
@@ -121,22 +127,58 @@ def _plain(value: Any) -> Any:
 
 
 def is_weights_key(key: str) -> bool:
-    """Whether ``key`` of an identity names a weights file: ``model.init_from`` (a file, or a run directory, which
-    stays a path) and the network's copy of ``model.pretrained_file`` (``model.arch.pretrained_file``)."""
+    """Whether ``key`` of an identity names weights: ``model.init_from`` (a file, or a run directory: its source run)
+    and the network's copy of ``model.pretrained_file`` (``model.arch.pretrained_file``)."""
     return key == "model.init_from" or (key.startswith("model.") and key.endswith(".pretrained_file"))
 
 
-def by_content(value: Any, cache_dir: str | Path | None = None) -> Any:
+def by_content(value: Any, cache_dir: str | Path | None = None, seed: Any = None, sources: bool = True) -> Any:
     """A weights key's value as the identity holds it: the file's content fingerprint when it names a file
-    (``swalab.data.fingerprint.weights_fingerprint``), else the value as it is (null, a run directory, a path that is
-    not there: the run refuses it when it loads it)."""
+    (``swalab.data.fingerprint.weights_fingerprint``), the source run when it names a run directory with a readable
+    identity (:func:`source_run`; ``seed``: this run's; ``sources`` False keeps the directory's path, as identity
+    version 3 did), else the value as it is (null, a path that is not there: the run refuses it when it loads it)."""
     if not isinstance(value, str) or not value:
         return value
-    return weights_fingerprint(value, cache_dir) or value
+    return weights_fingerprint(value, cache_dir) or (source_run(value, seed) if sources else None) or value
+
+
+SOURCE_PREFIX = "run-"
+SOURCE_VALUE = re.compile(r"run-[0-9a-f]{12}(-seed[A-Za-z0-9_.\-]+)?(@[0-9]+)?")
+_READING: set[Path] = set()  # the source runs being read now: a loop of directories naming each other ends
+
+
+def source_run(spec: str, seed: Any = None) -> str | None:
+    """What a run directory named by ``model.init_from`` (``<dir>``, or ``<dir>@<epoch>`` as
+    ``swalab.train.build.load_init_weights`` reads it) counts as: its source run, ``run-<group hash>`` of the identity
+    it recorded (:func:`recorded_identity`, under today's names), with ``-seed<k>`` when its seed ``k`` is not
+    ``seed`` (this run's) and ``@<epoch>`` when one is picked. The seeds of one config, each started from its own
+    seed's run of one config, so share a group; a run started from another seed's run is another experiment. The
+    folder's path never counts (spelled otherwise, moved or copied: the same source). None when ``spec`` names no
+    directory with a readable identity (the value then stays as it is)."""
+    path, sep, epoch = spec.rpartition("@")
+    if not sep or not epoch.isdigit():  # no epoch picked: the whole spec is the path
+        path, epoch = spec, ""
+    where = Path(path)
+    if not where.is_dir():
+        return None
+    key = where.resolve()
+    if key in _READING:
+        return None
+    _READING.add(key)
+    try:
+        source = recorded_identity(where)
+    finally:
+        _READING.discard(key)
+    if not source:
+        return None
+    value = SOURCE_PREFIX + group_hash(source)
+    if source.get("seed") != seed:
+        value += f"-seed{_safe(str(source.get('seed')))[0]}"
+    return value + (f"@{int(epoch)}" if epoch else "")
 
 
 def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None, *,
-                recipes: Sequence[str], content: bool = True) -> dict[str, Any]:
+                recipes: Sequence[str], content: bool = True, sources: bool = True) -> dict[str, Any]:
     """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
     and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
     known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
@@ -146,8 +188,10 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
     caller passes: the methods sit above the identity): only the block of the run's own method counts (``model.swa``
     for SWA), so ``model.swa.lr=0.05`` leaves an SGD run the same run.
 
-    ``content``: a weights file counts by its content (:func:`by_content`); False gives the identity an earlier
-    swalab computed, with the file's path (to find a run directory it named, ``swalab.train.plan``).
+    ``content``: a weights file counts by its content and a run directory as its source run (:func:`by_content`);
+    False gives the identity identity version 2 computed, with the file's path, and ``sources`` False the one of
+    version 3, a file by its content and a run directory by its path (to find a run directory they named,
+    ``swalab.train.plan``).
     """
     flat: dict[str, Any] = {}
     for root in RESULT_GROUPS:
@@ -159,7 +203,8 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
                 and not (k in UNSET_VALUES and _unset(k, v))}
     if content:
         cache_dir = (resolved.get("run") or {}).get("cache_dir")
-        identity.update({k: by_content(v, cache_dir) for k, v in identity.items() if is_weights_key(k)})
+        seed = resolved.get("seed")
+        identity.update({k: by_content(v, cache_dir, seed, sources) for k, v in identity.items() if is_weights_key(k)})
     if data_fingerprint is not None:
         identity[DATA_FINGERPRINT] = data_fingerprint
     return dict(sorted(identity.items()))
@@ -232,7 +277,7 @@ def group_hash(identity: Mapping[str, Any]) -> str:
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
     """``key: <theirs> there, <ours> here`` for every key whose values differ (absent keys included, but for
     the keys an earlier swalab recorded or did not: ``RETIRED_KEYS``, ``ADDED_KEYS``)."""
-    ours, theirs = (untrained_view(upgraded(i, content=by_content)) for i in (ours, theirs))
+    ours, theirs = (untrained_view(today(i)) for i in (ours, theirs))
     out = []
     for key in sorted(set(ours) | set(theirs)):
         if _under(key, ignore):
@@ -287,16 +332,30 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, Any] | None:
-    """The identity of the run in ``run_dir`` under today's names (``swalab.compat.upgraded``): ``identity.json``, else
-    computed from its ``config.yaml`` (``recipes``: as :func:`identity_of` takes them); None without either. A file that cannot be read, or holds something else than a
-    mapping (damaged, or edited by hand), counts as absent."""
+def today(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """``identity`` under today's names (``swalab.compat.upgraded``), the weights paths an earlier swalab held read as
+    what they name today (:func:`by_content`: a file's content, a run directory's source run, for its own seed)."""
+    return upgraded(identity, content=lambda value: by_content(value, seed=identity.get("seed")))
+
+
+def recorded_identity(run_dir: str | Path) -> dict[str, Any] | None:
+    """The identity the run in ``run_dir`` recorded (``identity.json``) under today's names (:func:`today`); None
+    when it has none, or one that cannot be read or holds something else than a mapping (damaged, edited by hand)."""
     record = RunDir(run_dir).read_json(RunDir.IDENTITY)
     identity = record.get("identity") if isinstance(record, dict) else None
-    if isinstance(identity, Mapping):
-        return upgraded(identity, content=by_content)
+    return today(identity) if isinstance(identity, Mapping) else None
+
+
+def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, Any] | None:
+    """The identity of the run in ``run_dir`` under today's names (``swalab.compat.upgraded``): ``identity.json``
+    (:func:`recorded_identity`), else computed from its ``config.yaml`` (``recipes``: as :func:`identity_of` takes
+    them); None without either. A file that cannot be read, or holds something else than a mapping (damaged, or
+    edited by hand), counts as absent."""
+    recorded = recorded_identity(run_dir)
+    if recorded is not None:
+        return recorded
     resolved = RunDir(run_dir).config()
-    return None if resolved is None else upgraded(identity_of(resolved, recipes=recipes), content=by_content)
+    return None if resolved is None else today(identity_of(resolved, recipes=recipes))
 
 
 # -- run directory names ------------------------------------------------------------------------
@@ -313,6 +372,14 @@ def _name_value(value: Any) -> tuple[str, bool]:
         parts = [_name_value(v) for v in value]
         return "_".join(p for p, _ in parts) or "empty", all(ok for _, ok in parts)
     return _safe(_shown(value))
+
+
+def _source_name(value: Any) -> Any:
+    """A source run's value (:func:`source_run`) as a name takes it: ``run-<group hash>-epoch<k>`` for
+    ``run-<group hash>@<k>`` (``@`` is no character of a name); any other value as it is."""
+    if isinstance(value, str) and SOURCE_VALUE.fullmatch(value):
+        return value.replace("@", "-epoch")
+    return value
 
 
 def name_key(key: str) -> str:
@@ -335,7 +402,7 @@ def name_items(apart: Mapping[str, Any] | None, version: int = IDENTITY_VERSION)
         return [], False
     items, exact = [], True
     for key, value in apart.items():
-        text, ok = _name_value(value)
+        text, ok = _name_value(_source_name(value) if key == "model.init_from" else value)
         key_text, key_ok = _safe(name_key(key) if version >= SHORT_NAMES_SINCE else key)
         items.append(f"{key_text}-{text}")
         exact &= ok and key_ok

@@ -20,7 +20,7 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
                            save_at_caveats)
 from swalab.data.fingerprint import changes
-from swalab.compat import SHORT_NAMES_SINCE
+from swalab.compat import RUN_SOURCES_SINCE, SHORT_NAMES_SINCE
 from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, TRAINING_GROUPS, differences, group_hash, identity_of,
                              method_trains, name_items, run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
@@ -60,25 +60,29 @@ class RunPlan:
 
 def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the
-    run apart from its defaults. A run of the same config in a directory named by the rules of identity version 2
-    (:func:`earlier_name`) continues there; one named from the command line by an earlier swalab still is refused
+    run apart from its defaults. A run of the same config in a directory named by the rules of identity version 2 or
+    3 (:func:`earlier_name`) continues there; one named from the command line by an earlier swalab still is refused
     with the command that moves it (:func:`earlier_run_dir`)."""
     if cfg.run.get("dir"):
         return fits(cfg, Path(str(cfg.run.dir)))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
     named = fits(cfg, Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {},
                                                                   group_hash(identity)))
-    then = earlier_name(cfg, identity, apart, choices or {}, names)
-    if not named.exists() and then != named and then.is_dir():
-        theirs = stored_identity(then, known_recipes())
-        if theirs is not None and not differences(identity, theirs):
-            get_logger().info(f"[swalab] this config's run is in {then}, named by an earlier swalab (its name today "
-                              f"is {named}): it continues there")
-            return then
-    if then != named and seeds_beside(then, named, identity):
-        get_logger().info(f"[swalab] this config's other seeds are in {then.parent}, named by an earlier swalab (its "
-                          f"name today is {named.parent}): seed {cfg.seed} goes beside them")
-        return fits(cfg, then)
+    earlier = [earlier_name(cfg, identity, apart, choices or {}, names, version)
+               for version in (SHORT_NAMES_SINCE - 1, RUN_SOURCES_SINCE - 1)]
+    earlier = [then for i, then in enumerate(earlier) if then != named and then not in earlier[:i]]
+    for then in earlier:
+        if not named.exists() and then.is_dir():
+            theirs = stored_identity(then, known_recipes())
+            if theirs is not None and not differences(identity, theirs):
+                get_logger().info(f"[swalab] this config's run is in {then}, named by an earlier swalab (its name "
+                                  f"today is {named}): it continues there")
+                return then
+    for then in earlier:
+        if seeds_beside(then, named, identity):
+            get_logger().info(f"[swalab] this config's other seeds are in {then.parent}, named by an earlier swalab "
+                              f"(its name today is {named.parent}): seed {cfg.seed} goes beside them")
+            return fits(cfg, then)
     earlier = earlier_run_dir(named, identity)
     if earlier is not None:
         raise ConfigError(f"the run of this config is in {earlier}, named by an earlier swalab; its name today is "
@@ -100,16 +104,19 @@ def seeds_beside(then: Path, named: Path, identity: dict) -> bool:
     return False
 
 
-def earlier_name(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict, names: dict) -> Path:
-    """The directory an identity of version 2 named this config: every setting by its whole key
+def earlier_name(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict, names: dict,
+                 version: int = SHORT_NAMES_SINCE - 1) -> Path:
+    """The directory an identity of ``version`` named this config: in version 2 every setting by its whole key
     (``model.swa.lr-0.05``), a weights file by its path and the group hash of an identity holding that path
-    (``swalab.compat.SHORT_NAMES_SINCE``). When it holds this config's run, that run continues there (:func:`locate`)."""
+    (``swalab.compat.SHORT_NAMES_SINCE``); in version 3 a run directory ``model.init_from`` names by its path
+    (``swalab.compat.RUN_SOURCES_SINCE``). When it holds this config's run, that run continues there (:func:`locate`)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    then = identity_of(resolved, identity.get(DATA_FINGERPRINT), recipes=known_recipes(), content=False)
+    then = identity_of(resolved, identity.get(DATA_FINGERPRINT), recipes=known_recipes(),
+                       content=version >= SHORT_NAMES_SINCE, sources=version >= RUN_SOURCES_SINCE)
     paths = {identity[k]: then[k] for k in identity if k in then and identity[k] != then[k]}  # fingerprint: path
     then_apart = None if apart is None else {k: paths.get(v, v) if isinstance(v, str) else v for k, v in apart.items()}
     return Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, then_apart, choices, group_hash(then),
-                                                      version=SHORT_NAMES_SINCE - 1)
+                                                      version=version)
 
 
 # Room for the longest path a run writes below its directory (checkpoints/predictions/fge_member_012_val.pt.<random>.tmp

@@ -41,6 +41,22 @@ def test_a_corruption_one_seed_was_not_scored_on_is_left_out_for_every_seed_of_t
     assert swa[4] == f"{statistics.fmean(per_seed):.2f} ± {statistics.stdev(per_seed):.2f}"
 
 
+def test_every_cell_of_the_table_is_averaged_over_the_same_corruptions_which_the_table_names(tmp_path):
+    """A corruption one cell lacks is left out of every cell, so SGD and SWA are never set side by side over
+    different corruptions; the table says which corruptions each severity covers and which were left out."""
+    shifted(tmp_path / "g")
+    for folder in (tmp_path / "g").glob("cifar10/preresnet20/swa/*/seed1/scores/cifar10c-fog-*"):
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+    lines = corruption_markdown(table_of(tmp_path / "g"))
+    sgd = line_of(lines, "cifar10 / preresnet20 · dataset.train_size=1000 · SGD 1B (4 ep)")
+    per_seed = [statistics.fmean(corrupted_acc("sgd", s, c, 2) for c in ("contrast", "gaussian_noise")) for s in (0, 1)]
+    assert sgd[4] == f"{statistics.fmean(per_seed):.2f} ± {statistics.stdev(per_seed):.2f}"  # fog left out here too
+    assert "- severity 2: 2 (contrast, gaussian_noise)" in lines
+    assert any(line.startswith("- left out, not scored by every cell: fog-1, fog-2") for line in lines)
+
+
 def test_the_ensemble_of_seeds_is_scored_on_each_corrupted_set_from_their_kept_predictions(tmp_path):
     shifted(tmp_path / "g")
     labels = torch.tensor([0, 1, 0, 1])

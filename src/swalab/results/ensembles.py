@@ -57,7 +57,8 @@ def saved_log_probs(run_path: Path, predictor: str, files: dict | None = None,
     ``files`` keeps the files read so far (one read per run)."""
     path = Path(run_path) / RunDir.PREDICTIONS
     if not path.exists():
-        return None, None, f"{path.parent.name} has no {RunDir.PREDICTIONS} (a run of an earlier swalab)"
+        return None, None, (f"{path.parent.name} has no {RunDir.PREDICTIONS} (written by an earlier "
+                                 "swalab, or left behind when the run was copied)")
     files = {} if files is None else files
     if path not in files:
         files[path] = _read(path)

@@ -6,8 +6,9 @@ column's colour (``swalab.style.color_of``: SWA is the same green here as in the
 its cell:
 
 * ``shift_corruptions.png``: per row, an accuracy panel and an ECE panel against severity (Ovadia et al. 2019, their
-  figure 1): at each severity 1 to 5 a box per predictor over the corruptions scored, each corruption's value first
-  the mean over the seeds; at "clean", the uncorrupted test set (``scores/test`` where the run was scored on it
+  figure 1): at each severity 1 to 5 a box per predictor over the corruptions every seed of every predictor of the
+  panel was scored on (the same corruptions in every box of a severity), each corruption's value first the mean over
+  the seeds; at "clean", the uncorrupted test set (``scores/test`` where the run was scored on it
   again, else the run's own ``metrics.json``: the same numbers), one marker.
 * ``ood_roc.png``: per row and OOD set, the ROC curve of each predictor and score (``msp``: 1 - the maximum softmax
   probability, and ``mutual_information`` of an ensemble with saved members; ``entropy`` when asked: the report's
@@ -24,6 +25,7 @@ import statistics
 import textwrap
 from collections import defaultdict
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -69,13 +71,34 @@ def clean_metrics(entry) -> dict:
     return again or entry.metrics
 
 
-def severity_values(cell: Cell, metric: str) -> dict[int, list[float]]:
-    """``{severity: [one value per corruption]}`` of a cell, each value the mean over the seeds that scored it, and
-    at :data:`CLEAN` the clean test set's (mean over seeds); empty where no seed was scored under corruption."""
+def shared_sets(cell: Cell) -> list[tuple[str, int]]:
+    """The ``(corruption, severity)`` sets every seed of ``cell`` was scored on for its predictor."""
+    sets = None
+    for entry in cell.entries:
+        own = {key for key, predictors in corrupted_records(entry.run).items() if entry.predictor in predictors}
+        sets = own if sets is None else sets & own
+    return sorted(sets or ())
+
+
+def common_sets(cells: Sequence[Cell]) -> list[tuple[str, int]]:
+    """The ``(corruption, severity)`` sets every seed of every one of ``cells`` was scored on: what a table that sets
+    the cells side by side may average over."""
+    sets = None
+    for cell in cells:
+        own = set(shared_sets(cell))
+        sets = own if sets is None else sets & own
+    return sorted(sets or ())
+
+
+def severity_values(cell: Cell, metric: str, sets: Sequence[tuple[str, int]] | None = None) -> dict[int, list[float]]:
+    """``{severity: [one value per corruption]}`` of a cell over ``sets`` (default: those every seed of the cell was
+    scored on), each value the mean over the seeds, and at :data:`CLEAN` the clean test set's (mean over seeds); empty
+    where none was scored under corruption."""
+    keep = set(shared_sets(cell) if sets is None else sets)
     per: dict[tuple[str, int], list[float]] = defaultdict(list)
     for e in cell.entries:
         for key, predictors in corrupted_records(e.run).items():
-            if metric in (predictors.get(e.predictor) or {}):
+            if key in keep and metric in (predictors.get(e.predictor) or {}):
                 per[key].append(float(predictors[e.predictor][metric]))
     out: dict[int, list[float]] = defaultdict(list)
     for (_, severity), values in sorted(per.items()):
@@ -141,8 +164,9 @@ def _corruption_panel(ax, columns, metric: str, label: str, legend: bool) -> Non
     colours = _colours([c for c, _ in columns])
     width = 0.8 / len(columns)
     counts = set()
+    common = common_sets([cell for _, cell in columns])  # every box of the panel over the same corruptions
     for k, ((column, cell), color) in enumerate(zip(columns, colours)):
-        values = severity_values(cell, metric)
+        values = severity_values(cell, metric, common)
         counts |= {len(v) for s, v in values.items() if s != CLEAN}
         _boxes(ax, values, (k - (len(columns) - 1) / 2) * width, width * 0.85, color)
     ax.set_xticks([CLEAN, *SEVERITIES], ["clean", *map(str, SEVERITIES)])
@@ -296,14 +320,15 @@ def plot_ood_roc(table: Table, path: Path, scores=DEFAULT_ROC_SCORES) -> bool:
 
 
 def roc_missing(table: Table) -> list[str]:
-    """One line naming the OOD records that keep no per-image scores (scored before they were kept), so draw no ROC
-    curve, and the command that keeps them; nothing when every record does."""
+    """One line naming the OOD records whose per-image scores are not there (scored before they were kept, or the file
+    left behind when the run was copied), so draw no ROC curve, and the command that writes them again; nothing when
+    every record has them."""
     read: dict = {}
     missing = sorted({f"{run.label}: {name}" for row in table.rows for run in row.runs() for name in run.scores
                       if name.startswith(OOD) and kept_scores(run, name, read) is None})
     if not missing:
         return []
     shown = "; ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-    return [f"no ROC curve for {len(missing)} OOD record(s) without per-image scores (scored before "
-            f"{ood.PER_IMAGE_FILE} was kept): {shown}; python -m swalab.results.score <run> --ood <spec> again "
+    return [f"no ROC curve for {len(missing)} OOD record(s) without per-image scores (no "
+            f"{ood.PER_IMAGE_FILE} beside its metrics.json): {shown}; python -m swalab.results.score <run> --ood <spec> again "
             "keeps them"]

@@ -7,7 +7,8 @@ the summary: per row of the report's table and per column (predictor), at each c
 corruptions scored there, then mean ± std over the cell's seeds, as Ovadia et al. (2019) summarise theirs.
 
 * **Under corruption**: every reported metric (accuracy, NLL, ECE, Brier: ``swalab.evaluate.METRICS``) at "clean" (the uncorrupted test set) and at each
-  severity 1 to 5; a seed counts at a severity only over the corruptions every seed of the cell was scored on.
+  severity 1 to 5, over the corruptions *every* cell of the table (every seed of every column) was scored on at that
+  severity, named under the table: two columns are never averaged over different corruptions.
 * **Ensembles of seeds under corruption**: a cell's seeds as one ensemble on each corrupted set (the mean of their
   probabilities in ``scores/<set>/predictions.pt``, as ``swalab.results.ensembles`` forms it on the clean set: SGD x3
   a deep ensemble, SWAG x3 MultiSWAG), then the mean over corruptions per severity; ``+ts`` columns are not ensembled.
@@ -26,24 +27,16 @@ import torch
 
 from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_metrics
 from swalab.results.ensembles import saved_log_probs
-from swalab.results.shift_plots import CORRUPTED, OOD, SEVERITIES, clean_metrics, corrupted_records
+from swalab.results.shift_plots import (CORRUPTED, OOD, SEVERITIES, clean_metrics, common_sets, corrupted_records,
+                                        shared_sets)
 from swalab.results.table import Cell, Column, Table, mean_std
 from swalab.rundir import RunDir
 
 
-def shared_sets(cell: Cell) -> list[tuple[str, int]]:
-    """The ``(corruption, severity)`` sets every seed of ``cell`` was scored on for its predictor."""
-    sets = None
-    for entry in cell.entries:
-        own = {key for key, predictors in corrupted_records(entry.run).items() if entry.predictor in predictors}
-        sets = own if sets is None else sets & own
-    return sorted(sets or ())
-
-
-def per_seed_severity(cell: Cell, metric: str) -> dict[int, list[float]]:
-    """``{severity: [one value per seed]}``, each the seed's mean over the shared corruptions at that severity, and
-    at 0 the clean test set's."""
-    sets = shared_sets(cell)
+def per_seed_severity(cell: Cell, metric: str, sets: Sequence[tuple[str, int]] | None = None) -> dict[int, list[float]]:
+    """``{severity: [one value per seed]}``, each the seed's mean over ``sets`` (default: those every seed of the cell
+    was scored on) at that severity, and at 0 the clean test set's."""
+    sets = shared_sets(cell) if sets is None else sets
     out: dict[int, list[float]] = defaultdict(list)
     for entry in cell.entries:
         records = corrupted_records(entry.run)
@@ -57,15 +50,15 @@ def per_seed_severity(cell: Cell, metric: str) -> dict[int, list[float]]:
     return dict(out)
 
 
-def ensemble_severity(cell: Cell) -> dict[int, dict[str, float]] | str:
-    """The ensemble of the cell's seeds on every shared corrupted set, each metric averaged over corruptions per
-    severity (``{severity: {metric: value}}``, module doc), or why there is none. Each set's predictions are read and
-    ensembled once, for every metric."""
+def ensemble_severity(cell: Cell, sets: Sequence[tuple[str, int]] | None = None) -> dict[int, dict[str, float]] | str:
+    """The ensemble of the cell's seeds on each of ``sets`` (default: every set all its seeds were scored on), each
+    metric averaged over corruptions per severity (``{severity: {metric: value}}``, module doc), or why there is none.
+    Each set's predictions are read and ensembled once, for every metric."""
     if len(cell.entries) < 2:
         return "one seed"
     per: dict[int, list[dict[str, float]]] = defaultdict(list)
     files: dict = {}
-    for corruption, severity in shared_sets(cell):
+    for corruption, severity in (shared_sets(cell) if sets is None else sets):
         folder = f"{CORRUPTED}{corruption}-{severity}"
         members, labels = [], None
         for entry in cell.entries:
@@ -103,14 +96,16 @@ def corruption_markdown(table: Table) -> list[str]:
     scored = [(row, column, cell) for row, column, cell in _columns(table) if shared_sets(cell)]
     if not scored:
         return []
+    common = common_sets([cell for _, _, cell in scored])
     header = ["row · column", "seeds", "clean", *[f"severity {s}" for s in SEVERITIES]]
     out = ["## Under corruption: mean over corruptions per severity (python -m swalab.results.score)", "",
-           "Each seed's mean over the corruptions scored at a severity (only corruptions every seed of the cell was "
-           "scored on), then mean ± std over the seeds; clean: the uncorrupted test set.", ""]
+           "Each seed's mean over the corruptions at a severity, then mean ± std over the seeds; clean: the uncorrupted "
+           "test set. Every cell at a severity is averaged over the same corruptions, those every seed of every cell "
+           "below was scored on:", "", *_coverage(common, scored), ""]
     for metric, title, digits in _metrics():
         lines = []
         for row, column, cell in scored:
-            values = per_seed_severity(cell, metric)
+            values = per_seed_severity(cell, metric, common)
             lines.append([_name(row, column), str(len(cell.entries)),
                           *[_shown(values[s], digits) if values.get(s) else "–" for s in (0, *SEVERITIES)]])
         out += [f"### {title}", "", *_table(header, lines), ""]
@@ -118,7 +113,7 @@ def corruption_markdown(table: Table) -> list[str]:
     for row, column, cell in scored:
         if column.scaled:
             continue
-        found = ensemble_severity(cell)
+        found = ensemble_severity(cell, common)
         if isinstance(found, str):
             if len(cell.entries) > 1:
                 why_not.append(f"- {_name(row, column)}: {found}")
@@ -133,6 +128,19 @@ def corruption_markdown(table: Table) -> list[str]:
     if why_not:
         out += ["Not ensembled under corruption:", *why_not, ""]
     return out
+
+
+def _coverage(common: Sequence[tuple[str, int]], scored) -> list[str]:
+    """The corruptions each severity's column averages over, and what cells were scored on beyond them (left out)."""
+    lines = []
+    for severity in SEVERITIES:
+        names = [c for c, s in common if s == severity]
+        lines.append(f"- severity {severity}: " + (f"{len(names)} ({', '.join(names)})" if names else
+                                                   "none scored by every cell (–)"))
+    beyond = sorted({f"{c}-{s}" for _, _, cell in scored for c, s in shared_sets(cell)} - {f"{c}-{s}" for c, s in common})
+    if beyond:
+        lines.append(f"- left out, not scored by every cell: {', '.join(beyond)}")
+    return lines
 
 
 def ood_markdown(table: Table) -> list[str]:

@@ -751,6 +751,19 @@ def test_a_run_named_with_save_members_by_identity_version_4_is_found_continued_
     assert not (out / "digits/preresnet20/fge/default").exists()
 
 
+def test_a_finished_run_that_kept_no_members_is_skipped_saying_so(tmp_path, caplog):
+    """Keeping the members sets no run apart, so a run finished without them is skipped: said, with what to do."""
+    plain = plan_of(tmp_path, *FGE)
+    finished = finished_run(plain)
+    (finished / "metrics.json").write_text(json.dumps({"fge": {"acc": 50.0, "members": 2}}))
+    caplog.clear()
+    kept = plan_of(tmp_path, *FGE, "model.fge.save_members=true")
+    assert kept.run_dir == finished and kept.skips
+    assert "kept the weights of 0 of its 2 members" in caplog.text and "run.dir=<dir>" in caplog.text
+    caplog.clear()
+    assert plan_of(tmp_path, *FGE).skips and "members" not in caplog.text  # not asked to keep them: nothing to say
+
+
 def test_fge_with_and_without_save_members_runs_once(tmp_path):
     """``python run.py method=fge model.fge.save_members=true`` twice: trained once (its member kept), then
     skipped; without the setting it is the same run, skipped too."""

@@ -361,6 +361,8 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     run_dir = fits(cfg, Path(run_dir)) if run_dir is not None else locate(cfg, identity, settings, choices)
     apart = tuple(name_items(settings)[0])
     finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
+    for line in method.unkept(run_dir, finished) if finished is not None else ():
+        get_logger().warning(f"[swalab] {run_dir}: {line}")
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
                    apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import yaml
 from test_report import m, make_run, table_lines, with_apart
 
 from swalab.results.report import report
@@ -248,3 +249,24 @@ def test_a_table_whose_columns_share_b_keeps_headers_without_it_whatever_the_rou
              budget=1.5, extra={"trainer": {"epochs": 8}})
     report([root], tmp_path / "out")
     assert table_lines(tmp_path / "out")[0] == "| row | SGD 1B (5 ep) | SWA 1.25B (6 ep) | SWA 1.5B (8 ep) |"
+
+
+def test_an_fge_run_recorded_with_save_members_shares_the_row_of_its_sgd_run(tmp_path):
+    """Identity version 4 counted ``model.fge.save_members`` and recorded it as setting the run apart: today it only
+    says what the run kept, so the FGE run sits in its SGD run's row, not in a row labelled by it."""
+    import json
+
+    from swalab.identity import identity_of
+    from swalab.methods.base import known_recipes
+
+    root = tmp_path / "g"
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    fge = make_run(root, "fge", 0, {"fge": m(92.0)}, name="fge.save_members-True",
+                   extra={"method": {"_target_": "swalab.methods.FGE"}, "model": {"fge": {"save_members": True}}})
+    config = yaml.safe_load((fge / "config.yaml").read_text())
+    identity = identity_of(config, recipes=known_recipes(), outputs=True)
+    assert identity["model.fge.save_members"] is True
+    (fge / "identity.json").write_text(json.dumps({"version": 4, "identity": identity,
+                                                   "apart": {"model.fge.save_members": True}}))
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[2:] == ["| cifar10 / preresnet20 | 90.00 (n=1) | 92.00 (n=1) |"]

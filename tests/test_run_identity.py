@@ -684,3 +684,96 @@ def test_a_run_that_recorded_its_source_runs_path_is_found_and_the_same_run(tmp_
     assert seed1.run_dir == today.run_dir.parent / "seed1"  # version 3 named each seed's run by its own source path
     finished_run(seed1)
     assert len({group_hash(stored_identity(d, known_recipes())) for d in (old_dir, seed1.run_dir)}) == 1  # one cell
+
+
+# -- what only says what a run keeps never counts (identity.OUTPUT_ONLY: model.fge.save_members) -----------------
+
+FGE = [*QUIET, "method=fge"]
+
+
+def test_keeping_fges_members_is_the_same_run_group_directory_and_row_label(tmp_path):
+    """``model.fge.save_members`` only writes the members' weights too: with it or without, one identity, one group,
+    one directory (no ``save_members`` in its name) and one report label, beside another setting too."""
+    for extra in ([], ["model.fge.cycle_epochs=4"]):
+        kept, plain = (plan_of(tmp_path, *FGE, *extra, f"model.fge.save_members={v}") for v in ("true", "false"))
+        default = plan_of(tmp_path, *FGE, *extra)
+        assert kept.identity == plain.identity == default.identity and "model.fge.save_members" not in kept.identity
+        assert group_hash(kept.identity) == group_hash(plain.identity)
+        assert kept.run_dir == plain.run_dir == default.run_dir and "save_members" not in kept.run_dir.as_posix()
+        assert kept.settings == plain.settings and label_of(kept.settings) == label_of(default.settings)
+    assert kept.run_dir.relative_to(tmp_path).as_posix() == "digits/preresnet20/fge/fge.cycle_epochs-4/seed0"
+
+
+def version_4_record(plan) -> dict:
+    """The identity.json identity version 4 wrote for ``plan``'s config: ``model.fge.save_members`` counted."""
+    resolved = OmegaConf.to_container(plan.cfg, resolve=True)
+    then = identity_of(resolved, plan.identity.get("data.fingerprint"), recipes=known_recipes(), outputs=True)
+    apart = {"model.fge.save_members": then["model.fge.save_members"]} if then["model.fge.save_members"] else {}
+    return {"version": 4, "hash": "x", "group": group_hash(then), "identity": then, "apart": apart}
+
+
+def test_an_identity_that_counted_save_members_is_todays_run(tmp_path):
+    today = plan_of(tmp_path, *FGE, "model.fge.save_members=true")
+    then = version_4_record(today)
+    assert then["identity"]["model.fge.save_members"] is True
+    assert differences(today.identity, then["identity"]) == []
+    assert differences(then["identity"], today.identity) == []
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "identity.json").write_text(json.dumps(then))
+    assert stored_identity(run, known_recipes()) == today.identity  # its group hash too
+    from swalab.results.runs import Run
+
+    assert Run(run).apart == {}  # no report row label of its own
+
+
+def test_a_run_named_with_save_members_by_identity_version_4_is_found_continued_and_skipped(tmp_path):
+    """Version 4 named the run ``fge.save_members-True``: the same command finds it there (continued when
+    interrupted, skipped when finished) instead of training it again under today's name; a new seed goes beside it."""
+    out = tmp_path / "out"
+    for extra, then_name in (([], "fge.save_members-True"),
+                             (["model.fge.cycle_epochs=4"], "fge.cycle_epochs-4+fge.save_members-True")):
+        args = [*FGE, *extra, "model.fge.save_members=true"]
+        today = plan_of(out, *args)
+        old = out / "digits/preresnet20/fge" / then_name / "seed0"
+        assert today.run_dir != old
+        old.mkdir(parents=True)
+        (old / "identity.json").write_text(json.dumps(version_4_record(today)))
+        again = plan_of(out, *args)
+        assert again.run_dir == old and again.finished is None  # interrupted: continued where it is
+        (old / "metrics.json").write_text(json.dumps({"fge": {"acc": 50.0, "members": 2}}))
+        (old / "members").mkdir()
+        for k in (1, 2):
+            (old / "members" / f"member_{k:03d}_epoch{2 * k}.pt").write_bytes(b"")
+        done = plan_of(out, *args)
+        assert done.run_dir == old and done.skips
+        assert plan_of(out, *args, "seed=1").run_dir == old.parent / "seed1"
+    assert not (out / "digits/preresnet20/fge/default").exists()
+
+
+def test_a_finished_run_that_kept_no_members_is_skipped_saying_so(tmp_path, caplog):
+    """Keeping the members sets no run apart, so a run finished without them is skipped: said, with what to do."""
+    plain = plan_of(tmp_path, *FGE)
+    finished = finished_run(plain)
+    (finished / "metrics.json").write_text(json.dumps({"fge": {"acc": 50.0, "members": 2}}))
+    caplog.clear()
+    kept = plan_of(tmp_path, *FGE, "model.fge.save_members=true")
+    assert kept.run_dir == finished and kept.skips
+    assert "kept the weights of 0 of its 2 members" in caplog.text and "run.dir=<dir>" in caplog.text
+    caplog.clear()
+    assert plan_of(tmp_path, *FGE).skips and "members" not in caplog.text  # not asked to keep them: nothing to say
+
+
+def test_fge_with_and_without_save_members_runs_once(tmp_path):
+    """``python run.py method=fge model.fge.save_members=true`` twice: trained once (its member kept), then
+    skipped; without the setting it is the same run, skipped too."""
+    out = tmp_path / "out"
+    args = [*TINY, "method=fge", "trainer.epochs=4", "model.fge.pretrain_epochs=2", f"paths.output_dir={out}"]
+    first = cli(*args, "model.fge.save_members=true", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    [run] = [p.parent for p in out.rglob("metrics.json")]
+    assert "save_members" not in run.as_posix() and len(list((run / "members").glob("member_*.pt"))) == 1
+    for value in ("true", "false"):
+        again = cli(*args, f"model.fge.save_members={value}", cwd=tmp_path)
+        assert again.returncode == 0 and "skipping" in again.stdout, again.stderr[-3000:]
+    assert [p.parent for p in out.rglob("metrics.json")] == [run]

@@ -9,7 +9,7 @@ another identity is never resumed, and a report cell never pools them.
 Whether a key counts follows from where it is declared: the groups of what a run computes
 (``RESULT_GROUPS``: seed, dataset, model, method, schedule, optimizer, loss, trainer) count, the groups of how and
 where it runs (``RUN_GROUPS``: conf/run with device, progress, evaluation cadence, checkpoints,
-caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, four rules:
+caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, five rules:
 
 * a data set is what its files hold, ``data.fingerprint`` (``swalab.data.fingerprint``), never
   where they lie (``LOCATION``: ``dataset.root``); a weights file likewise (:func:`is_weights_key`:
@@ -25,7 +25,10 @@ caches and workers; the logger; the paths; Hydra) never do. Within the counted g
   setting of SWA's leaves an SGD run the same run; and what only training reads (``TRAINING_GROUPS``) counts
   only for a method that trains (``Method.trains``: not ``method=pretrained``);
 * a key added after runs were made counts only away from the value that leaves a run as it was
-  (``UNSET_VALUES``: ``dataset.val_size`` null or 0, ``dataset.classes`` null), so those runs keep their identity.
+  (``UNSET_VALUES``: ``dataset.val_size`` null or 0, ``dataset.classes`` null), so those runs keep their identity;
+* a key that says only what a run keeps, never what it computes (``OUTPUT_ONLY``: ``model.fge.save_members``,
+  which also writes FGE's members' weights), never counts, nor where an identity written before this rule holds it
+  (:func:`today`): keeping more is the same run, the same group and the same name.
 
 The identity is stored in the run directory (``identity.json``: the canonical form and a short hash,
 and what sets the run apart from its defaults) and in every checkpoint. ``group_hash`` is the
@@ -40,7 +43,8 @@ key a user types, a block of the model's without ``model.`` (``swa.lr-0.05``, ``
 ``trainer.epochs-6``: :func:`name_key`), joined by ``+``, or ``default``; a weights file by its content
 (``model.init_from-sha256-<16 hex>``), a source run by its value (``model.init_from-run-<group hash>``, an epoch as
 ``-epoch<k>``). One config therefore has one name, however it was typed. A directory named
-by an earlier swalab (whole keys, a weights file's or a run directory's path) is still found: ``swalab.train.plan.locate``. The name uses only characters a shell and a Hydra
+by an earlier swalab (whole keys, a weights file's or a run directory's path, a key that only says what the run keeps)
+is still found: ``swalab.train.plan.locate``. The name uses only characters a shell and a Hydra
 override take unquoted (letters, digits and ``_ - . +``), so a run directory can be passed as
 ``model.init_from=<dir>`` as it is. When a value needs other characters, or the name grows long, the
 group hash is appended (``+id-<hash>``) so that two configs never share a name.
@@ -80,6 +84,12 @@ TRAINING_GROUPS = ("optimizer", "schedule", "loss", "trainer")
 # Keys added after runs were made, at the values that leave a run as it was: there they are left out of the identity,
 # so a run made before the key existed keeps its identity, its directory and its report cell. Any other value counts.
 UNSET_VALUES = {"dataset.val_size": (None, 0), "dataset.classes": (None,)}
+# Keys of the counted groups that say only what a run keeps, never what it computes: they never count (dropped like
+# LOCATION), and identities written before this rule (version 4 and earlier: compat.OUTPUT_ONLY_SINCE) are read
+# without them (:func:`today`), so a run that keeps more is the same run, group, directory and report row.
+#   model.fge.save_members: also write each FGE member's weights to <run>/members/ (after the member is scored:
+#     no number of the run depends on it; swalab.methods.FGE.on_epoch_end).
+OUTPUT_ONLY = ("model.fge.save_members",)
 
 
 def method_part(key: str, recipe: str | None) -> bool:
@@ -91,8 +101,9 @@ def method_part(key: str, recipe: str | None) -> bool:
 IDENTITY_FILE = RunDir.IDENTITY
 # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks; 3: weights files by content,
 # names shortened (swa.lr-0.05 for model.swa.lr; earlier names are read by swalab.compat); 4: a run directory
-# model.init_from names counts as its source run (run-<group hash>), not as its path (compat.RUN_SOURCES_SINCE)
-IDENTITY_VERSION = 4
+# model.init_from names counts as its source run (run-<group hash>), not as its path (compat.RUN_SOURCES_SINCE);
+# 5: what only says what a run keeps (OUTPUT_ONLY: model.fge.save_members) never counts (compat.OUTPUT_ONLY_SINCE)
+IDENTITY_VERSION = 5
 DATA_FINGERPRINT = "data.fingerprint"
 # Keys identities hold today that an earlier swalab did not record (old-format reading: swalab.compat).
 ADDED_KEYS = (DATA_FINGERPRINT,)
@@ -178,7 +189,8 @@ def source_run(spec: str, seed: Any = None) -> str | None:
 
 
 def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None, *,
-                recipes: Sequence[str], content: bool = True, sources: bool = True) -> dict[str, Any]:
+                recipes: Sequence[str], content: bool = True, sources: bool = True,
+                outputs: bool = False) -> dict[str, Any]:
     """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
     and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
     known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
@@ -191,7 +203,8 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
     ``content``: a weights file counts by its content and a run directory as its source run (:func:`by_content`);
     False gives the identity identity version 2 computed, with the file's path, and ``sources`` False the one of
     version 3, a file by its content and a run directory by its path (to find a run directory they named,
-    ``swalab.train.plan``).
+    ``swalab.train.plan``). ``outputs`` True keeps what only says what a run keeps (``OUTPUT_ONLY``), as identity
+    version 4 and earlier did.
     """
     flat: dict[str, Any] = {}
     for root in RESULT_GROUPS:
@@ -199,7 +212,8 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
             _flatten(resolved[root], root, flat)
     own = _own_recipe(resolved)
     unread = tuple(f"model.{r}" for r in recipes if r != own) + (() if method_trains(resolved) else TRAINING_GROUPS)
-    identity = {k: v for k, v in flat.items() if not _under(k, (*LOCATION, *READ_THROUGH, *unread))
+    dropped = (*LOCATION, *READ_THROUGH, *unread, *(() if outputs else OUTPUT_ONLY))
+    identity = {k: v for k, v in flat.items() if not _under(k, dropped)
                 and not (k in UNSET_VALUES and _unset(k, v))}
     if content:
         cache_dir = (resolved.get("run") or {}).get("cache_dir")
@@ -334,8 +348,15 @@ def _shown(value: Any) -> str:
 
 def today(identity: Mapping[str, Any]) -> dict[str, Any]:
     """``identity`` under today's names (``swalab.compat.upgraded``), the weights paths an earlier swalab held read as
-    what they name today (:func:`by_content`: a file's content, a run directory's source run, for its own seed)."""
-    return upgraded(identity, content=lambda value: by_content(value, seed=identity.get("seed")))
+    what they name today (:func:`by_content`: a file's content, a run directory's source run, for its own seed), and
+    without what only says what a run keeps (:func:`counted`), which an identity of version 4 or earlier held."""
+    return counted(upgraded(identity, content=lambda value: by_content(value, seed=identity.get("seed"))))
+
+
+def counted(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (an identity, or what sets a run apart: :func:`settings_apart`) without the keys that only say
+    what a run keeps (``OUTPUT_ONLY``), which an earlier swalab counted and recorded."""
+    return {k: v for k, v in settings.items() if not _under(k, OUTPUT_ONLY)}
 
 
 def recorded_identity(run_dir: str | Path) -> dict[str, Any] | None:

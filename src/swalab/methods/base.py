@@ -147,6 +147,12 @@ class Method:
         each line is shown once at launch, on every run of a grid. The default has none."""
         return []
 
+    def unkept(self, run_dir: Path, metrics: dict) -> list[str]:
+        """What this config asks a run to keep (a setting that only says what a run keeps,
+        ``swalab.identity.OUTPUT_ONLY``, so no other run) that the finished run in ``run_dir`` (its ``metrics``) did not
+        keep, one line each: it is skipped all the same, and said so. The default keeps nothing of its own."""
+        return []
+
     def validate_steps(self, steps_per_epoch: int) -> None:
         """Raise ``ConfigError`` when, with ``steps_per_epoch`` optimizer steps an epoch (known once the data
         are loaded), the method would never act (an EMA updated less often than the run has steps).

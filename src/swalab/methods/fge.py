@@ -26,6 +26,7 @@ import torch
 from swalab.checkpoint import atomic_save
 from swalab.config import ConfigError, require
 from swalab.evaluate import CachedEnsemble, Predictor, log_of
+from swalab.logs import get_logger
 from swalab.rundir import RunDir
 from swalab.methods.base import Method, TrainContext, check_pre_schedule, unread_schedule_keys
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
@@ -151,6 +152,17 @@ class FGE(Method):
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         return {"fge": self.ensemble}
 
+    def unkept(self, run_dir: Path, metrics: dict) -> list[str]:
+        """With ``save_members``: the members whose weights the finished run did not write (it ran without
+        ``model.fge.save_members``, which sets no run apart: swalab.identity.OUTPUT_ONLY)."""
+        members = (metrics.get("fge") or {}).get("members") if self.save_members else None
+        kept = len(list((Path(run_dir) / RunDir.MEMBERS).glob("member_*.pt")))
+        if not isinstance(members, int) or kept >= members:
+            return []
+        return [f"model.fge.save_members=true, but the finished run there kept the weights of {kept} of its {members} "
+                "members (it ran without the setting, which sets no run apart); they are kept only by training it "
+                "again: remove the directory, or give the run one of its own with run.dir=<dir>"]
+
     def artifacts(self, ctx: TrainContext) -> dict[str, object]:
         """The members' cached test log-probabilities, as ``<run>/fge_member_probs.pt``: ``python -m swalab.results.compare``,
         the report's section 3.5 and the analyses score the ensemble (and each member) from them, without the
@@ -173,6 +185,15 @@ class FGE(Method):
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
         self.member_epochs = list(state.get("member_epochs", []))
+        if self.save_members and ctx.predictions.write:  # resumed with save_members after members it did not keep
+            folder = Path(ctx.run_dir) / RunDir.MEMBERS
+            missing = [k for k, e in enumerate(self.member_epochs, start=1)
+                       if not (folder / f"member_{k:03d}_epoch{e + 1}.pt").exists()]
+            if missing:
+                get_logger().warning(f"[swalab] model.fge.save_members=true, but the weights of member(s) "
+                                     f"{', '.join(map(str, missing))} of {len(self.member_epochs)} collected before "
+                                     "this resume were not kept (the run ran without the setting): only the members "
+                                     "from here on are written to members/")
         if "member_files" in state:
             self.member_files = list(state["member_files"])
             self.member_val_files = list(state.get("member_val_files", []))

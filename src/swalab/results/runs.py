@@ -34,7 +34,7 @@ from swalab.config import build
 from swalab.data import ImageData, subset
 from swalab.data.classes import ClassesError, keep_classes, other_classes
 from swalab.data.splits import DataSplit, cap_test_split
-from swalab.identity import identity_of, stored_identity
+from swalab.identity import counted, identity_of, stored_identity
 from swalab.methods.base import known_recipes
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
@@ -77,10 +77,12 @@ class Run:
     @cached_property
     def apart(self) -> dict | None:
         """What sets the run apart from its defaults, in the keys a user types (``identity.json``'s ``apart``,
-        ``swalab.identity.settings_apart``); None for a run that has no record of it (earlier versions)."""
+        ``swalab.identity.settings_apart``) under today's rules (without what only says what a run keeps, which an
+        earlier swalab recorded: ``swalab.identity.counted``); None for a run that has no record of it (earlier
+        versions)."""
         record = read_json(self.path / RunDir.IDENTITY) or {}
         apart = record.get("apart")
-        return dict(apart) if isinstance(apart, dict) else None
+        return counted(apart) if isinstance(apart, dict) else None
 
     @cached_property
     def _status(self) -> dict:

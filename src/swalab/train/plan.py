@@ -20,9 +20,9 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
                            save_at_caveats)
 from swalab.data.fingerprint import changes
-from swalab.compat import RUN_SOURCES_SINCE, SHORT_NAMES_SINCE
-from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, TRAINING_GROUPS, differences, group_hash, identity_of,
-                             method_trains, name_items, run_name, settings_apart, stored_identity)
+from swalab.compat import OUTPUT_ONLY_SINCE, RUN_SOURCES_SINCE, SHORT_NAMES_SINCE
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, TRAINING_GROUPS, counted, differences, group_hash,
+                             identity_of, method_trains, name_items, run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
 from swalab.methods.base import known_recipes
@@ -60,16 +60,17 @@ class RunPlan:
 
 def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the
-    run apart from its defaults. A run of the same config in a directory named by the rules of identity version 2 or
-    3 (:func:`earlier_name`) continues there; one named from the command line by an earlier swalab still is refused
+    run apart from its defaults. A run of the same config in a directory named by the rules of identity version 2, 3
+    or 4 (:func:`earlier_name`) continues there; one named from the command line by an earlier swalab still is refused
     with the command that moves it (:func:`earlier_run_dir`)."""
     if cfg.run.get("dir"):
         return fits(cfg, Path(str(cfg.run.dir)))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
     named = fits(cfg, Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {},
                                                                   group_hash(identity)))
-    earlier = [earlier_name(cfg, identity, apart, choices or {}, names, version)
-               for version in (SHORT_NAMES_SINCE - 1, RUN_SOURCES_SINCE - 1)]
+    kept = kept_apart(cfg, identity, apart, choices)  # the names before OUTPUT_ONLY_SINCE: composed once
+    earlier = [earlier_name(cfg, identity, apart, choices or {}, names, version, kept)
+               for version in (SHORT_NAMES_SINCE - 1, RUN_SOURCES_SINCE - 1, OUTPUT_ONLY_SINCE - 1)]
     earlier = [then for i, then in enumerate(earlier) if then != named and then not in earlier[:i]]
     for then in earlier:
         if not named.exists() and then.is_dir():
@@ -105,18 +106,39 @@ def seeds_beside(then: Path, named: Path, identity: dict) -> bool:
 
 
 def earlier_name(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict, names: dict,
-                 version: int = SHORT_NAMES_SINCE - 1) -> Path:
+                 version: int = SHORT_NAMES_SINCE - 1, kept: dict | None | bool = True) -> Path:
     """The directory an identity of ``version`` named this config: in version 2 every setting by its whole key
     (``model.swa.lr-0.05``), a weights file by its path and the group hash of an identity holding that path
     (``swalab.compat.SHORT_NAMES_SINCE``); in version 3 a run directory ``model.init_from`` names by its path
-    (``swalab.compat.RUN_SOURCES_SINCE``). When it holds this config's run, that run continues there (:func:`locate`)."""
+    (``swalab.compat.RUN_SOURCES_SINCE``); up to version 4 with the keys that only say what a run keeps
+    (``fge.save_members-True``: ``swalab.compat.OUTPUT_ONLY_SINCE``; ``kept``: what set the run apart then,
+    :func:`kept_apart`, computed here when True). When it holds this config's run, that run continues there
+    (:func:`locate`)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    outputs = version < OUTPUT_ONLY_SINCE
     then = identity_of(resolved, identity.get(DATA_FINGERPRINT), recipes=known_recipes(),
-                       content=version >= SHORT_NAMES_SINCE, sources=version >= RUN_SOURCES_SINCE)
+                       content=version >= SHORT_NAMES_SINCE, sources=version >= RUN_SOURCES_SINCE, outputs=outputs)
+    if outputs:
+        apart = kept_apart(cfg, identity, apart, choices) if kept is True else kept
     paths = {identity[k]: then[k] for k in identity if k in then and identity[k] != then[k]}  # fingerprint: path
     then_apart = None if apart is None else {k: paths.get(v, v) if isinstance(v, str) else v for k, v in apart.items()}
     return Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, then_apart, choices, group_hash(then),
                                                       version=version)
+
+
+def kept_apart(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> dict | None:
+    """What set this run apart from its defaults while the keys that only say what a run keeps counted (identity
+    version 4 and earlier, ``swalab.identity.OUTPUT_ONLY``): ``apart`` with ``model.fge.save_members=True`` where it
+    differs from the default, in its place, composed as :func:`apart_from_defaults` composes it; ``apart`` itself
+    when the config holds no such key or the defaults cannot be composed."""
+    if apart is None:
+        return None
+    then = identity_of(OmegaConf.to_container(cfg, resolve=True), identity.get(DATA_FINGERPRINT),
+                       recipes=known_recipes(), outputs=True)
+    if counted(then) == then:
+        return apart
+    composed = apart_from_defaults(cfg, then, choices, outputs=True)
+    return apart if composed is None else composed
 
 
 # Room for the longest path a run writes below its directory (checkpoints/predictions/fge_member_012_val.pt.<random>.tmp
@@ -178,10 +200,11 @@ def interpolation_sources(cfg: DictConfig, keys) -> dict[str, str]:
     return out
 
 
-def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -> dict | None:
+def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None, outputs: bool = False) -> dict | None:
     """What sets this run apart from the defaults of its data set, model and method (``identity.settings_apart``),
     by composing the config of the same group choices without the command line's key overrides; None when no
-    Hydra application is running to compose it (a config built in Python)."""
+    Hydra application is running to compose it (a config built in Python). ``outputs``: as ``identity_of`` takes it
+    (True for an ``identity`` that keeps what only says what a run keeps, to find a directory named so)."""
     from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
 
@@ -197,7 +220,7 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -
             if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
                 OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
         default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT),
-                                       recipes=known_recipes())
+                                       recipes=known_recipes(), outputs=outputs)
     except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
         return None
     trains = method_trains({"method": {"_target_": cfg.method.get("_target_")}})  # else no training group counts
@@ -338,6 +361,8 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     run_dir = fits(cfg, Path(run_dir)) if run_dir is not None else locate(cfg, identity, settings, choices)
     apart = tuple(name_items(settings)[0])
     finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
+    for line in method.unkept(run_dir, finished) if finished is not None else ():
+        get_logger().warning(f"[swalab] {run_dir}: {line}")
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,
                    overrides=None if overrides is None else list(overrides), device=device, method=method,
                    apart=apart, grid=None if grid is None else Path(str(grid)).name, finished=finished,

@@ -116,3 +116,22 @@ def test_a_laplace_run_is_scored_again_by_fitting_its_posterior_again(sgd_run, t
             assert again[name][metric] == pytest.approx(own[name][metric], rel=1e-4, abs=1e-5), (name, metric)
     assert records[0]["laplace"]["refitted"] and not records[0]["not_scored"].get("laplace")
     assert {"laplace", "map"} <= set(records[1]["predictors"])
+
+
+def test_a_second_score_reuses_the_prior_precision_the_first_refit_chose(sgd_run, tmp_path):
+    """The grid search over the validation split is the refit's cost (``method.grid_size`` passes); a later score of
+    the same run reads the prior precision an earlier refit chose, says where from, and scores as the first did."""
+    from swalab.results.score import main
+
+    cfg = compose_run(["method=laplace", f"model.init_from={sgd_run}", "method.grid_size=11",
+                       f"run.cache_dir={tmp_path / 'cache'}"])
+    train(cfg, run_dir=tmp_path / "laplace")
+    run = str(tmp_path / "laplace")
+    first = main([run, "--data", "test", "--device", "cpu"])[run]["records"][0]
+    second = main([run, "--data", "cifar10c:contrast:5", "--data", "test", "--device", "cpu"])[run]["records"]
+    assert first["laplace"]["prior_precision_from"] == "grid search on the validation split"
+    assert second[0]["laplace"]["prior_precision_from"] == "an earlier refit's grid search (scores/test)"
+    assert second[0]["laplace"]["prior_precision"] == first["laplace"]["prior_precision"]
+    for metric in ("acc", "nll", "ece", "brier"):
+        assert second[1]["predictors"]["laplace"][metric] == pytest.approx(first["predictors"]["laplace"][metric],
+                                                                           rel=1e-4, abs=1e-5)

@@ -14,7 +14,7 @@ the method runs.
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -47,8 +47,9 @@ def count(loader: Iterable) -> int:
 
 
 def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str = "kron", link: str = "probit",
-                grid_size: int = 100):
-    """laplace-torch's last-layer Laplace of ``model`` fitted on ``train``, its prior precision chosen on ``val``."""
+                grid_size: int = 100, prior_precision: Sequence[float] | None = None):
+    """laplace-torch's last-layer Laplace of ``model`` fitted on ``train``, its prior precision chosen on ``val`` (a
+    grid search: ``grid_size`` passes over the validation split), or ``prior_precision`` when one was chosen before."""
     from laplace import Laplace
 
     model.eval()
@@ -57,6 +58,9 @@ def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str =
             p.data = p.data.contiguous()
     la = Laplace(model, "classification", subset_of_weights="last_layer", hessian_structure=hessian)
     la.fit(Sized(train, count(train)))
+    if prior_precision is not None:
+        la.prior_precision = torch.as_tensor(list(prior_precision), dtype=torch.float32).reshape(-1)
+        return la
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*link_approx.*")  # the library reminds that we pass the same
         la.optimize_prior_precision(method="gridsearch", pred_type="glm", link_approx=link, val_loader=Sized(val, count(val)),

@@ -101,20 +101,6 @@ def title_of(predictor: str) -> str:
     return predictor.upper().replace("_DIAG", "-diag")
 
 
-def method_class(run: Run) -> type | None:
-    """The run's method class (``method._target_``; a config that names none: the built-in method of its name), or
-    None where it cannot be imported here (a method of one's own off this PYTHONPATH: read by its name alone)."""
-    from hydra.utils import get_class
-
-    target = run.get("method._target_")
-    if target is None:
-        return next((method for method in REPORT_ORDER if method.name == run.method), None)
-    try:
-        return get_class(str(target))
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def entries_of(run: Run) -> list[Entry]:
     """The run's own predictors (``sgd`` of an SGD run, ``swa`` of a SWA run...), SWA's budget marks, each at its
     fitted temperature (``<name>+ts``) too, the predictors it stands in for (``Method.stands_in``: a SWAG run fills
@@ -123,7 +109,7 @@ def entries_of(run: Run) -> list[Entry]:
     out = []
     epochs = int(run.get("trainer.epochs", 0) or 0)
     budget = float(run.get("method.budget", 1.0) or 0.0)
-    fills = getattr(method_class(run), "stands_in", ())
+    fills = getattr(run.method_class, "stands_in", ())
     for name, m in run.metrics.items():
         if not isinstance(m, dict) or "acc" not in m:
             continue
@@ -234,7 +220,7 @@ IN_COLUMN = ("method.name", "method.budget", "trainer.epochs")
 
 def scoring_settings(run: Run) -> set[str]:
     """The keys of the run's method that only add measurements (``Method.scoring_settings``), as a user types them."""
-    names = getattr(method_class(run), "scoring_settings", ())
+    names = getattr(run.method_class, "scoring_settings", ())
     return {f"{prefix}.{name}" for name in names for prefix in ("method", f"model.{run.method}")}
 
 

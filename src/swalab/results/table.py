@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from swalab.calibration import SUFFIX, base_name
@@ -36,12 +36,14 @@ from swalab.rundir import RunDir
 @dataclass(frozen=True)
 class Column:
     """A method at a budget, with the epochs behind it; ``swa+ts`` is SWA's predictor at its fitted temperature
-    (``swalab.calibration``), a column of its own beside SWA's."""
+    (``swalab.calibration``), a column of its own beside SWA's. A method that trains nothing (``Method.trains``:
+    pretrained, Laplace) has neither budget nor epochs to show."""
 
     method: str
     budget: float
     epochs: int
     posthoc: bool = False  # built after training from the run's weights (swalab.posthoc): ``method`` is its label
+    trains: bool = field(default=True, compare=False)  # the method's own (Method.trains): told by its name alone
 
     @property
     def base(self) -> str:
@@ -63,6 +65,9 @@ class Column:
 
     @property
     def label(self) -> str:
+        """``SWA 1.25B (188 ep)``; ``LAPLACE``, ``PRETRAINED+ts`` for a method that trains nothing (no B, no epochs)."""
+        if not self.trains:
+            return self.name
         return f"{self.name} {self.budget:g}B ({self.epochs} ep)"
 
     @property
@@ -110,6 +115,7 @@ def entries_of(run: Run) -> list[Entry]:
     epochs = int(run.get("trainer.epochs", 0) or 0)
     budget = float(run.get("method.budget", 1.0) or 0.0)
     fills = getattr(run.method_class, "stands_in", ())
+    trains = getattr(run.method_class, "trains", True)
     for name, m in run.metrics.items():
         if not isinstance(m, dict) or "acc" not in m:
             continue
@@ -119,7 +125,8 @@ def entries_of(run: Run) -> list[Entry]:
         stands_in = family in fills
         if not (own or stands_in):
             continue  # e.g. the last iterate of a SWA run is not the SGD baseline
-        column = Column(family + (SUFFIX if scaled else ""), float(m.get("budget", budget)), int(m.get("epoch", epochs)))
+        column = Column(family + (SUFFIX if scaled else ""), float(m.get("budget", budget)), int(m.get("epoch", epochs)),
+                        trains=trains)
         out.append(Entry(run, name, column, m, stands_in=stands_in))
     for name, m in run.posthoc.items():  # built after training (swalab.posthoc), labelled by what they average
         if "acc" in m:

@@ -116,6 +116,29 @@ def test_a_laplace_run_is_scored_again_by_fitting_its_posterior_again(sgd_run, t
             assert again[name][metric] == pytest.approx(own[name][metric], rel=1e-4, abs=1e-5), (name, metric)
     assert records[0]["laplace"]["refitted"] and not records[0]["not_scored"].get("laplace")
     assert {"laplace", "map"} <= set(records[1]["predictors"])
+    # every predictor under the name its metrics.json gives it, its fitted temperature's too (map+ts, not sgd+ts)
+    assert set(again) == scored_names(own) >= {"map", "map+ts", "laplace", "laplace+ts"}
+    assert not records[0]["not_scored"]
+
+
+def scored_names(metrics: dict) -> set[str]:
+    return {name for name, m in metrics.items() if isinstance(m, dict) and "acc" in m}
+
+
+def test_a_pretrained_run_is_scored_again_under_the_names_of_its_metrics_json(sgd_run, tmp_path):
+    """Its live weights are its ``pretrained`` predictor (``Method.live``), not ``sgd``: re-scored under that name,
+    with ``pretrained+ts`` at the temperature the run fitted."""
+    from swalab.results.score import main
+
+    cfg = compose_run(["method=pretrained", f"model.init_from={sgd_run}", f"run.cache_dir={tmp_path / 'cache'}"])
+    train(cfg, run_dir=tmp_path / "pretrained")
+    own = json.loads((tmp_path / "pretrained" / "metrics.json").read_text())
+    record = main([str(tmp_path / "pretrained"), "--data", "test", "--device", "cpu"])[str(tmp_path / "pretrained")]
+    again = record["records"][0]["predictors"]
+    assert set(again) == scored_names(own) == {"pretrained", "pretrained+ts"}
+    for name in again:
+        assert again[name]["nll"] == pytest.approx(own[name]["nll"], rel=1e-4, abs=1e-5), name
+    assert not record["records"][0]["not_scored"]
 
 
 def test_a_second_score_reuses_the_prior_precision_the_first_refit_chose(sgd_run, tmp_path):

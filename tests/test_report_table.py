@@ -91,8 +91,23 @@ def test_a_pretrained_column_beside_sgd_is_not_paired_and_the_report_says_why(tm
     make_run(root, "swa", 0, {"swa": m(81.0)}, budget=1.5)
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out", PAIRED, paragraph=1)
-    assert lines[0] == "| row | PRETRAINED 0B (0 ep) − SGD | SWA 1.5B (6 ep) − SGD |"
+    assert lines[0] == "| row | PRETRAINED − SGD | SWA 1.5B (6 ep) − SGD |"  # no "0B (0 ep)": it trains nothing
     assert lines[2] == "| cifar10 / preresnet20 | nothing trained: no B to pair with SGD | +1.00 (+1.00) |"
+
+
+def test_a_method_that_trains_nothing_is_labelled_by_its_name_alone_in_every_table(tmp_path):
+    """Laplace and pretrained (``Method.trains`` False) have no budget and no epochs: ``LAPLACE``, ``LAPLACE+ts``,
+    never ``LAPLACE 0B (0 ep)``; a training method keeps its budget and epochs."""
+    root = tmp_path / "g"
+    make_run(root, "laplace", 0, {"map": m(80.0, budget=0.0, epoch=0), "laplace": m(80.5, budget=0.0, epoch=0),
+                                  "map+ts": m(80.0, budget=0.0, epoch=0, temperature=1.2),
+                                  "laplace+ts": m(80.5, budget=0.0, epoch=0, temperature=1.1)}, budget=0)
+    make_run(root, "sgd", 0, {"sgd": m(80.0)})
+    assert sorted(c.label for row in table_of(root).rows for c in row.cells) == ["LAPLACE", "LAPLACE+ts", "SGD 1B (4 ep)"]
+    report([root], tmp_path / "out")
+    text = (tmp_path / "out" / "table.md").read_text()
+    assert "| LAPLACE |" in text and "| LAPLACE+ts |" in text and "SGD 1B (4 ep)" in text
+    assert "0B" not in text and "(0 ep)" not in text
 
 
 def test_a_setting_every_method_of_a_row_shares_labels_the_row_and_keeps_sgd_and_swa_together(tmp_path):
@@ -135,7 +150,9 @@ def test_a_run_whose_metrics_name_no_budget_or_epoch_takes_both_from_its_config(
     root = tmp_path / "g"
     make_run(root, "pretrained", 0, {"pretrained": m(76.0)}, budget=0)
     make_run(root, "swa", 0, {"swa": m(81.0)}, budget=1.25)
-    assert [c.label for row in table_of(root).rows for c in row.cells] == ["PRETRAINED 0B (0 ep)", "SWA 1.25B (5 ep)"]
+    columns = [c for row in table_of(root).rows for c in row.cells]
+    assert [(c.budget, c.epochs) for c in columns] == [(0, 0), (1.25, 5)]
+    assert [c.label for c in columns] == ["PRETRAINED", "SWA 1.25B (5 ep)"]  # a method that trains nothing: its name
 
 
 def test_of_the_sgd_runs_whose_half_budget_gives_a_columns_epochs_its_twin_is_the_one_of_its_own_b(tmp_path):

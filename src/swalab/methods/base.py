@@ -100,6 +100,10 @@ class Method:
     columns: tuple[str, ...] = ()
     # Another method's columns this one fills where no run of that method does (SWAG trains exactly as SWA).
     stands_in: tuple[str, ...] = ()
+    # The predictor of the live weights (the model the trainer trained, or loaded for a method that trains nothing):
+    # the name ``predictors`` gives it in metrics.json and re-scoring gives it again (swalab.results.compare); None for
+    # a method that does not score them (FGE: its last iterate is mid-cycle).
+    live: str | None = "sgd"
 
     def __init__(self, schedule: Schedule, epochs: int, budget: float = 1.0, name: str | None = None):
         self.schedule = schedule
@@ -196,7 +200,7 @@ class Method:
         pass
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        return {"sgd": ModelPredictor(ctx.model, ctx.device)}
+        return {} if self.live is None else {self.live: ModelPredictor(ctx.model, ctx.device)}
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:
         """Metrics beyond accuracy/NLL/ECE, merged into ``metrics.json`` per predictor."""

@@ -125,7 +125,7 @@ class EMA(Method):
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         return {"ema": ModelPredictor(self.ema_for_eval(ctx), ctx.device),
-                "sgd": ModelPredictor(ctx.model, ctx.device)}
+                self.live: ModelPredictor(ctx.model, ctx.device)}
 
     def final_weights(self) -> dict[str, dict[str, torch.Tensor]]:
         return {"ema": copy.deepcopy(self.ema.module.state_dict())} if self.ema is not None else {}

@@ -53,6 +53,7 @@ class FGE(Method):
     yaml to code to message."""
 
     name = "fge"
+    live = None  # its last iterate is mid-cycle: not a predictor of its own
     recipe = "fge"
 
     def __init__(self, schedule: Schedule, epochs: int, lr_max: float, lr_min: float, cycle_epochs: int = 2,

@@ -89,6 +89,7 @@ class LaplaceMethod(Pretrained):
     """No training step; predictors ``map`` (the loaded weights) and ``laplace`` (last-layer Laplace on them)."""
 
     name = "laplace"
+    live = "map"  # the loaded weights are the posterior's mode
 
     def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None,
                  hessian: str = "kron", link: str = "probit", grid_size: int = 100):
@@ -113,4 +114,4 @@ class LaplaceMethod(Pretrained):
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         la = fit_laplace(ctx.model, ctx.train_data, ctx.val_data, self.hessian, self.link, self.grid_size)
-        return {"map": ModelPredictor(ctx.model, ctx.device), "laplace": LaplacePredictor(la, ctx.device, self.link)}
+        return {self.live: ModelPredictor(ctx.model, ctx.device), "laplace": LaplacePredictor(la, ctx.device, self.link)}

@@ -20,6 +20,7 @@ class Pretrained(Method):
 
     name = "pretrained"
     trains = False  # its identity leaves out the optimizer, schedule, loss and trainer (swalab.identity)
+    live = "pretrained"  # the loaded weights, scored as they are
 
     def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None):
         super().__init__(schedule, 0, budget, name)  # nothing trains: zero epochs whatever the config says
@@ -33,4 +34,4 @@ class Pretrained(Method):
         return 0.0
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        return {"pretrained": ModelPredictor(ctx.model, ctx.device)}
+        return {self.live: ModelPredictor(ctx.model, ctx.device)}

@@ -296,7 +296,7 @@ class SWA(Method):
         out: dict[str, Predictor] = {name: CachedLogProbs(p, self.budget_val_log_probs.get(name))
                                      for name, p in self.budget_log_probs.items()}
         out["swa"] = ModelPredictor(swa_model, ctx.device)
-        out["sgd"] = ModelPredictor(ctx.model, ctx.device)
+        out[self.live] = ModelPredictor(ctx.model, ctx.device)
         return out
 
     def extra_metrics(self, ctx: TrainContext, labels: torch.Tensor) -> dict[str, dict]:

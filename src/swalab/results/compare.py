@@ -4,7 +4,8 @@
 
 Each run's predictors are rebuilt from its directory (``swalab.results.runs.open_run``):
 
-* ``sgd``: the live weights of ``final.pt`` (not for FGE runs, whose last iterate is mid-cycle);
+* the live weights of ``final.pt``, under the name the run's method gives them (``Method.live``): ``sgd``, ``map`` of a
+  Laplace run, ``pretrained`` of a pretrained one (none for FGE runs, whose last iterate is mid-cycle);
 * ``swa`` / ``ema``: the method's weights in ``final.pt`` (BN statistics as they were scored);
 * ``fge``: the ensemble, from the member weights in ``members/`` when the run saved them
   (``model.fge.save_members=true``), otherwise from the cached member probabilities
@@ -123,8 +124,8 @@ def run_predictions(scored: Scored) -> tuple[dict[str, torch.Tensor], list[torch
         if not members:
             raise FileNotFoundError(f"{run.path}: an FGE run with neither members/ nor fge_member_probs.pt")
         log_probs["fge"] = ensemble_log_mean(members)
-    else:
-        log_probs["sgd"] = scored.log_probs(scored.model)
+    if run.live is not None:  # named as the method names it in metrics.json (Method.live)
+        log_probs[run.live] = scored.log_probs(scored.model)
     for name in run.method_weights():
         log_probs[name] = scored.log_probs(scored.model_for(run.weights(name), f"{run.path}/final.pt[{name}]"))
     return log_probs, members

@@ -187,6 +187,28 @@ class Run:
     def method(self) -> str:
         return str(self.get("method.name", "?"))
 
+    @cached_property
+    def method_class(self) -> type | None:
+        """The run's method class (``method._target_``; a config that names none: the built-in method of its name),
+        or None where it cannot be imported here (a method of one's own off this PYTHONPATH: read by its name alone)."""
+        from hydra.utils import get_class
+
+        from swalab.methods import REPORT_ORDER
+
+        target = self.get("method._target_")
+        if target is None:
+            return next((method for method in REPORT_ORDER if method.name == self.method), None)
+        try:
+            return get_class(str(target))
+        except Exception:  # noqa: BLE001
+            return None
+
+    @property
+    def live(self) -> str | None:
+        """The name of the predictor of the run's live weights, as its method declares it (``Method.live``: ``sgd``,
+        ``map`` of a Laplace run, ``pretrained``; None for FGE); ``sgd`` for a method class not importable here."""
+        return getattr(self.method_class, "live", "sgd")
+
     @property
     def seed(self):
         return self.get("seed")

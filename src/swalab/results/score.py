@@ -7,9 +7,10 @@ When and why: SWA, SWAG, ensembles and temperature scaling are argued for under 
 without training anything. Each run is opened as ``swalab.results.compare.score_run`` opens it (its network, weights
 and loaders, rebuilt from its directory); the other test set goes through the run's own test loader (its
 normalisation, its batch size), and every predictor whose weights the run kept is scored by
-``swalab.evaluate.metrics_from_log_probs``: ``sgd`` (the live weights), ``swa`` / ``ema`` (``final.pt``), ``fge``
+``swalab.evaluate.metrics_from_log_probs``: the live weights (under their method's name for them, ``Method.live``:
+``sgd``, ``pretrained``, ``map`` of a Laplace run), ``swa`` / ``ema`` (``final.pt``), ``fge``
 and ``fge_avg`` (saved members), ``swag`` and ``swag_diag`` (samples drawn again from the moments in the kept
-checkpoint of the run's last epoch; ``--swag-samples``), ``laplace`` and ``map`` of a ``method=laplace`` run (its
+checkpoint of the run's last epoch; ``--swag-samples``), ``laplace`` of a ``method=laplace`` run (its
 posterior fitted again; both in ``swalab.results.rebuilt``), and each ``<name>+ts`` at
 the temperature the run fitted on its validation split. What cannot be scored again is listed, with why, under
 ``not_scored`` (a budget mark's average, an FGE ensemble without saved members, a SWAG run that kept no checkpoint
@@ -142,8 +143,6 @@ def predictions_on(scored: Scored, split: DataSplit, rebuilt: Rebuilt | None = N
             log_probs[name] = other.log_probs(other.model_for(scored.run.weights(name), f"{scored.run.path}/final.pt"))
     else:
         log_probs, members = run_predictions(other)
-    if scored.run.method == "laplace":  # its live weights are its MAP predictor
-        log_probs["map"] = log_probs.pop("sgd")
     if rebuilt is not None:
         log_probs.update(rebuilt.log_probs(other))
     for name in list(log_probs):

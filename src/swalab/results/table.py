@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from swalab.calibration import SUFFIX, base_name
@@ -36,12 +36,14 @@ from swalab.rundir import RunDir
 @dataclass(frozen=True)
 class Column:
     """A method at a budget, with the epochs behind it; ``swa+ts`` is SWA's predictor at its fitted temperature
-    (``swalab.calibration``), a column of its own beside SWA's."""
+    (``swalab.calibration``), a column of its own beside SWA's. A method that trains nothing (``Method.trains``:
+    pretrained, Laplace) has neither budget nor epochs to show."""
 
     method: str
     budget: float
     epochs: int
     posthoc: bool = False  # built after training from the run's weights (swalab.posthoc): ``method`` is its label
+    trains: bool = field(default=True, compare=False)  # the method's own (Method.trains): told by its name alone
 
     @property
     def base(self) -> str:
@@ -63,6 +65,9 @@ class Column:
 
     @property
     def label(self) -> str:
+        """``SWA 1.25B (188 ep)``; ``LAPLACE``, ``PRETRAINED+ts`` for a method that trains nothing (no B, no epochs)."""
+        if not self.trains:
+            return self.name
         return f"{self.name} {self.budget:g}B ({self.epochs} ep)"
 
     @property
@@ -101,20 +106,6 @@ def title_of(predictor: str) -> str:
     return predictor.upper().replace("_DIAG", "-diag")
 
 
-def method_class(run: Run) -> type | None:
-    """The run's method class (``method._target_``; a config that names none: the built-in method of its name), or
-    None where it cannot be imported here (a method of one's own off this PYTHONPATH: read by its name alone)."""
-    from hydra.utils import get_class
-
-    target = run.get("method._target_")
-    if target is None:
-        return next((method for method in REPORT_ORDER if method.name == run.method), None)
-    try:
-        return get_class(str(target))
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def entries_of(run: Run) -> list[Entry]:
     """The run's own predictors (``sgd`` of an SGD run, ``swa`` of a SWA run...), SWA's budget marks, each at its
     fitted temperature (``<name>+ts``) too, the predictors it stands in for (``Method.stands_in``: a SWAG run fills
@@ -123,7 +114,8 @@ def entries_of(run: Run) -> list[Entry]:
     out = []
     epochs = int(run.get("trainer.epochs", 0) or 0)
     budget = float(run.get("method.budget", 1.0) or 0.0)
-    fills = getattr(method_class(run), "stands_in", ())
+    fills = getattr(run.method_class, "stands_in", ())
+    trains = getattr(run.method_class, "trains", True)
     for name, m in run.metrics.items():
         if not isinstance(m, dict) or "acc" not in m:
             continue
@@ -133,7 +125,8 @@ def entries_of(run: Run) -> list[Entry]:
         stands_in = family in fills
         if not (own or stands_in):
             continue  # e.g. the last iterate of a SWA run is not the SGD baseline
-        column = Column(family + (SUFFIX if scaled else ""), float(m.get("budget", budget)), int(m.get("epoch", epochs)))
+        column = Column(family + (SUFFIX if scaled else ""), float(m.get("budget", budget)), int(m.get("epoch", epochs)),
+                        trains=trains)
         out.append(Entry(run, name, column, m, stands_in=stands_in))
     for name, m in run.posthoc.items():  # built after training (swalab.posthoc), labelled by what they average
         if "acc" in m:
@@ -234,7 +227,7 @@ IN_COLUMN = ("method.name", "method.budget", "trainer.epochs")
 
 def scoring_settings(run: Run) -> set[str]:
     """The keys of the run's method that only add measurements (``Method.scoring_settings``), as a user types them."""
-    names = getattr(method_class(run), "scoring_settings", ())
+    names = getattr(run.method_class, "scoring_settings", ())
     return {f"{prefix}.{name}" for name in names for prefix in ("method", f"model.{run.method}")}
 
 

@@ -179,7 +179,17 @@ def test_paper_asked_of_runs_the_paper_has_no_row_for_prints_no_paper_rows_footn
 def test_branched_runs_are_named_under_the_table(tmp_path):
     make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)}, lineage={"parent": "/runs/sgd/seed0", "epoch": 100})
     table = report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()
-    assert "- cifar10 / preresnet20, SWA 1B (4 ep), seed 0: branched from runs/sgd/seed0 at epoch 100" in table
+    assert "- cifar10 / preresnet20, SWA 1B (4 ep), seed 0: branched from .../runs/sgd/seed0 at epoch 100" in table
+
+
+def test_a_parent_that_shares_nothing_with_the_run_is_shown_as_its_own_tail_marked_elided(tmp_path):
+    """Runs moved from the machine they ran on (a GPU machine's /tmp) keep their parents' paths there: the report shows
+    the parent's <dataset>/<model>/<method>/<settings>/seed<N>, marked as cut, never a path that reads as relative."""
+    from swalab.results.write import shown_parent
+
+    parent = "/tmp/shift/runs/cifar10/preresnet20/sgd/default/seed0"
+    assert shown_parent(tmp_path / "runs" / "cifar10" / "preresnet20" / "swa" / "x" / "seed0", parent) == \
+        ".../cifar10/preresnet20/sgd/default/seed0"
 
 
 def test_mixing_datasets_is_said_and_each_keeps_its_own_row(tmp_path, capsys):
@@ -693,6 +703,7 @@ def test_a_branched_runs_parent_outside_the_working_directory_is_named_below_wha
 
     out = tmp_path / "out" / "imagenet" / "lite0"
     child, parent = out / "swa" / "x" / "seed0", out / "ema" / "y" / "seed0"
+    parent.mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

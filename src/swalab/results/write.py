@@ -60,8 +60,9 @@ def _markdown_table(header: list[str], lines: list[list[str]]) -> list[str]:
 
 def shown_parent(child: Path, parent: str | None) -> str | None:
     """The run a branched run started from, as a report shows it: relative to the working directory when below it,
-    else the part of its path below what it shares with the branched run's (``ema/<settings>/seed0``): a report
-    never names a path of the machine it was made on."""
+    else the part of its path below what it shares with the branched run's (``ema/<settings>/seed0``), and when it is
+    not there (the runs were made on another machine or moved) its last five parts after ``.../``: a report never
+    names a path of the machine it was made on."""
     if not parent or not Path(parent).is_absolute():
         return parent
     below_cwd = shown(parent)
@@ -69,6 +70,8 @@ def shown_parent(child: Path, parent: str | None) -> str | None:
         return below_cwd
     import os
 
+    if not Path(parent).exists():  # recorded on another machine, or moved since: the parent's own
+        return ".../" + "/".join(Path(parent).parts[1:][-5:])  # <dataset>/<model>/<method>/<settings>/seed<N>
     try:
         common = os.path.commonpath([str(Path(parent).resolve()), str(Path(child).resolve())])
     except ValueError:
@@ -299,7 +302,8 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
         filled: dict = {}
         for c in sorted(row.cells, key=lambda c: c.order):
             for e in row.cells[c].entries:
-                if e.run.lineage and not c.scaled:
+                started = e.run.get("model.init_from") and not e.run.get("run.branch_from")  # weights, not a branch
+                if e.run.lineage and not started and not c.scaled:
                     filled.setdefault(str(e.run.path), (e.run, []))[1].append(c.label)
         lineage += [f"- {row.name}, {', '.join(labels)}, seed {run.seed}: branched from "
                     f"{shown_parent(run.path, run.lineage.get('parent'))} at epoch {run.lineage.get('epoch')}"

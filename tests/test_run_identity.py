@@ -751,6 +751,22 @@ def test_a_run_named_with_save_members_by_identity_version_4_is_found_continued_
     assert not (out / "digits/preresnet20/fge/default").exists()
 
 
+def test_a_row_finds_the_fge_run_version_4_named_as_run_py_does(tmp_path):
+    """``python -m swalab.results.row`` plans each job's directory as run.py locates it: a finished FGE run named
+    ``fge.save_members-True`` by version 4 is the row's FGE job (skipped there, its metrics read there), not a new
+    directory the row would wait on for ever."""
+    from swalab.results.row import compose_run, run_dir_of
+
+    out = tmp_path / "out"
+    args = [*FGE, "model.fge.save_members=true"]
+    today = plan_of(out, *args)
+    old = out / "digits/preresnet20/fge/fge.save_members-True/seed0"
+    old.mkdir(parents=True)
+    (old / "identity.json").write_text(json.dumps(version_4_record(today)))
+    overrides = [*args, f"paths.output_dir={out}"]
+    assert run_dir_of(compose_run(overrides), overrides) == old.resolve()
+
+
 def test_a_finished_run_that_kept_no_members_is_skipped_saying_so(tmp_path, caplog):
     """Keeping the members sets no run apart, so a run finished without them is skipped: said, with what to do."""
     plain = plan_of(tmp_path, *FGE)

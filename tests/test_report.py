@@ -177,9 +177,18 @@ def test_paper_asked_of_runs_the_paper_has_no_row_for_prints_no_paper_rows_footn
 
 
 def test_branched_runs_are_named_under_the_table(tmp_path):
-    make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)}, lineage={"parent": "/runs/sgd/seed0", "epoch": 100})
+    make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)},
+             lineage={"kind": "branch", "parent": "/runs/sgd/seed0", "epoch": 100})
     table = report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()
     assert "- cifar10 / preresnet20, SWA 1B (4 ep), seed 0: branched from .../runs/sgd/seed0 at epoch 100" in table
+
+
+def test_a_run_started_from_another_runs_weights_is_not_called_branched(tmp_path):
+    """``model.init_from`` records where the weights came from (no ``kind``: swalab.branching writes ``branch`` for
+    a branch alone); such a run did not continue its parent's training and is not listed as branched."""
+    make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)}, lineage={"parent": "/runs/sgd/seed0", "epoch": 30})
+    table = report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()
+    assert "branched from" not in table
 
 
 def test_a_parent_that_shares_nothing_with_the_run_is_shown_as_its_own_tail_marked_elided(tmp_path):

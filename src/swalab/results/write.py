@@ -302,8 +302,8 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
         filled: dict = {}
         for c in sorted(row.cells, key=lambda c: c.order):
             for e in row.cells[c].entries:
-                started = e.run.get("model.init_from") and not e.run.get("run.branch_from")  # weights, not a branch
-                if e.run.lineage and not started and not c.scaled:
+                branched = (e.run.lineage or {}).get("kind") == "branch"  # swalab.branching's record; an
+                if branched and not c.scaled:                               # init_from's weights are no branch
                     filled.setdefault(str(e.run.path), (e.run, []))[1].append(c.label)
         lineage += [f"- {row.name}, {', '.join(labels)}, seed {run.seed}: branched from "
                     f"{shown_parent(run.path, run.lineage.get('parent'))} at epoch {run.lineage.get('epoch')}"

@@ -113,3 +113,20 @@ def test_the_cli_refuses_a_folder_that_is_no_run_in_one_line_with_exit_2(tmp_pat
     assert len(lines) == 1 and "is not a swalab run" in lines[0] and "run.dir=" in lines[0]
     assert sorted(p.name for p in folder.iterdir()) == ["history.jsonl"]
     assert (folder / "history.jsonl").read_text() == '{"mine": 1}\n'
+
+
+def test_every_reader_of_a_history_skips_a_line_cut_short_and_keeps_the_other_epochs(tmp_path):
+    """The report, a row's cost and the error curves read a run's history through one reader: a line cut short (a
+    copy interrupted, an edit by hand) is skipped, never the run's whole history refused or read differently."""
+    from swalab.analysis.curves import read_history
+    from swalab.results.row import trained_epochs
+    from swalab.results.runs import Run
+
+    (tmp_path / RunDir.HISTORY).write_text(
+        '{"epoch": 1, "test_acc": 10.0, "seconds": 1.0}\n{"epoch": 2, "test_a\n'
+        '{"epoch": 3, "test_acc": 30.0, "seconds": 2.0}\n\n')
+    rows = [{"epoch": 1, "test_acc": 10.0, "seconds": 1.0}, {"epoch": 3, "test_acc": 30.0, "seconds": 2.0}]
+    assert RunDir(tmp_path).history() == rows
+    assert Run(tmp_path).history == rows
+    assert read_history(tmp_path) == rows
+    assert trained_epochs(tmp_path, after=1) == rows[1:]

@@ -72,6 +72,21 @@ class RunDir:
         except OSError as exc:
             get_logger().warning(f"[swalab] could not record status {status.get('status')!r} in {self.path} ({exc})")
 
+    def history(self) -> list[dict]:
+        """``history.jsonl``, one dict per epoch, in the order written; [] without one. The trainer rewrites the file
+        whole and atomically, so a line that does not read back (cut short by a copy, edited by hand) is skipped
+        rather than refusing the run's every other epoch."""
+        rows = []
+        path = self.path / self.HISTORY
+        for line in path.read_text().splitlines() if path.exists() else ():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
     def final_metrics(self) -> dict | None:
         """The run's final metrics, or None while it has none.
 

@@ -14,7 +14,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +27,9 @@ SCORE_EVERY = "model.swa.score_every=N scores it every N epochs"
 
 
 def read_history(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / RunDir.HISTORY
-    if not path.exists():
+    if not (Path(run_dir) / RunDir.HISTORY).exists():
         raise FileNotFoundError(f"{run_dir} has no history.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return RunDir(run_dir).history()
 
 
 def error_curves(history: list[dict], label: str, only: str | None = None) -> list[tuple[str, np.ndarray, np.ndarray]]:

@@ -292,11 +292,7 @@ def row_records(roots) -> list[dict]:
 
 def trained_epochs(run_dir: Path, after: int) -> list[dict]:
     """The history rows of the epochs ``run_dir`` trained itself: those after its branch point ``after``."""
-    path = run_dir / RunDir.HISTORY
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if int(r["epoch"]) > after]
+    return [r for r in RunDir(run_dir).history() if int(r.get("epoch", 0)) > after]
 
 
 def row_cost(record: dict) -> dict | None:

@@ -19,7 +19,6 @@ trained with.
 from __future__ import annotations
 
 import dataclasses
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Iterable
@@ -134,15 +133,8 @@ class Run:
 
     @cached_property
     def history(self) -> list[dict]:
-        """``history.jsonl``, one dict per epoch (a line cut short by a kill is skipped)."""
-        rows = []
-        path = self.path / RunDir.HISTORY
-        for line in path.read_text().splitlines() if path.exists() else ():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-        return rows
+        """``history.jsonl``, one dict per epoch (``RunDir.history``)."""
+        return RunDir(self.path).history()
 
     @cached_property
     def posthoc(self) -> dict[str, dict]:

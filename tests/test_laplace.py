@@ -89,6 +89,44 @@ def test_method_laplace_on_a_finished_sgd_run_scores_laplace_and_the_map_in_its_
     source = json.loads((sgd_run / "metrics.json").read_text())
     assert metrics["map"]["acc"] == pytest.approx(source["sgd"]["acc"])  # the loaded weights, unchanged
     assert {"acc", "nll", "ece", "brier"} <= set(metrics["laplace"]) and metrics["laplace"]["nll"] != metrics["map"]["nll"]
+    prior = metrics["laplace"]["prior_precision"]  # the choice made on the validation split, inside the grid searched
+    assert len(prior) == 1 and 1e-4 <= prior[0] <= 1e4 and "prior_precision" not in metrics["map"]
+
+
+def test_a_prior_precision_chosen_at_an_end_of_the_grid_is_said_with_the_setting_that_searches_further(
+        overfitted, caplog):
+    from swalab.methods.laplace import at_grid_edge
+
+    assert "top of the grid searched (10^4)" in at_grid_edge([1e4], (-4, 4))
+    assert "method.prior_range=[-4,8]" in at_grid_edge([1e4], (-4, 4))
+    assert "method.prior_range=[-6,2]" in at_grid_edge([0.01], (-2, 2))
+    assert at_grid_edge([3.0], (-4, 4)) is None
+    model, train_loader, val_loader, _ = overfitted
+    with caplog.at_level("WARNING"):  # a grid that ends below the best prior: the choice is its top, and said so
+        la = fit_laplace(model, train_loader, val_loader, grid_size=3, prior_range=(-4, -3))
+    assert la.prior_precision.max().item() == pytest.approx(1e-3)
+    assert "top of the grid searched (10^-3)" in caplog.text
+
+
+def test_a_prior_range_that_is_no_interval_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"method.prior_range=\[4.0, -4.0\]: give \[low, high\]"):
+        LaplaceMethod(prior_range=[4.0, -4.0])
+    with pytest.raises(ConfigError, match=r"method.prior_range"):
+        LaplaceMethod(prior_range=[float("nan"), 4])
+
+
+def test_the_default_prior_range_leaves_a_laplace_run_as_it_was_and_another_one_counts():
+    """Runs made before method.prior_range existed searched 10^-4 .. 10^4: at that range the key is no part of the
+    identity (their directories and report cells stay theirs), at another it sets the run apart."""
+    from omegaconf import OmegaConf
+
+    from swalab.identity import identity_of
+    from swalab.methods.base import known_recipes
+
+    cfg = OmegaConf.to_container(compose_run(["method=laplace", "model.init_from=null"]), resolve=True)
+    assert "method.prior_range" not in identity_of(cfg, recipes=known_recipes())
+    cfg["method"]["prior_range"] = [-4, 8]
+    assert identity_of(cfg, recipes=known_recipes())["method.prior_range"] == [-4, 8]
 
 
 def test_method_laplace_without_a_validation_split_says_to_set_one(sgd_run, tmp_path):

@@ -3,11 +3,13 @@
 ``method=laplace`` (``conf/method/laplace.yaml``) trains nothing. It starts from a finished run's weights
 (``model.init_from=<SGD run dir>``), fits a Gaussian posterior over the last linear layer with the Hessian (GGN)
 structure ``method.hessian`` on the training loader, chooses the prior precision by a grid search of the
-validation split's NLL (``dataset.val_size``; 10^-4 .. 10^4, ``method.grid_size`` points, laplace-torch's
-``optimize_prior_precision(method="gridsearch")``) and predicts with the linearised (GLM) predictive under the
+validation split's NLL (``dataset.val_size``; ``method.grid_size`` points log-spaced over ``method.prior_range``,
+10^-4 .. 10^4 by default, laplace-torch's ``optimize_prior_precision(method="gridsearch")``) and predicts with the linearised (GLM) predictive under the
 link approximation ``method.link`` (``probit``: Daxberger et al. 2021's default). Predictors: ``laplace`` and
 ``map`` (the weights as loaded), scored by the same evaluator as every other method's, with ``+ts`` where the run
-fits temperatures. The library (PyPI ``laplace-torch``, the extra ``swalab[laplace]``) is imported only here, when
+fits temperatures; the chosen prior precision is recorded with the ``laplace`` predictor's metrics
+(``prior_precision``), and a choice at either end of the grid is said in run.log: the best prior may lie beyond it
+(at the top, the posterior is so narrow that the predictive is the MAP's), and ``method.prior_range`` widens it. The library (PyPI ``laplace-torch``, the extra ``swalab[laplace]``) is imported only here, when
 the method runs.
 """
 
@@ -19,7 +21,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from swalab.config import ConfigError
+from swalab.config import ConfigError, require
+from swalab.logs import get_logger
 from swalab.evaluate import ModelPredictor, Predictor
 from swalab.precision import scoring_precision
 from swalab.methods.base import TrainContext
@@ -47,9 +50,11 @@ def count(loader: Iterable) -> int:
 
 
 def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str = "kron", link: str = "probit",
-                grid_size: int = 100, prior_precision: Sequence[float] | None = None):
+                grid_size: int = 100, prior_precision: Sequence[float] | None = None,
+                prior_range: Sequence[float] = LOG_PRIOR_RANGE):
     """laplace-torch's last-layer Laplace of ``model`` fitted on ``train``, its prior precision chosen on ``val`` (a
-    grid search: ``grid_size`` passes over the validation split), or ``prior_precision`` when one was chosen before."""
+    grid search: ``grid_size`` passes over the validation split, log-spaced over 10^``prior_range``), or
+    ``prior_precision`` when one was chosen before. A choice at an end of the grid is logged (:func:`at_grid_edge`)."""
     from laplace import Laplace
 
     model.eval()
@@ -64,9 +69,33 @@ def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str =
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*link_approx.*")  # the library reminds that we pass the same
         la.optimize_prior_precision(method="gridsearch", pred_type="glm", link_approx=link, val_loader=Sized(val, count(val)),
-                                    log_prior_prec_min=LOG_PRIOR_RANGE[0], log_prior_prec_max=LOG_PRIOR_RANGE[1],
+                                    log_prior_prec_min=prior_range[0], log_prior_prec_max=prior_range[1],
                                     grid_size=grid_size)
+    edge = at_grid_edge(chosen_prior(la), prior_range)
+    if edge:
+        get_logger().warning(f"[swalab] method=laplace: {edge}")
     return la
+
+
+def chosen_prior(la) -> list[float]:
+    """The prior precision of a fitted Laplace approximation, as a list (one value, or one per layer)."""
+    return [float(v) for v in torch.as_tensor(la.prior_precision).reshape(-1)]
+
+
+def at_grid_edge(prior: Sequence[float], prior_range: Sequence[float]) -> str | None:
+    """What to say when the prior precision chosen on the validation split lies at an end of the searched grid
+    (10^``prior_range``): the best one may lie beyond it. None inside the grid."""
+    low, high = (10.0 ** float(e) for e in prior_range)
+    top, bottom = max(prior), min(prior)
+    if top >= high * (1 - 1e-4):
+        return (f"the prior precision chosen on the validation split, {top:.3g}, is the top of the grid searched "
+                f"(10^{prior_range[1]:g}): the validation NLL favours a yet narrower posterior, whose predictive tends "
+                f"to the MAP's; method.prior_range=[{prior_range[0]:g},{float(prior_range[1]) + 4:g}] searches further")
+    if bottom <= low * (1 + 1e-4):
+        return (f"the prior precision chosen on the validation split, {bottom:.3g}, is the bottom of the grid searched "
+                f"(10^{prior_range[0]:g}); method.prior_range=[{float(prior_range[0]) - 4:g},{prior_range[1]:g}] "
+                "searches further")
+    return None
 
 
 class LaplacePredictor:
@@ -92,7 +121,8 @@ class LaplaceMethod(Pretrained):
     live = "map"  # the loaded weights are the posterior's mode
 
     def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None,
-                 hessian: str = "kron", link: str = "probit", grid_size: int = 100):
+                 hessian: str = "kron", link: str = "probit", grid_size: int = 100,
+                 prior_range: Sequence[float] = LOG_PRIOR_RANGE):
         super().__init__(schedule, 0, budget, name)
         if hessian not in HESSIANS:
             raise ConfigError(f"method.hessian={hessian}: give one of {', '.join(HESSIANS)}")
@@ -100,7 +130,13 @@ class LaplaceMethod(Pretrained):
             raise ConfigError(f"method.link={link}: give one of {', '.join(LINKS)}")
         if int(grid_size) < 2:
             raise ConfigError(f"method.grid_size={grid_size}: give 2 or more prior precisions to search")
+        require("method.prior_range", prior_range, "numbers", -30, 30)
+        if len(prior_range) != 2 or not float(prior_range[0]) < float(prior_range[1]):
+            raise ConfigError(f"method.prior_range={list(prior_range)}: give [low, high], the base-10 logarithms of "
+                              "the smallest and largest prior precision searched, low < high (e.g. [-4,4])")
         self.hessian, self.link, self.grid_size = hessian, link, int(grid_size)
+        self.prior_range = tuple(float(v) for v in prior_range)
+        self.prior: list[float] | None = None  # chosen on the validation split once the posterior is fitted
 
     def validate(self, initialized: bool) -> None:
         if not initialized:
@@ -113,5 +149,13 @@ class LaplaceMethod(Pretrained):
                               "none: set dataset.val_size (e.g. dataset.val_size=5000), as the source run did or not")
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
-        la = fit_laplace(ctx.model, ctx.train_data, ctx.val_data, self.hessian, self.link, self.grid_size)
+        la = fit_laplace(ctx.model, ctx.train_data, ctx.val_data, self.hessian, self.link, self.grid_size,
+                         prior_range=self.prior_range)
+        self.prior = chosen_prior(la)
         return {self.live: ModelPredictor(ctx.model, ctx.device), "laplace": LaplacePredictor(la, ctx.device, self.link)}
+
+    def describe(self, predictor: str) -> dict:
+        """The ``laplace`` predictor's metrics carry the prior precision chosen for it (a list: one value, or one per
+        layer)."""
+        described = super().describe(predictor)
+        return {**described, "prior_precision": self.prior} if predictor == "laplace" and self.prior else described

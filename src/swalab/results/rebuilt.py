@@ -134,7 +134,7 @@ def rebuild(scored, swag_sample_count: int | None = None) -> Rebuilt:
 
 def laplace_again(scored) -> Rebuilt:
     """A ``method=laplace`` run's posterior fitted again around its weights (module doc)."""
-    from swalab.methods.laplace import LaplacePredictor, fit_laplace
+    from swalab.methods.laplace import LOG_PRIOR_RANGE, LaplacePredictor, chosen_prior, fit_laplace
 
     run = scored.run
     if scored.val_loader is None:  # a laplace run always has one: it refuses to run without
@@ -143,12 +143,12 @@ def laplace_again(scored) -> Rebuilt:
     method = run.cfg.method
     hessian, link = str(method.get("hessian", "kron")), str(method.get("link", "probit"))
     chosen, where = earlier_prior(run, hessian, link)
-    la = fit_laplace(scored.model, train, scored.val_loader, hessian, link, int(method.get("grid_size", 100)), chosen)
+    la = fit_laplace(scored.model, train, scored.val_loader, hessian, link, int(method.get("grid_size", 100)), chosen,
+                     prior_range=tuple(method.get("prior_range") or LOG_PRIOR_RANGE))
     predictor = LaplacePredictor(la, scored.device, link)
-    prior = la.prior_precision
     return Rebuilt(predict=lambda other: {"laplace": predictor.predict_log_proba(other.test_loader)},
                    record={"laplace": {"refitted": True, "hessian": hessian, "link": link,
-                                       "prior_precision": [float(v) for v in torch.as_tensor(prior).reshape(-1)],
+                                       "prior_precision": chosen_prior(la),
                                        "prior_precision_from": where}})
 
 

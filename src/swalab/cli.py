@@ -21,15 +21,14 @@ USAGE_EXIT_CODE = 2
 def user_errors() -> tuple[type[BaseException], ...]:
     """The errors that are the user's to fix: paths, permissions, config values, unknown config options, weights that
     cannot be read or do not fit the run's network (``CheckpointError``: what ``model.init_from=`` says of the same
-    file), outputs of an earlier swalab (``EarlierFormat``: rewritten by ``swalab.upgrade``)."""
+    file)."""
     from hydra.errors import HydraException
 
     from swalab.checkpoint import CheckpointError
     from swalab.config import ConfigError
-    from swalab.rundir import EarlierFormat
 
     return (FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError, ConfigError,
-            HydraException, CheckpointError, EarlierFormat)
+            HydraException, CheckpointError)
 
 
 # Errors of the disk a command writes to: a full disk, a quota, a read-only file system, a name too long for it.

@@ -92,10 +92,6 @@ class RunDir:
         return metrics
 
 
-class EarlierFormat(ValueError):
-    """A file of a run in the format of an earlier swalab that today's code no longer reads (:func:`earlier_format`)."""
-
-
 def earlier_format(what: str, run_dir: str | Path) -> str:
     """The one line refusing ``what`` (a file, a checkpoint's state) of a run in ``run_dir`` that an earlier swalab
     wrote in a format today's code no longer reads, with the command that rewrites the run (``swalab.upgrade``)."""

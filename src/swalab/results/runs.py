@@ -41,7 +41,7 @@ from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
 from swalab.runlock import gone_holder
 from swalab.runstatus import RunStatus
-from swalab.rundir import DamagedRecord, EarlierFormat, RunDir, earlier_format, read_json
+from swalab.rundir import DamagedRecord, RunDir, read_json
 
 class Run:
     """One run directory (see the module doc). Build it with :func:`open_run` to score it again, or
@@ -53,12 +53,9 @@ class Run:
     # -- what the run wrote -------------------------------------------------------------------------
     @cached_property
     def config(self) -> dict:
-        """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged); one of an earlier
-        swalab, with keys in their old places, is refused with the command that rewrites it (``swalab.upgrade``)."""
+        """The resolved config as a plain dict (empty when ``config.yaml`` is missing or damaged)."""
         loaded = RunDir(self.path).config()
-        if loaded is not None and upgraded_config(loaded) != loaded:
-            raise EarlierFormat(earlier_format(str(self.path / RunDir.CONFIG), self.path))
-        return loaded or {}
+        return {} if loaded is None else upgraded_config(loaded)
 
     @cached_property
     def cfg(self) -> DictConfig:

@@ -213,3 +213,62 @@ def test_a_path_that_is_no_directory_is_refused_in_one_line(tmp_path, capsys):
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip() == f"[swalab.upgrade] {tmp_path / 'nosuch'}: no such directory (give an " \
                                               "outputs directory or a run directory)"
+
+
+def test_the_records_that_name_a_renamed_run_name_it_by_its_new_name(today_run, tmp_path, capsys):
+    """A branched row's record, a grid job's and a branch's lineage name runs by path (relative, or absolute on the
+    machine that ran them): after the rename each names the run's new directory, and the report's row still finds
+    it; a path that only begins like the old name is left alone."""
+    apart = {"model.swa.lr": 0.05}
+    record = {**todays_name_record(today_run, apart), "version": 2}
+    old = tmp_path / "digits" / "preresnet8" / "swa" / "model.swa.lr-0.05" / "seed0"
+    old.mkdir(parents=True)
+    (old / RunDir.IDENTITY).write_text(json.dumps(record))
+    elsewhere = "/cluster/me/outputs/digits/preresnet8/swa/model.swa.lr-0.05/seed0"
+    row = {"jobs": [{"run_dir": "digits/preresnet8/swa/model.swa.lr-0.05/seed0"}, {"run_dir": elsewhere},
+                    {"run_dir": "digits/preresnet8/swa/model.swa.lr-0.05x/seed0"}]}
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "row_seed0.json").write_text(json.dumps(row))
+    job = tmp_path / "grids" / "2026-11-27_08-00-00" / "jobs" / "0.json"
+    job.parent.mkdir(parents=True)
+    job.write_text(json.dumps({"run_dir": str(old), "state": "complete"}))
+    child = tmp_path / "digits" / "preresnet8" / "swag" / "default" / "seed0"
+    child.mkdir(parents=True)
+    (child / RunDir.LINEAGE).write_text(json.dumps({"kind": "branch", "parent": elsewhere,
+                                                    "checkpoint": f"{elsewhere}/checkpoints/saved/epoch0003.pt"}))
+    assert upgrade.main([str(tmp_path), "--write"]) == 0
+    new = "digits/preresnet8/swa/swa.lr-0.05/seed0"
+    assert "names a renamed run by its new name" in capsys.readouterr().out
+    row = json.loads((tmp_path / "rows" / "row_seed0.json").read_text())
+    assert [j["run_dir"] for j in row["jobs"]] == [new, f"/cluster/me/outputs/{new}",
+                                                   "digits/preresnet8/swa/model.swa.lr-0.05x/seed0"]
+    assert json.loads(job.read_text()) == {"run_dir": str(tmp_path / new), "state": "complete"}
+    lineage = json.loads((child / RunDir.LINEAGE).read_text())
+    assert lineage["parent"] == f"/cluster/me/outputs/{new}"
+    assert lineage["checkpoint"] == f"/cluster/me/outputs/{new}/checkpoints/saved/epoch0003.pt"
+    assert (tmp_path / new / RunDir.IDENTITY).exists()
+    assert upgrade.main([str(tmp_path)]) == 0 and "nothing to do" in capsys.readouterr().out
+
+
+def test_a_kill_after_a_rename_leaves_a_run_the_same_command_finishes_without_moving_it_again(
+        today_run, tmp_path, capsys, monkeypatch):
+    apart = {"model.swa.lr": 0.05}
+    record = {**todays_name_record(today_run, apart), "version": 2}
+    old = tmp_path / "swa" / "model.swa.lr-0.05" / "seed0"
+    old.mkdir(parents=True)
+    (old / RunDir.IDENTITY).write_text(json.dumps(record))
+
+    def killed(*_, **__):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as patched:
+        patched.setattr(upgrade.tempfile, "mkstemp", killed)  # renamed, then killed before its files are written
+        with pytest.raises(KeyboardInterrupt):
+            upgrade.main([str(tmp_path), "--write"])
+    new = tmp_path / "swa" / "swa.lr-0.05" / "seed0"
+    assert not old.exists() and json.loads((new / RunDir.IDENTITY).read_text())["version"] == 2
+    capsys.readouterr()
+    assert upgrade.main([str(tmp_path), "--write"]) == 0
+    out = capsys.readouterr().out
+    assert "directory renamed" not in out and f"{new}:\n  identity.json: identity version 2 -> " in out
+    assert json.loads((new / RunDir.IDENTITY).read_text())["version"] == IDENTITY_VERSION
+    assert upgrade.main([str(tmp_path)]) == 0 and "nothing to do" in capsys.readouterr().out

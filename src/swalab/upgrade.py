@@ -13,12 +13,15 @@ version, a config with keys in their old places), naming the file and this comma
   probabilities or log-probabilities): each moved to its file in ``checkpoints/predictions/``, the state naming it;
 * ``predictions.pt`` of probabilities only, and ``fge_member_probs.pt`` of ``member_probs``: log-probabilities added;
 * a run directory named by an earlier identity version (``model.swa.lr-0.05``, a weights file's path,
-  ``fge.save_members-True``) renamed to today's name; refused, saying so, when that name is taken.
+  ``fge.save_members-True``) renamed to today's name; refused, saying so, when that name is taken. The records
+  below the paths given that name a renamed run (a branched row's ``rows/*.json``, a grid's ``jobs/*.json``, a
+  branch's ``lineage.json``, by relative or absolute path, of this machine or another) are pointed at its new name.
 
 Each run is rewritten on its own: every new file is written beside the old one first, then the old ones are
-replaced (``os.replace``), and the directory is renamed last, so a kill leaves each run old or new (or, within
-one run, its few replacements part done: the same command again finishes them), and a second invocation reports
-nothing to do. Without ``--write`` nothing is written.
+replaced (``os.replace``). The records naming renamed runs are rewritten first, and each run's directory is renamed
+before its files are replaced (:func:`apply`), so a kill leaves each run old or new, or part done in a way the same
+command again finishes, and a second invocation reports nothing to do. Without
+``--write`` nothing is written.
 """
 
 from __future__ import annotations
@@ -252,12 +255,76 @@ def plan(run: Path) -> Upgrade:
     return up
 
 
+# The last components of a run directory's path that name it below an outputs directory:
+# <dataset>/<model>/<method>/<rest>/seed<N>. A record names a run by a path that ends so.
+NAMED_PARTS = 5
+
+
+def records_naming_runs(tops: Sequence[Path]) -> list[Path]:
+    """The records below ``tops`` that name run directories by path: branched rows (``rows/*.json``), grid jobs
+    (``grids/<date_time>/jobs/*.json``) and branches' ``lineage.json``."""
+    found = set()
+    for top in tops:
+        for path in top.rglob("*.json"):
+            if (path.name == RunDir.LINEAGE or path.parent.name == "rows"
+                    or (path.parent.name == "jobs" and path.parent.parent.parent.name == "grids")):
+                found.add(path)
+    return sorted(found)
+
+
+def repointed(value: Any, moves: Sequence[tuple[str, str]]) -> Any:
+    """``value`` (a record's JSON) with every path that names a moved run, or a file in it, naming its new place:
+    ``moves`` are ``(old, new)`` pairs of the runs' last :data:`NAMED_PARTS` path components, matched whole, at the
+    end of a path or before a ``/``, whatever comes before them (a relative path, another machine's absolute one)."""
+    if isinstance(value, dict):
+        return {k: repointed(v, moves) for k, v in value.items()}
+    if isinstance(value, list):
+        return [repointed(v, moves) for v in value]
+    if not isinstance(value, str):
+        return value
+    for old, new in moves:
+        at = value.find(old)
+        while at >= 0:
+            end = at + len(old)
+            if (at == 0 or value[at - 1] == "/") and (end == len(value) or value[end] == "/"):
+                return value[:at] + new + value[end:]
+            at = value.find(old, at + 1)
+    return value
+
+
+def plan_records(ups: Sequence[Upgrade], tops: Sequence[Path]) -> Upgrade | None:
+    """The records below ``tops`` that name a run being renamed, pointed at its new name (one :class:`Upgrade` of
+    their own, applied before the runs); None when no run moves or no record names one."""
+    moves = [("/".join(up.run.parts[-NAMED_PARTS:]), "/".join(up.move.parts[-NAMED_PARTS:])) for up in ups if up.move]
+    if not moves:
+        return None
+    records = Upgrade(Path(tops[0]))
+    for path in records_naming_runs(tops):
+        old = read_json(path)
+        new = repointed(old, moves)
+        if old is not None and new != old:
+            records.add(f"{path}: names a renamed run by its new name", path, json_writer(new))
+    return records if records.notes else None
+
+
 def apply(up: Upgrade) -> None:
-    """Write every new file beside the one it replaces, then replace them all, then rename the directory: a kill
-    before the replacements leaves the run as it was, and only temp files behind."""
+    """Rename the directory first (one atomic step), then write every new file beside the one it replaces and replace
+    them all. A kill after the rename leaves a run under today's name whose files the same command again rewrites
+    (today's name is no longer the one an earlier version gave its record, so it is not moved twice); a kill before
+    the replacements leaves its files as they were, and only temp files behind."""
+    base = up.run
+    if up.move is not None:
+        up.move.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(up.run, up.move)
+        base = up.move
+        try:
+            up.run.parent.rmdir()  # the old <rest> folder, when this was its last seed
+        except OSError:
+            pass
     staged = []
     try:
         for path, write in up.files.items():
+            path = base / path.relative_to(up.run) if path.is_relative_to(up.run) else path
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".upgrade.tmp", dir=path.parent)
             os.chmod(tmp, 0o644)
@@ -272,13 +339,6 @@ def apply(up: Upgrade) -> None:
         raise
     for tmp, path in staged:
         os.replace(tmp, path)
-    if up.move is not None:
-        up.move.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(up.run, up.move)
-        try:
-            up.run.parent.rmdir()  # the old <rest> folder, when this was its last seed
-        except OSError:
-            pass
 
 
 def parser() -> argparse.ArgumentParser:
@@ -301,7 +361,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {note}")
         if up.blocked:
             print(f"  not renamed: {up.blocked}")
-        if args.write:
+    records = plan_records(todo, [Path(p) for p in args.paths])
+    if records is not None:
+        print("records:")
+        for note in records.notes:
+            print(f"  {note}")
+    if args.write:  # the records first: a kill before a run is renamed leaves them naming a name it takes next time
+        for up in ([records] if records else []) + todo:
             apply(up)
     if not todo:
         print(f"nothing to do: {len(runs)} run(s), all in today's format")

@@ -4,7 +4,7 @@ FGE keeps each member's test log-probabilities and SWA its average's at every bu
 A checkpoint used to carry all of them, again every epoch (200 MB per FGE member on ImageNet). Now each is written
 once, when computed, to ``checkpoints/predictions/`` (``swalab.checkpoint.PredictionFiles``); a checkpoint names
 them, and a resume reads them back and ends equal to the run that went straight through. A checkpoint of an
-earlier swalab, with the predictions inside, still resumes, and its predictions get their files then.
+earlier swalab, with the predictions inside, is rewritten by ``python -m swalab.upgrade`` and then resumes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from swalab import checkpoint, faults
+from swalab import checkpoint, faults, upgrade
 from swalab.checkpoint import CheckpointStore, PredictionFiles, checkpoint_paths
 from swalab.data import ResidentLoader
 from swalab.methods import FGE, SWA
@@ -99,7 +99,8 @@ def test_every_prediction_is_written_once_and_no_checkpoint_carries_one(straight
 
 def pause_and_resume(run_dir: Path, name: str, monkeypatch, earlier_layout: bool = False) -> Trainer:
     """The run paused by SIGTERM at step 2 of epoch 5 (a member or mark already scored), then resumed; with
-    ``earlier_layout`` its checkpoints are first rewritten as an earlier swalab wrote them (predictions inside)."""
+    ``earlier_layout`` its checkpoints are first rewritten as an earlier swalab wrote them (predictions inside), then
+    upgraded (``swalab.upgrade``)."""
     monkeypatch.setenv(faults.ENV, "train_step:22:TERM")  # 5 steps an epoch: epoch 5, step 2
     faults.reset()
     with pytest.raises(Preempted):
@@ -116,6 +117,9 @@ def pause_and_resume(run_dir: Path, name: str, monkeypatch, earlier_layout: bool
                 m["budget_log_probs"] = {n: files.load(n) for n in m.pop("budget_files")}
             torch.save(state, path)
         shutil.rmtree(files.dir)
+        with pytest.raises(checkpoint.CheckpointError, match="python -m swalab.upgrade"):
+            trainer(run_dir, name).fit(CheckpointStore(run_dir).latest())
+        assert upgrade.main([str(run_dir), "--write"]) == 0
     torch.manual_seed(12345)
     resumed = trainer(run_dir, name)
     resumed.fit(CheckpointStore(run_dir).latest())

@@ -59,11 +59,12 @@ def test_log_probabilities_and_cross_entropy_agree_on_a_real_network():
     assert metrics["nll"] == pytest.approx(float(F.cross_entropy(model(x), y)), rel=1e-5)
 
 
-def test_checkpoints_and_files_written_with_probabilities_still_load():
-    from swalab.methods.fge import member_log_probs_of
+def test_files_written_with_probabilities_are_upgraded_to_finite_log_probabilities():
+    from swalab.upgrade import todays_method_state
 
     probs = torch.tensor([[0.25, 0.75], [1.0, 0.0]])
-    [log_probs] = member_log_probs_of({"member_probs": [probs], "member_epochs": [3]})  # an earlier version's file
+    _, files, _ = todays_method_state({"member_probs": [probs], "member_epochs": [3]})  # an earlier version's state
+    [log_probs] = files.values()
     torch.testing.assert_close(log_probs.exp(), probs)
     assert torch.isfinite(log_probs).all()  # a probability rounded to 0 is the smallest float, never -inf
 

@@ -10,11 +10,12 @@ import torch
 from torch import nn
 
 from swalab.branching import BranchError, check_branch
-from swalab.checkpoint import PredictionFiles
+from swalab.checkpoint import CheckpointError, PredictionFiles
 from swalab.config import ConfigError
 from swalab.methods import FGE, TrainContext
 from swalab.methods.fge import member_log_probs_of
 from swalab.schedules import Constant, fge_cyclic_lr
+from swalab.upgrade import todays_method_state
 
 from method_stand_ins import scores
 
@@ -216,12 +217,23 @@ def test_a_resumed_fge_restores_its_members_from_the_files_its_state_names_and_g
         torch.testing.assert_close(got, mean_log_probs([log_probs_at(e, x) for e in (1, 3, 5)]))
 
 
-def test_a_checkpoint_of_an_earlier_swalab_with_member_log_probs_resumes_and_gives_each_member_its_file(tmp_path):
+def upgraded_and_loaded(state: dict, run_dir, val: bool) -> FGE:
+    """An earlier swalab's FGE state (its members' predictions inside) as ``swalab.upgrade`` rewrites its checkpoint
+    (each member's predictions written to its file, the state naming them), then loaded by today's FGE."""
+    state, files, _ = todays_method_state(state)
+    for name, tensor in files.items():
+        PredictionFiles(run_dir).save(name, tensor)
+    method = fge(7)
+    method.load_state_dict(state, make_ctx(nn.Linear(2, 3), run_dir, val=val))
+    return method
+
+
+def test_a_checkpoint_of_an_earlier_swalab_with_member_log_probs_is_upgraded_and_resumes_with_each_members_file(
+        tmp_path):
     test_members = [log_probs_at(e, X_TEST) for e in (1, 3)]
     val_members = [log_probs_at(e, X_VAL) for e in (1, 3)]
     state = {"member_log_probs": test_members, "member_val_log_probs": val_members, "member_epochs": [1, 3]}
-    method = fge(7)
-    method.load_state_dict(state, make_ctx(nn.Linear(2, 3), tmp_path, val=True))
+    method = upgraded_and_loaded(state, tmp_path, val=True)
     assert method.state_dict() == {"member_files": ["fge_member_001", "fge_member_002"], "member_epochs": [1, 3],
                                    "member_val_files": ["fge_member_001_val", "fge_member_002_val"]}
     files = PredictionFiles(tmp_path)
@@ -232,16 +244,27 @@ def test_a_checkpoint_of_an_earlier_swalab_with_member_log_probs_resumes_and_giv
     torch.testing.assert_close(method.ensemble.val_log_proba(), mean_log_probs(val_members))
 
 
-def test_a_checkpoint_that_kept_member_probabilities_resumes_as_their_logs(tmp_path):
+def test_a_checkpoint_that_kept_member_probabilities_is_upgraded_to_their_logs(tmp_path):
     probs = [log_probs_at(e, X_TEST).exp() for e in (1, 3)]
-    method = fge(7)
-    method.load_state_dict({"member_probs": probs, "member_epochs": [1, 3]},
-                           make_ctx(nn.Linear(2, 3), tmp_path, val=False))
+    method = upgraded_and_loaded({"member_probs": probs, "member_epochs": [1, 3]}, tmp_path, val=False)
     assert method.member_files == ["fge_member_001", "fge_member_002"] and method.member_epochs == [1, 3]
     torch.testing.assert_close(PredictionFiles(tmp_path).load("fge_member_002"), probs[1].log())
     torch.testing.assert_close(method.ensemble.log_probs().exp(), torch.stack(probs).mean(0))
-    read = member_log_probs_of({"member_probs": probs})  # fge_member_probs.pt of that swalab: the same reading
-    assert len(read) == 2 and all(torch.allclose(m, p.log()) for m, p in zip(read, probs))
+
+
+def test_a_checkpoint_of_an_earlier_swalab_is_refused_in_one_line_naming_the_upgrade(tmp_path):
+    probs = [log_probs_at(e, X_TEST).exp() for e in (1, 3)]
+    with pytest.raises(CheckpointError, match=rf"FGE state of a checkpoint of {tmp_path} is in the format of an "
+                                              rf"earlier swalab.*python -m swalab.upgrade {tmp_path} --write$"):
+        fge(7).load_state_dict({"member_probs": probs, "member_epochs": [1, 3]},
+                               make_ctx(nn.Linear(2, 3), tmp_path, val=False))
+    assert not PredictionFiles(tmp_path).dir.exists()  # nothing written
+
+
+def test_a_member_probs_file_of_an_earlier_swalab_is_refused_naming_the_upgrade(tmp_path):
+    path = tmp_path / "fge_member_probs.pt"
+    with pytest.raises(CheckpointError, match=rf"{path} is in the format of an earlier swalab"):
+        member_log_probs_of({"member_probs": [torch.ones(1, 2)]}, path)
 
 
 # ----------------------------------------------------------------------------- refusals at their boundaries

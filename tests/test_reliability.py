@@ -760,9 +760,11 @@ def test_a_run_whose_model_draws_random_numbers_resumes_bit_equal(tmp_path, monk
     assert_same_run(paused, straight)
 
 
-def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_path, reference):
+def test_a_run_and_checkpoints_of_the_earlier_layout_are_refused_then_upgraded_and_resume_to_the_same_end(
+        tmp_path, reference):
     """A run interrupted under an earlier swalab (SWA's settings in method.* with its own spellings, init_from in run,
-    the scored budget marks inside the method state as probabilities, no prediction files) resumes and ends equal to
+    the scored budget marks inside the method state as probabilities, no prediction files) is refused in one line
+    naming the upgrade; once upgraded (``python -m swalab.upgrade <run> --write``) it resumes and ends equal to
     today's run."""
     from swalab.checkpoint import checkpoint_paths
     from swalab.compat import RECIPE_SETTINGS
@@ -787,6 +789,11 @@ def test_a_run_and_checkpoints_of_the_earlier_layout_resume_to_the_same_end(tmp_
         state["method"]["budget_probs"] = {k: torch.load(path.parent / "predictions" / f"{k}.pt").exp() for k in names}
         torch.save(state, path)
     shutil.rmtree(run / "checkpoints" / "predictions", ignore_errors=True)
+    refused = run_cli(run)
+    assert refused.returncode != 0 and f"python -m swalab.upgrade {run} --write" in refused.stderr
+    upgraded = subprocess.run([PYTHON, "-m", "swalab.upgrade", str(run), "--write"], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+    assert upgraded.returncode == 0 and "upgraded 1 of 1 run(s)" in upgraded.stdout, upgraded.stderr[-2000:]
     resumed = run_cli(run)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stdout

@@ -309,10 +309,11 @@ def test_section_35_compares_swa_with_the_fge_ensemble_per_seed_from_saved_proba
         members = [torch.rand(4, 3, generator=g).softmax(1) for _ in range(3)]
         swa = torch.rand(4, 3, generator=g).softmax(1)
         fge_run = make_run(root, "fge", seed, {"fge": m(90.0)})
-        torch.save({"member_probs": members, "member_epochs": [1, 2, 3], "labels": labels},
+        torch.save({"member_log_probs": [p.log() for p in members], "member_epochs": [1, 2, 3], "labels": labels},
                    fge_run / "fge_member_probs.pt")
         swa_run = make_run(root, "swa", seed, {"swa": m(91.0)}, budget=1.5)
-        torch.save({"probs": {"swa": swa.half()}, "labels": labels}, swa_run / "predictions.pt")
+        torch.save({"probs": {"swa": swa.half()}, "log_probs": {"swa": swa.log().half()}, "labels": labels},
+                   swa_run / "predictions.pt")
         expected["consecutive"].append(sum(mean_prob_l2(a, b) for a, b in zip(members, members[1:])) / 2)
         expected["swa"].append((mean_prob_l2(swa.half().float(), torch.stack(members).mean(0)),
                                 label_agreement(swa.half().float(), torch.stack(members).mean(0))))
@@ -549,7 +550,9 @@ def test_every_column_section_says_why_a_delta_is_missing_and_why_t_is_blank(tmp
         for method, budget, epochs in (("sgd", 1.0, 6), ("swa", 1.5, 8)):
             run = make_run(root, method, seed, {method: m(90.0 + seed)}, budget=budget,
                            extra={"trainer": {"epochs": epochs}})
-            torch.save({"probs": {method: torch.rand(4, 3).softmax(1)}, "labels": labels}, run / "predictions.pt")
+            probs = torch.rand(4, 3).softmax(1)
+            torch.save({"probs": {method: probs}, "log_probs": {method: probs.log()}, "labels": labels},
+                       run / "predictions.pt")
     report([root], tmp_path / "out")
     text = (tmp_path / "out" / "table.md").read_text()
     section = text.split("## Every column of a row: accuracy, NLL, ECE, Brier\n")[1].split("\n## ")[0]
@@ -569,12 +572,13 @@ def test_section_35_sets_swa_against_the_fge_ensemble_of_its_own_budget_only(tmp
     labels = torch.tensor([0, 1, 2, 1])
     g = torch.Generator().manual_seed(0)
     fge_run = make_run(root, "fge", 0, {"fge": m(90.0)})
-    torch.save({"member_probs": [torch.rand(4, 3, generator=g).softmax(1) for _ in range(3)],
+    torch.save({"member_log_probs": [torch.rand(4, 3, generator=g).log_softmax(1) for _ in range(3)],
                 "member_epochs": [2, 3, 4], "labels": labels}, fge_run / "fge_member_probs.pt")
     for name, epochs in (("b4", 6), ("b16", 24)):
         run = make_run(root, "swa", 0, {"swa": m(91.0, epoch=epochs)}, budget=1.5, name=name,
                        extra={"trainer": {"epochs": epochs}})
-        torch.save({"probs": {"swa": torch.rand(4, 3, generator=g).softmax(1).half()}, "labels": labels},
+        probs = torch.rand(4, 3, generator=g).softmax(1)
+        torch.save({"probs": {"swa": probs.half()}, "log_probs": {"swa": probs.log().half()}, "labels": labels},
                    run / "predictions.pt")
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out", "Section 3.5: SWA against the FGE ensemble", 1)

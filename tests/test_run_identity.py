@@ -514,58 +514,85 @@ def test_a_pretrained_file_counts_by_its_content_as_the_network_reads_it():
         assert set(identity(a)) == {"model.arch.pretrained_file"}  # model.pretrained_file is read through it
 
 
-def earlier_record(plan, content: bool = False) -> dict:
-    """The identity.json an earlier swalab (identity version 2) wrote for the run ``plan`` plans: a weights file by
-    its path."""
-    resolved = OmegaConf.to_container(plan.cfg, resolve=True)
-    identity = identity_of(resolved, plan.identity.get("data.fingerprint"), recipes=known_recipes(), content=content)
-    return {"version": 2, "hash": "x", "group": "x", "identity": identity}
+def earlier_record(plan, version: int = 2) -> dict:
+    """The identity.json an earlier swalab (identity ``version`` 2 or 3) wrote for the run ``plan`` plans: a weights
+    file or a source run by its path, named and hashed so."""
+    identity = {**plan.identity, **{k: plan.cfg.model.init_from for k in ("model.init_from",) if k in plan.identity}}
+    apart = {k: identity[k] if k == "model.init_from" else v for k, v in plan.settings.items()}
+    return {"version": version, "hash": "x", "group": group_hash(identity), "identity": identity, "apart": apart}
 
 
-def test_a_run_named_by_identity_version_2_continues_in_its_directory_and_a_finished_one_is_skipped(tmp_path):
+def earlier_dir(out: Path, plan, then: dict) -> Path:
+    """Where identity ``then["version"]`` named the run ``plan`` plans (``swalab.upgrade.name_tail``)."""
+    from swalab.upgrade import name_tail
+
+    rest, seed = name_tail(then["apart"], plan.cfg.seed, then["group"], then["version"])
+    return plan.run_dir.parent.parent / rest / seed
+
+
+def upgraded(out: Path) -> str:
+    """``python -m swalab.upgrade <out> --write``, in process; what it printed."""
+    import contextlib
+    import io
+
+    from swalab.upgrade import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([str(out), "--write"]) == 0
+    return printed.getvalue()
+
+
+def test_a_run_named_by_identity_version_2_is_refused_until_the_upgrade_renames_it_then_continued_or_skipped(tmp_path):
     """Whole keys (``model.swa.score_every-1``) and a weights file by its path were the names of identity version 2:
-    a run started then is found where it is, continued there if unfinished and skipped if finished."""
+    the same command refuses to train the config again beside such a run, naming the upgrade; once renamed, the run
+    is continued there if unfinished and skipped if finished."""
     out = tmp_path / "out"
     swa = plan_of(out, *QUIET, "model.swa.score_every=1")
     assert swa.run_dir.relative_to(out).as_posix() == "digits/preresnet20/swa/swa.score_every-1/seed0"
-    old = out / "digits/preresnet20/swa/model.swa.score_every-1/seed0"
+    then = earlier_record(swa)
+    old = earlier_dir(out, swa, then)
+    assert old.relative_to(out).as_posix() == "digits/preresnet20/swa/model.swa.score_every-1/seed0"
     old.mkdir(parents=True)
-    (old / "identity.json").write_text(json.dumps(earlier_record(swa)))
+    (old / "identity.json").write_text(json.dumps(then))
+    with pytest.raises(ConfigError, match=rf"the run of this config is in {old}, named by an earlier swalab.*"
+                                          rf"python -m swalab.upgrade {old} --write"):
+        plan_of(out, *QUIET, "model.swa.score_every=1")
+    assert "directory renamed to today's name swa.score_every-1/seed0" in upgraded(out)
     again = plan_of(out, *QUIET, "model.swa.score_every=1")
-    assert again.run_dir == old and again.finished is None  # an interrupted run: continued in its own directory
+    assert again.run_dir == swa.run_dir and again.finished is None  # an interrupted run: continued in its directory
 
-    # a short path (pytest-xdist's workers nest tmp_path deeper): a version-2 name spells it out whole only when it fits
-    short = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))
+    short = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))  # a version-2 name spells a path whole only when it fits
     weights = weights_file(short / "w.pt", 1.0)
     sgd = plan_of(out, *QUIET, "method=sgd", f"model.init_from={weights}")
     then = earlier_record(sgd)
     assert then["identity"]["model.init_from"] == str(weights)
-    from swalab.train.plan import earlier_name
-
-    names = {"dataset": "digits", "model": "preresnet20", "method": "sgd"}
-    old_dir = earlier_name(sgd.cfg, sgd.identity, sgd.settings, {}, names)
+    old_dir = earlier_dir(out, sgd, then)
     assert "model.init_from-" in old_dir.as_posix() and "sha256" not in old_dir.as_posix()
     old_dir.mkdir(parents=True)
     (old_dir / "identity.json").write_text(json.dumps(then))
     (old_dir / "metrics.json").write_text(json.dumps({"sgd": {"acc": 50.0}}))
+    upgraded(out)
     found = plan_of(out, *QUIET, "method=sgd", f"model.init_from={weights}")
-    assert found.run_dir == old_dir and found.finished == {"sgd": {"acc": 50.0}}  # skipped, not trained again
+    assert found.run_dir == sgd.run_dir and found.finished == {"sgd": {"acc": 50.0}}  # skipped, not trained again
     shutil.rmtree(short, ignore_errors=True)
 
 
-def test_a_new_seed_of_a_config_named_by_identity_version_2_goes_beside_its_earlier_seeds(tmp_path):
-    """A grid extended by a seed after an upgrade keeps one directory of seeds per config: seed 1 goes beside the
-    seed 0 an earlier swalab named, not into a second directory under today's name; another config does not."""
+def test_a_new_seed_of_a_config_named_by_identity_version_2_is_refused_until_the_upgrade_renames_its_seeds(tmp_path):
+    """One config keeps one directory of seeds: a seed added beside seeds an earlier swalab named is refused, naming
+    the upgrade, which renames them; then it goes beside them. Another config is not held up."""
     out = tmp_path / "out"
     seed0 = plan_of(out, *QUIET, "model.swa.score_every=1")
-    old = out / "digits/preresnet20/swa/model.swa.score_every-1/seed0"
+    old = earlier_dir(out, seed0, earlier_record(seed0))
     old.mkdir(parents=True)
     (old / "identity.json").write_text(json.dumps(earlier_record(seed0)))
     (old / "metrics.json").write_text(json.dumps({"swa": {"acc": 50.0}}))
-    seed1 = plan_of(out, *QUIET, "model.swa.score_every=1", "seed=1")
-    assert seed1.run_dir == old.parent / "seed1"
+    with pytest.raises(ConfigError, match=rf"other seeds of this config are in {old.parent}.*python -m swalab.upgrade"):
+        plan_of(out, *QUIET, "model.swa.score_every=1", "seed=1")
     other = plan_of(out, *QUIET, "model.swa.score_every=2", "seed=1")
     assert other.run_dir.relative_to(out).as_posix() == "digits/preresnet20/swa/swa.score_every-2/seed1"
+    upgraded(out)
+    assert plan_of(out, *QUIET, "model.swa.score_every=1", "seed=1").run_dir == seed0.run_dir.parent / "seed1"
 
 
 def test_a_method_that_trains_nothing_is_not_named_or_set_apart_by_what_only_training_reads(tmp_path):
@@ -576,7 +603,7 @@ def test_a_method_that_trains_nothing_is_not_named_or_set_apart_by_what_only_tra
     assert other.identity == plain.identity and other.run_dir == plain.run_dir
     assert not [k for k in plain.identity if k.split(".")[0] in ("optimizer", "schedule", "loss", "trainer")]
     assert plain.run_dir.parent.name.startswith("model.init_from-sha256-")
-    made_before = {**earlier_record(plain, content=True)["identity"], "optimizer.momentum": 0.9, "trainer.epochs": 0}
+    made_before = {**plain.identity, "optimizer.momentum": 0.9, "trainer.epochs": 0}
     assert differences(plain.identity, made_before) == []  # a pretrained run recorded before this rule: the same run
 
 
@@ -658,32 +685,24 @@ def test_a_path_that_names_no_source_run_stays_a_path(tmp_path):
         assert identity_of(resolved, recipes=known_recipes())["model.init_from"] == str(path)
 
 
-def test_a_run_that_recorded_its_source_runs_path_is_found_and_the_same_run(tmp_path):
+def test_a_run_that_recorded_its_source_runs_path_is_the_same_run_and_renamed_by_the_upgrade(tmp_path):
     """Identities of version 3 held the run directory's path, and named the directory by it: that run is the same
-    run today while its source lies where it did (it is read as its source run), and it continues in its directory,
-    or is skipped when finished; a new seed, which version 3 named apart anyway, shares its group."""
+    run today while its source lies where it did (it is read as its source run); the upgrade renames its directory,
+    where it is then skipped when finished."""
     source = finished_run(plan_of(tmp_path / "src", *SGD_SOURCE))
     out = tmp_path / "out"
     today = laplace_from(out, source, 0)
-    from swalab.train.plan import earlier_name
-
-    names = {"dataset": "digits", "model": "preresnet20", "method": "laplace"}
-    old_dir = earlier_name(today.cfg, today.identity, today.settings, {}, names, version=3)
+    then = earlier_record(today, version=3)
+    assert then["identity"]["model.init_from"] == str(source)
+    assert differences(today.identity, then["identity"]) == []  # read under today's rules: the same run
+    old_dir = earlier_dir(out, today, then)
     assert old_dir != today.run_dir
-    resolved = OmegaConf.to_container(today.cfg, resolve=True)
-    then = identity_of(resolved, today.identity.get("data.fingerprint"), recipes=known_recipes(), sources=False)
-    assert then["model.init_from"] == str(source)
-    assert differences(today.identity, then) == []  # read under today's rules: the same run
     old_dir.mkdir(parents=True)
-    (old_dir / "identity.json").write_text(json.dumps({"version": 3, "hash": "x", "group": group_hash(then),
-                                                         "identity": then}))
+    (old_dir / "identity.json").write_text(json.dumps(then))
     (old_dir / "metrics.json").write_text(json.dumps({"laplace": {"acc": 50.0}}))
+    upgraded(out)
     found = laplace_from(out, source, 0)
-    assert found.run_dir == old_dir and found.finished == {"laplace": {"acc": 50.0}}
-    seed1 = laplace_from(out, finished_run(plan_of(tmp_path / "src", *SGD_SOURCE, "seed=1")), 1)
-    assert seed1.run_dir == today.run_dir.parent / "seed1"  # version 3 named each seed's run by its own source path
-    finished_run(seed1)
-    assert len({group_hash(stored_identity(d, known_recipes())) for d in (old_dir, seed1.run_dir)}) == 1  # one cell
+    assert found.run_dir == today.run_dir and found.finished == {"laplace": {"acc": 50.0}}
 
 
 # -- what only says what a run keeps never counts (identity.OUTPUT_ONLY: model.fge.save_members) -----------------
@@ -707,8 +726,9 @@ def test_keeping_fges_members_is_the_same_run_group_directory_and_row_label(tmp_
 def version_4_record(plan) -> dict:
     """The identity.json identity version 4 wrote for ``plan``'s config: ``model.fge.save_members`` counted."""
     resolved = OmegaConf.to_container(plan.cfg, resolve=True)
-    then = identity_of(resolved, plan.identity.get("data.fingerprint"), recipes=known_recipes(), outputs=True)
-    apart = {"model.fge.save_members": then["model.fge.save_members"]} if then["model.fge.save_members"] else {}
+    then = {**identity_of(resolved, plan.identity.get("data.fingerprint"), recipes=known_recipes()),
+            "model.fge.save_members": bool(plan.cfg.model.fge.save_members)}
+    apart = {**plan.settings, "model.fge.save_members": True} if then["model.fge.save_members"] else plan.settings
     return {"version": 4, "hash": "x", "group": group_hash(then), "identity": then, "apart": apart}
 
 
@@ -727,44 +747,29 @@ def test_an_identity_that_counted_save_members_is_todays_run(tmp_path):
     assert Run(run).apart == {}  # no report row label of its own
 
 
-def test_a_run_named_with_save_members_by_identity_version_4_is_found_continued_and_skipped(tmp_path):
-    """Version 4 named the run ``fge.save_members-True``: the same command finds it there (continued when
-    interrupted, skipped when finished) instead of training it again under today's name; a new seed goes beside it."""
+def test_a_run_named_with_save_members_by_identity_version_4_is_renamed_by_the_upgrade_then_skipped(tmp_path):
+    """Version 4 named the run ``fge.save_members-True``: the upgrade renames it to today's name, where the same
+    command skips it when finished, and a row finds it there as run.py does."""
+    from swalab.results.row import compose_run, run_dir_of
+
     out = tmp_path / "out"
     for extra, then_name in (([], "fge.save_members-True"),
                              (["model.fge.cycle_epochs=4"], "fge.cycle_epochs-4+fge.save_members-True")):
         args = [*FGE, *extra, "model.fge.save_members=true"]
         today = plan_of(out, *args)
         old = out / "digits/preresnet20/fge" / then_name / "seed0"
-        assert today.run_dir != old
+        assert today.run_dir != old and earlier_dir(out, today, version_4_record(today)) == old
         old.mkdir(parents=True)
         (old / "identity.json").write_text(json.dumps(version_4_record(today)))
-        again = plan_of(out, *args)
-        assert again.run_dir == old and again.finished is None  # interrupted: continued where it is
         (old / "metrics.json").write_text(json.dumps({"fge": {"acc": 50.0, "members": 2}}))
-        (old / "members").mkdir()
-        for k in (1, 2):
-            (old / "members" / f"member_{k:03d}_epoch{2 * k}.pt").write_bytes(b"")
+        with pytest.raises(ConfigError, match="python -m swalab.upgrade"):
+            plan_of(out, *args)
+        upgraded(out)
         done = plan_of(out, *args)
-        assert done.run_dir == old and done.skips
-        assert plan_of(out, *args, "seed=1").run_dir == old.parent / "seed1"
-    assert not (out / "digits/preresnet20/fge/default").exists()
-
-
-def test_a_row_finds_the_fge_run_version_4_named_as_run_py_does(tmp_path):
-    """``python -m swalab.results.row`` plans each job's directory as run.py locates it: a finished FGE run named
-    ``fge.save_members-True`` by version 4 is the row's FGE job (skipped there, its metrics read there), not a new
-    directory the row would wait on for ever."""
-    from swalab.results.row import compose_run, run_dir_of
-
-    out = tmp_path / "out"
-    args = [*FGE, "model.fge.save_members=true"]
-    today = plan_of(out, *args)
-    old = out / "digits/preresnet20/fge/fge.save_members-True/seed0"
-    old.mkdir(parents=True)
-    (old / "identity.json").write_text(json.dumps(version_4_record(today)))
-    overrides = [*args, f"paths.output_dir={out}"]
-    assert run_dir_of(compose_run(overrides), overrides) == old.resolve()
+        assert done.run_dir == today.run_dir and done.skips
+        overrides = [*args, f"paths.output_dir={out}"]
+        assert run_dir_of(compose_run(overrides), overrides) == today.run_dir.resolve()
+    assert not (out / "digits/preresnet20/fge/fge.save_members-True").exists()
 
 
 def test_a_finished_run_that_kept_no_members_is_skipped_saying_so(tmp_path, caplog):

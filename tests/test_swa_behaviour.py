@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from swalab import faults
+from swalab.checkpoint import CheckpointError, PredictionFiles
 from swalab.config import ConfigError
 from swalab.methods import SWA, TrainContext
 from swalab.schedules import Constant, PaperSGD, Piecewise, Schedule
+from swalab.upgrade import todays_method_state
 
 from method_stand_ins import fill_weights, weight_row
 
@@ -418,10 +420,27 @@ def test_a_checkpoint_from_before_validation_scoring_resumes_with_test_marks_onl
     assert mark.predict_log_proba().tolist() == [[2.0]] and mark.val_log_proba() is None
 
 
-def test_an_earlier_checkpoint_holding_probabilities_gets_its_marks_written_as_log_probabilities(tmp_path):
+def upgraded(state: dict, run_dir) -> dict:
+    """An earlier swalab's SWA state (its scored marks inside) as ``swalab.upgrade`` rewrites its checkpoint: each
+    mark's predictions written to its file, the state naming them."""
+    state, files, _ = todays_method_state(state)
+    for name, tensor in files.items():
+        PredictionFiles(run_dir).save(name, tensor)
+    return state
+
+
+def test_an_earlier_checkpoint_holding_probabilities_is_refused_in_one_line_naming_the_upgrade(tmp_path):
     method, _ = scored_run(tmp_path / "before")
     state = {"averaged": method.state_dict()["averaged"], "budget_probs": {"swa@0.5": torch.tensor([[0.25, 0.75]])}}
-    again, ctx = resumed(state, tmp_path)
+    with pytest.raises(CheckpointError, match=rf"SWA state of a checkpoint of {tmp_path} is in the format of an "
+                                              rf"earlier swalab.*python -m swalab.upgrade {tmp_path} --write$"):
+        resumed(state, tmp_path)
+
+
+def test_an_earlier_checkpoint_holding_probabilities_is_upgraded_to_its_marks_as_log_probabilities(tmp_path):
+    method, _ = scored_run(tmp_path / "before")
+    state = {"averaged": method.state_dict()["averaged"], "budget_probs": {"swa@0.5": torch.tensor([[0.25, 0.75]])}}
+    again, ctx = resumed(upgraded(state, tmp_path), tmp_path)
     expected = [[math.log(0.25), math.log(0.75)]]
     torch.testing.assert_close(ctx.predictions.load("swa@0.5"), torch.tensor(expected))
     mark = again.predictors(ctx)["swa@0.5"]
@@ -429,12 +448,12 @@ def test_an_earlier_checkpoint_holding_probabilities_gets_its_marks_written_as_l
     assert mark.val_log_proba() is None
 
 
-def test_an_earlier_checkpoint_holding_log_probabilities_gets_its_files_on_both_splits(tmp_path):
+def test_an_earlier_checkpoint_holding_log_probabilities_is_upgraded_to_its_files_on_both_splits(tmp_path):
     method, _ = scored_run(tmp_path / "before")
     test, val = torch.tensor([[-0.5, -1.0]]), torch.tensor([[-2.0, -0.1]])
     state = {"averaged": method.state_dict()["averaged"], "budget_log_probs": {"swa@0.5": test},
              "budget_val_log_probs": {"swa@0.5": val}}
-    again, ctx = resumed(state, tmp_path)
+    again, ctx = resumed(upgraded(state, tmp_path), tmp_path)
     assert torch.equal(ctx.predictions.load("swa@0.5"), test) and torch.equal(ctx.predictions.load("swa@0.5_val"), val)
     mark = again.predictors(ctx)["swa@0.5"]
     assert torch.equal(mark.predict_log_proba(), test) and torch.equal(mark.val_log_proba(), val)

@@ -51,15 +51,8 @@ ADDED_AS = {"method.diag_scale": ("swag", "method.scale")}
 # another path, as it was then.
 WEIGHTS_PATH_KEYS = ("model.init_from", "model.arch.pretrained_file")
 # Run directory names before identity version 3 named every setting by its whole key (model.swa.lr-0.05, today
-# swa.lr-0.05; swalab.identity.name_key) and a weights file by its path: a run of such a directory is found there.
+# swa.lr-0.05; swalab.identity.name_key) and a weights file by its path: swalab.upgrade renames such a directory.
 SHORT_NAMES_SINCE = 3
-# Run directory names before identity version 4 named a run directory that model.init_from names by its path
-# (today by its source run: model.init_from-run-<group hash>): a run of such a directory is found there.
-RUN_SOURCES_SINCE = 4
-# Identities before version 5 counted, and run directory names named, keys that only say what a run keeps
-# (swalab.identity.OUTPUT_ONLY: model.fge.save_members-True): such an identity is read without them
-# (swalab.identity.today) and a run of such a directory is found there.
-OUTPUT_ONLY_SINCE = 5
 RECIPE_SETTINGS = {
     "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
             **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",

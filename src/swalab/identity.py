@@ -45,7 +45,7 @@ key a user types, a block of the model's without ``model.`` (``swa.lr-0.05``, ``
 (``model.init_from-sha256-<16 hex>``), a source run by its value (``model.init_from-run-<group hash>``, an epoch as
 ``-epoch<k>``). One config therefore has one name, however it was typed. A directory named
 by an earlier swalab (whole keys, a weights file's or a run directory's path, a key that only says what the run keeps)
-is still found: ``swalab.train.plan.locate``. The name uses only characters a shell and a Hydra
+is renamed by ``python -m swalab.upgrade`` (``swalab.train.plan.locate`` refuses to train its config beside it). The name uses only characters a shell and a Hydra
 override take unquoted (letters, digits and ``_ - . +``), so a run directory can be passed as
 ``model.init_from=<dir>`` as it is. When a value needs other characters, or the name grows long, the
 group hash is appended (``+id-<hash>``) so that two configs never share a name.
@@ -86,7 +86,7 @@ TRAINING_GROUPS = ("optimizer", "schedule", "loss", "trainer")
 # so a run made before the key existed keeps its identity, its directory and its report cell. Any other value counts.
 UNSET_VALUES = {"dataset.val_size": (None, 0), "dataset.classes": (None,), "method.prior_range": ([-4, 4],)}
 # Keys of the counted groups that say only what a run keeps, never what it computes: they never count (dropped like
-# LOCATION), and identities written before this rule (version 4 and earlier: compat.OUTPUT_ONLY_SINCE) are read
+# LOCATION), and identities written before this rule (version 4 and earlier) are read
 # without them (:func:`today`), so a run that keeps more is the same run, group, directory and report row.
 #   model.fge.save_members: also write each FGE member's weights to <run>/members/ (after the member is scored:
 #     no number of the run depends on it; swalab.methods.FGE.on_epoch_end).
@@ -101,9 +101,9 @@ def method_part(key: str, recipe: str | None) -> bool:
 
 IDENTITY_FILE = RunDir.IDENTITY
 # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks; 3: weights files by content,
-# names shortened (swa.lr-0.05 for model.swa.lr; earlier names are read by swalab.compat); 4: a run directory
-# model.init_from names counts as its source run (run-<group hash>), not as its path (compat.RUN_SOURCES_SINCE);
-# 5: what only says what a run keeps (OUTPUT_ONLY: model.fge.save_members) never counts (compat.OUTPUT_ONLY_SINCE)
+# names shortened (swa.lr-0.05 for model.swa.lr); 4: a run directory
+# model.init_from names counts as its source run (run-<group hash>), not as its path; 5: what only says what a run
+# keeps (OUTPUT_ONLY: model.fge.save_members) never counts. swalab.upgrade renames directories named by 2 to 4.
 IDENTITY_VERSION = 5
 DATA_FINGERPRINT = "data.fingerprint"
 # Keys identities hold today that an earlier swalab did not record (old-format reading: swalab.compat).
@@ -144,14 +144,14 @@ def is_weights_key(key: str) -> bool:
     return key == "model.init_from" or (key.startswith("model.") and key.endswith(".pretrained_file"))
 
 
-def by_content(value: Any, cache_dir: str | Path | None = None, seed: Any = None, sources: bool = True) -> Any:
+def by_content(value: Any, cache_dir: str | Path | None = None, seed: Any = None) -> Any:
     """A weights key's value as the identity holds it: the file's content fingerprint when it names a file
     (``swalab.data.fingerprint.weights_fingerprint``), the source run when it names a run directory with a readable
-    identity (:func:`source_run`; ``seed``: this run's; ``sources`` False keeps the directory's path, as identity
-    version 3 did), else the value as it is (null, a path that is not there: the run refuses it when it loads it)."""
+    identity (:func:`source_run`; ``seed``: this run's), else the value as it is (null, a path that is not there: the
+    run refuses it when it loads it)."""
     if not isinstance(value, str) or not value:
         return value
-    return weights_fingerprint(value, cache_dir) or (source_run(value, seed) if sources else None) or value
+    return weights_fingerprint(value, cache_dir) or source_run(value, seed) or value
 
 
 SOURCE_PREFIX = "run-"
@@ -190,8 +190,7 @@ def source_run(spec: str, seed: Any = None) -> str | None:
 
 
 def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None, *,
-                recipes: Sequence[str], content: bool = True, sources: bool = True,
-                outputs: bool = False) -> dict[str, Any]:
+                recipes: Sequence[str]) -> dict[str, Any]:
     """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
     and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
     known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
@@ -199,13 +198,8 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
 
     ``recipes`` are the model's recipe blocks of every method (``swalab.methods.base.known_recipes()``, which the
     caller passes: the methods sit above the identity): only the block of the run's own method counts (``model.swa``
-    for SWA), so ``model.swa.lr=0.05`` leaves an SGD run the same run.
-
-    ``content``: a weights file counts by its content and a run directory as its source run (:func:`by_content`);
-    False gives the identity identity version 2 computed, with the file's path, and ``sources`` False the one of
-    version 3, a file by its content and a run directory by its path (to find a run directory they named,
-    ``swalab.train.plan``). ``outputs`` True keeps what only says what a run keeps (``OUTPUT_ONLY``), as identity
-    version 4 and earlier did.
+    for SWA), so ``model.swa.lr=0.05`` leaves an SGD run the same run. A weights file counts by its content and a
+    run directory as its source run (:func:`by_content`).
     """
     flat: dict[str, Any] = {}
     for root in RESULT_GROUPS:
@@ -213,13 +207,11 @@ def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None
             _flatten(resolved[root], root, flat)
     own = _own_recipe(resolved)
     unread = tuple(f"model.{r}" for r in recipes if r != own) + (() if method_trains(resolved) else TRAINING_GROUPS)
-    dropped = (*LOCATION, *READ_THROUGH, *unread, *(() if outputs else OUTPUT_ONLY))
+    dropped = (*LOCATION, *READ_THROUGH, *unread, *OUTPUT_ONLY)
     identity = {k: v for k, v in flat.items() if not _under(k, dropped)
                 and not (k in UNSET_VALUES and _unset(k, v))}
-    if content:
-        cache_dir = (resolved.get("run") or {}).get("cache_dir")
-        seed = resolved.get("seed")
-        identity.update({k: by_content(v, cache_dir, seed, sources) for k, v in identity.items() if is_weights_key(k)})
+    cache_dir, seed = (resolved.get("run") or {}).get("cache_dir"), resolved.get("seed")
+    identity.update({k: by_content(v, cache_dir, seed) for k, v in identity.items() if is_weights_key(k)})
     if data_fingerprint is not None:
         identity[DATA_FINGERPRINT] = data_fingerprint
     return dict(sorted(identity.items()))
@@ -419,7 +411,7 @@ def name_items(apart: Mapping[str, Any] | None, version: int = IDENTITY_VERSION)
     choices first: ``schedule-cosine``, then settings: ``trainer.epochs-6``, ``swa.lr-0.05``: :func:`name_key`); and
     whether they render it exactly (False when ``apart`` is unknown, a config composed in Python, or a value needed
     other characters). ``version``: the names an identity of that version gave (whole keys before
-    ``compat.SHORT_NAMES_SINCE``), to find a run directory an earlier swalab named."""
+    ``compat.SHORT_NAMES_SINCE``), to rename a run directory an earlier swalab named (``swalab.upgrade``)."""
     if apart is None:
         return [], False
     items, exact = [], True

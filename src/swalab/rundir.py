@@ -107,6 +107,13 @@ class RunDir:
         return metrics
 
 
+def earlier_format(what: str, run_dir: str | Path) -> str:
+    """The one line refusing ``what`` (a file, a checkpoint's state) of a run in ``run_dir`` that an earlier swalab
+    wrote in a format today's code no longer reads, with the command that rewrites the run (``swalab.upgrade``)."""
+    return (f"{what} is in the format of an earlier swalab, which this one no longer reads: rewrite the run in "
+            f"today's format with python -m swalab.upgrade {run_dir} --write")
+
+
 def read_json(path: Path) -> Any:
     """The JSON file at ``path`` read back, or None when it is missing or damaged."""
     try:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from swalab.checkpoint import atomic_save
+from swalab.checkpoint import CheckpointError, atomic_save
 from swalab.config import ConfigError, require
-from swalab.evaluate import CachedEnsemble, Predictor, log_of
+from swalab.evaluate import CachedEnsemble, Predictor
 from swalab.logs import get_logger
-from swalab.rundir import RunDir
+from swalab.rundir import RunDir, earlier_format
 from swalab.methods.base import Method, TrainContext, check_pre_schedule, unread_schedule_keys
 from swalab.schedules import PaperSGD, Schedule, fge_cyclic_lr
 
@@ -39,13 +39,12 @@ def member_file(k: int, split: str = "test") -> str:
     return f"fge_member_{k:03d}" if split == "test" else f"fge_member_{k:03d}_{split}"
 
 
-def member_log_probs_of(record: dict) -> list[torch.Tensor]:
-    """The members' log-probabilities in a ``fge_member_probs.pt`` or an earlier swalab's checkpoint (which carried
-    them in the FGE state); files written before swalab kept log-probabilities hold ``member_probs``, read
-    through ``log_of``."""
-    if "member_log_probs" in record:
-        return list(record["member_log_probs"])
-    return [log_of(p) for p in record.get("member_probs", [])]
+def member_log_probs_of(record: dict, path: Path) -> list[torch.Tensor]:
+    """The members' log-probabilities in the ``fge_member_probs.pt`` at ``path``; one an earlier swalab wrote
+    (``member_probs``) is refused with the command that rewrites it (``swalab.upgrade``)."""
+    if "member_log_probs" not in record:
+        raise CheckpointError(earlier_format(str(path), Path(path).parent))
+    return list(record["member_log_probs"])
 
 
 class FGE(Method):
@@ -185,6 +184,8 @@ class FGE(Method):
         return out
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
+        if "member_files" not in state:  # an earlier swalab's: the members' predictions inside (swalab.upgrade)
+            raise CheckpointError(earlier_format(f"the FGE state of a checkpoint of {ctx.run_dir}", ctx.run_dir))
         self.member_epochs = list(state.get("member_epochs", []))
         if self.save_members and ctx.predictions.write:  # resumed with save_members after members it did not keep
             folder = Path(ctx.run_dir) / RunDir.MEMBERS
@@ -195,15 +196,7 @@ class FGE(Method):
                                      f"{', '.join(map(str, missing))} of {len(self.member_epochs)} collected before "
                                      "this resume were not kept (the run ran without the setting): only the members "
                                      "from here on are written to members/")
-        if "member_files" in state:
-            self.member_files = list(state["member_files"])
-            self.member_val_files = list(state.get("member_val_files", []))
-            self.ensemble = CachedEnsemble([ctx.predictions.load(name) for name in self.member_files],
-                                           [ctx.predictions.load(name) for name in self.member_val_files])
-            return
-        # a checkpoint of an earlier swalab carries the members' predictions itself: each gets its file now, once
-        members, val_members = member_log_probs_of(state), list(state.get("member_val_log_probs", ()))
-        self.ensemble = CachedEnsemble(members, val_members)
-        self.member_files = [ctx.predictions.save(member_file(k), p) for k, p in enumerate(members, start=1)]
-        self.member_val_files = [ctx.predictions.save(member_file(k, "val"), p)
-                                 for k, p in enumerate(val_members, start=1)]
+        self.member_files = list(state["member_files"])
+        self.member_val_files = list(state.get("member_val_files", []))
+        self.ensemble = CachedEnsemble([ctx.predictions.load(name) for name in self.member_files],
+                                       [ctx.predictions.load(name) for name in self.member_val_files])

@@ -43,10 +43,12 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from swalab import faults
+from swalab.checkpoint import CheckpointError
 from swalab.config import ConfigError, check_avg_device, require
-from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, log_of, metrics_from_log_probs
+from swalab.evaluate import CachedLogProbs, ModelPredictor, Predictor, metrics_from_log_probs
 from swalab.methods.base import (Method, TrainContext, averages_device, check_pre_schedule,
                                  on_training_device, unread_schedule_keys)
+from swalab.rundir import earlier_format
 from swalab.schedules import PaperSGD, Schedule, cyclic_swa_lr, shake_shake_swa_lr, swalr_lr
 
 PHASES = ("constant", "cyclic", "swalr", "shake_shake")
@@ -313,19 +315,10 @@ class SWA(Method):
                 "budget_files": list(self.budget_log_probs), "budget_val_files": list(self.budget_val_log_probs)}
 
     def load_state_dict(self, state: dict, ctx: TrainContext) -> None:
+        if "budget_files" not in state and any(k.startswith("budget_") for k in state):  # marks inside: swalab.upgrade
+            raise CheckpointError(earlier_format(f"the SWA state of a checkpoint of {ctx.run_dir}", ctx.run_dir))
         if state.get("averaged") is not None:
             self.averaged.load_state_dict(state["averaged"])
-        if "budget_files" in state:
-            self.budget_log_probs = {name: ctx.predictions.load(name) for name in state["budget_files"]}
-            self.budget_val_log_probs = {name: ctx.predictions.load(val_file(name))
-                                         for name in state.get("budget_val_files", [])}
-            return
-        # a checkpoint of an earlier swalab carries the scored marks itself (as probabilities before log-probabilities):
-        # each gets its file now, once
-        self.budget_log_probs = dict(state.get("budget_log_probs", {}))
-        self.budget_val_log_probs = dict(state.get("budget_val_log_probs", {}))
-        self.budget_log_probs.update({k: log_of(p) for k, p in state.get("budget_probs", {}).items()})
-        for name, log_probs in self.budget_log_probs.items():
-            ctx.predictions.save(name, log_probs)
-        for name, log_probs in self.budget_val_log_probs.items():
-            ctx.predictions.save(val_file(name), log_probs)
+        self.budget_log_probs = {name: ctx.predictions.load(name) for name in state.get("budget_files", [])}
+        self.budget_val_log_probs = {name: ctx.predictions.load(val_file(name))
+                                     for name in state.get("budget_val_files", [])}

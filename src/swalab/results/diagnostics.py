@@ -123,8 +123,9 @@ def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
                  "other_budget": {label: c.epochs / c.budget for c, _, label in every_swa
                                   if not same_budget(c, fge_column) and c.budget}}
         for entry in fge_cell.entries:
-            members = _load_probs(entry.run.path / MEMBER_PROBS_FILE)
-            member_probs = [p.exp() for p in member_log_probs_of(members)] if members else []
+            path = entry.run.path / MEMBER_PROBS_FILE
+            members = _load_probs(path)
+            member_probs = [p.exp() for p in member_log_probs_of(members, path)] if members else []
             if not member_probs:
                 continue
             singles = {}

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from swalab.evaluate import ensemble_log_mean, log_of, metrics_from_log_probs, reported_metrics
+from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_metrics
 from swalab.results.table import Cell, Column, Row, Table
-from swalab.rundir import RunDir
+from swalab.rundir import RunDir, earlier_format
 
 
 @dataclass
@@ -67,10 +67,9 @@ def saved_log_probs(run_path: Path, predictor: str, files: dict | None = None,
         return None, None, f"{path} cannot be read"
     if predictor in (saved.get("log_probs") or {}):
         return saved["log_probs"][predictor].float(), saved["labels"], None
-    if predictor in (saved.get("probs") or {}):  # files of earlier versions kept probabilities only
-        return log_of(saved["probs"][predictor]), saved["labels"], None
-    return None, None, (f"{path} holds no predictions of {predictor!r} (above {RunDir.PREDICTIONS}'s limit of numbers, "
-                        "or a run of an earlier swalab)")
+    if "log_probs" not in saved:  # an earlier swalab's file, of probabilities only
+        return None, None, earlier_format(str(path), path.parent)
+    return None, None, f"{path} holds no predictions of {predictor!r} (above {RunDir.PREDICTIONS}'s limit of numbers)"
 
 
 def ensemble_of(row: Row, column: Column, cell: Cell, files: dict | None = None) -> SeedEnsemble:

@@ -282,7 +282,7 @@ class Run:
         path = self.path / MEMBER_PROBS_FILE
         if not path.exists():
             return None
-        return member_log_probs_of(read_torch_file(path))
+        return member_log_probs_of(read_torch_file(path), path)
 
 
 def open_run(run_dir: str | Path) -> Run:

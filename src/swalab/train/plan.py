@@ -20,9 +20,9 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
                            save_at_caveats)
 from swalab.data.fingerprint import changes
-from swalab.compat import OUTPUT_ONLY_SINCE, RUN_SOURCES_SINCE, SHORT_NAMES_SINCE
-from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, TRAINING_GROUPS, counted, differences, group_hash,
-                             identity_of, method_trains, name_items, run_name, settings_apart, stored_identity)
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, IDENTITY_VERSION, TRAINING_GROUPS, differences,
+                             group_hash, identity_of, method_trains, name_items, run_name, settings_apart,
+                             stored_identity)
 from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
 from swalab.methods.base import known_recipes
@@ -60,85 +60,24 @@ class RunPlan:
 
 def locate(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> Path:
     """The run directory: ``run.dir`` when set, else the name ``swalab.identity.run_name`` makes from what sets the
-    run apart from its defaults. A run of the same config in a directory named by the rules of identity version 2, 3
-    or 4 (:func:`earlier_name`) continues there; one named from the command line by an earlier swalab still is refused
-    with the command that moves it (:func:`earlier_run_dir`)."""
+    run apart from its defaults. A run of this config that an earlier swalab named otherwise is refused with the
+    command that renames it (:func:`earlier_run_dir`), never trained again beside it."""
     if cfg.run.get("dir"):
         return fits(cfg, Path(str(cfg.run.dir)))
     names = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "method": str(cfg.method.name)}
     named = fits(cfg, Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, apart, choices or {},
                                                                   group_hash(identity)))
-    kept = kept_apart(cfg, identity, apart, choices)  # the names before OUTPUT_ONLY_SINCE: composed once
-    earlier = [earlier_name(cfg, identity, apart, choices or {}, names, version, kept)
-               for version in (SHORT_NAMES_SINCE - 1, RUN_SOURCES_SINCE - 1, OUTPUT_ONLY_SINCE - 1)]
-    earlier = [then for i, then in enumerate(earlier) if then != named and then not in earlier[:i]]
-    for then in earlier:
-        if not named.exists() and then.is_dir():
-            theirs = stored_identity(then, known_recipes())
-            if theirs is not None and not differences(identity, theirs):
-                get_logger().info(f"[swalab] this config's run is in {then}, named by an earlier swalab (its name "
-                                  f"today is {named}): it continues there")
-                return then
-    for then in earlier:
-        if seeds_beside(then, named, identity):
-            get_logger().info(f"[swalab] this config's other seeds are in {then.parent}, named by an earlier swalab "
-                              f"(its name today is {named.parent}): seed {cfg.seed} goes beside them")
-            return fits(cfg, then)
     earlier = earlier_run_dir(named, identity)
-    if earlier is not None:
-        raise ConfigError(f"the run of this config is in {earlier}, named by an earlier swalab; its name today is "
-                          f"{named}. Move it there (mv {earlier} {named}) and run the same command again to continue "
-                          "or skip it, or give this run a directory of its own with run.dir=<dir>")
-    return named
-
-
-def seeds_beside(then: Path, named: Path, identity: dict) -> bool:
-    """Whether a new seed of this config belongs in ``then`` (the name identity version 2 gave it) rather than in
-    today's ``named``: no seed of the config is under today's name yet, and one under the earlier name holds this
-    config but for the seed. One config keeps one directory of seeds, whichever swalab started it."""
-    if named.parent.exists() or not then.parent.is_dir():
-        return False
-    for seed_dir in sorted(then.parent.glob("seed*")):
-        theirs = stored_identity(seed_dir, known_recipes())
-        if theirs is not None and all(d.startswith("seed:") for d in differences(identity, theirs)):
-            return True
-    return False
-
-
-def earlier_name(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict, names: dict,
-                 version: int = SHORT_NAMES_SINCE - 1, kept: dict | None | bool = True) -> Path:
-    """The directory an identity of ``version`` named this config: in version 2 every setting by its whole key
-    (``model.swa.lr-0.05``), a weights file by its path and the group hash of an identity holding that path
-    (``swalab.compat.SHORT_NAMES_SINCE``); in version 3 a run directory ``model.init_from`` names by its path
-    (``swalab.compat.RUN_SOURCES_SINCE``); up to version 4 with the keys that only say what a run keeps
-    (``fge.save_members-True``: ``swalab.compat.OUTPUT_ONLY_SINCE``; ``kept``: what set the run apart then,
-    :func:`kept_apart`, computed here when True). When it holds this config's run, that run continues there
-    (:func:`locate`)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    outputs = version < OUTPUT_ONLY_SINCE
-    then = identity_of(resolved, identity.get(DATA_FINGERPRINT), recipes=known_recipes(),
-                       content=version >= SHORT_NAMES_SINCE, sources=version >= RUN_SOURCES_SINCE, outputs=outputs)
-    if outputs:
-        apart = kept_apart(cfg, identity, apart, choices) if kept is True else kept
-    paths = {identity[k]: then[k] for k in identity if k in then and identity[k] != then[k]}  # fingerprint: path
-    then_apart = None if apart is None else {k: paths.get(v, v) if isinstance(v, str) else v for k, v in apart.items()}
-    return Path(str(cfg.paths.output_dir)) / run_name(names, cfg.seed, then_apart, choices, group_hash(then),
-                                                      version=version)
-
-
-def kept_apart(cfg: DictConfig, identity: dict, apart: dict | None, choices: dict | None) -> dict | None:
-    """What set this run apart from its defaults while the keys that only say what a run keeps counted (identity
-    version 4 and earlier, ``swalab.identity.OUTPUT_ONLY``): ``apart`` with ``model.fge.save_members=True`` where it
-    differs from the default, in its place, composed as :func:`apart_from_defaults` composes it; ``apart`` itself
-    when the config holds no such key or the defaults cannot be composed."""
-    if apart is None:
-        return None
-    then = identity_of(OmegaConf.to_container(cfg, resolve=True), identity.get(DATA_FINGERPRINT),
-                       recipes=known_recipes(), outputs=True)
-    if counted(then) == then:
-        return apart
-    composed = apart_from_defaults(cfg, then, choices, outputs=True)
-    return apart if composed is None else composed
+    if earlier is None:
+        return named
+    seed = earlier.name == named.name
+    where, today = (earlier, named) if seed else (earlier.parent, named.parent)
+    version = (read_json(earlier / IDENTITY_FILE) or {}).get("version")
+    fix = (f"move it there (mv {where} {today})" if version is None else  # named from the command line: no record
+           f"rename it with python -m swalab.upgrade {where} --write")
+    raise ConfigError(f"{'the run' if seed else 'other seeds'} of this config {'is' if seed else 'are'} in {where}, "
+                      f"named by an earlier swalab; its name today is {today}: {fix} and run the same command again to "
+                      "continue or skip it, or give this run a directory of its own with run.dir=<dir>")
 
 
 # Room for the longest path a run writes below its directory (checkpoints/predictions/fge_member_012_val.pt.<random>.tmp
@@ -156,17 +95,18 @@ def fits(cfg: DictConfig, run_dir: Path) -> Path:
 
 
 def earlier_run_dir(named: Path, identity: dict) -> Path | None:
-    """A run directory beside ``named`` (same dataset, model, method and seed) that an earlier swalab named from the
-    command line (its ``identity.json`` has no ``version``) and that holds this config, when ``named`` does not."""
-    if named.exists():
+    """A run directory beside ``named`` (same data set, model and method) that an earlier swalab named otherwise
+    (its ``identity.json`` of an earlier identity version, or none) and that holds this config: of this seed when
+    ``named`` does not exist, of any seed when no seed of the config is under today's name yet."""
+    if named.exists() or not named.parent.parent.is_dir():
         return None
-    method_dir, seed_dir = named.parent.parent, named.name
-    if not method_dir.is_dir():
-        return None
-    for candidate in sorted(method_dir.glob(f"*/{seed_dir}")):
-        record = read_json(candidate / IDENTITY_FILE) or {}
+    pattern = f"*/{named.name}" if named.parent.exists() else "*/seed*"
+    for candidate in sorted(named.parent.parent.glob(pattern)):
+        version = (read_json(candidate / IDENTITY_FILE) or {}).get("version")
+        if candidate.parent == named.parent or (version or 0) >= IDENTITY_VERSION:
+            continue
         theirs = stored_identity(candidate, known_recipes())
-        if record.get("version") is None and theirs is not None and not differences(identity, theirs):
+        if theirs is not None and all(d.startswith("seed:") for d in differences(identity, theirs)):
             return candidate
     return None
 
@@ -200,11 +140,10 @@ def interpolation_sources(cfg: DictConfig, keys) -> dict[str, str]:
     return out
 
 
-def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None, outputs: bool = False) -> dict | None:
+def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -> dict | None:
     """What sets this run apart from the defaults of its data set, model and method (``identity.settings_apart``),
     by composing the config of the same group choices without the command line's key overrides; None when no
-    Hydra application is running to compose it (a config built in Python). ``outputs``: as ``identity_of`` takes it
-    (True for an ``identity`` that keeps what only says what a run keeps, to find a directory named so)."""
+    Hydra application is running to compose it (a config built in Python)."""
     from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
 
@@ -220,7 +159,7 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None, o
             if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
                 OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
         default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT),
-                                       recipes=known_recipes(), outputs=outputs)
+                                       recipes=known_recipes())
     except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
         return None
     trains = method_trains({"method": {"_target_": cfg.method.get("_target_")}})  # else no training group counts

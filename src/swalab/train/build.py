@@ -56,15 +56,12 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
 
 
 def data_files_record(cfg: DictConfig) -> dict | None:
-    """The record of the files the run's data set reads (``swalab.data.fingerprint``), from the module of its
-    loader (``dataset.source._target_``), which defines ``files_record`` with the loader's arguments; None for a
-    loader without one (a user's own) or data that are not there yet (a download still to come)."""
-    import sys
-
+    """The record of the files the run's data set reads (``swalab.data.fingerprint``), made by the recorder its
+    loader (``dataset.source._target_``) declares (``fingerprint.records_files``) from the loader's arguments; None
+    for a loader that declares none (a user's own) or data that are not there yet (a download still to come)."""
     from hydra.utils import get_method
 
-    loader = get_method(str(cfg.dataset.source._target_))
-    recorder = getattr(sys.modules[loader.__module__], "files_record", None)
+    recorder = getattr(get_method(str(cfg.dataset.source._target_)), "files_record", None)
     if recorder is None:
         return None
     args = {k: v for k, v in OmegaConf.to_container(cfg.dataset.source, resolve=True).items() if k != "_target_"}

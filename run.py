@@ -129,8 +129,11 @@ def hand_on(exc: Preempted) -> None:
 if __name__ == "__main__":
     from swalab.compat import moved_keys
 
-    moved = moved_keys(sys.argv[1:])  # before Hydra, which would say only that the key is not in the config
-    if moved:
-        print("[swalab] " + "; ".join(moved), file=sys.stderr)
+    from swalab.settings import typed_errors
+
+    # before Hydra, which would say only that the key is not in the config, or refuse the value in its own words
+    refused = moved_keys(sys.argv[1:]) or typed_errors(sys.argv[1:])
+    if refused:
+        print("[swalab] " + "; ".join(refused), file=sys.stderr)
         sys.exit(REFUSED_EXIT_CODE)
     main()

@@ -11,7 +11,8 @@ Checks, all before any file or folder is created:
 
 * :func:`check_config`: types (an integer key given ``2.5`` or ``abc`` is a named error) and ranges
   of the keys ``swalab.train`` reads itself; each message names the key and what is allowed. The keys of
-  a method, schedule, model or data set are checked by the object they configure.
+  a method, schedule, model or data set are checked by the object they configure, those of the trainer and
+  run groups by their classes (``swalab.settings``).
 * :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused;
 * :func:`check_path_fits`: an output path the file system cannot hold (a name or the whole path too long).
 """
@@ -27,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-
-from swalab.compat import MOVED_KEYS
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -127,26 +126,10 @@ def require(key: str, value: Any, kind: str, low: float | None = None, high: flo
     return value
 
 
-# The keys swalab.train reads itself, with their kind (see kind_error) and range.
+# The keys swalab.train reads itself, with their kind (see kind_error) and range; the trainer and run groups' are
+# checked by their classes (swalab.settings).
 KEYS: dict[str, tuple] = {
     "seed": ("int", 0, None),
-    "trainer.batch_size": ("int", 1, None),
-    "run.eval_batch_size": ("int?", 1, None),
-    "run.eval_every": ("int", 0, None),
-    "trainer.clip_grad_norm": ("number?", 0, None),
-    "trainer.accumulate": ("int", 1, None),
-    "run.channels_last": ("bool", None, None),
-    "run.deterministic": ("bool", None, None),
-    "run.compile": ("bool", None, None),
-    "run.progress": ("bool?", None, None),
-    "run.heartbeat_minutes": ("number", 0, None),
-    "trainer.max_skips": ("int", 0, None),
-    "trainer.bn_update_fraction": ("number", 0, 1),
-    "run.device": ("str", None, None),
-    "trainer.nonfinite": ("str", None, None),
-    "run.checkpoint_every": ("int", 1, None),
-    "run.keep_checkpoints": ("int", 1, None),
-    "run.keep_finished_checkpoints": ("bool", None, None),
     "dataset.train_size": ("int?", 1, None),
     "dataset.test_size": ("int?", 1, None),
     "dataset.image_size": ("int?", 1, None),
@@ -154,7 +137,6 @@ KEYS: dict[str, tuple] = {
     "dataset.num_classes": ("int?", 1, None),
     "dataset.pad": ("int?", 0, None),
     "dataset.flip": ("bool", None, None),
-    "run.num_workers": ("int", 0, None),
     "model.budget_epochs": ("int", 0, None),
     "dataset.mean": ("numbers?", None, None),
     "dataset.std": ("numbers?", 0, None),
@@ -162,14 +144,14 @@ KEYS: dict[str, tuple] = {
     "model.std": ("numbers?", 0, None),
 }
 # keys whose lower bound is excluded (a value of exactly ``low`` is refused)
-OPEN_LOW = ("trainer.bn_update_fraction", "trainer.clip_grad_norm", "dataset.std", "model.std")
+OPEN_LOW = ("dataset.std", "model.std")
 
 
 AVG_DEVICES = ("train", "cpu")
 
 
 def check_avg_device(avg_device: str) -> str:
-    """``run.avg_device``: checked with the run's settings (:func:`check_config`) whatever the method, so that a typo
+    """``run.avg_device``: checked with the run's settings (``swalab.settings.RunSettings``) whatever the method, so that a typo
     is refused in every job of a grid over methods, not only in those of a method that keeps an average; a method
     built in Python (SWA, EMA) checks the argument it is given with it too."""
     if avg_device not in AVG_DEVICES:
@@ -192,9 +174,10 @@ def check_monitoring(eval_split: str, temperature_scaling: bool | str, has_val_s
                           "run has none: set dataset.val_size=<images or a fraction>")
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first)."""
-    errors: list[str] = []
+def check_config(cfg: DictConfig, found: Sequence[str] = ()) -> None:
+    """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first), with
+    the errors ``found`` by the trainer and run settings' own checks (``swalab.settings``)."""
+    errors: list[str] = list(found)
     missing = [k for k in ("dataset.root", "model.arch._target_", "model.init_from")
                if OmegaConf.is_missing(OmegaConf.select(cfg, k.rpartition(".")[0]), k.rpartition(".")[2])]
     if missing:  # '???' in a config: a value the user must give
@@ -207,19 +190,6 @@ def check_config(cfg: DictConfig) -> None:
             require(key, value, kind, low, high, low_open=key in OPEN_LOW)
         except ConfigError as exc:
             errors.append(str(exc))
-    errors += unread_group_keys(cfg)
-    if cfg.trainer.get("nonfinite") not in ("stop", "skip"):
-        errors.append(f"trainer.nonfinite={cfg.trainer.get('nonfinite')!r} must be 'stop' or 'skip'")
-    resume = cfg.run.get("resume")
-    if resume not in ("auto", True, False):
-        errors.append(f"run.resume={resume!r} must be auto, true or false (run.dir=<dir> names the directory)")
-    try:
-        check_avg_device(cfg.run.get("avg_device", "train"))
-    except ConfigError as exc:
-        errors.append(str(exc))
-    save_at = cfg.run.get("save_at") or []
-    if not all(is_int(e) and e >= 1 for e in save_at):
-        errors.append(f"run.save_at={list(save_at)!r} must be a list of epochs >= 1")
     if not str(OmegaConf.select(cfg, "paths.output_dir", default="outputs") or "").strip():
         errors.append("paths.output_dir is empty: give the directory that holds the runs (paths.output_dir=outputs)")
     if cfg.model.get("init_from") and cfg.run.get("branch_from"):
@@ -275,24 +245,6 @@ def limit_of(path: Path, name: str, default: int) -> int:
         return int(os.pathconf(path, name))
     except (OSError, ValueError):
         return default
-
-
-def unread_group_keys(cfg: DictConfig, groups: Sequence[str] = ("trainer", "run")) -> list[str]:
-    """A key that a config file (an experiment, say) added to a group whose keys swalab reads one by one, and that
-    ``conf/<group>/default.yaml`` does not define: nothing would ever read it (a key that moved to another group,
-    a typo), so it is refused, naming where it lives now when it moved (``MOVED_KEYS``)."""
-    import yaml
-
-    errors = []
-    for group in groups:
-        defined = yaml.safe_load((CONF_DIR / group / "default.yaml").read_text()) or {}
-        for key in cfg.get(group) or {}:
-            if key in defined:
-                continue
-            moved = MOVED_KEYS.get(f"{group}.{key}")
-            errors.append(f"{group}.{key} is not a key of conf/{group}/default.yaml, so nothing would read it"
-                          + (f": it is now {moved}" if moved else ""))
-    return errors
 
 
 # -- keys added on the command line ------------------------------------------------------------

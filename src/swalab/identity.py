@@ -8,7 +8,7 @@ another identity is never resumed, and a report cell never pools them.
 
 Whether a key counts follows from where it is declared: the groups of what a run computes
 (``RESULT_GROUPS``: seed, dataset, model, method, schedule, optimizer, loss, trainer) count, the groups of how and
-where it runs (``RUN_GROUPS``: conf/run with device, progress, evaluation cadence, checkpoints,
+where it runs (``RUN_GROUPS``: the run group with device, progress, evaluation cadence, checkpoints,
 caches and workers; the logger; the paths; Hydra) never do. Within the counted groups, five rules:
 
 * a data set is what its files hold, ``data.fingerprint`` (``swalab.data.fingerprint``), never
@@ -65,7 +65,7 @@ from swalab.data.fingerprint import weights_fingerprint
 from swalab.rundir import RunDir
 
 # Where a key is declared says whether it counts: the groups of what a run computes, and the groups of how and
-# where it runs (conf/run: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
+# where it runs (the run group: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
 # which never count. tests/test_run_identity.py fails when a key of conf/ lies in neither.
 RESULT_GROUPS = ("seed", "dataset", "model", "method", "schedule", "optimizer", "loss", "trainer")
 RUN_GROUPS = ("run", "logger", "paths", "hydra")

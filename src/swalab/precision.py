@@ -88,7 +88,7 @@ def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
     without it, cuDNN autotuning (``cudnn.benchmark``), the fastest and not repeatable. Previous settings are
     restored afterwards. On other devices nothing changes.
 
-    What it costs (``run.deterministic``, conf/run/default.yaml): cuDNN may not pick its fastest convolution and
+    What it costs (``run.deterministic``, ``swalab.settings``): cuDNN may not pick its fastest convolution and
     no autotuning runs, and some kernels (scatter-adds, index-adds) take slower deterministic paths; an op that has
     no deterministic CUDA kernel (the backward of adaptive average pooling, which timm's ImageNet models use)
     warns once and stays nondeterministic. ``bench/models.py --nondeterministic`` measures the difference.

@@ -11,7 +11,7 @@ from them (SWA windows, LAWA, EMA, soups, WiSE-FT).
 Snapshots are written atomically (``swalab.checkpoint.atomic_save``) and named by their place in training, so a
 resumed run writes those it had not yet written, and one it writes again (the steps between its last checkpoint
 and a kill) replaces the file with the same weights: an exact resume trains them bit for bit again. They change
-no result, so ``run.snapshots`` is no part of a run's identity (``conf/run``).
+no result, so ``run.snapshots`` is no part of a run's identity (the ``run`` group).
 
 ``run.powerema`` (a list of relative widths sigma_rel, e.g. ``[0.05, 0.10]``) tracks EDM2's power-function EMAs of
 the live weights after every optimizer step (``swalab.powerema``) and writes them into every snapshot as

@@ -44,7 +44,7 @@ from swalab.rundir import RunDir
 from swalab.pausing import PauseFlag, Preempted, catching_pause_signals, signal_words
 from swalab.precision import check_precision, deterministic
 from swalab.snapshots import SnapshotWriter
-from swalab.trainer_options import TrainerOptions
+from swalab.settings import TrainerOptions
 from swalab.step import EpochTally, NonFiniteLossError, TrainingStep, first_bad_step, skip_nonfinite
 
 log = logging.getLogger("swalab.trainer")

@@ -27,7 +27,7 @@ import torch
 
 from .cache import cache_path, cached
 from . import fingerprint
-from .fingerprint import folder_record
+from .fingerprint import folder_record, records_files
 from .folder import (IMAGE_EXTENSIONS, SPLITS, decode_split, has_image_folder, list_image_folder, select_files,
                      selection_digest)
 from .splits import DataSplit, ImageData, after_val, cap_test_split, split_off_val, subset
@@ -249,6 +249,7 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
     )
 
 
+@records_files(files_record)
 def load_cifar(
     name: str,
     root: str | Path,

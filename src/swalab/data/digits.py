@@ -13,7 +13,7 @@ import hashlib
 import numpy as np
 import torch
 
-from .fingerprint import data_record
+from .fingerprint import data_record, records_files
 
 from .splits import DataSplit, ImageData, after_val, cap_test_split, split_off_val, subset
 
@@ -30,8 +30,10 @@ def files_record(**_) -> dict:
     return data_record(text.hexdigest())
 
 
+@records_files(files_record)
 def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: float = 0.2,
-                test_size: int | None = None, val_size: int | float | None = None) -> ImageData:
+                test_size: int | None = None, val_size: int | float | None = None,
+                record: dict | None = None) -> ImageData:
     """Load the digits as ``uint8`` images ``[N, 1, 8, 8]`` with a fixed stratified train/test split.
 
     The pixel values 0..16 are scaled to 0..255 (``round(v * 255 / 16)``) so that the same
@@ -49,6 +51,7 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
         val_size: hold this many training images (or this fraction of them) out as a validation split, the same
             for every seed (``swalab.data.splits.hold_out``), before ``train_size`` picks from the rest; ``None``
             or 0: none.
+        record: the record of the digits (:func:`files_record`) when the caller has just made it.
     """
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
@@ -74,5 +77,5 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
         num_classes=10,
         classes=classes,
         channels=1,
-        record=files_record(),
+        record=record or files_record(),
     )

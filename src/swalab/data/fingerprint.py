@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .cache import cache_root, root_key
@@ -163,6 +163,19 @@ def weights_fingerprint(path: str | Path, cache_dir: str | Path | None = None) -
     digest = digests.digest(path.name, path.stat())
     digests.save()
     return WEIGHTS_PREFIX + digest[:16]
+
+
+def records_files(recorder: Callable[..., dict | None]) -> Callable:
+    """Declare ``recorder`` the record of the files a loader reads, as a decorator of the loader: the protocol by
+    which ``swalab.train`` finds a data set's record before loading it (``loader.files_record``, called with the
+    loader's arguments from ``dataset.source``; None while the files are not there) and hands it back (the loader
+    takes ``record=``, so that its files are not read twice). A loader that declares none has no record."""
+
+    def declare(loader: Callable) -> Callable:
+        loader.files_record = recorder
+        return loader
+
+    return declare
 
 
 def data_record(fingerprint_text: str) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .cache import cache_path, cached
-from .fingerprint import folder_record
+from .fingerprint import folder_record, records_files
 from .folder import (IMAGE_EXTENSIONS, SPLITS, decode_images, infer_channels, list_image_folder, select_files,
                      selection_digest)
 from .splits import DataSplit, ImageData, channel_stats
@@ -97,6 +97,7 @@ def files_record(root: str | Path, cache_dir: str | Path | None = None, **_) -> 
     return folder_record(_check_root(root), SPLITS, IMAGE_EXTENSIONS, cache_dir)
 
 
+@records_files(files_record)
 def load_folder(
     root: str | Path,
     image_size: int | None = None,

@@ -37,6 +37,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .fingerprint import records_files
 from .folder import IMAGE_EXTENSIONS
 from .loader import check_shard, epoch_generator
 from .splits import TEST_SUBSET_SEED, check_size, hold_out, subset_indices
@@ -159,6 +160,7 @@ def files_record(root: str | Path, cache_dir: str | Path | None = None, **_) -> 
     return folder_record(root, (TRAIN_SPLIT, EVAL_SPLIT), IMAGE_EXTENSIONS, cache_dir)
 
 
+@records_files(files_record)
 def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0,
                   test_size: int | None = None, cache_dir: str | Path | None = None,
                   record: dict | None = None, val_size: int | float | None = None) -> FolderData:

@@ -25,7 +25,7 @@ from swalab.optim import OptimizerSpec
 from swalab.runlock import gone_holder
 from swalab.runstatus import STOPPED_STATES, RunStatus
 from swalab.rundir import DamagedRecord, RunDir
-from swalab.trainer_options import TrainerOptions
+from swalab.settings import GROUPS, InvalidSettings, TrainerOptions
 
 
 def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
@@ -56,15 +56,12 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
 
 
 def data_files_record(cfg: DictConfig) -> dict | None:
-    """The record of the files the run's data set reads (``swalab.data.fingerprint``), from the module of its
-    loader (``dataset.source._target_``), which defines ``files_record`` with the loader's arguments; None for a
-    loader without one (a user's own) or data that are not there yet (a download still to come)."""
-    import sys
-
+    """The record of the files the run's data set reads (``swalab.data.fingerprint``), made by the recorder its
+    loader (``dataset.source._target_``) declares (``fingerprint.records_files``) from the loader's arguments; None
+    for a loader that declares none (a user's own) or data that are not there yet (a download still to come)."""
     from hydra.utils import get_method
 
-    loader = get_method(str(cfg.dataset.source._target_))
-    recorder = getattr(sys.modules[loader.__module__], "files_record", None)
+    recorder = getattr(get_method(str(cfg.dataset.source._target_)), "files_record", None)
     if recorder is None:
         return None
     args = {k: v for k, v in OmegaConf.to_container(cfg.dataset.source, resolve=True).items() if k != "_target_"}
@@ -391,10 +388,28 @@ def loss_spec(cfg: DictConfig) -> LossSpec:
     return build(OmegaConf.create({"_target_": "swalab.losses.LossSpec", **cfg.loss}), "loss")
 
 
-def trainer_options(cfg: DictConfig, epochs: int) -> TrainerOptions:
-    """The loop's options: every ``TrainerOptions`` field from ``trainer.*`` or ``run.*`` of the same name."""
-    from dataclasses import fields
+def settings_of(cfg: DictConfig, group: str):
+    """``cfg.<group>`` (trainer, run) instantiated as its class (``swalab.settings``), which checks each value; a key
+    the class lacks (added with ``+`` where no command line was checked) is refused."""
+    cls = GROUPS[group]
+    stray = [f"{group}.{k} is not a setting of {group} ({cls.__module__}.{cls.__name__}), so nothing would read it"
+             for k in cfg[group] if k not in cls.__dataclass_fields__]
+    if stray:
+        raise InvalidSettings(stray)
+    return OmegaConf.to_object(cfg[group])
 
-    names = {f.name for f in fields(TrainerOptions)} - {"epochs", "save_at", "handle_signals"}
-    values = {k: cfg[group][k] for group in ("trainer", "run") for k in names if k in cfg[group]}
-    return TrainerOptions(epochs=epochs, save_at=tuple(cfg.run.save_at or ()), **values)
+
+def settings_problems(cfg: DictConfig) -> list[str]:
+    """Every bad value of the trainer and run groups (:func:`settings_of`), for ``check_config`` to list."""
+    problems = []
+    for group in GROUPS:
+        try:
+            settings_of(cfg, group)
+        except InvalidSettings as exc:
+            problems += exc.errors
+    return problems
+
+
+def trainer_options(cfg: DictConfig, epochs: int) -> TrainerOptions:
+    """The loop's options: the run's trainer and run settings (:func:`settings_of`), run for ``epochs``."""
+    return TrainerOptions(**vars(settings_of(cfg, "trainer")) | vars(settings_of(cfg, "run")) | {"epochs": epochs})

@@ -18,7 +18,6 @@ two apart by type. A pause (:class:`swalab.pausing.Preempted`, Ctrl-C) is raised
 from __future__ import annotations
 
 import contextlib
-import inspect
 import traceback
 import warnings
 from dataclasses import dataclass, replace
@@ -55,11 +54,12 @@ class TrainingFailed(Exception):
 
 
 def given_record(cfg, record: dict | None) -> dict:
-    """``{"record": record}`` for a loader that takes the record of its files (the plan has just made it), else {}."""
+    """``{"record": record}`` for a loader that declares the record of its files (``fingerprint.records_files``: it
+    takes back the one the plan has just made), else {}."""
     from hydra.utils import get_method
 
-    takes = inspect.signature(get_method(str(cfg.dataset.source._target_))).parameters
-    return {"record": record} if record is not None and "record" in takes else {}
+    declares = hasattr(get_method(str(cfg.dataset.source._target_)), "files_record")
+    return {"record": record} if record is not None and declares else {}
 
 
 @dataclass

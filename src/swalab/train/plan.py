@@ -27,7 +27,7 @@ from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
 from swalab.methods.base import known_recipes
 from swalab.precision import check_precision
-from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec
+from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec, settings_problems
 from swalab.tracking import RECORD_FILE
 from swalab.rundir import DamagedRecord, RunDir, read_json
 from swalab.distributed import select_device
@@ -171,12 +171,12 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -
 def validate(cfg: DictConfig):
     """Every check of ``cfg`` that needs no data and writes nothing; returns the (checked) method.
 
-    The config's own keys (``check_config``), the device, the optimizer and the loss, and the schedule and method,
+    The config's own keys (``check_config``, the trainer and run groups' by their classes), the device, the optimizer and the loss, and the schedule and method,
     which check their own arguments when built and their combination in ``validate``. A refusal names the key the
     user sets (:func:`in_user_keys`), not the key that reads it.
     """
     try:
-        check_config(cfg)
+        check_config(cfg, settings_problems(cfg))
         select_device(str(cfg.run.device))
         optimizer_spec(cfg).check()
         loss_spec(cfg)

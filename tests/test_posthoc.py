@@ -8,6 +8,7 @@ epoch.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,22 @@ def test_the_choice_on_validation_names_the_best_of_each_family(swa_run, capsys)
 def test_a_window_with_fewer_than_two_snapshots_is_refused_naming_the_option(swa_run):
     with pytest.raises(PosthocError, match=r"--swa 4:4|--swa 3.5:4: the window holds 1 snapshot"):
         main([str(swa_run), "--swa", "3.5:4"])
+
+
+@pytest.fixture(scope="module")
+def run_without_snapshots(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("posthoc") / "no-snapshots"
+    train(make_cfg("method=sgd", "trainer.epochs=2"), run_dir=run)
+    return run
+
+
+@pytest.mark.parametrize("option", [["--ema", "0.5"], ["--lawa", "2"], ["--swa", "1:"]])
+def test_an_average_of_a_run_that_wrote_no_snapshots_is_refused_naming_run_snapshots(run_without_snapshots, option):
+    """Its final weights alone are there: an "ema0.5" of them would be those weights under an average's label."""
+    refusal = rf"^{re.escape(' '.join(option))}: .* holds its final weights only .*run.snapshots=1"
+    with pytest.raises(PosthocError, match=refusal):
+        main([str(run_without_snapshots), *option])
+    assert not (run_without_snapshots / "posthoc").exists()
 
 
 def test_the_ema_over_snapshots_is_the_recurrence_at_each_snapshot():

@@ -188,6 +188,22 @@ def test_the_report_shows_post_hoc_predictors_as_predictors_of_their_run_with_th
     assert {"swa", "swa[3:4]"} <= columns
 
 
+def test_the_same_average_of_two_methods_runs_of_one_setting_is_labelled_with_the_run_it_averages(tmp_path):
+    """An SGD and an EMA run of one setting train the same live weights; each one's lawa2 is a column of its own,
+    named after the run it averages, in the one row of that setting (not a second row under the same label)."""
+    runs = {method: tmp_path / method for method in ("sgd", "ema")}
+    for method, run in runs.items():
+        train(make_cfg(f"method={method}", "run.snapshots=1"), run_dir=run)
+        main([str(run), "--lawa", "2"])
+    table = report(list(runs.values()), tmp_path / "report")["table"]
+    assert len(table.rows) == 1
+    lawa = {c.label: c for c in table.columns if c.posthoc}
+    assert set(lawa) == {"lawa2 of SGD 1B (4 ep)", "lawa2 of EMA 1B (4 ep)"}
+    for label, column in lawa.items():
+        (entry,) = table.rows[0].cells[column].entries
+        assert entry.run.path == runs[entry.run.method] and f"of {entry.run.method.upper()} " in label
+
+
 # -- EDM2's power EMA, rebuilt from the snapshots of two tracked widths --------------------------------------------
 POWER = ["run.snapshots=0.25", "run.powerema=[0.05,0.10]", "dataset.val_size=100"]  # a snapshot every step: 16
 # The rebuild at a tracked width is its last snapshot: the solve gives it weight 1 - 2e-14 and the others ~1e-14, so

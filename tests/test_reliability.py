@@ -853,6 +853,19 @@ def test_a_kill_before_the_resume_checkpoints_go_leaves_them_to_the_next_launch_
     assert json.loads((run / "status.json").read_text())["status"] == "complete"
 
 
+def test_the_report_tells_a_damaged_run_that_kept_no_checkpoint_that_its_command_trains_it_again(tmp_path):
+    """The report names what re-running does: scoring from the last checkpoint where there is one, else training the
+    run again from the start (at the default a finished run keeps no resume checkpoint)."""
+    from swalab.results.runs import Run
+
+    run = tmp_path / "run"
+    train(make_cfg(AT_DEFAULTS), run_dir=run)
+    (run / "metrics.json").write_bytes(b"")
+    error = Run(run).error
+    assert "metrics.json cannot be read" in error and "trains it again from the start" in error
+    assert "from its last checkpoint" not in error
+
+
 def test_a_damaged_metrics_file_of_a_run_that_kept_no_checkpoint_says_it_trains_again_and_does(tmp_path, reference):
     run = tmp_path / "run"
     train(make_cfg(AT_DEFAULTS), run_dir=run)

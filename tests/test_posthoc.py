@@ -8,6 +8,7 @@ epoch.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,22 @@ def test_a_window_with_fewer_than_two_snapshots_is_refused_naming_the_option(swa
         main([str(swa_run), "--swa", "3.5:4"])
 
 
+@pytest.fixture(scope="module")
+def run_without_snapshots(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("posthoc") / "no-snapshots"
+    train(make_cfg("method=sgd", "trainer.epochs=2"), run_dir=run)
+    return run
+
+
+@pytest.mark.parametrize("option", [["--ema", "0.5"], ["--lawa", "2"], ["--swa", "1:"]])
+def test_an_average_of_a_run_that_wrote_no_snapshots_is_refused_naming_run_snapshots(run_without_snapshots, option):
+    """Its final weights alone are there: an "ema0.5" of them would be those weights under an average's label."""
+    refusal = rf"^{re.escape(' '.join(option))}: .* holds its final weights only .*run.snapshots=1"
+    with pytest.raises(PosthocError, match=refusal):
+        main([str(run_without_snapshots), *option])
+    assert not (run_without_snapshots / "posthoc").exists()
+
+
 def test_the_ema_over_snapshots_is_the_recurrence_at_each_snapshot():
     states = [{"w": torch.tensor([float(i)]), "n": torch.tensor(i)} for i in range(1, 4)]
     expected = 0.5 * (0.5 * 1 + 0.5 * 2) + 0.5 * 3
@@ -169,6 +186,22 @@ def test_the_report_shows_post_hoc_predictors_as_predictors_of_their_run_with_th
     assert "swa[3:4]" in table and "swa[3:4]+ts" in table
     columns = {c.method for c in found["table"].columns}
     assert {"swa", "swa[3:4]"} <= columns
+
+
+def test_the_same_average_of_two_methods_runs_of_one_setting_is_labelled_with_the_run_it_averages(tmp_path):
+    """An SGD and an EMA run of one setting train the same live weights; each one's lawa2 is a column of its own,
+    named after the run it averages, in the one row of that setting (not a second row under the same label)."""
+    runs = {method: tmp_path / method for method in ("sgd", "ema")}
+    for method, run in runs.items():
+        train(make_cfg(f"method={method}", "run.snapshots=1"), run_dir=run)
+        main([str(run), "--lawa", "2"])
+    table = report(list(runs.values()), tmp_path / "report")["table"]
+    assert len(table.rows) == 1
+    lawa = {c.label: c for c in table.columns if c.posthoc}
+    assert set(lawa) == {"lawa2 of SGD 1B (4 ep)", "lawa2 of EMA 1B (4 ep)"}
+    for label, column in lawa.items():
+        (entry,) = table.rows[0].cells[column].entries
+        assert entry.run.path == runs[entry.run.method] and f"of {entry.run.method.upper()} " in label
 
 
 # -- EDM2's power EMA, rebuilt from the snapshots of two tracked widths --------------------------------------------

@@ -401,6 +401,21 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path, overrides, 
     assert not run.exists()
 
 
+@pytest.mark.parametrize("typed", ["model.budget_epochs=0", "method.budget=0"])
+def test_a_run_of_no_epochs_made_by_the_budget_is_refused_naming_the_keys_that_make_trainer_epochs(tmp_path, typed):
+    """``trainer.epochs`` is method.budget x model.budget_epochs unless set: a user who typed one of those and got 0
+    epochs is told which keys make it, not only a key they never typed."""
+    run = tmp_path / "run"
+    untimed = [o for o in TINY if not o.startswith("trainer.epochs=")]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*untimed, typed])
+    with pytest.raises(ConfigError) as info:
+        train(cfg, run_dir=run)
+    assert "trainer.epochs=0 trains nothing" in str(info.value)
+    assert "method.budget x model.budget_epochs" in str(info.value)
+    assert not run.exists()
+
+
 def test_batch_larger_than_the_whole_training_set_fails_before_any_epoch(tmp_path):
     run = tmp_path / "run"
     with pytest.raises(ConfigError, match=r"trainer.batch_size=5000 is larger than the 1437 training images"):
@@ -843,6 +858,19 @@ def test_a_kill_before_the_resume_checkpoints_go_leaves_them_to_the_next_launch_
     assert again.returncode == 0 and "already holds a finished run" in again.stdout
     assert not checkpoint_paths(run / "checkpoints") and (run / "final.pt").exists()
     assert json.loads((run / "status.json").read_text())["status"] == "complete"
+
+
+def test_the_report_tells_a_damaged_run_that_kept_no_checkpoint_that_its_command_trains_it_again(tmp_path):
+    """The report names what re-running does: scoring from the last checkpoint where there is one, else training the
+    run again from the start (at the default a finished run keeps no resume checkpoint)."""
+    from swalab.results.runs import Run
+
+    run = tmp_path / "run"
+    train(make_cfg(AT_DEFAULTS), run_dir=run)
+    (run / "metrics.json").write_bytes(b"")
+    error = Run(run).error
+    assert "metrics.json cannot be read" in error and "trains it again from the start" in error
+    assert "from its last checkpoint" not in error
 
 
 def test_a_damaged_metrics_file_of_a_run_that_kept_no_checkpoint_says_it_trains_again_and_does(tmp_path, reference):

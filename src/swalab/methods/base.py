@@ -136,7 +136,8 @@ class Method:
         """
         if self.epochs == 0:
             raise ConfigError(f"trainer.epochs=0 trains nothing with method={self.name}: use method=pretrained to "
-                              "score the starting weights")
+                              "score the starting weights, or train 1 epoch or more (trainer.epochs is method.budget "
+                              "x model.budget_epochs unless set itself)")
         if not self.budget > 0:
             raise ConfigError(f"method.budget={self.budget:g} must be > 0 for method={self.name}: a run is "
                               "method.budget budgets of B = model.budget_epochs epochs (B follows trainer.epochs when "

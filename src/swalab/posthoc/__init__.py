@@ -94,6 +94,15 @@ def points_of(scored: Scored) -> list[Point]:
     return points
 
 
+def check_averaged(points: Sequence[Point], option: str, run: Path) -> None:
+    """Refuse ``option`` (``--ema 0.5``) for a run whose only weights are its final ones (it wrote no snapshots, or
+    none before its last epoch): what it would build is those weights under an average's label."""
+    if len(points) < 2:
+        raise PosthocError(f"{option}: {run} holds its final weights only (no snapshot before them: it was trained "
+                           "without run.snapshots, or with snapshots further apart than the run), so there is nothing "
+                           "to average: train it with run.snapshots=1 (a snapshot every epoch)")
+
+
 def window(text: str) -> tuple[float, float | None]:
     """``A:B`` (``A:``: to the end) as two epochs, or ``PosthocError`` naming ``--swa``."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*:\s*(\d+(?:\.\d+)?)?\s*", text)
@@ -318,6 +327,9 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
                                "as the weights are)")
     for scored in runs:
         points = points_of(scored)
+        for option in ([f"--swa {w}" for w in request.swa] + [f"--lawa {k}" for k in request.lawa]
+                       + [f"--ema {d:g}" for d in request.ema])[:1]:
+            check_averaged(points, option, scored.run.path)
         for w in request.swa:
             swa_window(points, w)
         for k in request.lawa:

@@ -27,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.checkpoint import read_torch_file
+from swalab.checkpoint import CheckpointStore, read_torch_file
 from swalab.compat import upgraded_config
 from swalab.config import build
 from swalab.data import ImageData, subset
@@ -117,7 +117,10 @@ class Run:
     def error(self) -> str | None:
         damaged = self._final[1]
         if damaged is not None:
-            return f"{damaged}: re-run the run's command to score it again from its last checkpoint"
+            if CheckpointStore(self.path).paths():
+                return f"{damaged}: re-run the run's command to score it again from its last checkpoint"
+            return (f"{damaged}: the run kept no checkpoint once it finished (run.keep_finished_checkpoints=false), so "
+                    "re-running its command trains it again from the start")
         if self.status == RunStatus.STOPPED:
             return (f"status.json says running, but no process trains it ({self._gone}): re-run its command to "
                     "continue from its newest checkpoint")

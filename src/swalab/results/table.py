@@ -43,6 +43,7 @@ class Column:
     budget: float
     epochs: int
     posthoc: bool = False  # built after training from the run's weights (swalab.posthoc): ``method`` is its label
+    of: str = ""  # a post-hoc predictor's run's method (``lawa2`` of an SGD run and of an EMA run are two columns)
     trains: bool = field(default=True, compare=False)  # the method's own (Method.trains): told by its name alone
 
     @property
@@ -58,9 +59,9 @@ class Column:
     @property
     def name(self) -> str:
         """``SWA``, ``SWAG-diag``, ``SWA+ts``: the method as a label shows it; a post-hoc predictor by its own label
-        (``swa[12:16]``, ``lawa5+ts``)."""
+        and the method of the run whose weights it averages (``swa[12:16] of SWA``, ``lawa5+ts of SGD``)."""
         if self.posthoc:
-            return self.method
+            return f"{self.method} of {title_of(self.of)}" if self.of else self.method
         return title_of(self.base) + (SUFFIX if self.scaled else "")
 
     @property
@@ -110,7 +111,8 @@ def entries_of(run: Run) -> list[Entry]:
     """The run's own predictors (``sgd`` of an SGD run, ``swa`` of a SWA run...), SWA's budget marks, each at its
     fitted temperature (``<name>+ts``) too, the predictors it stands in for (``Method.stands_in``: a SWAG run fills
     SWA's columns where no SWA run does, python -m swalab.results.row --swag; build_table), and those built after
-    training (``swalab.posthoc``: columns of their own, after the methods', at the run's budget)."""
+    training (``swalab.posthoc``: columns of their own, after the methods', at the run's budget, named with its
+    method)."""
     out = []
     epochs = int(run.get("trainer.epochs", 0) or 0)
     budget = float(run.get("method.budget", 1.0) or 0.0)
@@ -130,7 +132,8 @@ def entries_of(run: Run) -> list[Entry]:
         out.append(Entry(run, name, column, m, stands_in=stands_in))
     for name, m in run.posthoc.items():  # built after training (swalab.posthoc), labelled by what they average
         if "acc" in m:
-            out.append(Entry(run, f"posthoc:{name}", Column(name, budget, int(m.get("epoch", epochs)), posthoc=True), m))
+            column = Column(name, budget, int(m.get("epoch", epochs)), posthoc=True, of=run.method)
+            out.append(Entry(run, f"posthoc:{name}", column, m))
     return out
 
 

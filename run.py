@@ -21,7 +21,19 @@ import os
 import signal
 import sys
 
-import hydra
+
+def interrupted_while_starting(signum, frame):
+    """Ctrl-C while the imports below load (seconds on a busy machine): one line, not an import's traceback."""
+    print("[swalab] interrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr)
+    sys.exit(130)  # pausing.INTERRUPTED_EXIT_CODE, not imported yet
+
+
+# (a process started with SIGINT ignored, as a shell's background job is, keeps ignoring it)
+STARTED_WITH = signal.signal(signal.SIGINT, interrupted_while_starting)
+if STARTED_WITH != signal.default_int_handler:
+    signal.signal(signal.SIGINT, STARTED_WITH)
+
+import hydra  # noqa: E402  (every import below may take seconds)
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -37,6 +49,8 @@ from swalab.train.records import message, one_line
 from swalab.rundir import RunDir
 from swalab.pausing import INTERRUPTED_EXIT_CODE, Preempted
 from swalab.step import NonFiniteLossError
+
+signal.signal(signal.SIGINT, STARTED_WITH)  # started: Ctrl-C pauses a run (swalab.pausing) from here
 
 # Errors during training whose message says all a user needs: shown as one line, without a traceback.
 SELF_EXPLAINED = (NonFiniteLossError, OSError, CheckpointError)

@@ -882,3 +882,22 @@ def test_a_damaged_metrics_file_of_a_run_that_kept_no_checkpoint_says_it_trains_
     assert ("its resume checkpoints were deleted when it finished (run.keep_finished_checkpoints=false), so it trains "
             "again from the start") in again.stdout + again.stderr
     assert_same_run(run, reference)
+
+
+def test_ctrl_c_while_run_py_still_imports_is_one_line_exit_130_and_writes_nothing(tmp_path):
+    """On a busy machine the imports before a run starts take seconds: Ctrl-C there says so in one line, not in an
+    import's traceback. The signal is sent once hydra has been imported (``-X importtime`` says when), while torch
+    and swalab still load."""
+    env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}}
+    child = subprocess.Popen([PYTHON, "-X", "importtime", "run.py", *TINY, f"paths.output_dir={tmp_path / 'out'}"],
+                             cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in child.stderr:
+        if line.rstrip().endswith("| hydra"):
+            child.send_signal(signal.SIGINT)
+            break
+    rest = child.stderr.read()
+    assert child.wait(timeout=120) == 130
+    said = [line for line in rest.splitlines() if not line.startswith("import time:")]
+    assert said == ["[swalab] interrupted (Ctrl-C) while starting: nothing was written"], said
+    assert not (tmp_path / "out").exists()

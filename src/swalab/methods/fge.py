@@ -156,8 +156,10 @@ class FGE(Method):
         """With ``save_members``: the members whose weights the finished run did not write (it ran without
         ``model.fge.save_members``, which sets no run apart: swalab.identity.OUTPUT_ONLY)."""
         members = (metrics.get("fge") or {}).get("members") if self.save_members else None
+        if not isinstance(members, int):
+            return []
         kept = len(list((Path(run_dir) / RunDir.MEMBERS).glob("member_*.pt")))
-        if not isinstance(members, int) or kept >= members:
+        if kept >= members:
             return []
         return [f"model.fge.save_members=true, but the finished run there kept the weights of {kept} of its {members} "
                 "members (it ran without the setting, which sets no run apart); they are kept only by training it "

@@ -272,3 +272,13 @@ def test_a_kill_after_a_rename_leaves_a_run_the_same_command_finishes_without_mo
     assert "directory renamed" not in out and f"{new}:\n  identity.json: identity version 2 -> " in out
     assert json.loads((new / RunDir.IDENTITY).read_text())["version"] == IDENTITY_VERSION
     assert upgrade.main([str(tmp_path)]) == 0 and "nothing to do" in capsys.readouterr().out
+
+
+def test_the_temp_files_of_an_upgrade_killed_while_writing_are_removed_by_the_next_one(today_run, tmp_path, capsys):
+    run = make_earlier(today_run, tmp_path / "swa" / "default" / "seed0")
+    left = run / f"{RunDir.PREDICTIONS}.abc123{upgrade.TEMP_SUFFIX}"
+    left.write_bytes(b"half a file")
+    assert upgrade.main([str(tmp_path), "--write"]) == 0
+    assert "1 temp file(s) an interrupted upgrade left: removed" in capsys.readouterr().out
+    assert not left.exists() and not list(run.rglob(f"*{upgrade.TEMP_SUFFIX}"))
+    assert upgrade.main([str(tmp_path)]) == 0 and "nothing to do" in capsys.readouterr().out

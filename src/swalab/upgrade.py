@@ -50,6 +50,9 @@ from swalab.rundir import RunDir, read_json
 INSIDE_A_RUN = (RunDir.CHECKPOINTS, RunDir.MEMBERS, RunDir.WANDB, RunDir.SNAPSHOTS, RunDir.POSTHOC, RunDir.SCORES)
 
 
+TEMP_SUFFIX = ".upgrade.tmp"  # a new file written beside the one it replaces, until it replaces it
+
+
 @dataclass
 class Upgrade:
     """What one run needs: one line per change (``notes``), the files to put in place (``files``: path -> bytes
@@ -60,6 +63,7 @@ class Upgrade:
     files: dict[Path, Callable[[Any], None]] = field(default_factory=dict)
     move: Path | None = None
     blocked: str | None = None
+    stale: list[Path] = field(default_factory=list)  # temp files an interrupted upgrade left: removed
 
     def add(self, note: str, path: Path, write: Callable[[Any], None]) -> None:
         self.notes.append(note)
@@ -252,6 +256,9 @@ def plan(run: Path) -> Upgrade:
     up = Upgrade(run)
     for step in (plan_predictions, plan_checkpoints, plan_config, plan_identity):
         step(up)
+    up.stale = sorted(run.rglob(f"*{TEMP_SUFFIX}"))
+    if up.stale:
+        up.notes.append(f"{len(up.stale)} temp file(s) an interrupted upgrade left: removed")
     return up
 
 
@@ -326,7 +333,7 @@ def apply(up: Upgrade) -> None:
         for path, write in up.files.items():
             path = base / path.relative_to(up.run) if path.is_relative_to(up.run) else path
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".upgrade.tmp", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=TEMP_SUFFIX, dir=path.parent)
             os.chmod(tmp, 0o644)
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -339,6 +346,8 @@ def apply(up: Upgrade) -> None:
         raise
     for tmp, path in staged:
         os.replace(tmp, path)
+    for path in up.stale:
+        (base / path.relative_to(up.run)).unlink(missing_ok=True)
 
 
 def parser() -> argparse.ArgumentParser:

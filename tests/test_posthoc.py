@@ -108,6 +108,18 @@ def test_the_choice_on_validation_names_the_best_of_each_family(swa_run, capsys)
     assert f"chosen on validation nll: ema{best} " in out
 
 
+def test_the_choice_on_validation_compares_the_averages_an_earlier_call_of_the_family_wrote(swa_run, capsys):
+    """A sweep over two calls is one choice: the EMA decays of the first call stand beside the second's."""
+    main([str(swa_run), "--ema", "0.3", "0.6"])
+    main([str(swa_run), "--ema", "0.9", "--select", "val"])
+    out = capsys.readouterr().out
+    nll = {d: posthoc_metrics(swa_run, f"ema{d}")[f"ema{d}"]["val"]["nll"] for d in ("0.3", "0.6", "0.9")}
+    best = min(nll, key=nll.get)
+    [line] = [line for line in out.splitlines() if "chosen on validation" in line]  # the family built now only
+    assert f"chosen on validation nll: ema{best} " in line
+    assert line.endswith(", built by an earlier call") == (best != "0.9")
+
+
 def test_a_window_with_fewer_than_two_snapshots_is_refused_naming_the_option(swa_run):
     with pytest.raises(PosthocError, match=r"--swa 4:4|--swa 3.5:4: the window holds 1 snapshot"):
         main([str(swa_run), "--swa", "3.5:4"])

@@ -44,7 +44,7 @@ from swalab.powerema import check_widths, coefficients, gamma_of, label_of, prof
 from swalab.results.compare import Scored, score_run
 from swalab.snapshots import Snapshot, snapshots_of
 from swalab.train.build import load_init_weights
-from swalab.rundir import RunDir, write_json
+from swalab.rundir import RunDir, read_json, write_json
 from swalab.train.records import save_predictions
 
 FOLDER = RunDir.POSTHOC
@@ -402,6 +402,26 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
     for item in soups(runs, request) if request.soup else ():
         add(runs[0], *item)
     return results
+
+
+def earlier_results(results: Sequence[Result]) -> list[Result]:
+    """The averages of the families built now that earlier calls wrote to the ``posthoc/`` of the same runs, those
+    not built again now, with their validation scores: ``--select val`` compares them with this call's, family by
+    family (a sweep of EMA decays over two calls is one choice). Their knob is not recorded: NaN."""
+    from swalab.calibration import SUFFIX
+
+    now = {(r.run, r.label) for r in results}
+    families = {(r.run, r.family) for r in results}
+    out = []
+    for run in dict.fromkeys(r.run for r in results):
+        for path in sorted((Path(run) / FOLDER).glob(f"*/{RunDir.METRICS}")):
+            for label, m in (read_json(path) or {}).items():
+                if (isinstance(m, dict) and m.get("posthoc") and isinstance(m.get("val"), dict)
+                        and not label.endswith(SUFFIX) and (run, label) not in now
+                        and (run, str(m["posthoc"])) in families):
+                    out.append(Result(label, str(m["posthoc"]), float("nan"), run, {label: m},
+                                      list(m.get("built_from") or []), path.parent))
+    return out
 
 
 def select(results: Sequence[Result], by: str) -> dict[tuple[Path, str], Result]:

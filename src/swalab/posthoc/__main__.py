@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swalab.cli import output_file, run_command
-from swalab.posthoc import FOLDER, Request, build_and_score, select
+from swalab.posthoc import FOLDER, Request, build_and_score, earlier_results, select
 from swalab.posthoc.figure import ONLINE, plot
 from swalab.results.runs import Run
 
@@ -63,12 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     results = build_and_score(args.runs, request, device=args.device)
-    chosen = select(results, request.by) if args.select else {}
+    earlier = earlier_results(results) if args.select else []
+    chosen = select([*results, *earlier], request.by) if args.select else {}
     if args.select:
         for (run, family), best in chosen.items():
             val = best.metrics[best.label]["val"]
             print(f"[swalab.posthoc] chosen on validation {request.by}: {best.label} (val acc {val['acc']:.2f}, nll "
-                  f"{val['nll']:.4f}) of {family} for {run}")
+                  f"{val['nll']:.4f}) of {family} for {run}" + (", built by an earlier call" if best in earlier else ""))
     first = Run(args.runs[0])
     title = f"post-hoc averages of {first.dataset_name} / {first.model_name} / {first.method}, seed {first.seed}"
     if plot(results, online_of(args.mark or args.runs), figure, title=title,

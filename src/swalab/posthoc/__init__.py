@@ -327,9 +327,10 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
                                "as the weights are)")
     for scored in runs:
         points = points_of(scored)
-        for option in ([f"--swa {w}" for w in request.swa] + [f"--lawa {k}" for k in request.lawa]
-                       + [f"--ema {d:g}" for d in request.ema])[:1]:
-            check_averaged(points, option, scored.run.path)
+        asked = [*(f"--swa {w}" for w in request.swa), *(f"--lawa {k}" for k in request.lawa),
+                 *(f"--ema {d:g}" for d in request.ema)]
+        if asked:  # the first is named: every one of them averages the run's snapshots
+            check_averaged(points, asked[0], scored.run.path)
         for w in request.swa:
             swa_window(points, w)
         for k in request.lawa:

@@ -98,9 +98,9 @@ def run_dir_of(cfg: DictConfig, overrides: list[str]) -> Path:
     validate(task)
     choices = dict(cfg.hydra.runtime.choices)
     identity = identity_for(task)[0]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):  # locate composes too: the names
-        settings = apart_from_defaults(task, identity, choices)                      # earlier versions gave a run
-        return locate(task, identity, settings, choices).resolve()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        settings = apart_from_defaults(task, identity, choices)
+    return locate(task, identity, settings, choices).resolve()
 
 
 def method_of(cfg: DictConfig):

@@ -25,7 +25,6 @@ import swalab  # noqa: F401  (registers resolvers)
 from swalab.branching import BranchError, check_branch, load_branch_state, read_lineage
 from swalab.train.build import data_files_record
 from swalab.identity import identity_of
-from swalab.methods.base import known_recipes
 from swalab.methods import FGE, SGD, SWA
 from swalab.results.report import report
 from swalab.results.row import RowError, plan_row, row_cost, row_records
@@ -159,8 +158,7 @@ def test_the_lineage_is_written_and_read_back(trunk, tmp_path):
 def identity(*overrides: str) -> dict:
     """The identity a run of these overrides has (``swalab.train.prepare``), data fingerprint included."""
     cfg = cfg_of(*overrides)
-    return identity_of(OmegaConf.to_container(cfg, resolve=True), data_files_record(cfg)["fingerprint"],
-                       recipes=known_recipes())
+    return identity_of(OmegaConf.to_container(cfg, resolve=True), data_files_record(cfg)["fingerprint"])
 
 
 def test_a_branch_from_another_seed_or_model_is_refused(trunk):

@@ -101,7 +101,7 @@ def test_fge_warns_before_the_run_when_its_ensemble_would_be_one_member(epochs, 
     if members == 1:
         assert len(caveats) == 1
         for text in (f"FGE collects 1 member in trainer.epochs={epochs}", "3 of pretraining", "cycles of 4",
-                     "Lengthen the run or lower model.fge.pretrain for 2 members or more"):
+                     "Lengthen the run or lower method.pretrain for 2 members or more"):
             assert text in caveats[0]
     else:
         assert caveats == []
@@ -113,8 +113,8 @@ def test_fge_says_at_launch_which_schedule_keys_its_reference_pretraining_never_
     method = FGE(PaperSGD(lr=0.1, horizon=9, final_lr=0.001), 9, lr_max=0.05, lr_min=0.01, cycle_epochs=2,
                  pretrain_epochs=3, pre_schedule="reference")
     assert method.caveats() == [
-        "schedule.final_lr=0.001 is not read by method=fge with model.fge.pre_schedule=reference (the paper's shape from "
-        "schedule.lr over the 3 epochs of pretraining): set model.fge.pre_schedule=base to pretrain with the schedule "
+        "schedule.final_lr=0.001 is not read by method=fge with method.pre_schedule=reference (the paper's shape from "
+        "schedule.lr over the 3 epochs of pretraining): set method.pre_schedule=base to pretrain with the schedule "
         "group as configured"]
     method.pre_schedule = "base"
     assert method.caveats() == []
@@ -280,14 +280,14 @@ def refusal(**kw) -> str:
 def test_fge_lr_min_may_equal_lr_max_but_not_exceed_it_naming_both_keys():
     FGE(Constant(lr=0.1), 6, lr_max=0.05, lr_min=0.05, pretrain_epochs=2).validate(False)
     message = refusal(epochs=6, lr_max=0.05, lr_min=0.051, pretrain_epochs=2)
-    assert "model.fge.lr_min=0.051 is above model.fge.lr_max=0.05" in message and "Swap the two values" in message
+    assert "method.lr_min=0.051 is above method.lr_max=0.05" in message and "Swap the two values" in message
 
 
 def test_fge_from_random_weights_needs_pretraining_naming_both_ways_to_give_it():
     FGE(Constant(lr=0.1), 6, lr_max=0.05, lr_min=0.01, pretrain_epochs=0).validate(initialized=True)
     FGE(Constant(lr=0.1), 6, lr_max=0.05, lr_min=0.01, pretrain_epochs=1).validate(initialized=False)
     message = refusal(epochs=6, lr_max=0.05, lr_min=0.01, pretrain_epochs=0, initialized=False)
-    assert ("set model.init_from=<checkpoint or run dir> or model.fge.pretrain > 0 (a fraction of the budget trained "
+    assert ("set model.init_from=<checkpoint or run dir> or method.pretrain > 0 (a fraction of the budget trained "
             "with SGD before the cycles)") in message
 
 
@@ -297,5 +297,5 @@ def test_fge_needs_half_a_cycle_after_pretraining_refused_one_epoch_short_with_t
     FGE(Constant(lr=0.1), 5, lr_max=0.05, lr_min=0.01, cycle_epochs=4, pretrain_epochs=3).validate(False)
     message = refusal(epochs=4, lr_max=0.05, lr_min=0.01, cycle_epochs=4, pretrain_epochs=3)
     for text in ("trainer.epochs=4 leaves 1 epochs after 3 epochs of pretraining", "fewer than half a cycle (2)",
-                 "Lower model.fge.pretrain (a fraction of the budget) or model.fge.cycle_epochs"):
+                 "Lower method.pretrain (a fraction of the budget) or method.cycle_epochs"):
         assert text in message

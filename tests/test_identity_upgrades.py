@@ -1,6 +1,6 @@
 """``swalab.identity``'s rules, each on a small hand-made identity or config: which keys of a config count and with
 what values, the identities of earlier versions read under today's names (``RENAMED``, ``RESPELLED``,
-``RECIPE_SETTINGS``, ``ADDED_AT``), the recipe block a method reads, what only the method decides, the canonical
+``RECIPE_BLOCKS``, ``ADDED_AT``), what only the method decides, the canonical
 text and hash of an identity, a settings-apart label, and the identity stored in a run directory. Each test was
 written for a mutant of ``src/swalab/identity.py`` that no other test caught (found by mutation testing, see
 docs/mutation.md)."""
@@ -13,10 +13,8 @@ from pathlib import Path
 
 from swalab.compat import upgraded, upgraded_config
 from swalab.identity import (
-    canonical, group_hash, identity_hash, identity_of, label_of, method_part, recipe_of, stored_identity,
+    canonical, group_hash, identity_hash, identity_of, label_of, method_part, stored_identity,
 )
-
-RECIPES = ("swa", "fge")  # the model's recipe blocks, passed so that no method class is imported
 
 # What ``upgraded`` adds to an identity that lacks them (``ADDED_AT``): what every run did before the key existed.
 # Written out rather than imported, so that a changed or added value in ``ADDED_AT`` fails here on purpose.
@@ -33,41 +31,41 @@ EARLIER_DEFAULTS = {
 
 def test_an_empty_block_of_a_config_is_held_in_the_identity_as_an_empty_block():
     resolved = {"trainer": {"epochs": 6, "extra": {}}, "run": {"device": "cpu"}}
-    assert identity_of(resolved, recipes=RECIPES) == {"trainer.epochs": 6, "trainer.extra": {}}
+    assert identity_of(resolved) == {"trainer.epochs": 6, "trainer.extra": {}}
 
 
 def test_a_block_with_keys_is_held_as_its_keys_only():
-    assert identity_of({"model": {"depth": 16, "width": 4}}, recipes=RECIPES) == {"model.depth": 16, "model.width": 4}
+    assert identity_of({"model": {"depth": 16, "width": 4}}) == {"model.depth": 16, "model.width": 4}
 
 
 def test_a_list_value_is_held_whole_with_its_items():
     resolved = {"schedule": {"milestones": [3, 5]}, "trainer": {"epochs": 6}}
-    assert identity_of(resolved, recipes=RECIPES) == {"schedule.milestones": [3, 5], "trainer.epochs": 6}
+    assert identity_of(resolved) == {"schedule.milestones": [3, 5], "trainer.epochs": 6}
 
 
 def test_a_list_of_blocks_and_lists_is_held_with_every_key_and_value():
     resolved = {"dataset": {"transforms": [{"name": "crop", "size": 32}, ["flip", 0.5], ("x", 1)]}}
-    assert identity_of(resolved, recipes=RECIPES) == {
+    assert identity_of(resolved) == {
         "dataset.transforms": [{"name": "crop", "size": 32}, ["flip", 0.5], ["x", 1]],
     }
 
 
 def test_a_block_inside_a_list_is_held_with_its_keys_as_text():
     resolved = {"loss": {"weights": [{1: 0.5, 2: {3: 0.25}}]}}
-    assert identity_of(resolved, recipes=RECIPES) == {"loss.weights": [{"1": 0.5, "2": {"3": 0.25}}]}
+    assert identity_of(resolved) == {"loss.weights": [{"1": 0.5, "2": {"3": 0.25}}]}
 
 
 def test_the_data_fingerprint_is_held_when_known_and_absent_when_not():
     resolved = {"dataset": {"name": "cifar10", "root": "/data/cifar"}}
-    assert identity_of(resolved, data_fingerprint="ab12cd", recipes=RECIPES) == {
+    assert identity_of(resolved, data_fingerprint="ab12cd") == {
         "data.fingerprint": "ab12cd", "dataset.name": "cifar10",
     }
-    assert identity_of(resolved, recipes=RECIPES) == {"dataset.name": "cifar10"}
+    assert identity_of(resolved) == {"dataset.name": "cifar10"}
 
 
 def test_a_validation_split_counts_only_away_from_none_and_zero():
     def held(val_size):
-        return identity_of({"dataset": {"name": "cifar10", "val_size": val_size}}, recipes=RECIPES)
+        return identity_of({"dataset": {"name": "cifar10", "val_size": val_size}})
 
     assert held(None) == {"dataset.name": "cifar10"}
     assert held(0) == {"dataset.name": "cifar10"}
@@ -77,13 +75,13 @@ def test_a_validation_split_counts_only_away_from_none_and_zero():
 
 
 def test_a_validation_split_of_false_counts_though_false_equals_zero():
-    assert identity_of({"dataset": {"val_size": False}}, recipes=RECIPES) == {"dataset.val_size": False}
+    assert identity_of({"dataset": {"val_size": False}}) == {"dataset.val_size": False}
 
 
 # -- upgraded: identities of earlier versions under today's names ---------------------------------------------------
 
 def test_todays_identity_comes_back_unchanged():
-    today = {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "model.swa.lr": 0.05, "trainer.accumulate": 4,
+    today = {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "method.lr": 0.05, "trainer.accumulate": 4,
              "trainer.precision": "bf16", "model.init_from": "/runs/a"}
     assert upgraded(today) == today
     assert list(upgraded(today)) == sorted(today)
@@ -121,21 +119,20 @@ def test_an_amp_value_that_was_never_a_precision_reads_as_unknown():
     assert "trainer.amp" not in upgraded({"seed": 0, "trainer.amp": None})
 
 
-def test_an_identity_of_an_earlier_version_reads_swas_method_settings_in_the_models_recipe_block():
+def test_an_identity_of_version_1_reads_swas_prefixed_settings_under_their_names_today():
     old = {"seed": 0, "method.name": "swa", "method.swa_lr": 0.05, "method.swa_start": 0.75,
            "method.cycle_epochs": 1, "model.lr": 0.1}
-    assert upgraded(old) == {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "model.swa.lr": 0.05,
-                             "model.swa.start": 0.75, "model.swa.cycle_epochs": 1, "model.lr": 0.1}
+    assert upgraded(old) == {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "method.lr": 0.05,
+                             "method.start": 0.75, "method.cycle_epochs": 1, "model.lr": 0.1}
 
 
-def test_an_identity_of_an_earlier_version_reads_fges_method_settings_in_the_models_recipe_block():
+def test_an_identity_of_version_1_holds_fges_settings_where_they_are_today():
     old = {"seed": 1, "method.name": "fge", "method.lr_max": 0.05, "method.save_members": False}
-    assert upgraded(old) == {**EARLIER_DEFAULTS, "seed": 1, "method.name": "fge", "model.fge.lr_max": 0.05,
-                             "model.fge.save_members": False}
+    assert upgraded(old) == {**EARLIER_DEFAULTS, **old}
 
 
 def test_method_settings_of_a_method_without_a_recipe_block_stay_where_they_are():
-    old = {"seed": 0, "method.name": "ema", "method.decay": 0.999, "method.swa_lr": 0.05}
+    old = {"seed": 0, "method.name": "ema", "method.decay": 0.999, "model.lr": 0.1}
     assert upgraded(old) == {**EARLIER_DEFAULTS, **old}
 
 
@@ -156,43 +153,34 @@ def test_a_swag_config_made_before_diag_scale_existed_is_rebuilt_sampling_swag_d
 
 def test_an_identity_of_an_earlier_version_compares_equal_to_todays_of_the_same_config():
     old = {"seed": 0, "method.name": "swa", "method.swa_lr": 0.05, "trainer.amp": True, "trainer.momentum": 0.9}
-    today = {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "model.swa.lr": 0.05, "optimizer.momentum": 0.9}
+    today = {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "method.lr": 0.05, "optimizer.momentum": 0.9}
     assert upgraded(old) == upgraded(today)
     assert group_hash(upgraded(old)) == group_hash(today)
 
 
-# -- recipe_of and method_part: what only the method decides -------------------------------------------------------
+# -- method_part: what only the method decides; the recipe blocks of identity versions 2 to 5 ---------------------
 
-def test_the_recipe_block_of_an_identity_is_its_method_classs():
-    assert recipe_of({"method._target_": "swalab.methods.swa.SWA", "method.name": "my_swa"}) == "swa"
-    assert recipe_of({"method._target_": "swalab.methods.fge.FGE", "method.name": "fge"}) == "fge"
-
-
-def test_an_identity_that_names_no_class_reads_the_block_named_after_its_method_when_there_is_one():
-    assert recipe_of({"method.name": "swa", "model.swa.lr": 0.05, "model.lr": 0.1}) == "swa"
-
-
-def test_an_identity_that_names_no_class_and_has_no_block_of_its_methods_name_reads_none():
-    assert recipe_of({"method.name": "sgd", "model.lr": 0.1, "model.swa.lr": 0.05}) is None
-    assert recipe_of({"model.lr": 0.1}) is None
+def test_an_identity_of_versions_2_to_5_holds_swas_and_fges_settings_as_their_method_keys_today():
+    swa = {"seed": 0, "method.name": "swa", "model.swa.lr": 0.05, "model.swa.start": 0.5, "model.lr": 0.1}
+    fge = {"seed": 0, "method.name": "fge", "model.fge.lr_max": 0.05, "model.fge.save_members": True}
+    assert {k: v for k, v in upgraded(swa).items() if k.startswith(("method.", "model."))} == {
+        "method.name": "swa", "method.lr": 0.05, "method.start": 0.5, "model.lr": 0.1}
+    assert {k: v for k, v in upgraded(fge).items() if k.startswith(("method.", "model."))} == {
+        "method.name": "fge", "method.lr_max": 0.05, "method.save_members": True}
 
 
-def test_a_class_that_cannot_be_imported_falls_back_to_the_block_named_after_its_method():
-    identity = {"method._target_": "gone.module.SWA", "method.name": "swa", "model.swa.lr": 0.05}
-    assert recipe_of(identity) == "swa"
+def test_the_schedules_horizon_and_the_methods_keys_are_what_only_the_method_decides():
+    assert method_part("schedule.horizon") is True
+    assert method_part("method.lr") is True
+    assert method_part("schedule.lr") is False
 
 
-def test_the_schedules_horizon_is_what_only_the_method_decides():
-    assert method_part("schedule.horizon", None) is True
-    assert method_part("schedule.horizon", "swa") is True
-    assert method_part("schedule.lr", "swa") is False
-
-
-def test_with_no_recipe_block_no_model_key_is_the_methods():
-    assert method_part("model.None", None) is False
-    assert method_part("model.None.lr", None) is False
-    assert method_part("model.swa.lr", None) is False
-    assert method_part("model.swa.lr", "swa") is True
+def test_a_recipe_blocks_key_is_the_methods_but_no_other_model_key_is():
+    assert method_part("model.swa.lr") is True  # as a settings-apart record names method.lr
+    assert method_part("model.fge.lr_max") is True
+    assert method_part("model.swa") is True
+    assert method_part("model.swap.lr") is False
+    assert method_part("model.lr") is False
 
 
 # -- canonical text and hashes -------------------------------------------------------------------------------------
@@ -231,40 +219,40 @@ def test_a_label_of_some_keys_names_those_keys_only():
 def test_the_stored_identity_of_a_run_is_its_identity_json_under_todays_names(tmp_path):
     stored = {"seed": 0, "method.name": "swa", "method.swa_lr": 0.05, "trainer.amp": False}
     (tmp_path / "identity.json").write_text(json.dumps({"version": 1, "hash": "x", "identity": stored}))
-    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "model.swa.lr": 0.05,
+    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 0, "method.name": "swa", "method.lr": 0.05,
                                          "trainer.precision": "fp32"}
 
 
 def test_identity_json_comes_before_the_config_it_was_made_from(tmp_path):
     (tmp_path / "identity.json").write_text(json.dumps({"identity": {"seed": 3}}))
     (tmp_path / "config.yaml").write_text("seed: 4\n")
-    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 3}
+    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 3}
 
 
 def test_a_run_without_identity_json_has_the_identity_of_its_config_yaml(tmp_path):
     (tmp_path / "config.yaml").write_text(
         "seed: 2\ntrainer:\n  epochs: 6\n  accumulate: 2\nrun:\n  device: cpu\ndataset:\n  root: /data/cifar\n")
-    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 2, "trainer.epochs": 6, "trainer.accumulate": 2}
+    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 2, "trainer.epochs": 6, "trainer.accumulate": 2}
 
 
 def test_an_unreadable_identity_json_falls_back_to_config_yaml(tmp_path):
     (tmp_path / "identity.json").write_text("{not json")
     (tmp_path / "config.yaml").write_text("seed: 5\n")
-    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 5}
+    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 5}
 
 
 def test_a_run_directory_with_neither_file_or_an_empty_config_has_no_or_an_empty_identity(tmp_path):
-    assert stored_identity(tmp_path, RECIPES) is None
+    assert stored_identity(tmp_path) is None
     (tmp_path / "config.yaml").write_text("")
-    assert stored_identity(tmp_path, RECIPES) == {}
+    assert stored_identity(tmp_path) == {}
 
 
 def test_an_identity_json_or_config_yaml_that_holds_no_mapping_counts_as_absent(tmp_path):
     """A damaged or hand-edited file that parses but holds no mapping never stops a report or a plan."""
     (tmp_path / "identity.json").write_text(json.dumps({"identity": None}))
     (tmp_path / "config.yaml").write_text("seed: 5\n")
-    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 5}
+    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 5}
     (tmp_path / "identity.json").write_text(json.dumps([1, 2]))
-    assert stored_identity(tmp_path, RECIPES) == {**EARLIER_DEFAULTS, "seed": 5}
+    assert stored_identity(tmp_path) == {**EARLIER_DEFAULTS, "seed": 5}
     (tmp_path / "config.yaml").write_text("- 1\n")
-    assert stored_identity(tmp_path, RECIPES) is None
+    assert stored_identity(tmp_path) is None

@@ -121,20 +121,20 @@ def test_the_default_prior_range_leaves_a_laplace_run_as_it_was_and_another_one_
     from omegaconf import OmegaConf
 
     from swalab.identity import identity_of
-    from swalab.methods.base import known_recipes
-
+    
     cfg = OmegaConf.to_container(compose_run(["method=laplace", "model.init_from=null"]), resolve=True)
-    assert "method.prior_range" not in identity_of(cfg, recipes=known_recipes())
+    assert "method.prior_range" not in identity_of(cfg)
     cfg["method"]["prior_range"] = [-4, 8]
-    assert identity_of(cfg, recipes=known_recipes())["method.prior_range"] == [-4, 8]
+    assert identity_of(cfg)["method.prior_range"] == [-4, 8]
 
 
-def test_method_laplace_without_a_validation_split_says_to_set_one(sgd_run, tmp_path):
+def test_method_laplace_without_a_validation_split_says_to_set_one_before_anything_is_written(sgd_run, tmp_path):
     cfg = compose_run(["method=laplace", f"model.init_from={sgd_run}", "dataset.val_size=null",
                        f"run.cache_dir={tmp_path / 'cache'}"])
     with pytest.raises(ConfigError, match=r"method=laplace fits its prior precision on the validation split.*"
                                           r"set dataset.val_size"):
         train(cfg, run_dir=tmp_path / "laplace")
+    assert not (tmp_path / "laplace").exists()  # refused when checked, not once the run had started
 
 
 def test_a_laplace_run_is_scored_again_by_fitting_its_posterior_again(sgd_run, tmp_path, capsys):

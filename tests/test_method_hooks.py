@@ -18,7 +18,7 @@ from swalab.branching import BranchError, check_branch
 from swalab.checkpoint import PredictionFiles
 from swalab.config import ConfigError
 from swalab.methods import EMA, FGE, TrainContext
-from swalab.methods.base import Method, averages_device, known_recipes, on_training_device
+from swalab.methods.base import Method, averages_device, on_training_device
 from swalab.methods.pretrained import Pretrained
 from swalab.schedules import Constant, Cosine, PaperSGD
 
@@ -81,12 +81,6 @@ def test_a_context_scores_and_labels_the_split_it_is_asked_for(tmp_path):
 
 
 # ----------------------------------------------------------------------------- Method: keys and refusals
-
-
-def test_a_setting_is_named_by_the_key_a_user_types():
-    assert EMA(Constant(lr=0.1), 2, warmup=False).setting("decay") == "method.decay"  # no recipe block
-    assert Method(Constant(lr=0.1), 2).setting("x") == "method.x"
-    assert FGE(Constant(lr=0.1), 4, lr_max=0.05, lr_min=0.01).setting("lr_max") == "model.fge.lr_max"
 
 
 @pytest.mark.parametrize("schedule, epochs, budget", [
@@ -184,7 +178,7 @@ def test_an_average_on_the_gpu_of_a_run_device_auto_run_is_scored_as_it_is(tmp_p
 
 
 def test_fges_pre_schedule_must_be_reference_or_base_naming_the_key():
-    with pytest.raises(ConfigError, match=r"model\.fge\.pre_schedule='paper' must be 'reference' or 'base'"):
+    with pytest.raises(ConfigError, match=r"method\.pre_schedule='paper' must be 'reference' or 'base'"):
         FGE(Constant(lr=0.1), 6, lr_max=0.05, lr_min=0.01, pretrain_epochs=2, pre_schedule="paper").validate(False)
 
 
@@ -192,16 +186,10 @@ def test_the_reference_pre_schedule_with_another_schedule_is_refused_naming_the_
     with pytest.raises(ConfigError) as refused:
         FGE(Cosine(lr=0.1, horizon=6), 6, lr_max=0.05, lr_min=0.01, pretrain_epochs=2,
             pre_schedule="reference").validate(False)
-    for text in ("method=fge with model.fge.pre_schedule=reference", "(Cosine)", "set model.fge.pre_schedule=base"):
+    for text in ("method=fge with method.pre_schedule=reference", "(Cosine)", "set method.pre_schedule=base"):
         assert text in str(refused.value)
     FGE(PaperSGD(lr=0.1, horizon=6), 6, lr_max=0.05, lr_min=0.01, pretrain_epochs=2,
         pre_schedule="reference").validate(False)  # the paper's schedule: accepted
-
-
-def test_known_recipes_name_the_recipe_blocks_of_swa_and_fge():
-    recipes = known_recipes()
-    assert {"swa", "fge"} <= set(recipes) and all(isinstance(r, str) for r in recipes)
-    assert list(recipes) == sorted(recipes)
 
 
 @pytest.mark.parametrize("method", [Method(Constant(lr=0.1), 4, name="sgd"),

@@ -1,5 +1,6 @@
 """Every setting of every method is checked once, where the method is built, against its exact bound, and the
-refusal names the key a user types (``model.swa.lr``, ``method.decay``). A method built in Python with only its
+refusal names the method's key (``method.lr``, ``method.decay``; a run names the recipe block's key a value came from,
+``model.swa.lr``, tests/test_run_identity.py). A method built in Python with only its
 required arguments is the one the default config builds, and what the constructor derives from the settings (the
 start epoch, the pre-averaging schedule, the name) is what a run uses.
 
@@ -46,25 +47,25 @@ REFUSED = [
     ("method", "epochs", -1, "trainer.epochs=-1 must be >= 0"),
     ("method", "epochs", 2.5, "trainer.epochs=2.5 must be an integer"),
     ("method", "budget", -0.5, "method.budget=-0.5 must be >= 0"),
-    ("swa", "start", -0.1, "model.swa.start=-0.1 must be >= 0"),
-    ("swa", "start", "late", "model.swa.start='late' must be a finite number or null"),
-    ("swa", "start_epoch", -1, "model.swa.start_epoch=-1 must be >= 0"),
-    ("swa", "lr", 0, "model.swa.lr=0 must be > 0"),
-    ("swa", "lr_min", 0, "model.swa.lr_min=0 must be > 0"),
-    ("swa", "cycle_epochs", 0, "model.swa.cycle_epochs=0 must be > 0"),
-    ("swa", "capture_every", 0, "model.swa.capture_every=0 must be >= 1"),
-    ("swa", "anneal_epochs", -1, "model.swa.anneal_epochs=-1 must be >= 0"),
-    ("swa", "score_every", -1, "model.swa.score_every=-1 must be >= 0"),
-    ("swa", "score_at_budgets", [1.0, 0], "model.swa.score_at_budgets[]=0 must be > 0"),
-    ("swag", "lr", 0, "model.swa.lr=0 must be > 0"),  # SWAG trains as SWA does: SWA's settings, SWA's keys
+    ("swa", "start", -0.1, "method.start=-0.1 must be >= 0"),
+    ("swa", "start", "late", "method.start='late' must be a finite number or null"),
+    ("swa", "start_epoch", -1, "method.start_epoch=-1 must be >= 0"),
+    ("swa", "lr", 0, "method.lr=0 must be > 0"),
+    ("swa", "lr_min", 0, "method.lr_min=0 must be > 0"),
+    ("swa", "cycle_epochs", 0, "method.cycle_epochs=0 must be > 0"),
+    ("swa", "capture_every", 0, "method.capture_every=0 must be >= 1"),
+    ("swa", "anneal_epochs", -1, "method.anneal_epochs=-1 must be >= 0"),
+    ("swa", "score_every", -1, "method.score_every=-1 must be >= 0"),
+    ("swa", "score_at_budgets", [1.0, 0], "method.score_at_budgets[]=0 must be > 0"),
+    ("swag", "lr", 0, "method.lr=0 must be > 0"),  # SWAG trains as SWA does: SWA's settings, SWA's keys
     ("swag", "rank", 1, "method.rank=1 must be >= 2"),
     ("swag", "samples", 0, "method.samples=0 must be >= 1"),
     ("swag", "scale", -0.5, "method.scale=-0.5 must be >= 0"),
-    ("fge", "lr_max", 0, "model.fge.lr_max=0 must be > 0"),
-    ("fge", "lr_min", 0, "model.fge.lr_min=0 must be > 0"),
-    ("fge", "cycle_epochs", 1, "model.fge.cycle_epochs=1 must be >= 2"),
-    ("fge", "pretrain", -0.1, "model.fge.pretrain=-0.1 must be >= 0"),
-    ("fge", "pretrain_epochs", -1, "model.fge.pretrain_epochs=-1 must be >= 0"),
+    ("fge", "lr_max", 0, "method.lr_max=0 must be > 0"),
+    ("fge", "lr_min", 0, "method.lr_min=0 must be > 0"),
+    ("fge", "cycle_epochs", 1, "method.cycle_epochs=1 must be >= 2"),
+    ("fge", "pretrain", -0.1, "method.pretrain=-0.1 must be >= 0"),
+    ("fge", "pretrain_epochs", -1, "method.pretrain_epochs=-1 must be >= 0"),
     ("ema", "decay", 0, "method.decay=0 must be in (0, 1)"),
     ("ema", "decay", 1, "method.decay=1 must be in (0, 1)"),
     ("ema", "warmup", "yes", "method.warmup='yes' must be true or false"),
@@ -109,8 +110,8 @@ def test_score_at_budgets_accepts_any_positive_marks_and_keeps_them_as_floats():
 def test_swa_without_a_start_says_both_ways_to_give_one():
     with pytest.raises(ConfigError) as refused:
         SWA(BASE, 20, lr=0.01)
-    assert str(refused.value) == ("SWA needs a start: set model.swa.start (a fraction of the budget B) or "
-                                  "model.swa.start_epoch (an exact epoch)")
+    assert str(refused.value) == ("SWA needs a start: set method.start (a fraction of the budget B) or "
+                                  "method.start_epoch (an exact epoch)")
 
 
 # ------------------------------------------------------------------------- defaults: the Python API is the config
@@ -123,7 +124,8 @@ NOT_DEFAULTS = ("budget", "name", "start", "start_epoch", "pretrain", "pretrain_
 def yaml_block(path: str, block: str | None = None) -> dict:
     config = OmegaConf.to_container(OmegaConf.load(CONF / path))
     config = config[block] if block else config
-    return {k: v for k, v in config.items() if k not in NOT_DEFAULTS and not k.startswith("_")}
+    return {k: v for k, v in config.items() if k not in NOT_DEFAULTS and not k.startswith("_") and k != "defaults"
+            and not (isinstance(v, str) and v.startswith("${"))}  # SWA's keys in swag.yaml read model.swa
 
 
 def settings_of(method) -> dict:
@@ -178,10 +180,10 @@ def test_an_exact_start_epoch_wins_over_a_fraction_and_the_refusal_then_names_it
     swa = build("swa", start=0.5, start_epoch=3)
     assert swa.start_epoch == 3
     late = build("swa", start=0.2, start_epoch=25)
-    with pytest.raises(ConfigError, match=r"SWA would start averaging at epoch 25 \(model\.swa\.start_epoch\)"):
+    with pytest.raises(ConfigError, match=r"SWA would start averaging at epoch 25 \(method\.start_epoch\)"):
         late.validate(initialized=False)
     fraction = build("swa", start=1.5)  # 30 of B = 20, past trainer.epochs=20
-    with pytest.raises(ConfigError, match=r"epoch 30 \(model\.swa\.start=1\.5 of B=20\)"):
+    with pytest.raises(ConfigError, match=r"epoch 30 \(method\.start=1\.5 of B=20\)"):
         fraction.validate(initialized=False)
 
 

@@ -16,7 +16,6 @@ from omegaconf import OmegaConf
 
 from swalab.config import ConfigError
 from swalab.identity import identity_of
-from swalab.methods.base import known_recipes
 from swalab.powerema import (PowerEMA, beta, check_widths, coefficients, gamma_of, label_of, profile_dot,
                              profile_error, sigma_rel_of)
 from swalab.snapshots import snapshots_of
@@ -158,7 +157,7 @@ def test_power_ema_without_snapshots_is_refused_before_anything_is_written(tmp_p
 
 def test_power_ema_is_no_part_of_the_run_identity():
     def identity(*overrides):
-        return identity_of(OmegaConf.to_container(make_cfg(*overrides), resolve=True), recipes=known_recipes())
+        return identity_of(OmegaConf.to_container(make_cfg(*overrides), resolve=True))
 
     assert identity("run.snapshots=1", "run.powerema=[0.05,0.10]") == identity()
 

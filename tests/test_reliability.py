@@ -782,17 +782,15 @@ def test_a_run_and_checkpoints_of_the_earlier_layout_are_refused_then_upgraded_a
     naming the upgrade; once upgraded (``python -m swalab.upgrade <run> --write``) it resumes and ends equal to
     today's run."""
     from swalab.checkpoint import checkpoint_paths
-    from swalab.compat import RECIPE_SETTINGS
+    from swalab.compat import RENAMED
 
     run = tmp_path / "run"
     killed = run_cli(run, fault="train_step:13")  # after epoch 3's checkpoint
     assert killed.returncode == -signal.SIGKILL
 
     def earlier(identity: dict) -> dict:
-        old = {("run.init_from" if k == "model.init_from" else k): v for k, v in identity.items()}
-        for old_name, name in RECIPE_SETTINGS["swa"].items():
-            old[f"method.{old_name}"] = old.pop(f"model.swa.{name}")
-        return old
+        spelled = {"model.init_from": "run.init_from"} | {new: o for o, new in RENAMED.items() if o.startswith("method.swa_")}
+        return {spelled.get(k, k): v for k, v in identity.items()}
 
     record = json.loads((run / "identity.json").read_text())
     (run / "identity.json").write_text(json.dumps({"hash": record["hash"], "group": record["group"],

@@ -125,8 +125,9 @@ def test_a_second_grid_never_double_counts_a_run_of_the_first(grid, tmp_path, ca
     assert sgd["n"] == "2" and sgd["seeds"] == "0 1"
     assert "repeats" in capsys.readouterr().out  # the duplicates are listed, not silently merged
     rows = [line.split(" | ")[0] for line in table_lines(tmp_path / "out")[2:]]
-    assert rows == ["| cifar10 / preresnet20", "| cifar10 / preresnet20 · model.swa.lr=0.05"]
-    [swa_05] = cell_values(tmp_path / "out", "SWA 1.5B (6 ep)", row="cifar10 / preresnet20 · model.swa.lr=0.05")
+    # runs without a record of the keys typed (no identity.json) are labelled by their identity's keys
+    assert rows == ["| cifar10 / preresnet20", "| cifar10 / preresnet20 · method.lr=0.05"]
+    [swa_05] = cell_values(tmp_path / "out", "SWA 1.5B (6 ep)", row="cifar10 / preresnet20 · method.lr=0.05")
     assert swa_05["values"] == "95.000000 96.000000"
 
 
@@ -440,10 +441,11 @@ def test_a_finished_run_whose_config_holds_no_config_is_listed_not_dropped(grid,
 
 def with_apart(run, apart):
     """What run.py records of a run launched with overrides: what sets it apart from its defaults."""
+    from swalab.compat import upgraded_config
     from swalab.identity import identity_of
-    from swalab.methods.base import known_recipes
 
-    identity = identity_of(yaml.safe_load((run / "config.yaml").read_text()), recipes=known_recipes())
+    # the config as run.py writes it: a method's settings in method.*, read from the model's recipe block
+    identity = identity_of(upgraded_config(yaml.safe_load((run / "config.yaml").read_text())))
     (run / "identity.json").write_text(json.dumps({"identity": identity, "apart": apart}))
     return run
 

@@ -24,7 +24,6 @@ from conftest import CONF_DIR, REPO
 from swalab.config import ConfigError, default_choices
 from swalab.grid import read_jobs
 from swalab.identity import differences, group_hash, identity_of, label_of, record, run_name, stored_identity
-from swalab.methods.base import known_recipes
 from swalab.runlock import RunLock, RunLocked
 from swalab.train import prepare, train
 from swalab.train.records import one_line
@@ -98,8 +97,7 @@ def test_a_run_directory_passes_unquoted_as_run_init_from(tmp_path):
 
 def test_the_identity_leaves_out_only_what_cannot_change_results():
     def identity(*overrides):
-        return identity_of(OmegaConf.to_container(compose_hydra(*QUIET, *overrides), resolve=True),
-                           recipes=known_recipes())
+        return identity_of(OmegaConf.to_container(compose_hydra(*QUIET, *overrides), resolve=True))
 
     base = identity()
     for harmless in ("run.device=cpu", "run.eval_batch_size=10", "run.keep_checkpoints=5",
@@ -408,6 +406,58 @@ def test_a_run_records_what_sets_it_apart_from_its_defaults_in_the_keys_typed(tm
     assert "seed" not in apart and not any(k.startswith("data.") for k in apart)
 
 
+def test_a_setting_typed_as_the_methods_key_or_its_recipe_blocks_key_is_one_run_under_one_name(tmp_path):
+    """``method.lr`` (SWA's argument) reads ``model.swa.lr`` (the model's recipe): typed either way, one identity and
+    one directory, named by the recipe's key; so are ``schedule.lr`` and ``model.lr``, which the schedule reads."""
+    by_method = plan_of(tmp_path, *QUIET, "method=swa", "method.lr=0.05")
+    by_recipe = plan_of(tmp_path, *QUIET, "method=swa", "model.swa.lr=0.05")
+    assert by_method.identity == by_recipe.identity and by_method.identity["method.lr"] == 0.05
+    assert by_method.run_dir == by_recipe.run_dir and by_method.run_dir.parent.name == "swa.lr-0.05"
+    by_schedule, by_model = plan_of(tmp_path, *QUIET, "schedule.lr=0.07"), plan_of(tmp_path, *QUIET, "model.lr=0.07")
+    assert by_schedule.identity == by_model.identity and by_schedule.run_dir == by_model.run_dir
+
+
+def test_a_recipe_key_the_method_does_not_read_is_refused_naming_it_and_the_keys_it_has():
+    """A key an experiment's yaml adds to ``model.swa`` (a misspelt ``strat``) is read by no setting of SWA's; the
+    command line's ``+model.swa.strat=`` is refused before (``config.check_overrides``)."""
+    from swalab.train.plan import validate
+
+    cfg = compose_hydra(*QUIET, "method=swa")
+    OmegaConf.set_struct(cfg, False)
+    cfg.model.swa.strat = 0.5
+    with pytest.raises(ConfigError) as refused:
+        validate(cfg)
+    assert str(refused.value).startswith("model.swa.strat is read by no setting of method=swa, so it would change "
+                                         "nothing: model.swa has start, start_epoch, lr, ")
+    cfg.method = compose_hydra(*QUIET, "method=sgd").method  # no method reads model.swa: nothing to refuse
+    validate(cfg)
+
+
+def test_a_model_without_the_recipe_block_its_method_reads_is_refused_naming_the_fix():
+    """A model's yaml of one's own not started from the base recipe has no ``model.swa``: SWA, which reads it, says
+    so before anything is written; SGD, which does not, runs."""
+    from swalab.train.plan import validate
+
+    cfg = compose_hydra(*QUIET, "method=swa")
+    OmegaConf.set_struct(cfg, False)
+    del cfg.model["swa"]
+    with pytest.raises(ConfigError, match=r"^method=swa reads model\.swa\.start, which model=preresnet20 lacks: start "
+                                          r"the model's yaml from the base recipe \(defaults: \[/recipe/paper@_here_\]"):
+        validate(cfg)
+    cfg.method = compose_hydra(*QUIET, "method=sgd").method
+    validate(cfg)
+
+
+def test_a_bad_value_of_a_methods_setting_is_refused_by_the_key_typed(tmp_path):
+    """One check, in the method (``method.lr``); the refusal names the key the value came from."""
+    with pytest.raises(ConfigError, match=r"^model\.swa\.lr=-1 must be > 0$"):
+        plan_of(tmp_path, *QUIET, "method=swa", "model.swa.lr=-1")
+    with pytest.raises(ConfigError, match=r"^method\.lr=-1 must be > 0$"):
+        plan_of(tmp_path, *QUIET, "method=swa", "method.lr=-1")
+    with pytest.raises(ConfigError, match=r"model\.fge\.lr_min=0\.1 is above model\.fge\.lr_max=0\.02"):
+        plan_of(tmp_path, *QUIET, "method=fge", "model.fge.lr_min=0.1")
+
+
 def test_a_key_given_twice_names_the_run_once_with_the_value_applied(tmp_path):
     twice = plan_of(tmp_path, *QUIET, "trainer.epochs=4", "trainer.epochs=6")
     once = plan_of(tmp_path, *QUIET, "trainer.epochs=6")
@@ -457,7 +507,7 @@ def test_a_grid_whose_record_cannot_be_written_stops_before_its_first_job(tmp_pa
 def test_every_key_of_conf_is_classified_by_where_it_is_declared():
     """Each top-level key of every composed config is a group of what a run computes (it counts) or of how and where
     it runs (it never counts); an experiment's own helper key must reach the run through an interpolation."""
-    from swalab.identity import READ_THROUGH, RESULT_GROUPS, RUN_GROUPS
+    from swalab.identity import METHOD_RECIPES, READ_THROUGH, RESULT_GROUPS, RUN_GROUPS
 
     experiments = [p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")]
     for experiment in [None, *experiments]:
@@ -477,6 +527,10 @@ def test_every_key_of_conf_is_classified_by_where_it_is_declared():
                 for k in dataset.source:  # each an interpolation, or the data set's key of that name as it is
                     raw = str(dataset.source._get_node(k)._value())
                     assert k == "_target_" or raw.startswith("${") or raw == str(dataset.get(k)), (option, k, raw)
+        elif key in METHOD_RECIPES:  # every key of the block is read by the method key of its name
+            block = OmegaConf.load(CONF_DIR / "recipe" / "paper.yaml")[key.split(".")[1]]
+            for k in block:
+                assert f"{k}: ${{{key}.{k}}}" in text, f"{key}.{k} is read by no method key"
         else:
             assert f"${{{key}}}" in text or f"${{{key}," in text or f",${{{key}}}" in text, key
 
@@ -508,7 +562,7 @@ def test_a_pretrained_file_counts_by_its_content_as_the_network_reads_it():
 
     def identity(path):
         resolved["model"]["pretrained_file"] = resolved["model"]["arch"]["pretrained_file"] = str(path)
-        return identity_of(resolved, recipes=known_recipes())
+        return identity_of(resolved)
 
     with tempfile.TemporaryDirectory() as tmp:
         a = weights_file(Path(tmp) / "a.pt", 1.0)
@@ -687,7 +741,7 @@ def test_a_path_that_names_no_source_run_stays_a_path(tmp_path):
     (tmp_path / "empty").mkdir()
     for path in (tmp_path / "empty", tmp_path / "missing"):
         resolved = {"seed": 0, "model": {"init_from": str(path)}}
-        assert identity_of(resolved, recipes=known_recipes())["model.init_from"] == str(path)
+        assert identity_of(resolved)["model.init_from"] == str(path)
 
 
 def test_a_run_that_recorded_its_source_runs_path_is_the_same_run_and_renamed_by_the_upgrade(tmp_path):
@@ -728,10 +782,20 @@ def test_keeping_fges_members_is_the_same_run_group_directory_and_row_label(tmp_
     assert kept.run_dir.relative_to(tmp_path).as_posix() == "digits/preresnet20/fge/fge.cycle_epochs-4/seed0"
 
 
+def as_recipe_blocks(identity: dict, cfg) -> dict:
+    """``identity`` as versions 2 to 5 held it: each method key that reads a recipe block (``method.lr_max:
+    ${model.fge.lr_max}``) under that block's key (``model.fge.lr_max``)."""
+    read = {k: str(cfg.method._get_node(k.split(".", 1)[1])._value())[2:-1]
+            for k in identity if k.startswith("method.") and str(cfg.method._get_node(k.split(".", 1)[1])._value()
+                                                                   ).startswith("${model.")}
+    return {read.get(k, k): v for k, v in identity.items()}
+
+
 def version_4_record(plan) -> dict:
-    """The identity.json identity version 4 wrote for ``plan``'s config: ``model.fge.save_members`` counted."""
+    """The identity.json identity version 4 wrote for ``plan``'s config: FGE's settings as ``model.fge.*``,
+    ``model.fge.save_members`` counted."""
     resolved = OmegaConf.to_container(plan.cfg, resolve=True)
-    then = {**identity_of(resolved, plan.identity.get("data.fingerprint"), recipes=known_recipes()),
+    then = {**as_recipe_blocks(identity_of(resolved, plan.identity.get("data.fingerprint")), plan.cfg),
             "model.fge.save_members": bool(plan.cfg.model.fge.save_members)}
     apart = {**plan.settings, "model.fge.save_members": True} if then["model.fge.save_members"] else plan.settings
     return {"version": 4, "hash": "x", "group": group_hash(then), "identity": then, "apart": apart}
@@ -746,7 +810,7 @@ def test_an_identity_that_counted_save_members_is_todays_run(tmp_path):
     run = tmp_path / "old"
     run.mkdir()
     (run / "identity.json").write_text(json.dumps(then))
-    assert stored_identity(run, known_recipes()) == today.identity  # its group hash too
+    assert stored_identity(run) == today.identity  # its group hash too
     from swalab.results.runs import Run
 
     assert Run(run).apart == {}  # no report row label of its own
@@ -775,6 +839,37 @@ def test_a_run_named_with_save_members_by_identity_version_4_is_renamed_by_the_u
         overrides = [*args, f"paths.output_dir={out}"]
         assert run_dir_of(compose_run(overrides), overrides) == today.run_dir.resolve()
     assert not (out / "digits/preresnet20/fge/fge.save_members-True").exists()
+
+
+def test_runs_of_identity_version_5_are_upgraded_in_place_or_renamed_then_skipped(tmp_path):
+    """Version 5 held SWA's settings as the recipe block's keys (``model.swa.lr``) and named a setting by the key
+    typed even when it only reads another: ``schedule.lr=0.07`` in ``schedule.lr-0.07``, ``model.lr=0.07`` in
+    ``model.lr-0.07``, one config under two names. Its run under today's name is today's run as it is; one under a
+    name of the key typed is renamed by the upgrade to today's (``model.lr-0.07``), where the same command skips it."""
+    from swalab.identity import IDENTITY_VERSION
+
+    out = tmp_path / "out"
+    for args, then_apart, then_name in ((["schedule.lr=0.07"], {"schedule.lr": 0.07}, "schedule.lr-0.07"),
+                                        (["model.swa.lr=0.03"], {"model.swa.lr": 0.03}, "swa.lr-0.03")):
+        today = plan_of(out, *QUIET, "method=swa", *args)
+        then = as_recipe_blocks(today.identity, today.cfg)
+        assert then != today.identity and "model.swa.lr" in then
+        old = out / "digits/preresnet20/swa" / then_name / "seed0"
+        old.mkdir(parents=True)
+        (old / "identity.json").write_text(json.dumps({"version": 5, "hash": "x", "group": group_hash(then),
+                                                       "identity": then, "apart": then_apart}))
+        (old / "metrics.json").write_text(json.dumps({"swa": {"acc": 50.0}}))
+        if old == today.run_dir:  # today's name: today's run as it is, before any upgrade
+            assert plan_of(out, *QUIET, "method=swa", *args).skips
+        else:
+            with pytest.raises(ConfigError, match=f"{then_name}/seed0, named by an earlier swalab.*python -m swalab.upgrade"):
+                plan_of(out, *QUIET, "method=swa", *args)
+        upgraded(out)
+        done = plan_of(out, *QUIET, "method=swa", *args)
+        assert done.run_dir == today.run_dir and done.skips
+        record = json.loads((done.run_dir / "identity.json").read_text())
+        assert record["version"] == IDENTITY_VERSION and record["identity"] == today.identity
+    assert sorted(p.name for p in (out / "digits/preresnet20/swa").iterdir()) == ["model.lr-0.07", "swa.lr-0.03"]
 
 
 def test_a_finished_run_that_kept_no_members_is_skipped_saying_so(tmp_path, caplog):

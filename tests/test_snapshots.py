@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 
 from swalab.config import ConfigError
 from swalab.identity import identity_of
-from swalab.methods.base import known_recipes
 from swalab.snapshots import per_epoch, snapshots_of
 from swalab.train import train
 from test_reliability import make_cfg, run_cli  # run_cli's children train on one thread: bit-equal runs
@@ -75,7 +74,7 @@ def test_the_spacing_is_read_as_epochs_or_as_snapshots_per_epoch():
 
 def test_snapshots_are_no_part_of_the_run_identity():
     def identity(*overrides):
-        return identity_of(OmegaConf.to_container(make_cfg(*overrides), resolve=True), recipes=known_recipes())
+        return identity_of(OmegaConf.to_container(make_cfg(*overrides), resolve=True))
 
     assert identity("run.snapshots=1") == identity() == identity("run.snapshots=0.25")
 

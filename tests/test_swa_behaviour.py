@@ -73,7 +73,7 @@ def drive(method, ctx, epochs: int, steps: int = 1, weight=lambda epoch, step: f
 
 @pytest.mark.parametrize("settings", [
     dict(phase="swalr", anneal_strategy="linear"),
-    dict(phase="swalr", anneal_epochs=5),                    # the lr reaches model.swa.lr in the last of 6 epochs
+    dict(phase="swalr", anneal_epochs=5),                    # the lr reaches method.lr in the last of 6 epochs
     dict(start_epoch=9),                                     # the last epoch of a 10-epoch run: captures after 9 and 10
     dict(start_epoch=0, capture_every=5),                    # captures after epochs 5 and 10 = the run's end
     dict(phase="swalr", start_epoch=0, capture_every=5, anneal_epochs=0),
@@ -89,48 +89,48 @@ def test_swa_accepts_each_setting_up_to_the_edge_of_its_range(settings):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(phase="bogus"), "model.swa.phase='bogus' is not one of ('constant', 'cyclic', 'swalr', 'shake_shake')"),
-    (dict(schedule=Constant(lr=0.1)), "method=swa with model.swa.pre_schedule=reference follows the paper's"),
-    (dict(anneal_strategy="exp"), "model.swa.anneal_strategy='exp' must be 'cos' or 'linear'"),
-    (dict(start_epoch=10), "SWA would start averaging at epoch 10 (model.swa.start_epoch) but the run has "
-                           "trainer.epochs=10: set model.swa.start, a fraction of the budget below method.budget=1, "
-                           "or model.swa.start_epoch below 10"),
-    (dict(start=1.0), "SWA would start averaging at epoch 10 (model.swa.start=1 of B=10) but the run has "
-                      "trainer.epochs=10: set model.swa.start,"),
+    (dict(phase="bogus"), "method.phase='bogus' is not one of ('constant', 'cyclic', 'swalr', 'shake_shake')"),
+    (dict(schedule=Constant(lr=0.1)), "method=swa with method.pre_schedule=reference follows the paper's"),
+    (dict(anneal_strategy="exp"), "method.anneal_strategy='exp' must be 'cos' or 'linear'"),
+    (dict(start_epoch=10), "SWA would start averaging at epoch 10 (method.start_epoch) but the run has "
+                           "trainer.epochs=10: set method.start, a fraction of the budget below method.budget=1, "
+                           "or method.start_epoch below 10"),
+    (dict(start=1.0), "SWA would start averaging at epoch 10 (method.start=1 of B=10) but the run has "
+                      "trainer.epochs=10: set method.start,"),
     (dict(start_epoch=0, capture_every=6),
-     "the SWA average would hold 1 model in a run of trainer.epochs=10: model.swa.phase=constant captures every "
-     "model.swa.capture_every=6 epochs from epoch 0 (model.swa.start_epoch=0), and an average needs 2 at least (one "
-     "model is the SGD iterate, not an average). Lower model.swa.capture_every, or lengthen the run (trainer.epochs)"),
+     "the SWA average would hold 1 model in a run of trainer.epochs=10: method.phase=constant captures every "
+     "method.capture_every=6 epochs from epoch 0 (method.start_epoch=0), and an average needs 2 at least (one "
+     "model is the SGD iterate, not an average). Lower method.capture_every, or lengthen the run (trainer.epochs)"),
     (dict(start_epoch=0, capture_every=11), "the SWA average would hold 0 models in a run of trainer.epochs=10"),
     (dict(phase="swalr", start_epoch=0, capture_every=6, anneal_epochs=0),
-     "the SWA average would hold 1 model in a run of trainer.epochs=10: model.swa.phase=swalr captures every "
-     "model.swa.capture_every=6 epochs"),
+     "the SWA average would hold 1 model in a run of trainer.epochs=10: method.phase=swalr captures every "
+     "method.capture_every=6 epochs"),
     (dict(start_epoch=2, capture_every=9), "the SWA average would hold 1 model in"),
     (dict(phase="swalr", anneal_epochs=6),
-     "model.swa.anneal_epochs=6 anneals the lr from epoch 4 on, but trainer.epochs=10 ends 6 epochs later: the lr "
-     "never reaches model.swa.lr=0.02. Set model.swa.anneal_epochs below 6, start averaging earlier, or lengthen "
+     "method.anneal_epochs=6 anneals the lr from epoch 4 on, but trainer.epochs=10 ends 6 epochs later: the lr "
+     "never reaches method.lr=0.02. Set method.anneal_epochs below 6, start averaging earlier, or lengthen "
      "the run"),
-    (dict(phase="cyclic", lr_min=0.021), "model.swa.lr_min must be in (0, model.swa.lr=0.02] for a cyclic schedule, "
+    (dict(phase="cyclic", lr_min=0.021), "method.lr_min must be in (0, method.lr=0.02] for a cyclic schedule, "
                                          "got 0.021"),
-    (dict(phase="cyclic"), "model.swa.lr_min must be in (0, model.swa.lr=0.02] for a cyclic schedule, got None"),
+    (dict(phase="cyclic"), "method.lr_min must be in (0, method.lr=0.02] for a cyclic schedule, got None"),
     (dict(phase="cyclic", lr_min=0.01, cycle_epochs=3.5),
-     "the SWA average would hold 1 model in a run of trainer.epochs=10: model.swa.phase=cyclic captures at the end of "
-     "each cycle of model.swa.cycle_epochs=3.5 epochs from epoch 4 (model.swa.start_epoch=4), and an average needs 2 at "
-     "least (one model is the SGD iterate, not an average). Lower model.swa.start_epoch, shorten "
-     "model.swa.cycle_epochs, or lengthen the run (trainer.epochs)"),
+     "the SWA average would hold 1 model in a run of trainer.epochs=10: method.phase=cyclic captures at the end of "
+     "each cycle of method.cycle_epochs=3.5 epochs from epoch 4 (method.start_epoch=4), and an average needs 2 at "
+     "least (one model is the SGD iterate, not an average). Lower method.start_epoch, shorten "
+     "method.cycle_epochs, or lengthen the run (trainer.epochs)"),
     (dict(phase="cyclic", lr_min=0.01, cycle_epochs=6.5), "the SWA average would hold 0 models in"),
     (dict(epochs=203, phase="shake_shake"),
-     "the SWA average would hold 1 model in a run of trainer.epochs=203: model.swa.phase=shake_shake captures once per "
+     "the SWA average would hold 1 model in a run of trainer.epochs=203: method.phase=shake_shake captures once per "
      "100-epoch cycle from epoch 4"),
     (dict(start_epoch=0, capture_every=4, score_at_budgets=[0.5]),
-     "model.swa.score_at_budgets: budget 0.5 is epoch 5, where the average holds 1 model(s) (model.swa.phase=constant "
-     "captures every model.swa.capture_every=4 epochs from epoch 0): no average to score"),
+     "method.score_at_budgets: budget 0.5 is epoch 5, where the average holds 1 model(s) (method.phase=constant "
+     "captures every method.capture_every=4 epochs from epoch 0): no average to score"),
     (dict(score_every=11),
-     "model.swa.score_every=11 scores the average every 11 epochs, but it exists from epoch 4 to trainer.epochs=10: "
-     "it would never be scored before the end. Set model.swa.score_every to at most 10 (0: only at the end)"),
-    (dict(score_at_budgets=[0.4]), "model.swa.score_at_budgets: budget 0.4 is epoch 4, outside (start=4, "
+     "method.score_every=11 scores the average every 11 epochs, but it exists from epoch 4 to trainer.epochs=10: "
+     "it would never be scored before the end. Set method.score_every to at most 10 (0: only at the end)"),
+    (dict(score_at_budgets=[0.4]), "method.score_at_budgets: budget 0.4 is epoch 4, outside (start=4, "
                                    "trainer.epochs=10]"),
-    (dict(score_at_budgets=[1.1]), "model.swa.score_at_budgets: budget 1.1 is epoch 11, outside (start=4, "
+    (dict(score_at_budgets=[1.1]), "method.score_at_budgets: budget 1.1 is epoch 11, outside (start=4, "
                                    "trainer.epochs=10]"),
 ])
 def test_swa_refuses_the_first_value_past_each_range_naming_its_config_key(settings, message):
@@ -145,8 +145,8 @@ def test_swa_refuses_the_first_value_past_each_range_naming_its_config_key(setti
 ])
 def test_schedule_keys_the_reference_pre_schedule_never_reads_are_said_at_launch(schedule, said):
     caveats = swa(schedule=schedule).caveats()
-    assert caveats == [f"{said} is not read by method=swa with model.swa.pre_schedule=reference (the paper's shape from "
-                       "schedule.lr to model.swa.lr over the 4 epochs before averaging): set model.swa.pre_schedule=base "
+    assert caveats == [f"{said} is not read by method=swa with method.pre_schedule=reference (the paper's shape from "
+                       "schedule.lr to method.lr over the 4 epochs before averaging): set method.pre_schedule=base "
                        "to train with the schedule group as configured"]
     assert swa(schedule=schedule, pre_schedule="base").caveats() == []
     assert swa(schedule=PaperSGD(lr=0.1, horizon=10)).caveats() == []  # the schedule group's defaults: nothing unread
@@ -327,7 +327,7 @@ def test_the_predictors_refuse_an_average_of_no_model_naming_the_start_setting(t
     method = swa()
     ctx = context(one_weight(), tmp_path)
     method.on_train_start(ctx)
-    with pytest.raises(RuntimeError, match=re.escape("SWA has averaged no model yet: check model.swa.start and")):
+    with pytest.raises(RuntimeError, match=re.escape("SWA has averaged no model yet: check method.start and")):
         method.predictors(ctx)
 
 
@@ -463,8 +463,8 @@ def test_an_earlier_checkpoint_holding_log_probabilities_is_upgraded_to_its_file
 
 
 @pytest.mark.parametrize("settings, start", [
-    (dict(start=0.5, capture_every=6), "model.swa.start=0.5 of B=10"),
-    (dict(start_epoch=5, capture_every=6), "model.swa.start_epoch=5"),
+    (dict(start=0.5, capture_every=6), "method.start=0.5 of B=10"),
+    (dict(start_epoch=5, capture_every=6), "method.start_epoch=5"),
 ])
 def test_an_average_of_one_model_reads_as_one_model_says_why_and_names_each_key_with_its_value_once(settings, start):
     with pytest.raises(ConfigError) as info:
@@ -474,4 +474,4 @@ def test_an_average_of_one_model_reads_as_one_model_says_why_and_names_each_key_
     assert f"from epoch 5 ({start})" in said and "needs 2 at least (one model is the SGD iterate, not an average)" in said
     key = start.split("=")[0]
     assert said.count(key) == 2 and f"start averaging earlier ({key})" not in said.lower()
-    assert said.endswith(f"Lower {key}, lower model.swa.capture_every, or lengthen the run (trainer.epochs)")
+    assert said.endswith(f"Lower {key}, lower method.capture_every, or lengthen the run (trainer.epochs)")

@@ -164,7 +164,7 @@ def test_the_predictors_refuse_swag_before_any_capture_naming_the_start_setting(
     method = swag()
     ctx = context(tmp_path)
     method.on_train_start(ctx)
-    with pytest.raises(RuntimeError, match=re.escape("SWAG has captured no model yet: check model.swa.start and")):
+    with pytest.raises(RuntimeError, match=re.escape("SWAG has captured no model yet: check method.start and")):
         method.predictors(ctx)
 
 

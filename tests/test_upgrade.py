@@ -20,7 +20,7 @@ import yaml
 
 from swalab import upgrade
 from swalab.checkpoint import checkpoint_paths
-from swalab.compat import RECIPE_SETTINGS
+from swalab.compat import RENAMED
 from swalab.identity import IDENTITY_VERSION, group_hash
 from swalab.results.ensembles import saved_log_probs
 from swalab.results.runs import Run
@@ -40,20 +40,24 @@ def today_run(tmp_path_factory) -> Path:
     return run
 
 
+# SWA's settings an earlier swalab spelled with a prefix (method.swa_lr for method.lr), as compat.RENAMED reads them.
+SWA_PREFIXED = {new.split(".")[1]: old.split(".")[1] for old, new in RENAMED.items() if old.startswith("method.swa_")}
+
+
 def earlier_identity(identity: dict) -> dict:
     """An identity as an earlier swalab recorded it: SWA's settings in method.* with their own spellings, init_from
     in run."""
-    old = {("run.init_from" if k == "model.init_from" else k): v for k, v in identity.items()}
-    for old_name, name in RECIPE_SETTINGS["swa"].items():
-        old[f"method.{old_name}"] = old.pop(f"model.swa.{name}")
-    return old
+    spelled = {"model.init_from": "run.init_from"} | {f"method.{k}": f"method.{o}" for k, o in SWA_PREFIXED.items()}
+    return {spelled.get(k, k): v for k, v in identity.items()}
 
 
 def earlier_config(config: dict) -> dict:
-    """A config.yaml as an earlier swalab wrote it: SWA's settings in method.*, the optimizer's in trainer."""
+    """A config.yaml as an earlier swalab wrote it: SWA's settings in method.* (with their own spellings) and no
+    recipe block, the optimizer's in trainer."""
     old = json.loads(json.dumps(config))
-    for old_name, name in RECIPE_SETTINGS["swa"].items():
-        old["method"][old_name] = old["model"]["swa"].pop(name)
+    del old["model"]["swa"]
+    for name, old_name in SWA_PREFIXED.items():
+        old["method"][old_name] = old["method"].pop(name)
     for key in ("momentum", "weight_decay", "nesterov"):
         old["trainer"][key] = old["optimizer"].pop(key)
     return old

@@ -14,7 +14,6 @@ from swalab.data import load_cifar, load_digits, load_folder, subset
 from swalab.data.imagenet import load_imagenet
 from swalab.data.splits import VAL_SPLIT_SEED, DataSplit, hold_out, split_off_val, stratified_permutation, val_count
 from swalab.identity import identity_of
-from swalab.methods.base import known_recipes
 from swalab.train import train
 from swalab.train.build import build_loaders, build_val_loader
 
@@ -157,7 +156,7 @@ def test_imagenet_holds_out_train_images_and_keeps_val_as_the_test_set(tiny_imag
 # -- runs ----------------------------------------------------------------------------------------------------------
 def test_val_size_counts_in_the_identity_only_when_set(make_cfg):
     def identity(*overrides):
-        return identity_of(OmegaConf.to_container(make_cfg(*overrides), resolve=True), recipes=known_recipes())
+        return identity_of(OmegaConf.to_container(make_cfg(*overrides), resolve=True))
 
     base = identity()
     assert "dataset.val_size" not in base  # runs made before the key existed keep their identity

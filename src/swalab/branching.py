@@ -32,7 +32,7 @@ import math
 from pathlib import Path
 
 from swalab.checkpoint import CheckpointStore, read_checkpoint
-from swalab.identity import differences, method_part, recipe_of
+from swalab.identity import differences, method_part
 from swalab.rundir import RunDir
 
 
@@ -69,8 +69,7 @@ def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:
     if int(state.get("step", 0)) != 0 or int(state["epoch"]) != epoch:
         raise BranchError(f"{path} was written mid-epoch; a branch starts at an epoch boundary")
     trunk = dict(state.get("identity") or {})
-    mine = recipe_of(identity)
-    free = [k for k in {*identity, *trunk} if method_part(k, mine) or k == "schedule" or k.startswith("schedule.")]
+    free = [k for k in {*identity, *trunk} if method_part(k) or k == "schedule" or k.startswith("schedule.")]
     diffs = differences(identity, trunk, ignore=free)
     if diffs:
         raise BranchError(f"run.branch_from={spec}: {path} belongs to another experiment (" + "; ".join(diffs[:8])

@@ -21,11 +21,17 @@ from typing import Any
 # Identities written by earlier versions of swalab: they held a data folder's absolute path (a data set is its
 # fingerprint now) and no fingerprint of the data. Comparing with one, these keys are not held against it.
 RETIRED_KEYS = ("dataset.root", "dataset.root_is_data", "run.eval_every")
-# Settings an earlier swalab recorded under other names: SWA's and FGE's lived in method.* (SWA's with a swa_
-# prefix), init_from in run, the optimizer's settings in trainer. An identity of a run made then is read under
-# today's names (:func:`upgraded`).
+# Settings an earlier swalab recorded under other names: SWA's had a swa_ prefix (method.swa_lr, identity version
+# 1), init_from was in run, the optimizer's settings in trainer. An identity of a run made then is read under today's
+# names (:func:`upgraded`).
 RENAMED = {"run.init_from": "model.init_from", "trainer.momentum": "optimizer.momentum",
-           "trainer.weight_decay": "optimizer.weight_decay", "trainer.nesterov": "optimizer.nesterov"}
+           "trainer.weight_decay": "optimizer.weight_decay", "trainer.nesterov": "optimizer.nesterov",
+           **{f"method.swa_{k}": f"method.{k}" for k in ("start", "start_epoch", "lr", "lr_min")}}
+# Identity versions 2 to 5 held SWA's and FGE's settings as the model's recipe blocks they are read from today
+# (model.swa.lr, model.fge.lr_max), the block of the run's own method only: today the method's keys hold them
+# (method.lr). Configs of those runs held them there only; the method of this class (or name) reads this block.
+RECIPE_BLOCKS = ("model.swa", "model.fge")
+READS_BLOCK = {"swa": "swa", "swag": "swa", "fge": "fge"}  # by the class's name (method._target_), else the method's
 # Settings whose values were spelled otherwise too: ``trainer.amp: true`` (bf16 autocast on CUDA) is
 # ``trainer.precision: auto``, ``false`` is ``fp32``.
 RESPELLED = {"trainer.amp": ("trainer.precision", {True: "auto", False: "fp32"})}
@@ -53,17 +59,11 @@ WEIGHTS_PATH_KEYS = ("model.init_from", "model.arch.pretrained_file")
 # Run directory names before identity version 3 named every setting by its whole key (model.swa.lr-0.05, today
 # swa.lr-0.05; swalab.identity.name_key) and a weights file by its path: swalab.upgrade renames such a directory.
 SHORT_NAMES_SINCE = 3
-RECIPE_SETTINGS = {
-    "swa": {"swa_start": "start", "swa_start_epoch": "start_epoch", "swa_lr": "lr", "swa_lr_min": "lr_min",
-            **{k: k for k in ("phase", "cycle_epochs", "capture_every", "anneal_epochs", "anneal_strategy",
-                              "pre_schedule", "bn_update", "score_every", "score_at_budgets")}},
-    "fge": {k: k for k in ("lr_max", "lr_min", "cycle_epochs", "pretrain", "pretrain_epochs", "pre_schedule",
-                           "bn_update", "save_members")},
-}
+
 
 
 def upgraded(identity: Mapping[str, Any], content: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """``identity`` under today's names and spellings (``RENAMED``, ``RESPELLED``, ``RECIPE_SETTINGS``), with the keys
+    """``identity`` under today's names and spellings (``RENAMED``, ``RESPELLED``, ``RECIPE_BLOCKS``), with the keys
     added since at the values that did what it did (``ADDED_AT``): an identity written by an earlier swalab compares
     equal to today's of the same config. Today's identities come back unchanged. ``content``: what a weights file's
     path holds (``swalab.identity.by_content``), for the paths earlier identities held (``WEIGHTS_PATH_KEYS``)."""
@@ -73,10 +73,9 @@ def upgraded(identity: Mapping[str, Any], content: Callable[[Any], Any] | None =
     for old, (new, values) in RESPELLED.items():
         if old in out:
             out[new] = values.get(out.pop(old), "<unknown>")
+    for key in [k for k in out if any(k.startswith(block + ".") for block in RECIPE_BLOCKS)]:
+        out["method." + key.split(".", 2)[2]] = out.pop(key)
     method = out.get("method.name")
-    for old, new in RECIPE_SETTINGS.get(method, {}).items():
-        if f"method.{old}" in out:
-            out[f"model.{method}.{new}"] = out.pop(f"method.{old}")
     if out:  # not an empty identity (a run directory without one)
         out.update({k: v for k, v in ADDED_AT.items() if k not in out})
         for key, (for_method, source) in ADDED_AS.items():
@@ -108,7 +107,7 @@ MOVED_KEYS = {
 
 def upgraded_config(config: dict) -> dict:
     """A resolved config written by an earlier swalab (a run's ``config.yaml``) with its moved keys in their places
-    today (``MOVED_KEYS``; SWA's and FGE's settings into the recipe block of the run's method; ``trainer.amp``
+    today (``MOVED_KEYS``; SWA's and FGE's settings into the method's keys from the recipe block it reads; ``trainer.amp``
     respelled as ``trainer.precision``) and the keys added since at the values that did what it did
     (``ADDED_AT``: the paper's SGD, plain cross-entropy, no warmup), so that the run can be rebuilt
     and scored again as it was trained. A config of today comes back unchanged."""
@@ -139,6 +138,12 @@ def upgraded_config(config: dict) -> dict:
         value = pop(old)
         if value is not _MISSING and new is not None:
             put(new, value)
+    node = out.get("method") or {}
+    block = READS_BLOCK.get(str(node.get("_target_") or node.get("name") or "").rpartition(".")[2].lower())
+    settings = (out.get("model") or {}).get(block) if block else None
+    if isinstance(settings, dict) and isinstance(out.get("method"), dict):  # versions 2 to 5: the method reads them
+        for key, value in settings.items():
+            out["method"].setdefault(key, value)
     if "trainer" in out:  # a run's config: the keys added since it was written, at the values that did what it did
         for key, value in ADDED_AT.items():
             put(key, value)

@@ -21,13 +21,14 @@ caches and workers; the logger; the paths; Hydra) never do. Within the counted g
   never the path, so spelling, moving or copying the folder makes no new run;
 * a value read only through another key that counts is held there (``READ_THROUGH``: ``model.lr``
   as ``schedule.lr``, the loader's ``dataset.source.*`` copies of ``dataset.*``);
-* a method's recipe block counts for the method that reads it only (``model.swa`` for SWA), so a
-  setting of SWA's leaves an SGD run the same run; and what only training reads (``TRAINING_GROUPS``) counts
-  only for a method that trains (``Method.trains``: not ``method=pretrained``);
+* a method's settings are its own keys (``method.*``, its constructor's arguments); a model's per-model values of
+  them (its recipe blocks, ``METHOD_RECIPES``: ``model.swa``, ``model.fge``) are read only through those keys
+  (``method.lr: ${model.swa.lr}``), so ``model.swa.lr=0.05`` leaves an SGD run the same run; and what only training
+  reads (``TRAINING_GROUPS``) counts only for a method that trains (``Method.trains``: not ``method=pretrained``);
 * a key added after runs were made counts only away from the value that leaves a run as it was
   (``UNSET_VALUES``: ``dataset.val_size`` null or 0, ``dataset.classes`` null, Laplace's ``method.prior_range`` at
   [-4, 4]), so those runs keep their identity;
-* a key that says only what a run keeps, never what it computes (``OUTPUT_ONLY``: ``model.fge.save_members``,
+* a key that says only what a run keeps, never what it computes (``OUTPUT_ONLY``: FGE's ``method.save_members``,
   which also writes FGE's members' weights), never counts, nor where an identity written before this rule holds it
   (:func:`today`): keeping more is the same run, the same group and the same name.
 
@@ -60,7 +61,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from swalab.compat import RETIRED_KEYS, SHORT_NAMES_SINCE, upgraded
+from swalab.compat import RETIRED_KEYS, SHORT_NAMES_SINCE, upgraded, upgraded_config
 from swalab.data.fingerprint import weights_fingerprint
 from swalab.rundir import RunDir
 
@@ -71,14 +72,17 @@ RESULT_GROUPS = ("seed", "dataset", "model", "method", "schedule", "optimizer", 
 RUN_GROUPS = ("run", "logger", "paths", "hydra")
 # A data set is what its files hold (its fingerprint, ``data.fingerprint``), never where they lie.
 LOCATION = ("dataset.root",)
+# The model's blocks of per-model method settings (conf/recipe/paper.yaml): the method's yaml reads each of its keys
+# (conf/method/swa.yaml: ``lr: ${model.swa.lr}``), so they count where the method holds them, for that method only.
+METHOD_RECIPES = ("model.swa", "model.fge")
 # Values the run reads only through other keys of its identity, which hold them resolved: the loader's copies of
-# the data set's keys (dataset.source), and the model's recipe values the schedule (model.lr), the trainer
-# (model.weight_decay, model.budget_epochs) and the network (model.pretrained, model.pretrained_file) read.
-# tests/test_run_identity.py checks each is interpolated where this says. A method's recipe block (model.swa) counts
-# for the method that reads it only (``identity_of(recipes=...)``).
+# the data set's keys (dataset.source), the model's recipe values the schedule (model.lr), the trainer
+# (model.weight_decay, model.budget_epochs) and the network (model.pretrained, model.pretrained_file) read, and the
+# methods' recipe blocks. tests/test_run_identity.py checks each is interpolated where this says.
 READ_THROUGH = (
     "dataset.source",
     "model.lr", "model.weight_decay", "model.budget_epochs", "model.pretrained", "model.pretrained_file",
+    *METHOD_RECIPES,
 )
 # What only training reads: no part of the identity of a method that trains nothing (``Method.trains``: Pretrained).
 TRAINING_GROUPS = ("optimizer", "schedule", "loss", "trainer")
@@ -88,23 +92,26 @@ UNSET_VALUES = {"dataset.val_size": (None, 0), "dataset.classes": (None,), "meth
 # Keys of the counted groups that say only what a run keeps, never what it computes: they never count (dropped like
 # LOCATION), and identities written before this rule (version 4 and earlier) are read
 # without them (:func:`today`), so a run that keeps more is the same run, group, directory and report row.
-#   model.fge.save_members: also write each FGE member's weights to <run>/members/ (after the member is scored:
-#     no number of the run depends on it; swalab.methods.FGE.on_epoch_end).
-OUTPUT_ONLY = ("model.fge.save_members",)
+#   method.save_members (FGE's; model.fge.save_members as a user types it, in a settings-apart record): also write
+#     each member's weights to <run>/members/ (after the member is scored: no number of the run depends on it;
+#     swalab.methods.FGE.on_epoch_end).
+OUTPUT_ONLY = ("method.save_members", "model.fge.save_members")
 
 
-def method_part(key: str, recipe: str | None) -> bool:
-    """Whether ``key`` is what only the method decides: its own keys, its recipe block (``model.swa``), the run's
-    length and the schedule's horizon. Rows of a report share everything else; a branch may change these."""
-    return _under(key, ("method", "trainer.epochs", "schedule.horizon", *((f"model.{recipe}",) if recipe else ())))
+def method_part(key: str) -> bool:
+    """Whether ``key`` (of an identity, or as a user types it) is what only the method decides: its own keys and their
+    recipe blocks (``model.swa``), the run's length and the schedule's horizon. Rows of a report share everything
+    else; a branch may change these."""
+    return _under(key, ("method", *METHOD_RECIPES, "trainer.epochs", "schedule.horizon"))
 
 
 IDENTITY_FILE = RunDir.IDENTITY
 # 2: directories named from the identity, SWA/FGE settings in the model's recipe blocks; 3: weights files by content,
 # names shortened (swa.lr-0.05 for model.swa.lr); 4: a run directory
 # model.init_from names counts as its source run (run-<group hash>), not as its path; 5: what only says what a run
-# keeps (OUTPUT_ONLY: model.fge.save_members) never counts. swalab.upgrade renames directories named by 2 to 4.
-IDENTITY_VERSION = 5
+# keeps (OUTPUT_ONLY: model.fge.save_members) never counts; 6: every method's settings are its method.* keys (SWA's
+# and FGE's were their recipe blocks model.swa, model.fge). swalab.upgrade renames directories named by 2 to 5.
+IDENTITY_VERSION = 6
 DATA_FINGERPRINT = "data.fingerprint"
 # Keys identities hold today that an earlier swalab did not record (old-format reading: swalab.compat).
 ADDED_KEYS = (DATA_FINGERPRINT,)
@@ -189,24 +196,21 @@ def source_run(spec: str, seed: Any = None) -> str | None:
     return value + (f"@{int(epoch)}" if epoch else "")
 
 
-def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None, *,
-                recipes: Sequence[str]) -> dict[str, Any]:
+def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None) -> dict[str, Any]:
     """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
     and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
     known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
     folder copied elsewhere is the same data set and a folder whose images changed is another one.
 
-    ``recipes`` are the model's recipe blocks of every method (``swalab.methods.base.known_recipes()``, which the
-    caller passes: the methods sit above the identity): only the block of the run's own method counts (``model.swa``
-    for SWA), so ``model.swa.lr=0.05`` leaves an SGD run the same run. A weights file counts by its content and a
-    run directory as its source run (:func:`by_content`).
+    A method's settings count as its ``method.*`` keys hold them, never as the model's recipe block they read
+    (``METHOD_RECIPES``), so ``model.swa.lr=0.05`` leaves an SGD run the same run. A weights file counts by its
+    content and a run directory as its source run (:func:`by_content`).
     """
     flat: dict[str, Any] = {}
     for root in RESULT_GROUPS:
         if root in resolved:
             _flatten(resolved[root], root, flat)
-    own = _own_recipe(resolved)
-    unread = tuple(f"model.{r}" for r in recipes if r != own) + (() if method_trains(resolved) else TRAINING_GROUPS)
+    unread = () if method_trains(resolved) else TRAINING_GROUPS
     dropped = (*LOCATION, *READ_THROUGH, *unread, *OUTPUT_ONLY)
     identity = {k: v for k, v in flat.items() if not _under(k, dropped)
                 and not (k in UNSET_VALUES and _unset(k, v))}
@@ -221,15 +225,6 @@ def _unset(key: str, value: Any) -> bool:
     """Whether ``value`` of ``key`` (one of ``UNSET_VALUES``) is one that leaves a run as it was (``0`` and ``0.0`` alike,
     never ``False``)."""
     return not isinstance(value, bool) and any(value is None if u is None else value == u for u in UNSET_VALUES[key])
-
-
-def recipe_of(identity: Mapping[str, Any]) -> str | None:
-    """The recipe block (``swa``) the method of a flat identity reads: its class's, or, for an identity that names
-    no class, the block named after the method when there is one."""
-    recipe = _own_recipe({"method": {"_target_": identity.get("method._target_")}})
-    if recipe is None and any(k.startswith(f"model.{identity.get('method.name')}.") for k in identity):
-        recipe = str(identity.get("method.name"))
-    return recipe
 
 
 def method_trains(resolved: Mapping[str, Any]) -> bool:
@@ -256,12 +251,6 @@ def _method_class(resolved: Mapping[str, Any]):
         return get_class(str(target))
     except Exception:  # noqa: BLE001  a method class that cannot be imported here
         return None
-
-
-def _own_recipe(resolved: Mapping[str, Any]) -> str | None:
-    """The recipe block the run's method reads (its class's ``recipe``), found from ``method._target_``; None for a
-    method class that cannot be imported here (it reads no recipe block we know of)."""
-    return getattr(_method_class(resolved), "recipe", None)
 
 
 def canonical(identity: Mapping[str, Any]) -> str:
@@ -312,8 +301,8 @@ def settings_apart(identity: Mapping[str, Any], default: Mapping[str, Any], sour
     """What sets a run apart from the default config of its data set, model and method, in the keys a user types.
 
     ``default`` is the identity of the config composed with the run's own group choices and no other override;
-    ``sources`` names, for a key read through an interpolation (``model.swa.lr: ${model.swa.lr}``), the key it
-    reads (``model.swa.lr``), which is the one a user types and the one shown; ``choices`` are the group choices
+    ``sources`` names, for a key read through an interpolation in the default config (``method.lr: ${model.swa.lr}``),
+    the key it reads (``model.swa.lr``), which is the one shown whichever of the two a user typed; ``choices`` are the group choices
     that differ from the primary config's (``schedule: cosine``), shown first as ``schedule``. The data set's
     fingerprint and the seed are not settings. Returns ``{key: value}`` in that order, sorted within each part.
     """
@@ -360,16 +349,16 @@ def recorded_identity(run_dir: str | Path) -> dict[str, Any] | None:
     return today(identity) if isinstance(identity, Mapping) else None
 
 
-def stored_identity(run_dir: str | Path, recipes: Sequence[str]) -> dict[str, Any] | None:
+def stored_identity(run_dir: str | Path) -> dict[str, Any] | None:
     """The identity of the run in ``run_dir`` under today's names (``swalab.compat.upgraded``): ``identity.json``
-    (:func:`recorded_identity`), else computed from its ``config.yaml`` (``recipes``: as :func:`identity_of` takes
-    them); None without either. A file that cannot be read, or holds something else than a mapping (damaged, or
+    (:func:`recorded_identity`), else computed from its ``config.yaml`` (its keys in today's places:
+    ``swalab.compat.upgraded_config``); None without either. A file that cannot be read, or holds something else than a mapping (damaged, or
     edited by hand), counts as absent."""
     recorded = recorded_identity(run_dir)
     if recorded is not None:
         return recorded
     resolved = RunDir(run_dir).config()
-    return None if resolved is None else today(identity_of(resolved, recipes=recipes))
+    return None if resolved is None else today(identity_of(upgraded_config(resolved)))
 
 
 # -- run directory names ------------------------------------------------------------------------

@@ -7,13 +7,15 @@ version, a config with keys in their old places), naming the file and this comma
 (``swalab.rundir.RunDir``) below the paths given and, per run, says what it would change; ``--write`` changes it:
 
 * ``identity.json`` (and the identity inside each checkpoint and ``final.pt``) under today's names
-  (``swalab.compat.upgraded``, ``swalab.identity.today``), recorded as today's identity version;
+  (``swalab.compat.upgraded``, ``swalab.identity.today``: SWA's and FGE's settings as their ``method.*`` keys since
+  version 6), recorded as today's identity version;
 * ``config.yaml`` with its keys in today's places (``swalab.compat.upgraded_config``);
 * a checkpoint whose method state carries the predictions it scored (FGE's members, SWA's budget marks, as
   probabilities or log-probabilities): each moved to its file in ``checkpoints/predictions/``, the state naming it;
 * ``predictions.pt`` of probabilities only, and ``fge_member_probs.pt`` of ``member_probs``: log-probabilities added;
 * a run directory named by an earlier identity version (``model.swa.lr-0.05``, a weights file's path,
-  ``fge.save_members-True``) renamed to today's name; refused, saying so, when that name is taken. The records
+  ``fge.save_members-True``, ``schedule.lr-0.07`` for a key that only reads another: :func:`read_through`) renamed to
+  today's name; refused, saying so, when that name is taken. The records
   below the paths given that name a renamed run (a branched row's ``rows/*.json``, a grid's ``jobs/*.json``, a
   branch's ``lineage.json``, by relative or absolute path, of this machine or another) are pointed at its new name.
 
@@ -30,6 +32,7 @@ import argparse
 import os
 import tempfile
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -129,7 +132,36 @@ def todays_apart(old: dict, identity: dict) -> dict | None:
         return None
     then = old["identity"]
     values = {then[k]: identity[k] for k in then if is_weights_key(k) and k in identity and then[k] != identity[k]}
-    return {k: values.get(v, v) if isinstance(v, str) else v for k, v in counted(apart).items()}
+    typed = read_through()
+    return {typed.get(k, k): values.get(v, v) if isinstance(v, str) else v for k, v in counted(apart).items()}
+
+
+@lru_cache(maxsize=1)
+def read_through() -> dict[str, str]:
+    """For each key of today's default config that only reads another (``schedule.lr: ${model.lr}``), the key it reads,
+    but for the method's own keys. Identity version 5 and earlier named such a setting by the key typed (a run of
+    ``schedule.lr=0.07`` in ``schedule.lr-0.07``, one of ``model.lr=0.07`` in ``model.lr-0.07``: one config, two
+    names); today's name is the key read, however it was typed (``swalab.train.plan.apart_from_defaults``)."""
+    from hydra import compose, initialize_config_dir
+
+    from swalab.config import CONF_DIR
+    from swalab.train.plan import interpolation_sources
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config")
+    keys: list[str] = []
+
+    def walk(node, prefix: str) -> None:
+        for key in node:
+            dotted = f"{prefix}{key}"
+            child = node._get_node(key)
+            if OmegaConf.is_dict(child):
+                walk(child, dotted + ".")
+            else:
+                keys.append(dotted)
+
+    walk(cfg, "")
+    return {k: v for k, v in interpolation_sources(cfg, keys).items() if not k.startswith("method.")}
 
 
 def plan_move(up: Upgrade, old: dict, identity: dict, apart: dict | None) -> None:

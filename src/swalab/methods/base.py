@@ -86,9 +86,6 @@ class Method:
     """
 
     name = "method"
-    # The model's recipe block this method takes its settings from (``model.swa`` for SWA), or None: its settings
-    # are then the method's own config keys (``method.decay`` for EMA).
-    recipe: str | None = None
     # False for a method that trains nothing (Pretrained scores the weights it starts from): what only training reads
     # (the optimizer, schedule, loss and trainer groups, ``swalab.identity.TRAINING_GROUPS``) then sets none of its
     # runs apart, in their identity or their directory's name.
@@ -98,6 +95,9 @@ class Method:
     scoring_settings: tuple[str, ...] = ()
     # The predictors a report shows as this method's columns, in their order; empty: the one named after the method.
     columns: tuple[str, ...] = ()
+    # Why the method needs a validation split (``dataset.val_size``), or None: a run without one is refused before
+    # anything is written (swalab.train.plan.validate).
+    needs_validation_split: str | None = None
     # Another method's columns this one fills where no run of that method does (SWAG trains exactly as SWA).
     stands_in: tuple[str, ...] = ()
     # The predictor of the live weights (the model the trainer trained, or loaded for a method that trains nothing):
@@ -111,11 +111,6 @@ class Method:
         self.epochs = require("trainer.epochs", epochs, "int", 0)
         if name is not None:
             self.name = name
-
-    def setting(self, name: str) -> str:
-        """The config key of this method's setting ``name``, as a user types it: ``model.swa.lr`` for SWA's ``lr``
-        (its recipe block), ``method.decay`` for EMA's ``decay``."""
-        return f"model.{self.recipe}.{name}" if self.recipe else f"method.{name}"
 
     @property
     def budget_epochs(self) -> float:
@@ -243,7 +238,7 @@ def on_training_device(module: nn.Module, ctx: TrainContext, for_good: bool) -> 
 
 
 def check_pre_schedule(name: str, schedule: Schedule, method: str, key: str) -> None:
-    """``pre_schedule`` of SWA and FGE (``key``: ``model.swa.pre_schedule``): ``reference`` (the paper's shape,
+    """``pre_schedule`` of SWA and FGE (``key``: ``method.pre_schedule``): ``reference`` (the paper's shape,
     from ``schedule.lr`` alone) or ``base`` (the schedule group). ``reference`` with a schedule group other than the
     paper's would ignore that schedule without a word, so it is refused, naming the key that makes it count."""
     if name not in ("reference", "base"):
@@ -265,15 +260,3 @@ def unread_schedule_keys(schedule: Schedule, epochs: int) -> list[str]:
               "per_iteration": schedule.per_iteration is not False}
     return [f"schedule.{k}={getattr(schedule, k):g}" if k != "per_iteration" else f"schedule.{k}={schedule.per_iteration}"
             for k, unread_here in unread.items() if unread_here]
-
-
-def known_recipes() -> tuple[str, ...]:
-    """The recipe blocks of every method class defined so far (``Method.recipe``: ``swa``, ``fge``, a method of
-    one's own once imported): a run's identity counts only its own method's block."""
-    found, stack = set(), list(Method.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        if cls.recipe:
-            found.add(cls.recipe)
-    return tuple(sorted(found))

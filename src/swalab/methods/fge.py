@@ -48,23 +48,22 @@ def member_log_probs_of(record: dict, path: Path) -> list[torch.Tensor]:
 
 
 class FGE(Method):
-    """FGE (module doc). Its arguments are the model's recipe block ``model.fge`` (``recipe``), one name each from
-    yaml to code to message."""
+    """FGE (module doc). Its arguments are the ``method.*`` keys of ``conf/method/fge.yaml``, which read the model's
+    recipe block ``model.fge``: ``lr_max`` here is ``method.lr_max`` in every message (named ``model.fge.lr_max`` where
+    the value came from there)."""
 
     name = "fge"
     live = None  # its last iterate is mid-cycle: not a predictor of its own
-    recipe = "fge"
 
     def __init__(self, schedule: Schedule, epochs: int, lr_max: float, lr_min: float, cycle_epochs: int = 2,
                  pretrain: float | None = None, pretrain_epochs: int | None = None, pre_schedule: str = "base",
                  bn_update: bool = False, save_members: bool = False, budget: float = 1.0, name: str | None = None):
         super().__init__(schedule, epochs, budget, name)
-        key = self.setting
-        self.lr_max = float(require(key("lr_max"), lr_max, "number", 0, low_open=True))
-        self.lr_min = float(require(key("lr_min"), lr_min, "number", 0, low_open=True))
-        self.cycle_epochs = require(key("cycle_epochs"), cycle_epochs, "int", 2)
-        require(key("pretrain"), pretrain, "number?", 0)
-        require(key("pretrain_epochs"), pretrain_epochs, "int?", 0)
+        self.lr_max = float(require("method.lr_max", lr_max, "number", 0, low_open=True))
+        self.lr_min = float(require("method.lr_min", lr_min, "number", 0, low_open=True))
+        self.cycle_epochs = require("method.cycle_epochs", cycle_epochs, "int", 2)
+        require("method.pretrain", pretrain, "number?", 0)
+        require("method.pretrain_epochs", pretrain_epochs, "int?", 0)
         self.pretrain_epochs = (pretrain_epochs if pretrain_epochs is not None else
                                 self.epoch_of(pretrain) if pretrain is not None else 0)
         self.pre_schedule = pre_schedule
@@ -80,22 +79,22 @@ class FGE(Method):
         super().validate(initialized)
         epochs = self.epochs
         if self.cycle_epochs % 2:
-            raise ConfigError(f"{self.setting('cycle_epochs')} must be an even number of epochs >= 2 (members are "
+            raise ConfigError("method.cycle_epochs must be an even number of epochs >= 2 (members are "
                               f"collected at the middle of each cycle), got {self.cycle_epochs}")
-        check_pre_schedule(self.pre_schedule, self.schedule, "fge", self.setting("pre_schedule"))
+        check_pre_schedule(self.pre_schedule, self.schedule, "fge", "method.pre_schedule")
         if self.lr_min > self.lr_max:
-            raise ConfigError(f"model.fge.lr_min={self.lr_min:g} is above model.fge.lr_max={self.lr_max:g}: members are "
+            raise ConfigError(f"method.lr_min={self.lr_min:g} is above method.lr_max={self.lr_max:g}: members are "
                               "collected where the cycle's lr is lowest (lr_min), so the cycle would be upside down and "
                               "collect them at its peak. Swap the two values")
         if self.pretrain_epochs == 0 and not initialized:
             raise ConfigError("FGE needs a trained starting point: set model.init_from=<checkpoint or run dir> or "
-                              f"{self.setting('pretrain')} > 0 (a fraction of the budget trained with SGD before the "
+                              "method.pretrain > 0 (a fraction of the budget trained with SGD before the "
                               "cycles)")
         if epochs - self.pretrain_epochs < self.cycle_epochs // 2:
             raise ConfigError(f"trainer.epochs={epochs} leaves {epochs - self.pretrain_epochs} epochs after "
                               f"{self.pretrain_epochs} epochs of pretraining: fewer than half a cycle "
-                              f"({self.cycle_epochs // 2}), so no member would be collected. Lower model.fge.pretrain (a "
-                              "fraction of the budget) or model.fge.cycle_epochs")
+                              f"({self.cycle_epochs // 2}), so no member would be collected. Lower method.pretrain (a "
+                              "fraction of the budget) or method.cycle_epochs")
 
     def members_collected(self) -> int:
         """How many members the run collects (one per cycle whose middle it reaches)."""
@@ -104,9 +103,9 @@ class FGE(Method):
     def caveats(self) -> list[str]:
         """An "ensemble" of one member, and settings of the schedule group that the reference pre-schedule never reads
         (``methods.base.unread_schedule_keys``; a grid over methods shares them with an SGD run that reads them)."""
-        unread = [f"{unread} is not read by method=fge with {self.setting('pre_schedule')}=reference (the paper's shape "
+        unread = [f"{unread} is not read by method=fge with method.pre_schedule=reference (the paper's shape "
                   f"from schedule.lr over the {self.pretrain_epochs} epochs of pretraining): set "
-                  f"{self.setting('pre_schedule')}=base to pretrain with the schedule group as configured"
+                  "method.pre_schedule=base to pretrain with the schedule group as configured"
                   for unread in (unread_schedule_keys(self.schedule, self.epochs)
                                  if self.pre_schedule == "reference" and self.pretrain_epochs else [])]
         return unread + self.one_member_caveat()
@@ -114,7 +113,7 @@ class FGE(Method):
     def one_member_caveat(self) -> list[str]:
         if self.members_collected() == 1:
             return [f"FGE collects 1 member in trainer.epochs={self.epochs} ({self.pretrain_epochs} of pretraining, cycles "
-                    f"of {self.cycle_epochs}): its 'ensemble' is one SGD snapshot. Lengthen the run or lower model.fge.pretrain "
+                    f"of {self.cycle_epochs}): its 'ensemble' is one SGD snapshot. Lengthen the run or lower method.pretrain "
                     "for 2 members or more"]
         return []
 
@@ -154,14 +153,14 @@ class FGE(Method):
 
     def unkept(self, run_dir: Path, metrics: dict) -> list[str]:
         """With ``save_members``: the members whose weights the finished run did not write (it ran without
-        ``model.fge.save_members``, which sets no run apart: swalab.identity.OUTPUT_ONLY)."""
+        ``method.save_members``, which sets no run apart: swalab.identity.OUTPUT_ONLY)."""
         members = (metrics.get("fge") or {}).get("members") if self.save_members else None
         if not isinstance(members, int):
             return []
         kept = len(list((Path(run_dir) / RunDir.MEMBERS).glob("member_*.pt")))
         if kept >= members:
             return []
-        return [f"model.fge.save_members=true, but the finished run there kept the weights of {kept} of its {members} "
+        return [f"method.save_members=true, but the finished run there kept the weights of {kept} of its {members} "
                 "members (it ran without the setting, which sets no run apart); they are kept only by training it "
                 "again: remove the directory, or give the run one of its own with run.dir=<dir>"]
 
@@ -194,7 +193,7 @@ class FGE(Method):
             missing = [k for k, e in enumerate(self.member_epochs, start=1)
                        if not (folder / f"member_{k:03d}_epoch{e + 1}.pt").exists()]
             if missing:
-                get_logger().warning(f"[swalab] model.fge.save_members=true, but the weights of member(s) "
+                get_logger().warning("[swalab] method.save_members=true, but the weights of member(s) "
                                      f"{', '.join(map(str, missing))} of {len(self.member_epochs)} collected before "
                                      "this resume were not kept (the run ran without the setting): only the members "
                                      "from here on are written to members/")

@@ -119,6 +119,7 @@ class LaplaceMethod(Pretrained):
 
     name = "laplace"
     live = "map"  # the loaded weights are the posterior's mode
+    needs_validation_split = "fits its prior precision on the validation split"
 
     def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None,
                  hessian: str = "kron", link: str = "probit", grid_size: int = 100,
@@ -144,9 +145,9 @@ class LaplaceMethod(Pretrained):
                               "initialisation: set model.init_from=<a finished SGD run's directory>")
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        if ctx.val_data is None:
-            raise ConfigError("method=laplace fits its prior precision on the validation split, and this run has "
-                              "none: set dataset.val_size (e.g. dataset.val_size=5000), as the source run did or not")
+        if ctx.val_data is None:  # a run is refused before it starts (swalab.train.plan.validate); a Python caller here
+            raise ConfigError(f"method={self.name} {self.needs_validation_split}, and this run has none: set "
+                              "dataset.val_size (e.g. dataset.val_size=5000), as the source run did or not")
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         la = fit_laplace(ctx.model, ctx.train_data, ctx.val_data, self.hessian, self.link, self.grid_size,

@@ -3,8 +3,8 @@
 Train with the usual schedule until epoch ``start_epoch``, then keep a high constant or cyclic learning
 rate and average the weights the iterates pass through. The average lives in torch's
 ``AveragedModel`` (multi-tensor running mean, ``n_averaged`` kept as a buffer), so only the
-capture rule and the schedules are written here. Every setting is the model's recipe block
-``model.swa`` (``conf/recipe/paper.yaml``), named the same here and in every message.
+capture rule and the schedules are written here. Every setting is a ``method.*`` key
+(``conf/method/swa.yaml``), read from the model's recipe block ``model.swa`` (``conf/recipe/paper.yaml``).
 
 When to use which phase schedule (``phase``):
 
@@ -65,11 +65,11 @@ def budget_predictor(budget: float) -> str:
 
 
 class SWA(Method):
-    """SWA (module doc). Its arguments are the model's recipe block ``model.swa`` (``recipe``), one name each from
-    yaml to code to message: ``model.swa.lr`` is ``lr`` here and ``model.swa.lr`` in every error."""
+    """SWA (module doc). Its arguments are the ``method.*`` keys of ``conf/method/swa.yaml``, which read the model's
+    recipe block ``model.swa``: ``lr`` here is ``method.lr`` in every message (named ``model.swa.lr`` where the value
+    came from there: ``swalab.train.plan.in_user_keys``)."""
 
     name = "swa"
-    recipe = "swa"
     scoring_settings = ("score_every", "score_at_budgets")
 
     def __init__(self, schedule: Schedule, epochs: int, lr: float, start: float | None = None,
@@ -80,25 +80,24 @@ class SWA(Method):
                  name: str | None = None, avg_device: str = "train"):
         super().__init__(schedule, epochs, budget, name)
         self.avg_device = check_avg_device(avg_device)  # run.avg_device: where the average lives (methods.base.averages_device)
-        key = self.setting
-        require(key("start"), start, "number?", 0)
-        require(key("start_epoch"), start_epoch, "int?", 0)
+        require("method.start", start, "number?", 0)
+        require("method.start_epoch", start_epoch, "int?", 0)
         if start is None and start_epoch is None:
-            raise ConfigError(f"SWA needs a start: set {key('start')} (a fraction of the budget B) or "
-                              f"{key('start_epoch')} (an exact epoch)")
+            raise ConfigError("SWA needs a start: set method.start (a fraction of the budget B) or "
+                              "method.start_epoch (an exact epoch)")
         self.start = None if start_epoch is not None else start  # the fraction of B, when the start was given so
         self.start_epoch = start_epoch if start_epoch is not None else self.epoch_of(start)  # the epoch averaging starts
-        self.lr = float(require(key("lr"), lr, "number", 0, low_open=True))
+        self.lr = float(require("method.lr", lr, "number", 0, low_open=True))
         self.phase = phase
-        self.lr_min = require(key("lr_min"), lr_min, "number?", 0, low_open=True)
-        self.cycle_epochs = require(key("cycle_epochs"), cycle_epochs, "number", 0, low_open=True)
-        self.capture_every = require(key("capture_every"), capture_every, "int", 1)
-        self.anneal_epochs = require(key("anneal_epochs"), anneal_epochs, "int", 0)
+        self.lr_min = require("method.lr_min", lr_min, "number?", 0, low_open=True)
+        self.cycle_epochs = require("method.cycle_epochs", cycle_epochs, "number", 0, low_open=True)
+        self.capture_every = require("method.capture_every", capture_every, "int", 1)
+        self.anneal_epochs = require("method.anneal_epochs", anneal_epochs, "int", 0)
         self.anneal_strategy = anneal_strategy
         self.pre_schedule, self.bn_update = pre_schedule, bn_update
-        self.score_every = require(key("score_every"), score_every, "int", 0)
+        self.score_every = require("method.score_every", score_every, "int", 0)
         for b in score_at_budgets or ():
-            require(key("score_at_budgets") + "[]", b, "number", 0, low_open=True)
+            require("method.score_at_budgets[]", b, "number", 0, low_open=True)
         self.score_at_budgets = [float(b) for b in score_at_budgets or ()]
         self.schedule_before_start = (PaperSGD(lr=schedule.lr, horizon=max(self.start_epoch, 1), final_lr=self.lr)
                                       if pre_schedule == "reference" else schedule)
@@ -109,52 +108,51 @@ class SWA(Method):
     # -- checks ------------------------------------------------------------------------
     def validate(self, initialized: bool) -> None:
         super().validate(initialized)
-        key, epochs = self.setting, self.epochs
+        epochs = self.epochs
         if self.phase not in PHASES:
-            raise ConfigError(f"{key('phase')}={self.phase!r} is not one of {PHASES}")
-        check_pre_schedule(self.pre_schedule, self.schedule, self.name, key("pre_schedule"))
+            raise ConfigError(f"method.phase={self.phase!r} is not one of {PHASES}")
+        check_pre_schedule(self.pre_schedule, self.schedule, self.name, "method.pre_schedule")
         if self.anneal_strategy not in ("cos", "linear"):
-            raise ConfigError(f"{key('anneal_strategy')}={self.anneal_strategy!r} must be 'cos' or 'linear'")
+            raise ConfigError(f"method.anneal_strategy={self.anneal_strategy!r} must be 'cos' or 'linear'")
         if not 0 <= self.start_epoch < epochs:
-            how = (key("start_epoch") if self.start is None else
-                   f"{key('start')}={self.start:g} of B={self.budget_epochs:g}")
+            how = ("method.start_epoch" if self.start is None else
+                   f"method.start={self.start:g} of B={self.budget_epochs:g}")
             raise ConfigError(f"SWA would start averaging at epoch {self.start_epoch} ({how}) but the run has "
-                              f"trainer.epochs={epochs}: set {key('start')}, a fraction of the budget below "
-                              f"method.budget={self.budget:g}, or {key('start_epoch')} below {epochs}")
+                              f"trainer.epochs={epochs}: set method.start, a fraction of the budget below "
+                              f"method.budget={self.budget:g}, or method.start_epoch below {epochs}")
         if self.phase == "cyclic" and (self.lr_min is None or not self.lr_min <= self.lr):
-            raise ConfigError(f"{key('lr_min')} must be in (0, {key('lr')}={self.lr}] for a cyclic "
+            raise ConfigError(f"method.lr_min must be in (0, method.lr={self.lr}] for a cyclic "
                               f"schedule, got {self.lr_min}")
         if self.phase == "swalr" and self.anneal_epochs >= epochs - self.start_epoch:
-            raise ConfigError(f"{key('anneal_epochs')}={self.anneal_epochs} anneals the lr from epoch {self.start_epoch} "
+            raise ConfigError(f"method.anneal_epochs={self.anneal_epochs} anneals the lr from epoch {self.start_epoch} "
                               f"on, but trainer.epochs={epochs} ends {epochs - self.start_epoch} epochs later: the lr "
-                              f"never reaches {key('lr')}={self.lr:g}. Set {key('anneal_epochs')} below "
+                              f"never reaches method.lr={self.lr:g}. Set method.anneal_epochs below "
                               f"{epochs - self.start_epoch}, start averaging earlier, or lengthen the run")
         self.check_captures(self.captures_by(epochs))
         for b in self.score_at_budgets:
             mark = self.epoch_of(b)
             if not self.start_epoch < mark <= epochs:
-                raise ConfigError(f"{key('score_at_budgets')}: budget {b:g} is epoch {mark}, outside (start="
+                raise ConfigError(f"method.score_at_budgets: budget {b:g} is epoch {mark}, outside (start="
                                   f"{self.start_epoch}, trainer.epochs={epochs}]")
             if self.captures_by(mark) < 2:
-                raise ConfigError(f"{key('score_at_budgets')}: budget {b:g} is epoch {mark}, where the average holds "
+                raise ConfigError(f"method.score_at_budgets: budget {b:g} is epoch {mark}, where the average holds "
                                   f"{self.captures_by(mark)} model(s) ({self.spacing()}): no average to score. Give "
                                   "budgets later in the run, or capture more often")
 
         first = next((done for done in range(1, epochs + 1) if self.captures_by(done)), epochs)
         if self.score_every and not any(done % self.score_every == 0 for done in range(first, epochs + 1)):
-            raise ConfigError(f"{key('score_every')}={self.score_every} scores the average every {self.score_every} "
+            raise ConfigError(f"method.score_every={self.score_every} scores the average every {self.score_every} "
                               f"epochs, but it exists from epoch {first} to trainer.epochs={epochs}: it would never be "
-                              f"scored before the end. Set {key('score_every')} to at most {epochs} (0: only at the end)")
+                              f"scored before the end. Set method.score_every to at most {epochs} (0: only at the end)")
 
     def caveats(self) -> list[str]:
         """Settings of the schedule group that the reference pre-schedule never reads (:func:`unread_schedule_keys`):
         said at launch, not refused, since a grid over methods shares them with an SGD run that reads them."""
         if self.pre_schedule != "reference" or self.start_epoch == 0:
             return []
-        key = self.setting
-        return [f"{unread} is not read by method={self.name} with {key('pre_schedule')}=reference (the paper's shape "
-                f"from schedule.lr to {key('lr')} over the {self.start_epoch} epochs before averaging): set "
-                f"{key('pre_schedule')}=base to train with the schedule group as configured"
+        return [f"{unread} is not read by method={self.name} with method.pre_schedule=reference (the paper's shape "
+                f"from schedule.lr to method.lr over the {self.start_epoch} epochs before averaging): set "
+                "method.pre_schedule=base to train with the schedule group as configured"
                 for unread in unread_schedule_keys(self.schedule, self.epochs)]
 
     def validate_steps(self, steps_per_epoch: int) -> None:
@@ -181,26 +179,24 @@ class SWA(Method):
 
     def spacing(self) -> str:
         """What spaces the captures of this phase, in the keys a user sets (for a message)."""
-        key = self.setting
         where = f"from epoch {self.start_epoch}"
         if self.phase == "cyclic":
-            return (f"{key('phase')}=cyclic captures at the end of each cycle of {key('cycle_epochs')}={self.cycle_epochs:g} "
-                    f"epochs " + where)
+            return (f"method.phase=cyclic captures at the end of each cycle of method.cycle_epochs={self.cycle_epochs:g} "
+                    "epochs " + where)
         if self.phase == "shake_shake":
-            return f"{key('phase')}=shake_shake captures once per 100-epoch cycle " + where
-        return f"{key('phase')}={self.phase} captures every {key('capture_every')}={self.capture_every} epochs " + where
+            return "method.phase=shake_shake captures once per 100-epoch cycle " + where
+        return f"method.phase={self.phase} captures every method.capture_every={self.capture_every} epochs " + where
 
     def check_captures(self, captured: int) -> None:
         """Refuse a run whose average would hold fewer than two models: one model is its SGD snapshot, reported
         as SWA (every phase alike)."""
         if captured >= 2:
             return
-        key = self.setting
-        start = key("start_epoch") if self.start is None else key("start")
+        start = "method.start_epoch" if self.start is None else "method.start"
         set_by = (f"{start}={self.start_epoch}" if self.start is None
                   else f"{start}={self.start:g} of B={self.budget_epochs:g}")
-        fix = {"cyclic": f"shorten {key('cycle_epochs')}", "shake_shake": None}.get(
-            self.phase, f"lower {key('capture_every')}")
+        fix = {"cyclic": "shorten method.cycle_epochs", "shake_shake": None}.get(
+            self.phase, "lower method.capture_every")
         models = "1 model" if captured == 1 else f"{captured} models"
         fixes = [*([f"lower {start}"] if self.start_epoch > 0 else []), *([fix] if fix else []),
                  "lengthen the run (trainer.epochs)"]
@@ -287,7 +283,7 @@ class SWA(Method):
         """The average on the training device, with BatchNorm statistics recomputed on the training data (its own
         copy of the network); ``for_good`` at the end of training, when it need not go back to ``run.avg_device``."""
         if self.n_averaged == 0:
-            raise RuntimeError(f"SWA has averaged no model yet: check {self.setting('start')} and trainer.epochs")
+            raise RuntimeError("SWA has averaged no model yet: check method.start and trainer.epochs")
         model = on_training_device(self.averaged.module, ctx, for_good)
         if self.bn_update:
             ctx.update_bn(model)

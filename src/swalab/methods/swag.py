@@ -76,7 +76,8 @@ def draw_weights(mean: torch.Tensor, sq_mean: torch.Tensor, deviations, scale: f
 
 
 class SWAG(SWA):
-    """SWAG (module doc): SWA's training and captures from ``model.swa``; its own settings ``method.*``."""
+    """SWAG (module doc): SWA's training and captures (its ``method.*`` keys, read from ``model.swa``), and its own
+    settings."""
 
     name = "swag"
     columns = ("swag", "swag_diag")
@@ -107,7 +108,7 @@ class SWAG(SWA):
             return super().caveats()
         return [*super().caveats(), f"method.rank={self.rank} but the run captures {captured} models ({self.spacing()}): the low-rank "
                 f"covariance holds {captured} deviations (rank {captured} in metrics.json). Lower method.rank to "
-                f"{captured}, or capture more (an earlier {self.setting('start')}, a longer run)"]
+                f"{captured}, or capture more (an earlier method.start, a longer run)"]
 
     def _device(self, ctx: TrainContext) -> torch.device:
         return torch.device("cpu") if self.moments_device == "cpu" else ctx.device
@@ -143,7 +144,7 @@ class SWAG(SWA):
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         if self.sq_mean is None:
-            raise RuntimeError(f"SWAG has captured no model yet: check {self.setting('start')} and trainer.epochs")
+            raise RuntimeError("SWAG has captured no model yet: check method.start and trainer.epochs")
         out = super().predictors(ctx)
         # one draw from torch's RNG (restored on a resume) seeds the samples: a run and its resume sample alike; under
         # data parallelism rank 0's draw, so that every rank scores the same samples (each rank has its own stream)

@@ -34,7 +34,6 @@ from swalab.data import ImageData, subset
 from swalab.data.classes import ClassesError, keep_classes, other_classes
 from swalab.data.splits import DataSplit, cap_test_split
 from swalab.identity import counted, identity_of, stored_identity
-from swalab.methods.base import known_recipes
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
@@ -71,7 +70,7 @@ class Run:
 
     @cached_property
     def identity(self) -> dict:
-        return stored_identity(self.path, known_recipes()) or identity_of(self.config, recipes=known_recipes())
+        return stored_identity(self.path) or identity_of(self.config)
 
     @cached_property
     def apart(self) -> dict | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from swalab.calibration import SUFFIX, base_name
-from swalab.identity import differences, group_hash, identity_hash, label_of, method_part, recipe_of
+from swalab.identity import METHOD_RECIPES, differences, group_hash, identity_hash, label_of, method_part
 from swalab.methods import REPORT_ORDER, column_rank
 from swalab.results.runs import Run
 from swalab.rundir import RunDir
@@ -139,8 +139,7 @@ def entries_of(run: Run) -> list[Entry]:
 
 def context_of(run: Run) -> dict:
     """The identity minus the seed and what only the method decides: the key of a table row."""
-    recipe = recipe_of(run.identity)
-    return {k: v for k, v in run.identity.items() if k != "seed" and not method_part(k, recipe)}
+    return {k: v for k, v in run.identity.items() if k != "seed" and not method_part(k)}
 
 
 @dataclass
@@ -229,20 +228,27 @@ IN_COLUMN = ("method.name", "method.budget", "trainer.epochs")
 
 
 def scoring_settings(run: Run) -> set[str]:
-    """The keys of the run's method that only add measurements (``Method.scoring_settings``), as a user types them."""
+    """The keys of the run's method that only add measurements (``Method.scoring_settings``), as a user types them:
+    ``method.score_every``, or the recipe block's key it reads (``model.swa.score_every``)."""
     names = getattr(run.method_class, "scoring_settings", ())
-    return {f"{prefix}.{name}" for name in names for prefix in ("method", f"model.{run.method}")}
+    return {f"{prefix}.{name}" for name in names for prefix in ("method", *METHOD_RECIPES)}
 
 
 def own_settings(run: Run, measurements: bool = False) -> dict | None:
-    """The run's settings apart from its defaults (``Run.apart``) that only its method reads (``method.*`` and the
-    model's recipe block named after it, ``model.swa.*`` for SWA), less what the column shows and, unless
-    ``measurements``, what only adds measurements; None when the run has no record of them."""
+    """The run's settings apart from its defaults (``Run.apart``) that only its method reads (``method.*``, named by
+    the recipe block key they read, ``model.swa.*`` for SWA: ``identity.method_part``), less what the column shows
+    and, unless ``measurements``, what only adds measurements; None when the run has no record of them."""
     if run.apart is None:
         return None
     skip = set() if measurements else scoring_settings(run)
     return {k: v for k, v in run.apart.items() if k not in IN_COLUMN and k not in skip
-            and (k.startswith("method.") or k.startswith(f"model.{run.method}."))}
+            and _own(k)}
+
+
+def _own(key: str) -> bool:
+    """Whether a settings-apart key is its method's own (``method.*``, a recipe block's key): not ``trainer.epochs``,
+    which the column shows, nor the schedule's horizon, which rows share."""
+    return method_part(key) and not key.startswith(("trainer.", "schedule."))
 
 
 def shared_settings(run: Run) -> dict | None:
@@ -251,8 +257,7 @@ def shared_settings(run: Run) -> dict | None:
     if run.apart is None:
         return None
     skip = scoring_settings(run) | set(IN_COLUMN)
-    return {k: v for k, v in run.apart.items() if k not in skip and not k.startswith("method.")
-            and not k.startswith(f"model.{run.method}.")}
+    return {k: v for k, v in run.apart.items() if k not in skip and not _own(k)}
 
 
 def _first_written(entries: Sequence[Entry]) -> float:

@@ -330,48 +330,18 @@ def arguments_of(cls) -> list[str]:
     return names
 
 
-def method_recipe(cfg: DictConfig) -> tuple[str | None, dict]:
-    """The model's recipe block the chosen method takes its settings from (``Method.recipe``: ``swa`` for SWA), and
-    its settings; ``(None, {})`` for a method whose settings are its own config keys."""
-    from hydra.utils import get_class
-
-    recipe = getattr(get_class(str(cfg.method._target_)), "recipe", None)
-    if recipe is None:
-        return None, {}
-    block = cfg.model.get(recipe)
-    if block is None:
-        raise ConfigError(f"method={cfg.method.get('name')} takes its settings from model.{recipe}, which "
-                          f"model={cfg.model.get('name')} lacks: start the model's yaml from conf/recipe/paper.yaml")
-    return recipe, OmegaConf.to_container(block, resolve=True)
-
-
-# A method's arguments that no recipe block sets: swalab passes them (the run's length, its schedule, run.avg_device).
-NOT_RECIPE = ("schedule", "epochs", "budget", "name", "avg_device")
-
-
 def build_method(cfg: DictConfig, epochs: int):
-    """The base schedule and the method, from their config groups, with the model's recipe block for a method that
-    has one (``model.swa`` for SWA); each checks its own arguments, and a setting the method does not take is
-    refused by the key a user typed (``model.swa.foo``)."""
+    """The base schedule and the method, from their config groups (the method's keys are its arguments:
+    ``conf/method/swa.yaml`` reads SWA's from the model's recipe block ``model.swa``); each checks its own arguments."""
     kwargs = {}
     if "horizon" in cfg.schedule and cfg.schedule.horizon is None:  # null: the schedule spans the run
         kwargs["horizon"] = max(epochs, 1) if is_number(epochs) else 1  # (a bad trainer.epochs: the method says so)
     schedule = build(cfg.schedule, "schedule", **kwargs)
-    recipe, settings = method_recipe(cfg)
-    if recipe is not None:
-        from hydra.utils import get_method
-
-        takes = arguments_of(get_method(str(cfg.method._target_)))
-        unknown = [k for k in settings if k not in takes or k in NOT_RECIPE]
-        if unknown:
-            allowed = [p for p in takes if p not in ("self", *NOT_RECIPE)]
-            raise ConfigError(f"model.{recipe}.{unknown[0]} is not a setting of {cfg.method._target_}; model.{recipe} "
-                              f"takes: {', '.join(allowed)}")
     from hydra.utils import get_class
 
     placement = ({"avg_device": str(cfg.run.avg_device)}  # where a method that keeps an average keeps it
                  if "avg_device" in arguments_of(get_class(str(cfg.method._target_))) else {})
-    return build(cfg.method, "method", schedule=schedule, epochs=epochs, **settings, **placement)
+    return build(cfg.method, "method", schedule=schedule, epochs=epochs, **placement)
 
 
 def optimizer_spec(cfg: DictConfig) -> OptimizerSpec:

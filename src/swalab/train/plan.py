@@ -20,12 +20,11 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
                            save_at_caveats)
 from swalab.data.fingerprint import changes
-from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, IDENTITY_VERSION, TRAINING_GROUPS, differences,
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, IDENTITY_VERSION, METHOD_RECIPES, TRAINING_GROUPS, differences,
                              group_hash, identity_of, method_trains, name_items, run_name, settings_apart,
                              stored_identity)
 from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
-from swalab.methods.base import known_recipes
 from swalab.precision import check_precision
 from swalab.train.build import build_method, data_files_record, loss_spec, optimizer_spec, settings_problems
 from swalab.tracking import RECORD_FILE
@@ -105,7 +104,7 @@ def earlier_run_dir(named: Path, identity: dict) -> Path | None:
         version = (read_json(candidate / IDENTITY_FILE) or {}).get("version")
         if candidate.parent == named.parent or (version or 0) >= IDENTITY_VERSION:
             continue
-        theirs = stored_identity(candidate, known_recipes())
+        theirs = stored_identity(candidate)
         if theirs is not None and all(d.startswith("seed:") for d in differences(identity, theirs)):
             return candidate
     return None
@@ -116,7 +115,7 @@ def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
     it reads), the resolved config, and the record of the data's files (None when they are not there yet)."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     data_record = data_files_record(cfg)
-    return (identity_of(resolved, data_record["fingerprint"] if data_record else None, recipes=known_recipes()),
+    return (identity_of(resolved, data_record["fingerprint"] if data_record else None),
             resolved, data_record)
 
 
@@ -124,8 +123,9 @@ def identity_for(cfg: DictConfig) -> tuple[dict, dict, dict | None]:
 PLACE_GROUPS = ("dataset", "model", "method", "experiment", "sweep", "dataset_model", "logger", "paths")
 
 
-def interpolation_sources(cfg: DictConfig, keys) -> dict[str, str]:
-    """For each of ``keys`` whose value in ``cfg`` is a plain interpolation (``${model.swa.lr}``), the key it reads."""
+def interpolation_sources(cfg: DictConfig, keys, follow: bool = True) -> dict[str, str]:
+    """For each of ``keys`` whose value in ``cfg`` is a plain interpolation (``method.lr: ${model.swa.lr}``), the key
+    it reads, followed to the last one of a chain unless not ``follow``."""
     out = {}
     for key in keys:
         parent, _, leaf = key.rpartition(".")
@@ -136,7 +136,8 @@ def interpolation_sources(cfg: DictConfig, keys) -> dict[str, str]:
             raw = None
         match = re.fullmatch(r"\$\{([A-Za-z0-9_.]+)\}", raw) if isinstance(raw, str) else None
         if match:
-            out[key] = interpolation_sources(cfg, [match.group(1)]).get(match.group(1), match.group(1))
+            read = match.group(1)
+            out[key] = interpolation_sources(cfg, [read]).get(read, read) if follow else read
     return out
 
 
@@ -158,14 +159,14 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -
             parent, _, leaf = key.rpartition(".")
             if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
                 OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
-        default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT),
-                                       recipes=known_recipes())
+        default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT))
     except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
         return None
     trains = method_trains({"method": {"_target_": cfg.method.get("_target_")}})  # else no training group counts
     changed_groups = {g: v for g, v in choices.items() if g not in PLACE_GROUPS and not g.startswith("hydra")
                       and v != primary.get(g) and (trains or g not in TRAINING_GROUPS)}
-    return settings_apart(identity, default_identity, interpolation_sources(cfg, identity), changed_groups)
+    # each key under the name the defaults read it by (method.lr as model.swa.lr), however it was typed: one name
+    return settings_apart(identity, default_identity, interpolation_sources(default, identity), changed_groups)
 
 
 def validate(cfg: DictConfig):
@@ -176,6 +177,7 @@ def validate(cfg: DictConfig):
     user sets (:func:`in_user_keys`), not the key that reads it.
     """
     try:
+        check_recipe_read(cfg)
         check_config(cfg, settings_problems(cfg))
         select_device(str(cfg.run.device))
         optimizer_spec(cfg).check()
@@ -185,16 +187,38 @@ def validate(cfg: DictConfig):
         method = build_method(cfg, cfg.trainer.epochs)  # the method checks trainer.epochs (an integer >= 0)
         method.validate(initialized=bool(cfg.model.get("init_from") or cfg.run.get("branch_from")
                                          or cfg.model.get("pretrained")))
+        if method.needs_validation_split and not cfg.dataset.get("val_size"):
+            raise ConfigError(f"method={method.name} {method.needs_validation_split}, and this run has none: set "
+                              "dataset.val_size (e.g. dataset.val_size=5000)")
     except ConfigError as exc:
         raise ConfigError(in_user_keys(cfg, str(exc))) from None
     return method
 
 
-KEY_IN_MESSAGE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)+)(?==)")
+def check_recipe_read(cfg: DictConfig) -> None:
+    """Refuse a method key that reads a recipe block's key the model lacks (a model's yaml of one's own not started
+    from the base recipe), and a key of a recipe block the run's method reads (``model.swa`` for SWA:
+    ``identity.METHOD_RECIPES``) that names none of its settings (each ``method.<key>`` reads ``model.swa.<key>``): an
+    experiment's misspelt ``model.swa.strat`` would otherwise change nothing without a word."""
+    sources = interpolation_sources(cfg, [f"method.{k}" for k in cfg.method], follow=False)
+    for source in sources.values():
+        if source.startswith(METHOD_RECIPES) and OmegaConf.select(cfg, source, default=KeyError) is KeyError:
+            raise ConfigError(f"method={cfg.method.get('name')} reads {source}, which model={cfg.model.get('name')} "
+                              "lacks: start the model's yaml from the base recipe (defaults: [/recipe/paper@_here_], "
+                              f"conf/recipe/paper.yaml), or give {source}=...")
+    read = sources.values()
+    for block in (b for b in METHOD_RECIPES if any(k.startswith(b + ".") for k in read)):
+        stray = [k for k in OmegaConf.select(cfg, block) or {} if k not in cfg.method]
+        if stray:
+            raise ConfigError(f"{block}.{stray[0]} is read by no setting of method={cfg.method.get('name')}, so it "
+                              f"would change nothing: {block} has {', '.join(k for k in cfg.method if k in OmegaConf.select(cfg, block))}")
+
+
+KEY_IN_MESSAGE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)+)")
 
 
 def in_user_keys(cfg: DictConfig, message: str) -> str:
-    """``message`` with each ``<key>=`` whose key only reads another (``schedule.lr: ${model.lr}``,
+    """``message`` with each ``<key>`` whose key only reads another (``schedule.lr: ${model.lr}``,
     ``trainer.weight_decay: ${model.weight_decay}``) named by the key it reads, the one a user sets: a bad
     ``model.lr=nan`` is refused as ``model.lr=nan``, not as ``schedule.lr=nan``. A key given a value of its own on
     the command line is no interpolation and keeps its name."""
@@ -240,7 +264,7 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
     same config on data that changed since (naming the class folders that did), or is no run but holds files a run
     writes (:func:`check_not_foreign`)."""
     check_not_foreign(run_dir)
-    theirs = stored_identity(run_dir, known_recipes())
+    theirs = stored_identity(run_dir)
     diffs = differences(identity, theirs) if theirs is not None else []
     if [d for d in diffs if d.startswith(DATA_FINGERPRINT + ":")] and len(diffs) == 1:
         then = RunDir(run_dir).read_json(RunDir.DATA)
@@ -293,13 +317,16 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
         check_overrides(overrides, list(choices or {}))
     method = validate(cfg)
     for caveat in [*method.caveats(), *save_at_caveats(cfg.run.get("save_at"), method.epochs)]:
-        get_logger().warning(f"[swalab] {caveat}")
+        get_logger().warning(f"[swalab] {in_user_keys(cfg, caveat)}")
     device = select_device(str(cfg.run.device))
     identity, resolved, data_record = identity_for(cfg)
     settings = apart_from_defaults(cfg, identity, choices)
-    run_dir = fits(cfg, Path(run_dir)) if run_dir is not None else locate(cfg, identity, settings, choices)
+    try:  # a refusal names what differs by the keys a user sets (model.swa.lr, not method.lr: in_user_keys)
+        run_dir = fits(cfg, Path(run_dir)) if run_dir is not None else locate(cfg, identity, settings, choices)
+        finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
+    except ConfigError as exc:
+        raise ConfigError(in_user_keys(cfg, str(exc))) from None
     apart = tuple(name_items(settings)[0])
-    finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
     for line in method.unkept(run_dir, finished) if finished is not None else ():
         get_logger().warning(f"[swalab] {run_dir}: {line}")
     return RunPlan(cfg=cfg, run_dir=run_dir, identity=identity, resolved=resolved,

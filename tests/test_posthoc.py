@@ -161,12 +161,24 @@ def test_a_greedy_soup_keeps_only_the_ingredients_that_do_not_lower_the_validati
     assert kept == [0, 2] and soup["w"].item() == pytest.approx(1.1)
 
 
-def test_soups_of_two_seeds_are_written_under_the_first_run_with_their_ingredients(swa_run, swa_seed1):
+def test_soups_of_two_seeds_are_written_under_the_lowest_seed_with_their_ingredients(swa_run, swa_seed1):
     main([str(swa_run), str(swa_seed1), "--soup", "uniform", "greedy"])
     uniform = posthoc_metrics(swa_run, "soup-uniform_2")["soup-uniform(2)"]
     assert uniform["built_from"] == [str(swa_run), str(swa_seed1)]
     greedy = posthoc_metrics(swa_run, "soup-greedy_2")["soup-greedy(2)"]
     assert 1 <= len(greedy["built_from"]) <= 2
+
+
+def test_the_same_soup_asked_with_its_runs_in_another_order_is_written_once_under_its_lowest_seed(swa_run, swa_seed1):
+    main([str(swa_seed1), str(swa_run), "--soup", "uniform"])
+    main([str(swa_run), str(swa_seed1), "--soup", "uniform"])
+    homes = [run for run in (swa_run, swa_seed1) if (run / "posthoc" / "soup-uniform_2").exists()]
+    assert homes == [swa_run]  # one soup, not one per order (the report would count it as two seeds)
+
+
+def test_a_soup_given_one_run_twice_is_refused_naming_the_run(swa_run):
+    with pytest.raises(PosthocError, match="--soup: .* given twice"):
+        main([str(swa_run), str(swa_run / "."), "--soup", "uniform"])
 
 
 def test_a_soup_of_runs_of_other_configs_is_refused(swa_run, tmp_path):

@@ -23,8 +23,8 @@ weights: ``soup-uniform(N)``, their mean, and ``soup-greedy(N)``, the greedy sou
 offered). Every result gets its BatchNorm statistics recomputed over the run's training data and is scored by
 ``swalab.evaluate.score_predictors`` (acc, NLL, ECE, Brier, top-5; on the validation split and as ``+ts`` there when
 the run has one), then written to ``<run>/posthoc/<name>/`` (``metrics.json``, ``predictions.pt``), a soup under the
-first run's; the run's own records are never touched. ``swalab.results.report`` shows them as predictors of their
-run. Choices (``--select``, the greedy soup) are made on the validation split only.
+run of its lowest seed (whatever the order given: one soup, one place); the run's own records are never touched.
+``swalab.results.report`` shows them as predictors of their run. Choices (``--select``, the greedy soup) are made on the validation split only.
 """
 
 from __future__ import annotations
@@ -312,6 +312,12 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
                 apart = [d for d in differences(first.identity, other.run.identity, ignore=("seed",))][:3]
                 raise PosthocError(f"--soup: {other.run.path} is another config than {first.path} "
                                    f"({'; '.join(apart)}): a soup here mixes the seeds of one config only")
+        seen: dict[object, Path] = {}
+        for scored in runs:  # one config: a seed given twice is one run counted as two ingredients
+            if scored.run.seed in seen:
+                raise PosthocError(f"--soup: {scored.run.path} and {seen[scored.run.seed]} are one run (seed "
+                                   f"{scored.run.seed}) given twice: give each seed's run directory once")
+            seen[scored.run.seed] = scored.run.path
     for d in request.ema:
         check_decay(d)
     try:
@@ -366,8 +372,15 @@ def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
                        {"bn": bn})
 
 
+def soup_order(runs: Sequence[Scored]) -> list[Scored]:
+    """The runs of a soup by seed: the first is the soup's home (its ``posthoc/`` holds it, its data score it), so
+    that one soup asked with its runs in another order is written once, in one place, not counted twice."""
+    return sorted(runs, key=lambda r: (int(r.run.seed), str(r.run.path.resolve())))
+
+
 def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple[str, str, float, State, list[str]]]:
-    """The soups ``request`` asks for, from the runs' final live weights (the first run's data score them)."""
+    """The soups ``request`` asks for, from the final live weights of ``runs`` (in :func:`soup_order`; the first
+    run's data score them)."""
     finals = [r.run.weights("live") for r in runs]
     names = [str(r.run.path) for r in runs]
     if "uniform" in request.soup:
@@ -400,8 +413,9 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
     for scored in runs:
         for item in per_run(scored, request):
             add(scored, *item)
-    for item in soups(runs, request) if request.soup else ():
-        add(runs[0], *item)
+    ordered = soup_order(runs) if request.soup else []
+    for item in soups(ordered, request) if request.soup else ():
+        add(ordered[0], *item)
     return results
 
 

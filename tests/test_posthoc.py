@@ -212,6 +212,19 @@ def test_the_report_shows_post_hoc_predictors_as_predictors_of_their_run_with_th
     assert {"swa", "swa[3:4]"} <= columns
 
 
+def test_the_report_ensembles_the_seeds_of_a_post_hoc_column_from_the_predictions_posthoc_wrote(swa_run, swa_seed1,
+                                                                                                 tmp_path):
+    main([str(swa_run), "--lawa", "3"])
+    main([str(swa_seed1), "--lawa", "3"])
+    found = report([swa_run, swa_seed1], tmp_path / "report")
+    ensemble = next(e for e in found["ensembles"] if e.column.method == "lawa3")
+    assert ensemble.why is None and ensemble.seeds == [0, 1]
+    members = [torch.load(run / "posthoc" / "lawa3" / "predictions.pt", weights_only=True) for run in (swa_run, swa_seed1)]
+    mean = torch.stack([m["log_probs"]["lawa3"].float().exp() for m in members]).mean(0)
+    accuracy = 100 * (mean.argmax(1) == members[0]["labels"]).float().mean().item()
+    assert ensemble.metrics["acc"] == pytest.approx(accuracy)
+
+
 def test_the_same_average_of_two_methods_runs_of_one_setting_is_labelled_with_the_run_it_averages(tmp_path):
     """An SGD and an EMA run of one setting train the same live weights; each one's lawa2 is a column of its own,
     named after the run it averages, in the one row of that setting (not a second row under the same label)."""

@@ -143,11 +143,20 @@ class Run:
     def posthoc(self) -> dict[str, dict]:
         """Predictors built after training (``python -m swalab.posthoc``): ``{label: metrics}`` of every
         ``posthoc/*/metrics.json`` (``swa[12:16]``, ``lawa5``, ``ema0.9``, their ``+ts``), a damaged one skipped."""
-        out: dict[str, dict] = {}
+        return {label: m for by_label in self._posthoc_records.values() for label, m in by_label.items()}
+
+    @cached_property
+    def posthoc_folders(self) -> dict[str, Path]:
+        """``{label: folder}`` of :attr:`posthoc`: where each one's ``predictions.pt`` lies (ensembles of seeds)."""
+        return {label: folder for folder, by_label in self._posthoc_records.items() for label in by_label}
+
+    @cached_property
+    def _posthoc_records(self) -> dict[Path, dict[str, dict]]:
+        out: dict[Path, dict[str, dict]] = {}
         for path in sorted((self.path / RunDir.POSTHOC).glob(f"*/{RunDir.METRICS}")):
             found = read_json(path)
             if isinstance(found, dict):
-                out.update({k: v for k, v in found.items() if isinstance(v, dict)})
+                out[path.parent] = {k: v for k, v in found.items() if isinstance(v, dict)}
         return out
 
     @cached_property

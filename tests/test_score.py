@@ -211,3 +211,28 @@ def test_the_report_shows_a_runs_scores_on_other_data_and_its_ood_detection(swa_
     assert "## Scored on other data (python -m swalab.results.score)" in table
     assert "| swa/seed0 | cifar10c-contrast-2 | swa |" in table
     assert "## Out-of-distribution detection" in table and "| swa/seed0 | ood-noise-gaussian | swa | msp |" in table
+
+
+def test_two_ood_folders_of_one_name_are_scored_as_two_sets_and_labelled_apart_in_the_report(swa_run, tmp_path):
+    from PIL import Image
+
+    from swalab.results.report import report
+
+    for value, parent in ((30, "a"), (220, "b")):
+        folder = tmp_path / parent / "val" / "any"
+        folder.mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((12, 12, 3), value + i, dtype=np.uint8)).save(folder / f"{i}.png")
+    result = main([str(swa_run), "--ood", f"folder:{tmp_path / 'a' / 'val'}", "--ood", f"folder:{tmp_path / 'b' / 'val'}",
+                   "--device", "cpu"])
+    a, b = result[str(swa_run)]["ood"]
+    assert a["data"]["name"] != b["data"]["name"]
+    assert a["data"]["name"].startswith("ood-folder-val-") and b["data"]["name"].startswith("ood-folder-val-")
+    for record, parent in ((a, "a"), (b, "b")):
+        written = json.loads((swa_run / "scores" / record["data"]["name"] / "metrics.json").read_text())
+        assert written["data"]["spec"] == f"folder:{tmp_path / parent / 'val'}"
+        assert written["data"]["fingerprint"] == record["data"]["fingerprint"]
+    assert a["data"]["fingerprint"] != b["data"]["fingerprint"]
+    report([swa_run.parent], tmp_path / "out")
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert f"| {a['data']['name']} |" in table and f"| {b['data']['name']} |" in table

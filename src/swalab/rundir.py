@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from swalab import distributed
+from swalab import distributed, faults
 from swalab.logs import RUN_LOG, get_logger
 
 
@@ -150,3 +150,19 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
+
+
+def write_record(folder: Path, record: dict, beside: dict[str, Callable[[Path], None]]) -> None:
+    """A record of a command run after training (``<run>/scores/<set>/``, ``<run>/posthoc/<label>/``): ``beside``'s
+    files (``{name: write(path)}``, each atomic; a writer may write nothing, e.g. predictions above their limit), then
+    ``metrics.json``, the record's commit marker, last. The earlier ``metrics.json`` and ``beside``'s earlier files
+    are removed first, so a kill or Ctrl-C at any point leaves the earlier record whole, or no record (its folder
+    without ``metrics.json``, which every reader skips and the same command writes again), or the new one whole:
+    never new predictions beside earlier metrics, which a report or an ensemble of seeds would read as one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RunDir.METRICS).unlink(missing_ok=True)
+    for name, write in beside.items():
+        (folder / name).unlink(missing_ok=True)
+        write(folder / name)
+    faults.hit("record_commit")  # test-only: a kill here leaves the files beside, no metrics.json
+    write_json(folder / RunDir.METRICS, record)

@@ -372,3 +372,60 @@ def test_wiseft_is_refused_for_a_timm_run_whose_head_was_initialised_at_random(m
           run_dir=tuned)
     with pytest.raises(PosthocError, match="--wiseft: .*head of 1000 classes re-initialised at random for 10"):
         main([str(tuned), "--wiseft", "0.5"])
+
+
+# -- an average is what it was built from; the figure draws every average of the run ---------------------------------
+
+@pytest.fixture
+def copied_run(swa_run, tmp_path) -> Path:
+    """The SWA run copied without its averages (a copy keeps every average's files the same: its averages stay
+    current)."""
+    import shutil
+
+    run = tmp_path / "copy" / "swa"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("posthoc", "scores"))
+    return run
+
+
+def drawn_labels(monkeypatch) -> dict:
+    """What the next ``posthoc`` call's figure draws: ``{"labels": [...], "knobs": {label: knob}}``."""
+    from swalab.posthoc import __main__ as command
+
+    drawn: dict = {}
+
+    def plot(results, online, path, title="", chosen=()):
+        drawn.update(labels=sorted(r.label for r in results), knobs={r.label: r.knob for r in results})
+        return True
+
+    monkeypatch.setattr(command, "plot", plot)
+    return drawn
+
+
+def test_an_average_whose_snapshots_changed_after_it_was_built_is_left_out_of_the_report_naming_the_command_that_rebuilds_it(
+        copied_run, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    main([str(copied_run), "--lawa", "2"])
+    report([copied_run], tmp_path / "before")
+    assert "lawa2" in (tmp_path / "before" / "table.md").read_text()  # current, a column of its run
+
+    # as if the run had trained again (a damaged metrics.json, more epochs): its last snapshot holds other weights now
+    shutil.copy(copied_run / "snapshots" / "epoch0003.pt", copied_run / "snapshots" / "epoch0004.pt")
+    found = report([copied_run], tmp_path / "after")
+    table, _, notes = (tmp_path / "after" / "table.md").read_text().partition("## Not in the table")
+    assert "lawa2" not in table and "lawa2" not in {c.method for c in found["table"].columns}
+    rebuild = f"python -m swalab.posthoc {copied_run} --lawa 2"
+    stale = [line for line in notes.splitlines() if "posthoc/lawa2" in line]
+    assert len(stale) == 1 and "snapshots/epoch0004.pt" in stale[0] and stale[0].endswith(rebuild), stale
+
+    drawn = drawn_labels(monkeypatch)
+    capsys.readouterr()
+    main([str(copied_run), "--ema", "0.5"])  # a later call says so too, and neither draws nor chooses it
+    assert rebuild in capsys.readouterr().out
+    assert drawn["labels"] == ["ema0.5"]
+
+    main([str(copied_run), "--lawa", "2"])  # built again from today's files: current again
+    report([copied_run], tmp_path / "rebuilt")
+    table, _, notes = (tmp_path / "rebuilt" / "table.md").read_text().partition("## Not in the table")
+    assert "lawa2" in table and "posthoc/lawa2" not in notes
+

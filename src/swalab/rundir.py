@@ -8,9 +8,11 @@ kills the writer. Only the main rank writes (data-parallel runs share one direct
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -166,3 +168,29 @@ def write_record(folder: Path, record: dict, beside: dict[str, Callable[[Path], 
         write(folder / name)
     faults.hit("record_commit")  # test-only: a kill here leaves the files beside, no metrics.json
     write_json(folder / RunDir.METRICS, record)
+
+
+def file_fingerprint(path: Path) -> str | None:
+    """What a weights file holds, read cheaply, or None where it is gone: a post-hoc average records it of every file
+    it averaged (``swalab.posthoc``) and is stale once one differs (:func:`changed_files`). A torch file is a zip
+    archive whose directory, at its end, holds the CRC-32 and size of every record: its hash (``zip-<16 hex>``) reads
+    that directory only, no tensor (a 146 MB snapshot costs a few kilobytes), changes with any weight written anew and
+    not with a copy (``cp``, ``rsync``) or a rewrite of the same weights (an exact resume). Any other file: the
+    sha256 of its bytes (``sha256-<16 hex>``)."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:  # a record's name starts with the archive's, which torch takes from
+            records = sorted((i.filename.split("/", 1)[-1], i.CRC, i.file_size) for i in archive.infolist())  # the file
+        return "zip-" + hashlib.sha256(json.dumps(records).encode()).hexdigest()[:16]
+    except (zipfile.BadZipFile, OSError):
+        pass
+    try:
+        return "sha256-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def changed_files(run_dir: Path, fingerprints: dict[str, str]) -> list[str]:
+    """The files of ``fingerprints`` (``{path relative to run_dir: file_fingerprint}``) that are gone or hold
+    something else now."""
+    return [name for name, was in fingerprints.items() if file_fingerprint(Path(run_dir) / name) != was]

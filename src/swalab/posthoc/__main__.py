@@ -63,8 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     results = build_and_score(args.runs, request, device=args.device)
-    earlier = earlier_results(results) if args.select else []
-    chosen = select([*results, *earlier], request.by) if args.select else {}
+    for run_dir in dict.fromkeys(args.runs):
+        for line in Run(run_dir).posthoc_notes():  # earlier averages the run's files no longer match
+            print(f"[swalab.posthoc] {line}")
+    earlier = earlier_results(results)  # still current: compared by --select
+    families = {(r.run, r.family) for r in results}
+    chosen = select([*results, *(e for e in earlier if (e.run, e.family) in families)], request.by) if args.select else {}
     if args.select:
         for (run, family), best in chosen.items():
             val = best.metrics[best.label]["val"]

@@ -429,3 +429,10 @@ def test_an_average_whose_snapshots_changed_after_it_was_built_is_left_out_of_th
     table, _, notes = (tmp_path / "rebuilt" / "table.md").read_text().partition("## Not in the table")
     assert "lawa2" in table and "posthoc/lawa2" not in notes
 
+
+def test_a_second_posthoc_call_draws_the_averages_of_the_first_beside_its_own(copied_run, monkeypatch):
+    drawn = drawn_labels(monkeypatch)
+    main([str(copied_run), "--lawa", "2", "3"])
+    main([str(copied_run), "--ema", "0.5"])
+    assert drawn["labels"] == ["ema0.5", "lawa2", "lawa3"]
+    assert drawn["knobs"]["lawa2"] == 2.0 and drawn["knobs"]["lawa3"] == 3.0 and drawn["knobs"]["ema0.5"] == 0.5

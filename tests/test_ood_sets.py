@@ -11,6 +11,7 @@ import torch
 
 from swalab.data.classes import ClassesError, check_classes, keep_classes, other_classes
 from swalab.data.splits import DataSplit, ImageData
+from swalab.results import ood
 from swalab.results.score import main
 from swalab.train import train
 
@@ -67,7 +68,8 @@ def test_a_split_class_run_has_five_outputs_and_detects_the_other_five_classes(s
 @pytest.mark.skipif(not IMAGENETTE.is_dir(), reason=f"{IMAGENETTE} is not there (shared data)")
 def test_imagenette_downsampled_to_the_runs_size_is_an_ood_set(split_run):
     record = main([str(split_run), "--ood", f"folder:{IMAGENETTE}", "--device", "cpu"])[str(split_run)]["ood"][0]
-    assert record["data"]["name"] == "ood-folder-val" and record["data"]["out_of_distribution"] == 180
+    assert record["data"]["name"] == ood.spec_name(f"folder:{IMAGENETTE}") and record["data"]["out_of_distribution"] == 180
+    assert record["data"]["name"].startswith("ood-folder-val-")
 
 
 def test_other_classes_of_a_run_trained_on_every_class_is_refused(tmp_path):

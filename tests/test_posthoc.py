@@ -161,12 +161,24 @@ def test_a_greedy_soup_keeps_only_the_ingredients_that_do_not_lower_the_validati
     assert kept == [0, 2] and soup["w"].item() == pytest.approx(1.1)
 
 
-def test_soups_of_two_seeds_are_written_under_the_first_run_with_their_ingredients(swa_run, swa_seed1):
+def test_soups_of_two_seeds_are_written_under_the_lowest_seed_with_their_ingredients(swa_run, swa_seed1):
     main([str(swa_run), str(swa_seed1), "--soup", "uniform", "greedy"])
     uniform = posthoc_metrics(swa_run, "soup-uniform_2")["soup-uniform(2)"]
     assert uniform["built_from"] == [str(swa_run), str(swa_seed1)]
     greedy = posthoc_metrics(swa_run, "soup-greedy_2")["soup-greedy(2)"]
     assert 1 <= len(greedy["built_from"]) <= 2
+
+
+def test_the_same_soup_asked_with_its_runs_in_another_order_is_written_once_under_its_lowest_seed(swa_run, swa_seed1):
+    main([str(swa_seed1), str(swa_run), "--soup", "uniform"])
+    main([str(swa_run), str(swa_seed1), "--soup", "uniform"])
+    homes = [run for run in (swa_run, swa_seed1) if (run / "posthoc" / "soup-uniform_2").exists()]
+    assert homes == [swa_run]  # one soup, not one per order (the report would count it as two seeds)
+
+
+def test_a_soup_given_one_run_twice_is_refused_naming_the_run(swa_run):
+    with pytest.raises(PosthocError, match="--soup: .* given twice"):
+        main([str(swa_run), str(swa_run / "."), "--soup", "uniform"])
 
 
 def test_a_soup_of_runs_of_other_configs_is_refused(swa_run, tmp_path):
@@ -198,6 +210,19 @@ def test_the_report_shows_post_hoc_predictors_as_predictors_of_their_run_with_th
     assert "swa[3:4]" in table and "swa[3:4]+ts" in table
     columns = {c.method for c in found["table"].columns}
     assert {"swa", "swa[3:4]"} <= columns
+
+
+def test_the_report_ensembles_the_seeds_of_a_post_hoc_column_from_the_predictions_posthoc_wrote(swa_run, swa_seed1,
+                                                                                                 tmp_path):
+    main([str(swa_run), "--lawa", "3"])
+    main([str(swa_seed1), "--lawa", "3"])
+    found = report([swa_run, swa_seed1], tmp_path / "report")
+    ensemble = next(e for e in found["ensembles"] if e.column.method == "lawa3")
+    assert ensemble.why is None and ensemble.seeds == [0, 1]
+    members = [torch.load(run / "posthoc" / "lawa3" / "predictions.pt", weights_only=True) for run in (swa_run, swa_seed1)]
+    mean = torch.stack([m["log_probs"]["lawa3"].float().exp() for m in members]).mean(0)
+    accuracy = 100 * (mean.argmax(1) == members[0]["labels"]).float().mean().item()
+    assert ensemble.metrics["acc"] == pytest.approx(accuracy)
 
 
 def test_the_same_average_of_two_methods_runs_of_one_setting_is_labelled_with_the_run_it_averages(tmp_path):
@@ -347,3 +372,67 @@ def test_wiseft_is_refused_for_a_timm_run_whose_head_was_initialised_at_random(m
           run_dir=tuned)
     with pytest.raises(PosthocError, match="--wiseft: .*head of 1000 classes re-initialised at random for 10"):
         main([str(tuned), "--wiseft", "0.5"])
+
+
+# -- an average is what it was built from; the figure draws every average of the run ---------------------------------
+
+@pytest.fixture
+def copied_run(swa_run, tmp_path) -> Path:
+    """The SWA run copied without its averages (a copy keeps every average's files the same: its averages stay
+    current)."""
+    import shutil
+
+    run = tmp_path / "copy" / "swa"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("posthoc", "scores"))
+    return run
+
+
+def drawn_labels(monkeypatch) -> dict:
+    """What the next ``posthoc`` call's figure draws: ``{"labels": [...], "knobs": {label: knob}}``."""
+    from swalab.posthoc import __main__ as command
+
+    drawn: dict = {}
+
+    def plot(results, online, path, title="", chosen=()):
+        drawn.update(labels=sorted(r.label for r in results), knobs={r.label: r.knob for r in results})
+        return True
+
+    monkeypatch.setattr(command, "plot", plot)
+    return drawn
+
+
+def test_an_average_whose_snapshots_changed_after_it_was_built_is_left_out_of_the_report_naming_the_command_that_rebuilds_it(
+        copied_run, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    main([str(copied_run), "--lawa", "2"])
+    report([copied_run], tmp_path / "before")
+    assert "lawa2" in (tmp_path / "before" / "table.md").read_text()  # current, a column of its run
+
+    # as if the run had trained again (a damaged metrics.json, more epochs): its last snapshot holds other weights now
+    shutil.copy(copied_run / "snapshots" / "epoch0003.pt", copied_run / "snapshots" / "epoch0004.pt")
+    found = report([copied_run], tmp_path / "after")
+    table, _, notes = (tmp_path / "after" / "table.md").read_text().partition("## Not in the table")
+    assert "lawa2" not in table and "lawa2" not in {c.method for c in found["table"].columns}
+    rebuild = f"python -m swalab.posthoc {copied_run} --lawa 2"
+    stale = [line for line in notes.splitlines() if "posthoc/lawa2" in line]
+    assert len(stale) == 1 and "snapshots/epoch0004.pt" in stale[0] and stale[0].endswith(rebuild), stale
+
+    drawn = drawn_labels(monkeypatch)
+    capsys.readouterr()
+    main([str(copied_run), "--ema", "0.5"])  # a later call says so too, and neither draws nor chooses it
+    assert rebuild in capsys.readouterr().out
+    assert drawn["labels"] == ["ema0.5"]
+
+    main([str(copied_run), "--lawa", "2"])  # built again from today's files: current again
+    report([copied_run], tmp_path / "rebuilt")
+    table, _, notes = (tmp_path / "rebuilt" / "table.md").read_text().partition("## Not in the table")
+    assert "lawa2" in table and "posthoc/lawa2" not in notes
+
+
+def test_a_second_posthoc_call_draws_the_averages_of_the_first_beside_its_own(copied_run, monkeypatch):
+    drawn = drawn_labels(monkeypatch)
+    main([str(copied_run), "--lawa", "2", "3"])
+    main([str(copied_run), "--ema", "0.5"])
+    assert drawn["labels"] == ["ema0.5", "lawa2", "lawa3"]
+    assert drawn["knobs"]["lawa2"] == 2.0 and drawn["knobs"]["lawa3"] == 3.0 and drawn["knobs"]["ema0.5"] == 0.5

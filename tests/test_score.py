@@ -211,3 +211,150 @@ def test_the_report_shows_a_runs_scores_on_other_data_and_its_ood_detection(swa_
     assert "## Scored on other data (python -m swalab.results.score)" in table
     assert "| swa/seed0 | cifar10c-contrast-2 | swa |" in table
     assert "## Out-of-distribution detection" in table and "| swa/seed0 | ood-noise-gaussian | swa | msp |" in table
+
+
+# -- a score record is whole or absent; one score of a run at a time; a path that is no run --------------------------
+
+def score_cli(*args: str, fault: str | None = None, wait: bool = True):
+    """``python -m swalab.results.score <args> --device cpu`` in a child process, optionally with a planned fault
+    (``swalab.faults``); the finished process, or the running one (``wait=False``)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from swalab import faults
+
+    env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}, "OMP_NUM_THREADS": "1"}
+    if fault:
+        env[faults.ENV] = fault
+    cmd = [sys.executable, "-m", "swalab.results.score", *args, "--device", "cpu"]
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    if not wait:
+        return child
+    out, err = child.communicate(timeout=300)
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
+
+
+def record_matches_its_predictions(folder) -> bool:
+    """Whether ``metrics.json``'s accuracy of every predictor is the one its ``predictions.pt`` beside it gives (to a
+    point: the kept log-probabilities are float16, whose ties move an image or two of 360 to another class)."""
+    record = json.loads((folder / "metrics.json").read_text())
+    kept = torch.load(folder / "predictions.pt", weights_only=True)
+    for name, m in record["predictors"].items():
+        acc = 100.0 * (kept["log_probs"][name].float().argmax(1) == kept["labels"]).float().mean().item()
+        if acc != pytest.approx(m["acc"], abs=1.0):
+            return False
+    return True
+
+
+def test_a_score_killed_between_a_sets_predictions_and_its_metrics_leaves_that_set_absent_and_the_same_command_writes_it_whole(swa_run):
+    from swalab.results.runs import Run
+
+    sets = ["--data", "cifar10c:zoom_blur:1", "--data", "cifar10c:zoom_blur:2"]
+    assert main([str(swa_run), *sets, "--device", "cpu"])  # an earlier, whole record of both sets
+    first, second = (swa_run / "scores" / f"cifar10c-zoom_blur-{s}" for s in (1, 2))
+    earlier = json.loads((second / "metrics.json").read_text())
+    earlier["predictors"]["swa"]["acc"] = -1.0  # as if the run had other weights then: no longer its predictions'
+    (second / "metrics.json").write_text(json.dumps(earlier))
+
+    killed = score_cli(str(swa_run), *sets, fault="record_commit:2")  # kill -9: the second set's predictions written
+    assert killed.returncode == -9, killed.stderr
+    assert record_matches_its_predictions(first)
+    assert not (second / "metrics.json").exists()  # no earlier metrics beside the new predictions: no record at all
+    assert f"cifar10c-zoom_blur-2" not in Run(swa_run).scores
+
+    main([str(swa_run), *sets, "--device", "cpu"])  # the same command again scores the set again, whole
+    assert record_matches_its_predictions(second)
+
+
+def test_a_score_interrupted_by_ctrl_c_says_so_in_one_line_and_leaves_each_set_whole_or_absent(swa_run):
+    sets = ["--data", "cifar10c:pixelate:2", "--data", "cifar10c:pixelate:3"]
+    interrupted = score_cli(str(swa_run), *sets, fault="record_commit:2:INT")
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert "Traceback" not in interrupted.stderr
+    lines = interrupted.stderr.strip().splitlines()
+    assert len(lines) == 1 and "interrupted" in lines[0] and "the same command scores them again" in lines[0]
+    assert record_matches_its_predictions(swa_run / "scores" / "cifar10c-pixelate-2")
+    assert not (swa_run / "scores" / "cifar10c-pixelate-3" / "metrics.json").exists()
+
+
+def test_the_same_score_started_twice_on_one_run_is_refused_in_one_line_naming_the_process_that_scores_it(swa_run):
+    import os
+    import signal
+    import time
+
+    from swalab.cli import run_command
+
+    holder = score_cli(str(swa_run), "--data", "cifar10c:fog:1", fault="record_commit:1:STOP", wait=False)
+    try:
+        for _ in range(600):  # until it is frozen before its record's metrics.json (or has ended: no such point)
+            state = open(f"/proc/{holder.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            if state in ("T", "Z") or holder.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert state == "T", "the first score never stopped at its record's commit"
+        with pytest.raises(SystemExit) as exited:
+            run_command(main, [str(swa_run), "--data", "cifar10c:fog:1", "--device", "cpu"], prog="swalab.results.score")
+        assert exited.value.code == 2
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.communicate()
+
+
+def test_the_refusal_of_a_second_score_names_the_run_and_the_holder(swa_run, capsys):
+    import fcntl
+    import os
+
+    from swalab.cli import run_command
+    from swalab.runlock import LOCK_FILE
+
+    (swa_run / "scores").mkdir(exist_ok=True)
+    fd = os.open(swa_run / "scores" / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    os.pwrite(fd, json.dumps({"pid": 4242, "host": "elsewhere", "started": 0}).encode(), 0)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: this process's own later flock is refused too
+    try:
+        with pytest.raises(SystemExit):
+            run_command(main, [str(swa_run), "--data", "cifar10c:fog:2", "--device", "cpu"], prog="swalab.results.score")
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(swa_run) in err[0] and "PID 4242 on host elsewhere" in err[0], err
+    assert not (swa_run / "scores" / "cifar10c-fog-2").exists()
+
+
+def test_score_given_a_directory_that_is_no_run_says_so_in_one_line_exits_2_and_scores_no_run_given_before_it(swa_run,
+                                                                                                            tmp_path):
+    (tmp_path / "notes").mkdir()
+    done = score_cli(str(swa_run), str(tmp_path / "notes"), "--data", "cifar10c:snow:1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{tmp_path / 'notes'} is not a swalab run directory" in lines[0], lines
+    assert not (swa_run / "scores" / "cifar10c-snow-1").exists()
+
+
+def test_two_ood_folders_of_one_name_are_scored_as_two_sets_and_labelled_apart_in_the_report(swa_run, tmp_path):
+    from PIL import Image
+
+    from swalab.results.report import report
+
+    for value, parent in ((30, "a"), (220, "b")):
+        folder = tmp_path / parent / "val" / "any"
+        folder.mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((12, 12, 3), value + i, dtype=np.uint8)).save(folder / f"{i}.png")
+    result = main([str(swa_run), "--ood", f"folder:{tmp_path / 'a' / 'val'}", "--ood", f"folder:{tmp_path / 'b' / 'val'}",
+                   "--device", "cpu"])
+    a, b = result[str(swa_run)]["ood"]
+    assert a["data"]["name"] != b["data"]["name"]
+    assert a["data"]["name"].startswith("ood-folder-val-") and b["data"]["name"].startswith("ood-folder-val-")
+    for record, parent in ((a, "a"), (b, "b")):
+        written = json.loads((swa_run / "scores" / record["data"]["name"] / "metrics.json").read_text())
+        assert written["data"]["spec"] == f"folder:{tmp_path / parent / 'val'}"
+        assert written["data"]["fingerprint"] == record["data"]["fingerprint"]
+    assert a["data"]["fingerprint"] != b["data"]["fingerprint"]
+    report([swa_run.parent], tmp_path / "out")
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert f"| {a['data']['name']} |" in table and f"| {b['data']['name']} |" in table

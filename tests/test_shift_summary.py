@@ -4,12 +4,14 @@ on each corrupted set (MultiSWAG, deep ensembles) from the kept predictions; AUR
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import torch
-from test_shift_figures import CORRUPTIONS, corrupted_acc, shifted, table_of
+from test_shift_figures import CORRUPTIONS, OOD_SETS, corrupted_acc, shifted, table_of
 
 from swalab.checkpoint import atomic_save
+from swalab.results import ood
 from swalab.results.report import report
 from swalab.results.shift_summary import corruption_markdown, ensemble_severity, ood_markdown
 
@@ -102,3 +104,18 @@ def test_runs_never_scored_under_shift_get_no_summary(tmp_path):
         shutil.rmtree(folder)
     table = table_of(tmp_path / "g")
     assert corruption_markdown(table) == [] and ood_markdown(table) == []
+
+
+def test_an_ood_set_whose_images_changed_between_seeds_is_not_averaged_and_the_summary_says_so(tmp_path):
+    shifted(tmp_path / "g")
+    for seed, fingerprint in ((0, "before"), (1, "after")):  # the folder changed between the two score commands
+        for path in (tmp_path / "g").rglob(f"seed{seed}/scores/ood-noise-gaussian/metrics.json"):
+            record = json.loads(path.read_text())
+            record["data"]["fingerprint"] = fingerprint
+            path.write_text(json.dumps(record))
+    lines = ood_markdown(table_of(tmp_path / "g"))
+    assert not [line for line in lines if "| noise-gaussian |" in line]
+    assert any(line.startswith("- cifar10 / preresnet20 · dataset.train_size=1000 · SWA 1.5B (6 ep): noise-gaussian: "
+                               "its seeds were scored on other images") for line in lines), lines
+    folder = ood.spec_name(OOD_SETS[1]).removeprefix("ood-")  # folder-val-<8 hex of its path>
+    assert [line for line in lines if f"| {folder} |" in line]  # the sets scored on the same images stay

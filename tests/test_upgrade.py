@@ -181,6 +181,7 @@ def test_a_run_directory_named_by_identity_version_2_is_renamed_to_todays_name(t
     old = tmp_path / "digits" / "preresnet8" / "swa" / then_rest / seed
     old.mkdir(parents=True)
     (old / RunDir.IDENTITY).write_text(json.dumps(record))
+    shutil.copy(today_run / RunDir.CONFIG, old)  # every run holds its config
     assert upgrade.main([str(tmp_path), "--write"]) == 0
     assert "directory renamed to today's name swa.lr-0.05/seed0" in capsys.readouterr().out
     new = old.parent.parent / today_rest / seed
@@ -196,6 +197,7 @@ def test_a_rename_onto_a_taken_name_is_refused_saying_so_and_the_run_stays(today
     for folder in (old, taken):
         folder.mkdir(parents=True)
     (old / RunDir.IDENTITY).write_text(json.dumps(record))
+    shutil.copy(today_run / RunDir.CONFIG, old)  # every run holds its config
     (taken / RunDir.IDENTITY).write_text(json.dumps({**record, "version": IDENTITY_VERSION}))
     assert upgrade.main([str(tmp_path), "--write"]) == 1
     assert f"not renamed: its name today is {taken}, which is taken" in capsys.readouterr().out
@@ -207,8 +209,25 @@ def test_a_run_placed_by_hand_keeps_its_directory(today_run, tmp_path, capsys):
     run = tmp_path / "my_runs" / "lr005"
     run.mkdir(parents=True)
     (run / RunDir.IDENTITY).write_text(json.dumps(record))
+    shutil.copy(today_run / RunDir.CONFIG, run)  # every run holds its config
     assert upgrade.main([str(tmp_path), "--write"]) == 0
     assert "renamed" not in capsys.readouterr().out and (run / RunDir.IDENTITY).exists()
+
+
+def test_a_damaged_run_is_named_with_its_damaged_file_and_left_as_it_is_not_called_todays_format(
+        today_run, tmp_path, capsys):
+    cut, bare = tmp_path / "cut" / "seed0", tmp_path / "bare" / "seed0"
+    for run in (cut, bare):
+        shutil.copytree(today_run, run)
+    (cut / RunDir.IDENTITY).write_text((cut / RunDir.IDENTITY).read_text()[:20])
+    (bare / RunDir.CONFIG).unlink()
+    before = contents(tmp_path)
+    assert upgrade.main([str(tmp_path), "--write"]) == 1
+    out = capsys.readouterr().out
+    assert f"{cut}:\n  not checked: {RunDir.IDENTITY} cannot be read" in out
+    assert f"{bare}:\n  not checked: {RunDir.CONFIG} is missing" in out
+    assert "all in today's format" not in out and "2 of 2 run(s) damaged" in out
+    assert contents(tmp_path) == before
 
 
 def test_a_path_that_is_no_directory_is_refused_in_one_line(tmp_path, capsys):
@@ -228,6 +247,7 @@ def test_the_records_that_name_a_renamed_run_name_it_by_its_new_name(today_run, 
     old = tmp_path / "digits" / "preresnet8" / "swa" / "model.swa.lr-0.05" / "seed0"
     old.mkdir(parents=True)
     (old / RunDir.IDENTITY).write_text(json.dumps(record))
+    shutil.copy(today_run / RunDir.CONFIG, old)  # every run holds its config
     elsewhere = "/cluster/me/outputs/digits/preresnet8/swa/model.swa.lr-0.05/seed0"
     row = {"jobs": [{"run_dir": "digits/preresnet8/swa/model.swa.lr-0.05/seed0"}, {"run_dir": elsewhere},
                     {"run_dir": "digits/preresnet8/swa/model.swa.lr-0.05x/seed0"}]}
@@ -261,6 +281,7 @@ def test_a_kill_after_a_rename_leaves_a_run_the_same_command_finishes_without_mo
     old = tmp_path / "swa" / "model.swa.lr-0.05" / "seed0"
     old.mkdir(parents=True)
     (old / RunDir.IDENTITY).write_text(json.dumps(record))
+    shutil.copy(today_run / RunDir.CONFIG, old)  # every run holds its config
 
     def killed(*_, **__):
         raise KeyboardInterrupt

@@ -21,7 +21,8 @@ remove the file once the job was requeued often enough). Points: ``run_start`` (
 tracker not yet made, no step taken), ``train_step`` (after an optimizer step),
 ``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
 re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place), ``final_record`` (``metrics.json``
-written, ``status.json`` not yet updated).
+written, ``status.json`` not yet updated), ``record_commit`` (a record of ``swalab.results.score`` or ``swalab.posthoc``:
+the files beside its ``metrics.json`` written, ``metrics.json`` not yet: ``swalab.rundir.write_record``).
 
 Without the variable :func:`hit` is one dictionary lookup and does nothing; never set it outside
 tests.
@@ -36,7 +37,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 
 ENV = "SWALAB_FAULT"
-POINTS = ("run_start", "train_step", "swa_average", "bn_update", "checkpoint_write", "final_record")
+POINTS = ("run_start", "train_step", "swa_average", "bn_update", "checkpoint_write", "final_record", "record_commit")
 _hits: Counter[str] = Counter()
 
 

@@ -8,13 +8,15 @@ kills the writer. Only the main rank writes (data-parallel runs share one direct
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from swalab import distributed
+from swalab import distributed, faults
 from swalab.logs import RUN_LOG, get_logger
 
 
@@ -150,3 +152,45 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
+
+
+def write_record(folder: Path, record: dict, beside: dict[str, Callable[[Path], None]]) -> None:
+    """A record of a command run after training (``<run>/scores/<set>/``, ``<run>/posthoc/<label>/``): ``beside``'s
+    files (``{name: write(path)}``, each atomic; a writer may write nothing, e.g. predictions above their limit), then
+    ``metrics.json``, the record's commit marker, last. The earlier ``metrics.json`` and ``beside``'s earlier files
+    are removed first, so a kill or Ctrl-C at any point leaves the earlier record whole, or no record (its folder
+    without ``metrics.json``, which every reader skips and the same command writes again), or the new one whole:
+    never new predictions beside earlier metrics, which a report or an ensemble of seeds would read as one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RunDir.METRICS).unlink(missing_ok=True)
+    for name, write in beside.items():
+        (folder / name).unlink(missing_ok=True)
+        write(folder / name)
+    faults.hit("record_commit")  # test-only: a kill here leaves the files beside, no metrics.json
+    write_json(folder / RunDir.METRICS, record)
+
+
+def file_fingerprint(path: Path) -> str | None:
+    """What a weights file holds, read cheaply, or None where it is gone: a post-hoc average records it of every file
+    it averaged (``swalab.posthoc``) and is stale once one differs (:func:`changed_files`). A torch file is a zip
+    archive whose directory, at its end, holds the CRC-32 and size of every record: its hash (``zip-<16 hex>``) reads
+    that directory only, no tensor (a 146 MB snapshot costs a few kilobytes), changes with any weight written anew and
+    not with a copy (``cp``, ``rsync``) or a rewrite of the same weights (an exact resume). Any other file: the
+    sha256 of its bytes (``sha256-<16 hex>``)."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:  # a record's name starts with the archive's, which torch takes from
+            records = sorted((i.filename.split("/", 1)[-1], i.CRC, i.file_size) for i in archive.infolist())  # the file
+        return "zip-" + hashlib.sha256(json.dumps(records).encode()).hexdigest()[:16]
+    except (zipfile.BadZipFile, OSError):
+        pass
+    try:
+        return "sha256-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def changed_files(run_dir: Path, fingerprints: dict[str, str]) -> list[str]:
+    """The files of ``fingerprints`` (``{path relative to run_dir: file_fingerprint}``) that are gone or hold
+    something else now."""
+    return [name for name, was in fingerprints.items() if file_fingerprint(Path(run_dir) / name) != was]

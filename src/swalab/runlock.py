@@ -55,6 +55,12 @@ def holder_of(run_dir: str | Path) -> dict | None:
         return {}
 
 
+def describe_holder(run_dir: str | Path) -> str:
+    """``PID 12 on host a, started ...``: the process that holds (or last held) ``run_dir``'s lock, as a refusal
+    names it."""
+    return _describe(holder_of(run_dir) or {})
+
+
 def gone_holder(run_dir: str | Path) -> str | None:
     """Why no process trains ``run_dir`` now, or None when one may (a live process of this host holds its lock, or
     one of another host, which cannot be asked from here). A run whose ``status.json`` still says ``running`` and

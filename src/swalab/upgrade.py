@@ -67,6 +67,7 @@ class Upgrade:
     move: Path | None = None
     blocked: str | None = None
     stale: list[Path] = field(default_factory=list)  # temp files an interrupted upgrade left: removed
+    damaged: list[str] = field(default_factory=list)  # records that cannot be read, so not checked: left as they are
 
     def add(self, note: str, path: Path, write: Callable[[Any], None]) -> None:
         self.notes.append(note)
@@ -283,10 +284,22 @@ def torch_writer(obj: Any) -> Callable[[Any], None]:
     return lambda f: torch.save(obj, f)
 
 
+def check_readable(up: Upgrade) -> None:
+    """Name the run's records that cannot be read (cut short, not JSON or YAML, missing), which the steps below skip:
+    such a run is not in today's format, whatever else it holds, and nothing of it is written over."""
+    identity = read_json(up.run / RunDir.IDENTITY)
+    if (up.run / RunDir.IDENTITY).exists() and not isinstance((identity or {}).get("identity"), dict):
+        up.damaged.append(f"{RunDir.IDENTITY} cannot be read (cut short, or holds no identity): left as it is; "
+                          "restore it from a copy of the run")
+    if RunDir(up.run).config() is None:
+        up.damaged.append(f"{RunDir.CONFIG} is missing or holds no config: left as it is; restore it from a copy of "
+                          "the run (the report leaves the run out until then)")
+
+
 def plan(run: Path) -> Upgrade:
-    """What ``run`` needs to be in today's format (nothing for a run of today's)."""
+    """What ``run`` needs to be in today's format (nothing for a run of today's), and what of it cannot be read."""
     up = Upgrade(run)
-    for step in (plan_predictions, plan_checkpoints, plan_config, plan_identity):
+    for step in (check_readable, plan_predictions, plan_checkpoints, plan_config, plan_identity):
         step(up)
     up.stale = sorted(run.rglob(f"*{TEMP_SUFFIX}"))
     if up.stale:
@@ -392,12 +405,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Say (or, with ``--write``, make) each run's changes; 1 when a run could not be renamed, else 0."""
+    """Say (or, with ``--write``, make) each run's changes; 1 when a run could not be renamed or is damaged, else 0."""
     args = parser().parse_args(argv)
     runs = run_dirs(args.paths)
-    todo = [up for up in map(plan, runs) if up.notes or up.blocked]
-    for up in todo:
+    planned = list(map(plan, runs))
+    todo = [up for up in planned if up.notes or up.blocked]
+    damaged = [up for up in planned if up.damaged]
+    for up in (up for up in planned if up.notes or up.blocked or up.damaged):
         print(f"{up.run}:")
+        for note in up.damaged:
+            print(f"  not checked: {note}")
         for note in up.notes:
             print(f"  {note}")
         if up.blocked:
@@ -410,13 +427,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write:  # the records first: a kill before a run is renamed leaves them naming a name it takes next time
         for up in ([records] if records else []) + todo:
             apply(up)
+    if damaged:
+        print(f"{len(damaged)} of {len(runs)} run(s) damaged: the files named above could not be checked")
     if not todo:
-        print(f"nothing to do: {len(runs)} run(s), all in today's format")
+        print(f"nothing to do: {len(runs)} run(s)" + ("" if damaged else ", all in today's format"))
     elif not args.write:
         print(f"dry run: {len(todo)} of {len(runs)} run(s) would change; add --write to change them")
     else:
         print(f"upgraded {len(todo)} of {len(runs)} run(s)")
-    return 1 if any(up.blocked for up in todo) else 0
+    return 1 if damaged or any(up.blocked for up in todo) else 0
 
 
 if __name__ == "__main__":

@@ -23,12 +23,16 @@ weights: ``soup-uniform(N)``, their mean, and ``soup-greedy(N)``, the greedy sou
 offered). Every result gets its BatchNorm statistics recomputed over the run's training data and is scored by
 ``swalab.evaluate.score_predictors`` (acc, NLL, ECE, Brier, top-5; on the validation split and as ``+ts`` there when
 the run has one), then written to ``<run>/posthoc/<name>/`` (``metrics.json``, ``predictions.pt``), a soup under the
-first run's; the run's own records are never touched. ``swalab.results.report`` shows them as predictors of their
-run. Choices (``--select``, the greedy soup) are made on the validation split only.
+run of its lowest seed (whatever the order given: one soup, one place); the run's own records are never touched.
+``metrics.json`` records a fingerprint of every file an average read (``sources``) and the options that build it again
+(``rebuild``): once the run's files change, the report leaves it out and says so (``swalab.results.runs.Run.posthoc``).
+``swalab.results.report`` shows them as predictors of their run. Choices (``--select``, the greedy soup) are made on the validation split only.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +46,10 @@ from swalab.identity import differences, group_hash
 from swalab.posthoc.averages import State, combination, ema_of, greedy_soup, interpolate, mean_of
 from swalab.powerema import check_widths, coefficients, gamma_of, label_of, profile_error
 from swalab.results.compare import Scored, score_run
+from swalab.results.runs import Run
 from swalab.snapshots import Snapshot, snapshots_of
 from swalab.train.build import load_init_weights
-from swalab.rundir import RunDir, read_json, write_json
+from swalab.rundir import RunDir, file_fingerprint, write_record
 from swalab.train.records import save_predictions
 
 FOLDER = RunDir.POSTHOC
@@ -260,12 +265,31 @@ def folder_name(label: str) -> str:
 
 
 def write_result(run: Path, label: str, scored_out: dict) -> Path:
-    """``<run>/posthoc/<name>/``: ``metrics.json`` and ``predictions.pt`` (the run's own records untouched)."""
+    """``<run>/posthoc/<name>/``: ``predictions.pt``, then ``metrics.json`` (whole or absent:
+    ``swalab.rundir.write_record``; the run's own records untouched)."""
     folder = Path(run) / FOLDER / folder_name(label)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_predictions(scored_out["evaluation"], folder / RunDir.PREDICTIONS)
-    write_json(folder / RunDir.METRICS, scored_out["metrics"])
+    write_record(folder, scored_out["metrics"],
+                 {RunDir.PREDICTIONS: lambda path: save_predictions(scored_out["evaluation"], path)})
     return folder
+
+
+def files_read(run: Path, built_from: Sequence[str]) -> list[Path]:
+    """The files on disk an average of ``run`` was built from (``built_from``'s names): its snapshots, its
+    ``final.pt``, the ``final.pt`` of another run named by its directory (a soup's ingredients, WiSE-FT's start)."""
+    out = []
+    for name in built_from:
+        for candidate in (Path(run) / RunDir.SNAPSHOTS / name, Path(run) / name, Path(name) / RunDir.FINAL):
+            if candidate.is_file():
+                out.append(candidate)
+                break
+    return out
+
+
+def fingerprints(run: Path, files: Sequence[Path]) -> dict[str, str | None]:
+    """``{path relative to run: swalab.rundir.file_fingerprint}`` of ``files``: what an average records of what it
+    averaged, so that the report (``swalab.results.runs.Run.posthoc``) and a later call see when the run's files
+    changed under it (the run trained again, more snapshots now)."""
+    return {os.path.relpath(f, run): file_fingerprint(f) for f in files}
 
 
 # -- the requests -----------------------------------------------------------------------------------------------------
@@ -312,6 +336,12 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
                 apart = [d for d in differences(first.identity, other.run.identity, ignore=("seed",))][:3]
                 raise PosthocError(f"--soup: {other.run.path} is another config than {first.path} "
                                    f"({'; '.join(apart)}): a soup here mixes the seeds of one config only")
+        seen: dict[object, Path] = {}
+        for scored in runs:  # one config: a seed given twice is one run counted as two ingredients
+            if scored.run.seed in seen:
+                raise PosthocError(f"--soup: {scored.run.path} and {seen[scored.run.seed]} are one run (seed "
+                                   f"{scored.run.seed}) given twice: give each seed's run directory once")
+            seen[scored.run.seed] = scored.run.path
     for d in request.ema:
         check_decay(d)
     try:
@@ -347,36 +377,51 @@ def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
     points = points_of(scored)
     for w in request.swa:
         label, inside = swa_window(points, w)
-        yield label, "swa", inside[0].position, mean_of(p.read() for p in inside), [p.name for p in inside]
+        yield (label, "swa", inside[0].position, mean_of(p.read() for p in inside), [p.name for p in inside],
+               {"rebuild": f"--swa {w}"})
     for k in request.lawa:
         label, inside = last_k(points, k)
-        yield label, "lawa", float(k), mean_of(p.read() for p in inside), [p.name for p in inside]
+        yield (label, "lawa", float(k), mean_of(p.read() for p in inside), [p.name for p in inside],
+               {"rebuild": f"--lawa {k}"})
     for d in request.ema:
-        yield f"ema{d:g}", "ema", d, ema_of((p.read() for p in points), d), [p.name for p in points]
+        yield (f"ema{d:g}", "ema", d, ema_of((p.read() for p in points), d), [p.name for p in points],
+               {"rebuild": f"--ema {d:g}"})
     found = check_powerema(scored, request.powerema) if request.powerema else []
     for s in request.powerema:
         label, weights, built_from, info = power_ema(found, s)
-        yield label, "powerema", s, weights, built_from, {"powerema": info}
+        yield label, "powerema", s, weights, built_from, {"powerema": info, "rebuild": f"--powerema {s:g}"}
     if request.wiseft:
         (start, source), final = start_weights(scored), scored.run.weights("live")
         for mode in request.wiseft_bn:
             family, suffix, bn = WISEFT_BN[mode]
             for a in request.wiseft:
                 yield (f"wiseft{a:g}{suffix}", family, a, interpolate(start, final, a), [source, RunDir.FINAL],
-                       {"bn": bn})
+                       {"bn": bn, "rebuild": f"--wiseft {a:g} --wiseft-bn {mode}"})
 
 
-def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple[str, str, float, State, list[str]]]:
-    """The soups ``request`` asks for, from the runs' final live weights (the first run's data score them)."""
+def soup_order(runs: Sequence[Scored]) -> list[Scored]:
+    """The runs of a soup by seed: the first is the soup's home (its ``posthoc/`` holds it, its data score it), so
+    that one soup asked with its runs in another order is written once, in one place, not counted twice."""
+    return sorted(runs, key=lambda r: (int(r.run.seed), str(r.run.path.resolve())))
+
+
+def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
+    """The soups ``request`` asks for, from the final live weights of ``runs`` (in :func:`soup_order`; the first
+    run's data score them), each with every run's ``final.pt`` as what it read (the greedy soup ranks them all)."""
     finals = [r.run.weights("live") for r in runs]
     names = [str(r.run.path) for r in runs]
+    home = runs[0].run.path
+    read = [r.run.path / RunDir.FINAL for r in runs]
+    others = [os.path.relpath(r.run.path, home) for r in runs]  # the rebuilding command's runs, from its home
     if "uniform" in request.soup:
-        yield f"soup-uniform({len(runs)})", "soup", float(len(runs)), mean_of(finals), names
+        yield (f"soup-uniform({len(runs)})", "soup", float(len(runs)), mean_of(finals), names,
+               {"rebuild": "--soup uniform", "rebuild_runs": others}, read)
     if "greedy" in request.soup:
         score_of = val_score(runs[0], request.by)
         order = sorted(range(len(runs)), key=lambda i: -score_of(finals[i]))
         soup, kept = greedy_soup([finals[i] for i in order], score_of)
-        yield f"soup-greedy({len(runs)})", "soup", float(len(kept)), soup, [names[order[i]] for i in kept]
+        yield (f"soup-greedy({len(runs)})", "soup", float(len(kept)), soup, [names[order[i]] for i in kept],
+               {"rebuild": f"--soup greedy --by {request.by}", "rebuild_runs": others}, read)
 
 
 def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto",
@@ -387,9 +432,11 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
     results: list[Result] = []
 
     def add(scored: Scored, label: str, family: str, knob: float, weights: State, built_from: list[str],
-            extra: dict | None = None) -> None:
-        described = {"posthoc": family, "built_from": built_from, "epoch": int(scored.run.get("trainer.epochs")),
-                     **(extra or {})}
+            extra: dict | None = None, read: Sequence[Path] | None = None) -> None:
+        run = scored.run.path
+        described = {"posthoc": family, "knob": knob, "built_from": built_from,
+                     "epoch": int(scored.run.get("trainer.epochs")), "rebuild_runs": ["."], **(extra or {}),
+                     "sources": fingerprints(run, files_read(run, built_from) if read is None else read)}
         out = score(scored, label, weights, described, recompute_bn=described.get("bn") != "interpolated")
         path = write_result(scored.run.path, label, out)
         results.append(Result(label, family, knob, scored.run.path, out["metrics"], built_from, path))
@@ -400,28 +447,27 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
     for scored in runs:
         for item in per_run(scored, request):
             add(scored, *item)
-    for item in soups(runs, request) if request.soup else ():
-        add(runs[0], *item)
+    ordered = soup_order(runs) if request.soup else []
+    for item in soups(ordered, request) if request.soup else ():
+        add(ordered[0], *item)
     return results
 
 
 def earlier_results(results: Sequence[Result]) -> list[Result]:
-    """The averages of the families built now that earlier calls wrote to the ``posthoc/`` of the same runs, those
-    not built again now, with their validation scores: ``--select val`` compares them with this call's, family by
-    family (a sweep of EMA decays over two calls is one choice). Their knob is not recorded: NaN."""
+    """The averages earlier calls wrote to the ``posthoc/`` of the same runs, those not built again now and still
+    current (built from the run's files as they are: ``swalab.results.runs.Run.posthoc``): the figure draws them
+    beside this call's, and ``--select val`` compares those of the families built now with this call's (a sweep of
+    EMA decays over two calls is one choice). The knob of one an earlier swalab wrote is not recorded: NaN."""
     from swalab.calibration import SUFFIX
 
     now = {(r.run, r.label) for r in results}
-    families = {(r.run, r.family) for r in results}
     out = []
     for run in dict.fromkeys(r.run for r in results):
-        for path in sorted((Path(run) / FOLDER).glob(f"*/{RunDir.METRICS}")):
-            for label, m in (read_json(path) or {}).items():
-                if (isinstance(m, dict) and m.get("posthoc") and isinstance(m.get("val"), dict)
-                        and not label.endswith(SUFFIX) and (run, label) not in now
-                        and (run, str(m["posthoc"])) in families):
-                    out.append(Result(label, str(m["posthoc"]), float("nan"), run, {label: m},
-                                      list(m.get("built_from") or []), path.parent))
+        found = Run(run)
+        for label, m in found.posthoc.items():
+            if m.get("posthoc") and not label.endswith(SUFFIX) and (run, label) not in now:
+                out.append(Result(label, str(m["posthoc"]), float(m.get("knob", math.nan)), run, {label: m},
+                                  list(m.get("built_from") or []), found.posthoc_folders[label]))
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -63,8 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     results = build_and_score(args.runs, request, device=args.device)
-    earlier = earlier_results(results) if args.select else []
-    chosen = select([*results, *earlier], request.by) if args.select else {}
+    for run_dir in dict.fromkeys(args.runs):
+        for line in Run(run_dir).posthoc_notes():  # earlier averages the run's files no longer match
+            print(f"[swalab.posthoc] {line}")
+    earlier = earlier_results(results)  # still current: drawn beside this call's, and compared by --select
+    families = {(r.run, r.family) for r in results}
+    chosen = select([*results, *(e for e in earlier if (e.run, e.family) in families)], request.by) if args.select else {}
     if args.select:
         for (run, family), best in chosen.items():
             val = best.metrics[best.label]["val"]
@@ -72,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{val['nll']:.4f}) of {family} for {run}" + (", built by an earlier call" if best in earlier else ""))
     first = Run(args.runs[0])
     title = f"post-hoc averages of {first.dataset_name} / {first.model_name} / {first.method}, seed {first.seed}"
-    if plot(results, online_of(args.mark or args.runs), figure, title=title,
+    drawn = [*results, *(e for e in earlier if not math.isnan(e.knob))]  # every average of the runs' posthoc/
+    if plot(drawn, online_of(args.mark or args.runs), figure, title=title,
             chosen=[best.label for best in chosen.values()]):
         print(f"[swalab.posthoc] figure: {figure}")
     return 0

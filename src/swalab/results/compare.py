@@ -79,13 +79,21 @@ class Scored:
         recompute_bn(model, self.bn_loader, self.device)
 
 
+def finished_run(run_dir: str | Path) -> Run:
+    """``run_dir`` as a finished run, or ``FileNotFoundError`` in one line: it is no run directory, or it has not
+    finished (its newest checkpoint is not its result). Cheap: commands check every run given with it before they
+    score or write anything."""
+    run = open_run(run_dir)
+    why = unfinished(run.path, epoch_pick=False)
+    if why is not None:
+        raise FileNotFoundError(why)
+    return run
+
+
 def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
     """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device`` (the validation split's too,
     when the run has one)."""
-    run = open_run(run_dir)
-    why = unfinished(run.path, epoch_pick=False)
-    if why is not None:  # its newest checkpoint is not its result
-        raise FileNotFoundError(why)
+    run = finished_run(run_dir)
     dev = select_device(device)
     data = run.data()
     _, test_loader, bn_loader = run.loaders(data, dev)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_metrics
-from swalab.results.table import Cell, Column, Row, Table
+from swalab.results.table import POSTHOC_ENTRY, Cell, Column, Row, Table
 from swalab.rundir import RunDir, earlier_format
 
 
@@ -72,6 +72,15 @@ def saved_log_probs(run_path: Path, predictor: str, files: dict | None = None,
     return None, None, f"{path} holds no predictions of {predictor!r} (above {RunDir.PREDICTIONS}'s limit of numbers)"
 
 
+def saved_where(entry) -> tuple[Path, str]:
+    """The folder whose ``predictions.pt`` holds ``entry``'s test predictions, and its name there: the run's own, or
+    for an average built after training (``posthoc:<label>``) its folder under the run's ``posthoc/``."""
+    label = entry.predictor.removeprefix(POSTHOC_ENTRY)
+    if label != entry.predictor and label in entry.run.posthoc_folders:
+        return entry.run.posthoc_folders[label], label
+    return Path(entry.run.path), entry.predictor
+
+
 def ensemble_of(row: Row, column: Column, cell: Cell, files: dict | None = None) -> SeedEnsemble:
     """The ensemble of ``cell``'s seeds (module doc), or why there is none."""
     out = SeedEnsemble(row=row, column=column, seeds=cell.seeds,
@@ -81,7 +90,7 @@ def ensemble_of(row: Row, column: Column, cell: Cell, files: dict | None = None)
         return out
     members, labels = [], None
     for entry in cell.entries:
-        log_probs, own_labels, why = saved_log_probs(entry.run.path, entry.predictor, files)
+        log_probs, own_labels, why = saved_log_probs(*saved_where(entry), files)
         if why is not None:
             out.why = f"seed {entry.run.seed}: {why}"
             return out

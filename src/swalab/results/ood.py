@@ -24,6 +24,7 @@ OOD sets (all made from files on this machine, none downloaded):
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -168,11 +169,17 @@ def check_spec(spec: str) -> None:
 
 
 def spec_name(spec: str) -> str:
-    """The folder under ``scores/`` of an OOD spec's record."""
+    """The folder under ``scores/`` of an OOD spec's record, and its name in the report. A folder's is its last
+    component and 8 hex digits of its resolved path (``ood-folder-val-1c0e7b2a``): Imagenette's ``val`` and another
+    data set's ``val`` are two sets, never one record written over the other; the same folder however typed (relative,
+    absolute, through a link) is one."""
     if spec == OTHER_CLASSES:
         return f"ood-{OTHER_CLASSES}"
     kind, _, rest = spec.partition(":")
-    return f"ood-noise-{rest}" if kind == "noise" else f"ood-folder-{Path(rest).resolve().name}"
+    if kind == "noise":
+        return f"ood-noise-{rest}"
+    where = Path(rest).resolve()
+    return f"ood-folder-{where.name}-{hashlib.sha256(str(where).encode()).hexdigest()[:8]}"
 
 
 def ood_split(spec: str, like: DataSplit) -> DataSplit:

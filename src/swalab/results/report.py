@@ -77,6 +77,8 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
         elif not r.config:
             notes.append(f"damaged: {r.path}: config.yaml is missing or holds no config, so the run is in no row of "
                          "the table")
+        else:
+            notes += r.posthoc_notes()  # averages built after training that no longer match the run's files
     notes += table.duplicates
     datasets = sorted({r.dataset_name for r in runs if r.finished})
     if len(datasets) > 1:

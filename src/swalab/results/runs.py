@@ -19,6 +19,7 @@ trained with.
 from __future__ import annotations
 
 import dataclasses
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Iterable
@@ -39,7 +40,7 @@ from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
 from swalab.runlock import gone_holder
 from swalab.runstatus import RunStatus
-from swalab.rundir import DamagedRecord, RunDir, read_json
+from swalab.rundir import DamagedRecord, RunDir, changed_files, read_json
 
 class Run:
     """One run directory (see the module doc). Build it with :func:`open_run` to score it again, or
@@ -141,12 +142,60 @@ class Run:
     @cached_property
     def posthoc(self) -> dict[str, dict]:
         """Predictors built after training (``python -m swalab.posthoc``): ``{label: metrics}`` of every
-        ``posthoc/*/metrics.json`` (``swa[12:16]``, ``lawa5``, ``ema0.9``, their ``+ts``), a damaged one skipped."""
-        out: dict[str, dict] = {}
+        ``posthoc/*/metrics.json`` (``swa[12:16]``, ``lawa5``, ``ema0.9``, their ``+ts``), a damaged one skipped, and
+        one built from files of the run that changed since (:attr:`posthoc_changed`) left out: it is no average of
+        the run as it is."""
+        return {label: m for folder, by_label in self._posthoc_records.items() if folder not in self.posthoc_changed
+                for label, m in by_label.items()}
+
+    @cached_property
+    def posthoc_folders(self) -> dict[str, Path]:
+        """``{label: folder}`` of :attr:`posthoc`: where each one's ``predictions.pt`` lies (ensembles of seeds)."""
+        return {label: folder for folder, by_label in self._posthoc_records.items() if folder not in self.posthoc_changed
+                for label in by_label}
+
+    @cached_property
+    def posthoc_changed(self) -> dict[Path, list[str]]:
+        """``{folder: files}`` of the post-hoc averages whose files (snapshots, ``final.pt``, a soup's other runs'
+        ``final.pt``; ``sources`` in its ``metrics.json``) are gone or hold other weights now than when it was built
+        (the run trained again, a snapshot rewritten): ``swalab.rundir.changed_files``."""
+        out = {}
+        for folder, by_label in self._posthoc_records.items():
+            sources = next((m["sources"] for m in by_label.values() if isinstance(m.get("sources"), dict)), None)
+            changed = changed_files(self.path, sources) if sources is not None else []
+            if changed:
+                out[folder] = changed
+        return out
+
+    def posthoc_notes(self) -> list[str]:
+        """One line per post-hoc average that is no average of the run as it is (left out of :attr:`posthoc`),
+        naming it, the files that changed and the command that builds it again; and one naming those an earlier
+        swalab wrote without recording what they averaged (kept, but unchecked)."""
+        notes = []
+        for folder, changed in self.posthoc_changed.items():
+            record = next(iter(self._posthoc_records[folder].values()))
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            notes.append(f"stale: {folder}: built from files of the run that changed since ({shown}), left out; "
+                         f"build it again with {self._rebuild_command(record)}")
+        unchecked = sorted(folder.name for folder, by_label in self._posthoc_records.items()
+                           if not any(isinstance(m.get("sources"), dict) for m in by_label.values()))
+        if unchecked:
+            notes.append(f"unchecked: {self.path / RunDir.POSTHOC}: {', '.join(unchecked)} recorded no fingerprints of "
+                         "the files they averaged (an earlier swalab), so a run trained again since cannot be told; "
+                         "build them again with python -m swalab.posthoc to check them")
+        return notes
+
+    def _rebuild_command(self, record: dict) -> str:
+        runs = [os.path.normpath(self.path / r) for r in record.get("rebuild_runs") or ["."]]
+        return f"python -m swalab.posthoc {' '.join(runs)} {record.get('rebuild', '<the options it was built with>')}"
+
+    @cached_property
+    def _posthoc_records(self) -> dict[Path, dict[str, dict]]:
+        out: dict[Path, dict[str, dict]] = {}
         for path in sorted((self.path / RunDir.POSTHOC).glob(f"*/{RunDir.METRICS}")):
             found = read_json(path)
             if isinstance(found, dict):
-                out.update({k: v for k, v in found.items() if isinstance(v, dict)})
+                out[path.parent] = {k: v for k, v in found.items() if isinstance(v, dict)}
         return out
 
     @cached_property

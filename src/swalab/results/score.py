@@ -29,6 +29,10 @@ with corruptions, the mean per severity over every corruption scored so far (thi
 (``noise:gaussian``, ``noise:uniform``, ``folder:<dir>``, ``other-classes``; ``swalab.results.ood``) sets each predictor's uncertainty on
 the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score) in
 ``<run>/scores/ood-<name>/metrics.json``, and each image's scores (float16) in ``per_image_scores.pt`` beside it. The run's own records are never touched.
+
+Each record is whole or absent (``swalab.rundir.write_record``: its ``metrics.json`` written last, the earlier one
+removed first), and ``<run>/scores/`` is locked while a command scores the run (a second one is refused in one line);
+every run given is checked before any is scored.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -47,9 +52,10 @@ from swalab.data import corruptions
 from swalab.data.splits import DataSplit
 from swalab.results import ood
 from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
-from swalab.results.compare import Scored, run_predictions, score_run
+from swalab.results.compare import Scored, finished_run, run_predictions, score_run
 from swalab.results.rebuilt import Rebuilt, rebuild
-from swalab.rundir import RunDir, write_json
+from swalab.rundir import RunDir, write_json, write_record
+from swalab.runlock import RunLock, RunLocked, describe_holder
 from swalab.train.records import save_predictions
 
 FOLDER = RunDir.SCORES
@@ -162,11 +168,9 @@ def score_on(scored: Scored, spec: DataSpec, rebuilt: Rebuilt | None = None) -> 
                        **({"corruption": spec.corruption, "severity": spec.severity} if spec.corruption else {})},
               "ece_bins": ECE_LEGEND, "predictors": metrics, "not_scored": not_rescorable(scored, list(log_probs), rebuilt),
               **(rebuilt.record if rebuilt is not None else {})}
-    folder = scored.run.path / FOLDER / spec.name
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / RunDir.METRICS, record)
-    save_predictions(Evaluation(metrics=metrics, reliability={}, log_probs=log_probs, labels=labels),
-                     folder / RunDir.PREDICTIONS)
+    evaluation = Evaluation(metrics=metrics, reliability={}, log_probs=log_probs, labels=labels)
+    write_record(scored.run.path / FOLDER / spec.name, record,
+                 {RunDir.PREDICTIONS: lambda path: save_predictions(evaluation, path)})
     return record
 
 
@@ -191,10 +195,8 @@ def detect_ood(scored: Scored, spec: str, rebuilt: Rebuilt | None = None) -> dic
               "positive": "out-of-distribution", "predictors": detected,
               "not_scored": not_rescorable(scored, list(in_log_probs), rebuilt),
               **(rebuilt.record if rebuilt is not None else {})}
-    folder = scored.run.path / FOLDER / ood.spec_name(spec)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_save(ood.kept_scores(per_image), folder / ood.PER_IMAGE_FILE)  # the report's ROC curves read them
-    write_json(folder / RunDir.METRICS, record)
+    write_record(scored.run.path / FOLDER / ood.spec_name(spec), record,  # the report's ROC curves read the scores
+                 {ood.PER_IMAGE_FILE: lambda path: atomic_save(ood.kept_scores(per_image), path)})
     return record
 
 
@@ -238,6 +240,19 @@ def summary_table(summary: dict) -> str:
     return "\n".join([*lines, "mean over the corruptions scored; ece: 15 equal-width confidence bins (Guo et al. 2017)"])
 
 
+def scoring_lock(run_dir: str | Path) -> RunLock:
+    """``<run>/scores/``'s lock, held while this command scores the run: the same command started twice on one run
+    would write each set's files twice at once, one process's predictions beside the other's metrics. A second
+    process is refused at once, in one line naming the one that scores the run; the lock goes with its process,
+    however it ends."""
+    folder = Path(run_dir) / FOLDER
+    try:
+        return RunLock(folder).acquire()
+    except RunLocked:
+        raise ScoreError(f"{run_dir} is being scored by another process ({describe_holder(folder)}): wait for it to "
+                         "finish, then run this command again") from None
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m swalab.results.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="finished run directories")
@@ -261,6 +276,25 @@ def main(argv: Sequence[str] | None = None) -> dict:
             ood.check_spec(spec)
         except ood.OODError as err:
             raise ScoreError(str(err)) from None
+    for run_dir in args.runs:  # every run checked before any is scored
+        finished_run(run_dir)
+    locks: list[RunLock] = []
+    try:
+        for run_dir in args.runs:
+            locks.append(scoring_lock(run_dir))
+    except ScoreError:
+        for lock in locks:
+            lock.discard()
+        raise
+    try:
+        return score_runs(args, specs)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
+    """Score every run of ``args`` on ``specs`` and ``args.ood``, printing each table (:func:`main`'s work)."""
     results = {}
     for run_dir in args.runs:
         scored = score_run(run_dir, device=args.device)
@@ -290,6 +324,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    import sys
+
     from swalab.cli import run_command
 
-    run_command(main, prog="swalab.results.score")
+    try:
+        run_command(main, prog="swalab.results.score")
+    except KeyboardInterrupt:  # every set written before is whole, the one being written has no record
+        print("[swalab.results.score] interrupted: each set's record is whole (this command's or an earlier one's) "
+              "or absent; the same command scores them again", file=sys.stderr)
+        sys.exit(130)

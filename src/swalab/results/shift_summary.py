@@ -145,22 +145,31 @@ def _coverage(common: Sequence[tuple[str, int]], scored) -> list[str]:
 
 def ood_markdown(table: Table) -> list[str]:
     """AUROC of the maximum softmax probability per OOD set, mean ± std over a cell's seeds."""
-    lines = []
+    lines, apart = [], []
     for row, column, cell in _columns(table):
         per_set: dict[str, list[float]] = defaultdict(list)
+        images: dict[str, set] = defaultdict(set)  # the fingerprints of the OOD images each seed was scored on
         for entry in cell.entries:
             for name, record in entry.run.scores.items():
                 found = (record.get("predictors") or {}).get(entry.predictor) or {}
                 if name.startswith(OOD) and "msp" in found:
                     per_set[name[len(OOD):]].append(float(found["msp"]["auroc"]))
+                    images[name[len(OOD):]].add((record.get("data") or {}).get("fingerprint"))
         for name, values in sorted(per_set.items()):
-            if len(values) == len(cell.entries):
-                lines.append([_name(row, column), name, str(len(values)), _shown(values, 4)])
-    if not lines:
+            if len(values) != len(cell.entries):
+                continue
+            if len(images[name] - {None}) > 1:  # a folder changed between two score commands: other sets, one name
+                apart.append(f"- {_name(row, column)}: {name}: its seeds were scored on other images (the folder "
+                             "changed between the score commands): not averaged; score every seed again with the same "
+                             "--ood")
+                continue
+            lines.append([_name(row, column), name, str(len(values)), _shown(values, 4)])
+    if not lines and not apart:
         return []
     return ["## Out-of-distribution detection, per cell: AUROC of 1 - max softmax probability", "",
-            "Mean ± std over the seeds of each cell (a cell counts only where every seed was scored on the set).", "",
-            *_table(["row · column", "OOD set", "seeds", "AUROC (msp)"], lines), ""]
+            "Mean ± std over the seeds of each cell (a cell counts only where every seed was scored on the set, and on "
+            "the same images).", "", *_table(["row · column", "OOD set", "seeds", "AUROC (msp)"], lines), "",
+            *([*apart, ""] if apart else [])]
 
 
 def _shown(values: Sequence[float], digits: int) -> str:

@@ -31,6 +31,8 @@ from swalab.methods import REPORT_ORDER, column_rank
 from swalab.results.runs import Run
 from swalab.rundir import RunDir
 
+# The name an average built after training (swalab.posthoc) has among its run's predictors: ``posthoc:<label>``
+POSTHOC_ENTRY = "posthoc:"
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def entries_of(run: Run) -> list[Entry]:
     for name, m in run.posthoc.items():  # built after training (swalab.posthoc), labelled by what they average
         if "acc" in m:
             column = Column(name, budget, int(m.get("epoch", epochs)), posthoc=True, of=run.method)
-            out.append(Entry(run, f"posthoc:{name}", column, m))
+            out.append(Entry(run, f"{POSTHOC_ENTRY}{name}", column, m))
     return out
 
 

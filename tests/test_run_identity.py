@@ -415,6 +415,8 @@ def test_a_setting_typed_as_the_methods_key_or_its_recipe_blocks_key_is_one_run_
     assert by_method.run_dir == by_recipe.run_dir and by_method.run_dir.parent.name == "swa.lr-0.05"
     by_schedule, by_model = plan_of(tmp_path, *QUIET, "schedule.lr=0.07"), plan_of(tmp_path, *QUIET, "model.lr=0.07")
     assert by_schedule.identity == by_model.identity and by_schedule.run_dir == by_model.run_dir
+    both = plan_of(tmp_path, *QUIET, "method=swa", "method.lr=0.03", "model.arch.depth=8", "schedule.lr=0.07")
+    assert both.run_dir.parent.name == "arch.depth-8+model.lr-0.07+swa.lr-0.03"  # sorted by the key shown
 
 
 def test_a_recipe_key_the_method_does_not_read_is_refused_naming_it_and_the_keys_it_has():
@@ -681,7 +683,7 @@ def finished_run(plan) -> Path:
 
 
 def laplace_from(out: Path, source: Path | str, seed: int):
-    return plan_of(out, *QUIET, "method=laplace", f"model.init_from={source}", f"seed={seed}")
+    return plan_of(out, *QUIET, "method=laplace", f"model.init_from={source}", f"seed={seed}", "dataset.val_size=20")
 
 
 def test_the_seeds_of_a_laplace_config_each_started_from_its_own_seeds_run_share_one_group(tmp_path):
@@ -694,9 +696,9 @@ def test_the_seeds_of_a_laplace_config_each_started_from_its_own_seeds_run_share
     assert len({group_hash(run.identity) for run in runs}) == 1
     assert {run.run_dir.parent for run in runs} == {runs[0].run_dir.parent}  # one directory of seeds
     assert runs[0].run_dir.relative_to(tmp_path / "out").as_posix() == (
-        f"digits/preresnet20/laplace/model.init_from-run-{sgd_group}/seed0")
+        f"digits/preresnet20/laplace/dataset.val_size-20+model.init_from-run-{sgd_group}/seed0")
     assert SAFE_NAME.match(runs[0].run_dir.as_posix())
-    assert label_of(runs[0].settings) == f"model.init_from=run-{sgd_group}"  # the report's row label
+    assert label_of(runs[0].settings) == f"dataset.val_size=20, model.init_from=run-{sgd_group}"  # its row label
     other = finished_run(plan_of(tmp_path / "src", *SGD_SOURCE, "trainer.epochs=4", "seed=1"))
     assert group_hash(laplace_from(tmp_path / "out", other, 1).identity) != group_hash(runs[0].identity)
 
@@ -831,6 +833,7 @@ def test_a_run_named_with_save_members_by_identity_version_4_is_renamed_by_the_u
         old.mkdir(parents=True)
         (old / "identity.json").write_text(json.dumps(version_4_record(today)))
         (old / "metrics.json").write_text(json.dumps({"fge": {"acc": 50.0, "members": 2}}))
+        (old / "config.yaml").write_text(OmegaConf.to_yaml(today.cfg, resolve=True))  # as every run holds one
         with pytest.raises(ConfigError, match="python -m swalab.upgrade"):
             plan_of(out, *args)
         upgraded(out)
@@ -850,7 +853,11 @@ def test_runs_of_identity_version_5_are_upgraded_in_place_or_renamed_then_skippe
 
     out = tmp_path / "out"
     for args, then_apart, then_name in ((["schedule.lr=0.07"], {"schedule.lr": 0.07}, "schedule.lr-0.07"),
-                                        (["model.swa.lr=0.03"], {"model.swa.lr": 0.03}, "swa.lr-0.03")):
+                                        (["model.swa.lr=0.03"], {"model.swa.lr": 0.03}, "swa.lr-0.03"),
+                                        # sorted by the key counted: model.swa.lr, then schedule.lr (shown model.lr)
+                                        (["model.swa.lr=0.04", "model.lr=0.07"], {"model.swa.lr": 0.04,
+                                                                                   "model.lr": 0.07},
+                                         "swa.lr-0.04+model.lr-0.07")):
         today = plan_of(out, *QUIET, "method=swa", *args)
         then = as_recipe_blocks(today.identity, today.cfg)
         assert then != today.identity and "model.swa.lr" in then
@@ -859,17 +866,19 @@ def test_runs_of_identity_version_5_are_upgraded_in_place_or_renamed_then_skippe
         (old / "identity.json").write_text(json.dumps({"version": 5, "hash": "x", "group": group_hash(then),
                                                        "identity": then, "apart": then_apart}))
         (old / "metrics.json").write_text(json.dumps({"swa": {"acc": 50.0}}))
+        (old / "config.yaml").write_text(OmegaConf.to_yaml(today.cfg, resolve=True))
         if old == today.run_dir:  # today's name: today's run as it is, before any upgrade
             assert plan_of(out, *QUIET, "method=swa", *args).skips
         else:
-            with pytest.raises(ConfigError, match=f"{then_name}/seed0, named by an earlier swalab.*python -m swalab.upgrade"):
+            with pytest.raises(ConfigError, match=re.escape(f"{then_name}/seed0, named by an earlier swalab") + ".*python -m swalab.upgrade"):
                 plan_of(out, *QUIET, "method=swa", *args)
         upgraded(out)
         done = plan_of(out, *QUIET, "method=swa", *args)
         assert done.run_dir == today.run_dir and done.skips
         record = json.loads((done.run_dir / "identity.json").read_text())
         assert record["version"] == IDENTITY_VERSION and record["identity"] == today.identity
-    assert sorted(p.name for p in (out / "digits/preresnet20/swa").iterdir()) == ["model.lr-0.07", "swa.lr-0.03"]
+    assert sorted(p.name for p in (out / "digits/preresnet20/swa").iterdir()) == [
+        "model.lr-0.07", "model.lr-0.07+swa.lr-0.04", "swa.lr-0.03"]
 
 
 def test_a_finished_run_that_kept_no_members_is_skipped_saying_so(tmp_path, caplog):

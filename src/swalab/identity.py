@@ -304,15 +304,25 @@ def settings_apart(identity: Mapping[str, Any], default: Mapping[str, Any], sour
     ``sources`` names, for a key read through an interpolation in the default config (``method.lr: ${model.swa.lr}``),
     the key it reads (``model.swa.lr``), which is the one shown whichever of the two a user typed; ``choices`` are the group choices
     that differ from the primary config's (``schedule: cosine``), shown first as ``schedule``. The data set's
-    fingerprint and the seed are not settings. Returns ``{key: value}`` in that order, sorted within each part.
+    fingerprint and the seed are not settings. Returns ``{key: value}`` in that order, sorted within each part by the
+    key shown (:func:`in_order`).
     """
     out: dict[str, Any] = {str(g): v for g, v in sorted(choices.items())}
+    settings: dict[str, Any] = {}
     for key in sorted(set(identity) | set(default)):
         if key == "seed" or key.startswith("data."):
             continue
         if identity.get(key, "<absent>") != default.get(key, "<absent>"):
-            out.setdefault(sources.get(key, key), identity.get(key, "<absent>"))
-    return out
+            settings.setdefault(sources.get(key, key), identity.get(key, "<absent>"))
+    return {**out, **in_order(settings)}
+
+
+def in_order(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A settings-apart record's group choices (keys without a dot: ``schedule``) first as they stand, then its
+    settings sorted by the key shown, so that a name never depends on the key a setting is counted under
+    (``method.lr`` shown as ``model.swa.lr`` sorts as ``model.swa.lr``)."""
+    return {**{k: v for k, v in settings.items() if "." not in k},
+            **dict(sorted((k, v) for k, v in settings.items() if "." in k))}
 
 
 def label_of(apart: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:

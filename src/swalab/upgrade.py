@@ -43,8 +43,8 @@ from swalab.checkpoint import PredictionFiles, checkpoint_paths, read_torch_file
 from swalab.cli import run_command
 from swalab.compat import RETIRED_KEYS, upgraded_config
 from swalab.evaluate import log_of
-from swalab.identity import (IDENTITY_VERSION, counted, group_hash, is_weights_key, record, run_name, today,
-                             untrained_view)
+from swalab.identity import (IDENTITY_VERSION, counted, group_hash, in_order, is_weights_key, record, run_name,
+                             today, untrained_view)
 from swalab.methods.fge import member_file
 from swalab.methods.swa import val_file
 from swalab.rundir import RunDir, read_json
@@ -126,15 +126,16 @@ def plan_identity(up: Upgrade) -> None:
 
 def todays_apart(old: dict, identity: dict) -> dict | None:
     """What set the run apart (``apart`` of its ``identity.json``) in today's terms: without what only says what a
-    run keeps (``swalab.identity.counted``) and a weights file's path or a run directory's as today's identity holds
-    it (its content, its source run)."""
+    run keeps (``swalab.identity.counted``), a weights file's path or a run directory's as today's identity holds
+    it (its content, its source run), each setting by the key it reads (:func:`read_through`), in today's order
+    (``swalab.identity.in_order``: version 5 sorted a setting by the key it was counted under)."""
     apart = old.get("apart")
     if not isinstance(apart, dict):
         return None
     then = old["identity"]
     values = {then[k]: identity[k] for k in then if is_weights_key(k) and k in identity and then[k] != identity[k]}
     typed = read_through()
-    return {typed.get(k, k): values.get(v, v) if isinstance(v, str) else v for k, v in counted(apart).items()}
+    return in_order({typed.get(k, k): values.get(v, v) if isinstance(v, str) else v for k, v in counted(apart).items()})
 
 
 @lru_cache(maxsize=1)
@@ -285,15 +286,16 @@ def torch_writer(obj: Any) -> Callable[[Any], None]:
 
 
 def check_readable(up: Upgrade) -> None:
-    """Name the run's records that cannot be read (cut short, not JSON or YAML, missing), which the steps below skip:
+    """Name the run's records that cannot be read (cut short, not JSON or YAML), which the steps below skip:
     such a run is not in today's format, whatever else it holds, and nothing of it is written over."""
     identity = read_json(up.run / RunDir.IDENTITY)
     if (up.run / RunDir.IDENTITY).exists() and not isinstance((identity or {}).get("identity"), dict):
         up.damaged.append(f"{RunDir.IDENTITY} cannot be read (cut short, or holds no identity): left as it is; "
                           "restore it from a copy of the run")
-    if RunDir(up.run).config() is None:
-        up.damaged.append(f"{RunDir.CONFIG} is missing or holds no config: left as it is; restore it from a copy of "
-                          "the run (the report leaves the run out until then)")
+    # none at all is no damage: a run the Python API made (swalab.trainer.Trainer) has checkpoints and no config
+    if (up.run / RunDir.CONFIG).exists() and RunDir(up.run).config() is None:
+        up.damaged.append(f"{RunDir.CONFIG} cannot be read (cut short, or holds no config): left as it is; restore "
+                          "it from a copy of the run (the report leaves the run out until then)")
 
 
 def plan(run: Path) -> Upgrade:

@@ -419,6 +419,22 @@ def test_a_setting_typed_as_the_methods_key_or_its_recipe_blocks_key_is_one_run_
     assert both.run_dir.parent.name == "arch.depth-8+model.lr-0.07+swa.lr-0.03"  # sorted by the key shown
 
 
+def test_a_methods_own_key_on_the_command_line_is_taken_not_refused_as_an_earlier_versions(tmp_path):
+    """``method.phase``, ``method.cycle_epochs`` were SWA's keys of identity version 1 (moved to ``model.swa`` then) and
+    are its keys again: taken as typed, named by the recipe key they stand for, and a config of today comes back from
+    the reader of earlier configs as it is (its own ``method.phase`` kept, not the recipe block's)."""
+    from swalab.compat import moved_keys, upgraded_config
+
+    args = ["method=swa", "method.phase=cyclic", "method.lr_min=0.001", "method.cycle_epochs=2"]
+    assert moved_keys(args) == []
+    plan = plan_of(tmp_path, *QUIET, *args)
+    assert (plan.identity["method.phase"], plan.cfg.model.swa.phase) == ("cyclic", "constant")
+    assert plan.run_dir.parent.name == "swa.cycle_epochs-2+swa.lr_min-0.001+swa.phase-cyclic"
+    resolved = OmegaConf.to_container(plan.cfg, resolve=True)
+    assert upgraded_config(resolved) == resolved
+    assert moved_keys(["method.swa_lr=0.05"]) == ["method.swa_lr is now model.swa.lr: write model.swa.lr=0.05"]
+
+
 def test_a_recipe_key_the_method_does_not_read_is_refused_naming_it_and_the_keys_it_has():
     """A key an experiment's yaml adds to ``model.swa`` (a misspelt ``strat``) is read by no setting of SWA's; the
     command line's ``+model.swa.strat=`` is refused before (``config.check_overrides``)."""

@@ -85,8 +85,9 @@ def upgraded(identity: Mapping[str, Any], content: Callable[[Any], Any] | None =
 
 
 
-# Keys of earlier versions and where they live now: how and where a run runs moved to the run group, SWA's and
-# FGE's settings to the model's recipe blocks (under the names their methods take), init_from to the model.
+# Keys of earlier versions and where they live now: how and where a run runs moved to the run group, SWA's prefixed
+# settings to the model's recipe block (read by method.start, method.lr ... today), init_from to the model. SWA's and
+# FGE's unprefixed settings (method.phase, method.lr_max) are today's keys again (identity version 6) and move nowhere.
 MOVED_KEYS = {
     **{f"trainer.{k}": f"run.{k}" for k in ("device", "progress", "eval_batch_size", "compile", "channels_last",
                                            "eval_every", "deterministic")},
@@ -97,11 +98,6 @@ MOVED_KEYS = {
     "trainer.amp": "trainer.precision",  # its values respelled: RESPELLED
     "method.swa_start": "model.swa.start", "method.swa_start_epoch": "model.swa.start_epoch",
     "method.swa_lr": "model.swa.lr", "method.swa_lr_min": "model.swa.lr_min",
-    **{f"method.{k}": f"model.swa.{k} (SWA) or model.fge.{k} (FGE)" for k in ("cycle_epochs", "pre_schedule",
-                                                                            "bn_update")},
-    **{f"method.{k}": f"model.swa.{k}" for k in ("phase", "capture_every", "anneal_epochs", "anneal_strategy",
-                                                 "score_every", "score_at_budgets")},
-    **{f"method.{k}": f"model.fge.{k}" for k in ("lr_max", "pretrain", "pretrain_epochs", "save_members")},
 }
 
 
@@ -131,9 +127,7 @@ def upgraded_config(config: dict) -> dict:
         if value is not _MISSING:
             put(new, values.get(value, value))
     for old, new in MOVED_KEYS.items():
-        if " or " in new:  # a setting both SWA and FGE had: it moves into the run's own method's block
-            new = f"model.{method}.{old.split('.', 1)[1]}" if method in ("swa", "fge") else None
-        elif new.startswith("model.swa.") and method != "swa" or new.startswith("model.fge.") and method != "fge":
+        if new.startswith("model.swa.") and method != "swa":
             new = None
         value = pop(old)
         if value is not _MISSING and new is not None:
@@ -144,6 +138,10 @@ def upgraded_config(config: dict) -> dict:
     if isinstance(settings, dict) and isinstance(out.get("method"), dict):  # versions 2 to 5: the method reads them
         for key, value in settings.items():
             out["method"].setdefault(key, value)
+    if block and not isinstance((config.get("model") or {}).get(block), dict) and isinstance(out.get("method"), dict):
+        for key, value in out["method"].items():  # version 1 had no recipe block: the method's settings make it
+            if key not in ("_target_", "name", "budget"):
+                put(f"model.{block}.{key}", value)
     if "trainer" in out:  # a run's config: the keys added since it was written, at the values that did what it did
         for key, value in ADDED_AT.items():
             put(key, value)
@@ -167,6 +165,5 @@ def moved_keys(args: Sequence[str]) -> list[str]:
             spelled = {str(k).lower(): v for k, v in values.items()}.get(arg.split("=", 1)[1].lower(), "<value>")
             lines.append(f"{key} is now {new}: write {new}={spelled}")
         elif "=" in arg and key in MOVED_KEYS:
-            lines.append(f"{key} is now {MOVED_KEYS[key]}: write {MOVED_KEYS[key].split(' ')[0]}={arg.split('=', 1)[1]}"
-                         if " or " not in MOVED_KEYS[key] else f"{key} is now {MOVED_KEYS[key]}")
+            lines.append(f"{key} is now {MOVED_KEYS[key]}: write {MOVED_KEYS[key]}={arg.split('=', 1)[1]}")
     return lines

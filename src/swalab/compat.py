@@ -61,7 +61,6 @@ WEIGHTS_PATH_KEYS = ("model.init_from", "model.arch.pretrained_file")
 SHORT_NAMES_SINCE = 3
 
 
-
 def upgraded(identity: Mapping[str, Any], content: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """``identity`` under today's names and spellings (``RENAMED``, ``RESPELLED``, ``RECIPE_BLOCKS``), with the keys
     added since at the values that did what it did (``ADDED_AT``): an identity written by an earlier swalab compares
@@ -132,14 +131,15 @@ def upgraded_config(config: dict) -> dict:
         value = pop(old)
         if value is not _MISSING and new is not None:
             put(new, value)
-    node = out.get("method") or {}
-    block = READS_BLOCK.get(str(node.get("_target_") or node.get("name") or "").rpartition(".")[2].lower())
-    settings = (out.get("model") or {}).get(block) if block else None
-    if isinstance(settings, dict) and isinstance(out.get("method"), dict):  # versions 2 to 5: the method reads them
-        for key, value in settings.items():
-            out["method"].setdefault(key, value)
-    if block and not isinstance((config.get("model") or {}).get(block), dict) and isinstance(out.get("method"), dict):
-        for key, value in out["method"].items():  # version 1 had no recipe block: the method's settings make it
+    node = out.get("method")
+    block = (READS_BLOCK.get(str(node.get("_target_") or node.get("name") or "").rpartition(".")[2].lower())
+             if isinstance(node, dict) else None)
+    recipe = (out.get("model") or {}).get(block) if block else None
+    if isinstance(recipe, dict):  # the method's keys read the block (versions 2 to 5 held them there only; version
+        for key, value in recipe.items():  # 1's prefixed ones moved there above)
+            node.setdefault(key, value)
+    if block and not isinstance((config.get("model") or {}).get(block), dict):  # version 1 had no recipe block: the
+        for key, value in node.items():                                         # method's settings make it
             if key not in ("_target_", "name", "budget"):
                 put(f"model.{block}.{key}", value)
     if "trainer" in out:  # a run's config: the keys added since it was written, at the values that did what it did

@@ -61,7 +61,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from swalab.compat import RETIRED_KEYS, SHORT_NAMES_SINCE, upgraded, upgraded_config
+from swalab.compat import RECIPE_BLOCKS, RETIRED_KEYS, SHORT_NAMES_SINCE, upgraded, upgraded_config
 from swalab.data.fingerprint import weights_fingerprint
 from swalab.rundir import RunDir
 
@@ -74,7 +74,7 @@ RUN_GROUPS = ("run", "logger", "paths", "hydra")
 LOCATION = ("dataset.root",)
 # The model's blocks of per-model method settings (conf/recipe/paper.yaml): the method's yaml reads each of its keys
 # (conf/method/swa.yaml: ``lr: ${model.swa.lr}``), so they count where the method holds them, for that method only.
-METHOD_RECIPES = ("model.swa", "model.fge")
+METHOD_RECIPES = RECIPE_BLOCKS  # model.swa, model.fge: defined where earlier identities are read, which sits below
 # Values the run reads only through other keys of its identity, which hold them resolved: the loader's copies of
 # the data set's keys (dataset.source), the model's recipe values the schedule (model.lr), the trainer
 # (model.weight_decay, model.budget_epochs) and the network (model.pretrained, model.pretrained_file) read, and the
@@ -123,6 +123,14 @@ MAX_REST = 100  # characters of <rest> before the group hash replaces the tail
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def flat(node: Mapping[str, Any]) -> dict[str, Any]:
+    """``{dotted key: leaf}`` of a nested mapping, as an identity holds a config (a list is a leaf, an empty block
+    ``{}``)."""
+    out: dict[str, Any] = {}
+    _flatten(node, "", out)
+    return out
 
 
 def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:

@@ -43,8 +43,8 @@ from swalab.checkpoint import PredictionFiles, checkpoint_paths, read_torch_file
 from swalab.cli import run_command
 from swalab.compat import RETIRED_KEYS, upgraded_config
 from swalab.evaluate import log_of
-from swalab.identity import (IDENTITY_VERSION, counted, group_hash, in_order, is_weights_key, record, run_name,
-                             today, untrained_view)
+from swalab.identity import (IDENTITY_VERSION, counted, flat, group_hash, in_order, is_weights_key, record,
+                             run_name, today, untrained_view)
 from swalab.methods.fge import member_file
 from swalab.methods.swa import val_file
 from swalab.rundir import RunDir, read_json
@@ -151,18 +151,7 @@ def read_through() -> dict[str, str]:
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config")
-    keys: list[str] = []
-
-    def walk(node, prefix: str) -> None:
-        for key in node:
-            dotted = f"{prefix}{key}"
-            child = node._get_node(key)
-            if OmegaConf.is_dict(child):
-                walk(child, dotted + ".")
-            else:
-                keys.append(dotted)
-
-    walk(cfg, "")
+    keys = flat(OmegaConf.to_container(cfg, resolve=False))
     return {k: v for k, v in interpolation_sources(cfg, keys).items() if not k.startswith("method.")}
 
 

@@ -9,9 +9,10 @@ with the keys that differ.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -20,8 +21,8 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
                            save_at_caveats)
 from swalab.data.fingerprint import changes
-from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, IDENTITY_VERSION, METHOD_RECIPES, TRAINING_GROUPS, differences,
-                             group_hash, identity_of, method_trains, name_items, run_name, settings_apart,
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, IDENTITY_VERSION, METHOD_RECIPES, TRAINING_GROUPS,
+                             differences, group_hash, identity_of, method_trains, name_items, run_name, settings_apart,
                              stored_identity)
 from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
@@ -176,7 +177,7 @@ def validate(cfg: DictConfig):
     which check their own arguments when built and their combination in ``validate``. A refusal names the key the
     user sets (:func:`in_user_keys`), not the key that reads it.
     """
-    try:
+    with named_as_typed(cfg):
         check_recipe_read(cfg)
         check_config(cfg, settings_problems(cfg))
         select_device(str(cfg.run.device))
@@ -190,9 +191,16 @@ def validate(cfg: DictConfig):
         if method.needs_validation_split and not cfg.dataset.get("val_size"):
             raise ConfigError(f"method={method.name} {method.needs_validation_split}, and this run has none: set "
                               "dataset.val_size (e.g. dataset.val_size=5000)")
+    return method
+
+
+@contextmanager
+def named_as_typed(cfg: DictConfig) -> Iterator[None]:
+    """A ``ConfigError`` raised inside re-raised with its keys named as a user sets them (:func:`in_user_keys`)."""
+    try:
+        yield
     except ConfigError as exc:
         raise ConfigError(in_user_keys(cfg, str(exc))) from None
-    return method
 
 
 def check_recipe_read(cfg: DictConfig) -> None:
@@ -206,12 +214,12 @@ def check_recipe_read(cfg: DictConfig) -> None:
             raise ConfigError(f"method={cfg.method.get('name')} reads {source}, which model={cfg.model.get('name')} "
                               "lacks: start the model's yaml from the base recipe (defaults: [/recipe/paper@_here_], "
                               f"conf/recipe/paper.yaml), or give {source}=...")
-    read = sources.values()
-    for block in (b for b in METHOD_RECIPES if any(k.startswith(b + ".") for k in read)):
-        stray = [k for k in OmegaConf.select(cfg, block) or {} if k not in cfg.method]
+    for block in (b for b in METHOD_RECIPES if any(k.startswith(b + ".") for k in sources.values())):
+        keys = OmegaConf.select(cfg, block) or {}
+        stray = [k for k in keys if k not in cfg.method]
         if stray:
             raise ConfigError(f"{block}.{stray[0]} is read by no setting of method={cfg.method.get('name')}, so it "
-                              f"would change nothing: {block} has {', '.join(k for k in cfg.method if k in OmegaConf.select(cfg, block))}")
+                              f"would change nothing: {block} has {', '.join(k for k in cfg.method if k in keys)}")
 
 
 KEY_IN_MESSAGE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)+)")
@@ -321,11 +329,9 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     device = select_device(str(cfg.run.device))
     identity, resolved, data_record = identity_for(cfg)
     settings = apart_from_defaults(cfg, identity, choices)
-    try:  # a refusal names what differs by the keys a user sets (model.swa.lr, not method.lr: in_user_keys)
+    with named_as_typed(cfg):  # a refusal names what differs by the keys a user sets (model.swa.lr, not method.lr)
         run_dir = fits(cfg, Path(run_dir)) if run_dir is not None else locate(cfg, identity, settings, choices)
         finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)
-    except ConfigError as exc:
-        raise ConfigError(in_user_keys(cfg, str(exc))) from None
     apart = tuple(name_items(settings)[0])
     for line in method.unkept(run_dir, finished) if finished is not None else ():
         get_logger().warning(f"[swalab] {run_dir}: {line}")

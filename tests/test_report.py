@@ -501,9 +501,10 @@ def test_runs_that_differ_only_in_what_they_measure_never_share_a_row_name(tmp_p
     assert "cifar10 / preresnet20 · model.swa.start=0.5" in names
 
 
-def test_a_row_of_a_methods_own_settings_is_paired_with_the_sgd_of_the_row_it_shares_everything_else_with(tmp_path):
-    """The row tool's SWA branch runs with model.swa.pre_schedule=base, so it sits in a row of its own; its paired
-    differences are to the SGD runs of the default row (same seeds), never to another method of that row."""
+def test_a_method_run_only_with_its_own_settings_stands_in_the_row_with_them_named(tmp_path):
+    """The row tool's SWA branch runs with model.swa.pre_schedule=base. With no other SWA beside it, it stands in the
+    row of the SGD and FGE runs it was made with (one paper row), the row naming its setting, and is paired with
+    that row's SGD runs (same seeds)."""
     root = tmp_path / "g"
     swa = {"_target_": "swalab.methods.SWA"}
     for seed, (sgd, fge, swa_acc) in enumerate([(90.0, 95.0, 91.0), (92.0, 97.0, 93.5)]):
@@ -514,8 +515,26 @@ def test_a_row_of_a_methods_own_settings_is_paired_with_the_sgd_of_the_row_it_sh
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
     assert lines[0] == "| row | FGE 1B (4 ep) − SGD | SWA 1B (4 ep) − SGD |"
-    assert lines[2] == "| cifar10 / preresnet20 | +5.00 ± 0.00 (+5.00, +5.00) | not run |"
-    assert lines[3] == "| cifar10 / preresnet20 · model.swa.pre_schedule=base | not run | +1.25 ± 0.35 (+1.00, +1.50) |"
+    assert lines[2:] == ["| cifar10 / preresnet20 · SWA: model.swa.pre_schedule=base | +5.00 ± 0.00 (+5.00, +5.00) "
+                         "| +1.25 ± 0.35 (+1.00, +1.50) |"]
+
+
+def test_a_second_config_of_a_method_is_a_row_paired_with_the_sgd_of_the_row_it_shares_everything_else_with(tmp_path):
+    """Beside the default SWA, a SWA of model.swa.pre_schedule=base is a second config of one method: it sits in a
+    row of its own, its paired differences to the SGD runs of the default row (same seeds), never to another method
+    of that row."""
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA"}
+    for seed, (sgd, swa_acc, base_acc) in enumerate([(90.0, 95.0, 91.0), (92.0, 97.0, 93.5)]):
+        with_apart(make_run(root, "sgd", seed, {"sgd": m(sgd)}), {})
+        with_apart(make_run(root, "swa", seed, {"swa": m(swa_acc)}, extra={"method": swa}), {})
+        with_apart(make_run(root, "swa", seed, {"swa": m(base_acc)}, name="base",
+                            extra={"method": {**swa, "pre_schedule": "base"}}), {"model.swa.pre_schedule": "base"})
+    report([root], tmp_path / "out")
+    lines = table_lines(tmp_path / "out", "Paired differences against SGD (accuracy points, per seed)", paragraph=1)
+    assert lines[0] == "| row | SWA 1B (4 ep) − SGD |"
+    assert lines[2:] == ["| cifar10 / preresnet20 | +5.00 ± 0.00 (+5.00, +5.00) |",
+                         "| cifar10 / preresnet20 · model.swa.pre_schedule=base | +1.25 ± 0.35 (+1.00, +1.50) |"]
 
 
 @pytest.mark.parametrize("group", ["model.swa", "method"])
@@ -645,7 +664,7 @@ def test_reliability_panel_titles_never_run_into_each_other(tmp_path, monkeypatc
 
     root = tmp_path / "g"
     with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
-    for name, lr in (("a", 0.005), ("b", 0.05)):
+    for name, lr in (("a", 0.005), ("b", 0.05), ("c", 0.5)):  # the first stands in SGD's row, named in its title
         with_apart(make_run(root, "swa", 0, {"swa": m(91.0)}, budget=1.5, name=name,
                             extra={"method": {"swa_lr": lr}}), {"model.swa.lr": lr, "model.swa.start_epoch": 5})
     figure = drawn(monkeypatch, plot_reliability, root, tmp_path)
@@ -761,13 +780,15 @@ def test_a_column_without_an_sgd_twin_leaves_the_pairs_of_the_columns_after_it()
 
 
 def test_a_row_of_swa_branched_off_the_sgd_trunk_draws_its_paired_sgd_named_by_its_settings(tmp_path, monkeypatch):
-    """The row tool's SWA (model.swa.pre_schedule=base) has a row of its own without an SGD run: its test-error panel
-    still shows the SGD run its differences are taken against, labelled with whose settings it has."""
+    """The row tool's SWA (model.swa.pre_schedule=base) beside a SWA of the defaults has a row of its own without an
+    SGD run: its test-error panel still shows the SGD run its differences are taken against, labelled with whose
+    settings it has."""
     from swalab.results.plots import plot_test_error
 
     root = tmp_path / "g"
     for seed in (0, 1):
         make_run(root, "sgd", seed, {"sgd": m(90.0)})
+        make_run(root, "swa", seed, {"swa": m(91.5)}, budget=1.5)
         with_apart(make_run(root, "swa", seed, {"swa": m(91.0)}, budget=1.5, name="base",
                             extra={"model": {"swa": {"pre_schedule": "base"}}}), {"model.swa.pre_schedule": "base"})
     figure = drawn(monkeypatch, plot_test_error, root, tmp_path)

@@ -4,6 +4,7 @@ mutation testing of the module (docs/mutation.md): each fails on an edit of the 
 
 from __future__ import annotations
 
+import csv
 import os
 
 import pytest
@@ -110,6 +111,33 @@ def test_a_method_that_trains_nothing_is_labelled_by_its_name_alone_in_every_tab
     assert "0B" not in text and "(0 ep)" not in text
 
 
+def test_laplace_around_the_sgd_runs_of_a_row_stands_in_their_row_paired_seed_by_seed(tmp_path):
+    """A Laplace run names its source by its group (``model.init_from=run-<group hash>``): it sits in its SGD runs'
+    row as ``LAPLACE of SGD 1B (4 ep)``, each seed paired with the SGD run it was fitted around."""
+    from swalab.identity import group_hash
+
+    root = tmp_path / "g"
+    sgd = [make_run(root, "sgd", seed, {"sgd": m(acc)}) for seed, acc in ((0, 80.0), (1, 82.0))]
+    source = f"run-{group_hash(Run(sgd[0]).identity)}"
+    for seed, acc in ((0, 80.5), (1, 82.25)):
+        make_run(root, "laplace", seed, {"map": m(acc - 0.5, budget=0.0, epoch=0), "laplace": m(acc, budget=0.0, epoch=0)},
+                 budget=0, extra={"method": {"_target_": "swalab.methods.LaplaceMethod"}, "model": {"init_from": source}})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[:3] == ["| row | SGD 1B (4 ep) | LAPLACE of SGD 1B (4 ep) |", "|---|---|---|",
+                                                 "| cifar10 / preresnet20 | 81.00 ± 1.41 (n=2) | 81.38 ± 1.24 (n=2) |"]
+    assert table_lines(tmp_path / "out", PAIRED, paragraph=1)[2:] == [
+        "| cifar10 / preresnet20 | +0.38 ± 0.18 (+0.50, +0.25) |"]
+
+
+def test_laplace_around_a_run_not_in_the_table_keeps_a_row_of_its_own(tmp_path):
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(80.0)})
+    make_run(root, "laplace", 0, {"laplace": m(80.5, budget=0.0, epoch=0)}, budget=0,
+             extra={"method": {"_target_": "swalab.methods.LaplaceMethod"}, "model": {"init_from": "run-0123456789ab"}})
+    assert sorted(c.label for row in table_of(root).rows for c in row.cells) == ["LAPLACE", "SGD 1B (4 ep)"]
+    assert len(table_of(root).rows) == 2
+
+
 def test_a_setting_every_method_of_a_row_shares_labels_the_row_and_keeps_sgd_and_swa_together(tmp_path):
     root = tmp_path / "g"
     with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}, extra={"dataset": {"train_size": 1000}}),
@@ -201,24 +229,46 @@ def test_of_unrecorded_variants_the_one_with_most_seeds_leads_and_a_seed_never_l
     assert other.label == "method.lr=0.01"  # no record of the key typed: the identity's key
 
 
-def test_a_row_whose_every_run_has_settings_of_its_own_is_shown_only_by_its_labelled_row(tmp_path):
+def test_a_row_whose_every_run_has_settings_of_its_own_is_named_with_them(tmp_path):
     root = tmp_path / "g"
     with_apart(make_run(root, "swa", 0, {"swa": m(93.0)}, budget=1.5, extra={"method": {"_target_": "swalab.methods.SWA"}}),
                {"model.swa.lr": 0.05})
     report([root], tmp_path / "out")
-    assert row_names(tmp_path / "out") == ["cifar10 / preresnet20 · model.swa.lr=0.05"]
+    assert row_names(tmp_path / "out") == ["cifar10 / preresnet20 · SWA: model.swa.lr=0.05"]
 
 
 def test_the_budget_marks_of_a_labelled_swa_run_share_its_row(tmp_path):
-    """A SWA run of its own lr scored at 1B and 1.5B is one row with two columns, not two rows of one label."""
+    """A SWA run of its own lr scored at 1B and 1.5B, beside the default SWA, is one row with two columns, not two
+    rows of one label."""
     root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA"}
     with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    with_apart(make_run(root, "swa", 0, {"swa": m(92.0)}, budget=1.5, extra={"method": swa}), {})
     with_apart(make_run(root, "swa", 0, {"swa": m(93.0), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5,
-                        extra={"method": {"_target_": "swalab.methods.SWA"}}), {"model.swa.lr": 0.05})
+                        name="lr", extra={"method": {**swa, "lr": 0.05}}), {"model.swa.lr": 0.05})
     report([root], tmp_path / "out")
     assert table_lines(tmp_path / "out")[2:] == [
-        "| cifar10 / preresnet20 | 90.00 (n=1) | not run | not run |",
+        "| cifar10 / preresnet20 | 90.00 (n=1) | not run | 92.00 (n=1) |",
         "| cifar10 / preresnet20 · model.swa.lr=0.05 | not run | 91.00 (n=1) | 93.00 (n=1) |"]
+
+
+def test_a_method_of_settings_of_its_own_shares_the_row_and_its_paper_comparison(tmp_path):
+    """SGD and FGE of the defaults with the row tool's SWA branch (model.swa.pre_schedule=base) are one row: the
+    SWA columns beside SGD's, the row naming SWA's setting, the paper's published row beside it."""
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA", "pre_schedule": "base"}
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}, model="vgg16"), {})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5,
+                        model="vgg16", extra={"method": swa}), {"model.swa.pre_schedule": "base"})
+    report([root], tmp_path / "out", paper=True)
+    lines = table_lines(tmp_path / "out")
+    assert lines[0] == "| row | SGD 1B (4 ep) | SWA 1B (4 ep) | SWA 1.5B (6 ep) |"
+    assert lines[2] == "| cifar10 / vgg16 · SWA: model.swa.pre_schedule=base | 90.00 (n=1) | 91.00 (n=1) | 93.00 (n=1) |"
+    assert lines[3].startswith("| cifar10 / vgg16 (paper) | 93.25 ± 0.16 | 93.59 ± 0.16 |"), lines[3]
+    with (tmp_path / "out" / "table.csv").open() as f:  # the CSV's setting: what each column's runs ran with
+        settings = {(r["column"], r["setting"]) for r in csv.DictReader(f)}
+    assert settings == {("SGD 1B (4 ep)", ""), ("SWA 1B (4 ep)", "model.swa.pre_schedule=base"),
+                        ("SWA 1.5B (6 ep)", "model.swa.pre_schedule=base")}
 
 
 def test_a_cells_seeds_are_in_seed_order_wherever_their_directories_lie(tmp_path):
@@ -274,7 +324,7 @@ def test_an_fge_run_recorded_with_save_members_shares_the_row_of_its_sgd_run(tmp
     import json
 
     from swalab.identity import identity_of
-    
+
     root = tmp_path / "g"
     with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
     fge = make_run(root, "fge", 0, {"fge": m(92.0)}, name="fge.save_members-True",

@@ -29,7 +29,7 @@ def _finish(plt, fig, path: Path) -> None:
 def _titled(fig, axes, rows) -> None:
     """Each panel titled by what sets its row apart from the figure's other rows (never a path), the figure by what
     they all share (``swalab.style.panel_titles``)."""
-    shared, own = style.panel_titles([style.label_items(f"{r.dataset} / {r.model}", r.label) for r in rows])
+    shared, own = style.panel_titles([r.title_items for r in rows])
     for ax, text in zip(axes, own):
         style.title(ax, text)
     style.suptitle(fig, shared)

@@ -178,10 +178,6 @@ def _corruption_panel(ax, columns, metric: str, label: str, legend: bool) -> Non
                   loc="upper left", bbox_to_anchor=(1.03, 1.0))
 
 
-def _row_items(row: Row) -> list[str]:
-    return style.label_items(f"{row.dataset} / {row.model}", row.label)
-
-
 def plot_shift_corruptions(table: Table, path: Path) -> bool:
     """Accuracy and ECE against corruption severity (module doc), two panels per row of ``table`` whose runs were
     scored under corruption, a row of the figure each; False (nothing drawn) when none was."""
@@ -191,9 +187,9 @@ def plot_shift_corruptions(table: Table, path: Path) -> bool:
     plt = style.pyplot()
     fig, axes = style.panels(plt, 2 * len(rows), across=2)
     if len(rows) == 1:  # the row is the figure's title; its panels are titled by what they show
-        shared, own = ", ".join(_row_items(rows[0][0])), [""]
+        shared, own = ", ".join(rows[0][0].title_items), [""]
     else:
-        shared, own = style.panel_titles([_row_items(row) for row, _ in rows])
+        shared, own = style.panel_titles([row.title_items for row, _ in rows])
     for i, ((row, columns), text) in enumerate(zip(rows, own)):
         for k, (ax, (metric, label)) in enumerate(zip(axes[2 * i:2 * i + 2], CORRUPTION_METRICS)):
             _corruption_panel(ax, columns, metric, label, legend=k == 1)
@@ -310,7 +306,7 @@ def plot_ood_roc(table: Table, path: Path, scores=DEFAULT_ROC_SCORES) -> bool:
     lines = max(sum(len(roc_curves(cell, name, read, scores)) for cell in row.cells.values()) for row, name in panels)
     fig, axes = style.panels(plt, len(panels), height=style.PANEL[0] + LEGEND_LINE * (lines + 3),
                              across=min(across, style.ACROSS))  # near square axes, and the legend beneath
-    shared, own = style.panel_titles([[*_row_items(row), ood_set_text(row, name)] for row, name in panels])
+    shared, own = style.panel_titles([[*row.title_items, ood_set_text(row, name)] for row, name in panels])
     for ax, (row, name), text in zip(axes, panels, own):
         _roc_panel(ax, row, name, read, scores)
         style.title(ax, text)

@@ -6,8 +6,10 @@
 * a **row** holds the cells whose identities differ only in the method (``method.*``, the run's
   length, the schedule's horizon): the SGD, FGE, SWA and EMA of one setting. Runs that differ in
   anything else (a training-set size, a batch size, a data set) are separate rows, labelled with the
-  keys that set them apart; two configs of one method in one row (say two SWA learning rates) put
-  the second in a row of its own, labelled with the keys that differ;
+  keys that set them apart. A method run only with settings of its own (the row tool's SWA branch,
+  ``model.swa.pre_schedule=base``) stands in the row, its settings named in the row's notes; two configs of
+  one method in one row (say two SWA learning rates) put the second in a row of its own, labelled with
+  the keys that differ;
 * a **column** is a method at a budget, with the epochs behind it (``SWA 1.25B (188 ep)``). Each
   predictor's ``metrics.json`` entry says the budget and epoch behind it, so a SWA run contributes to
   its own column and, through its ``swa@<b>`` predictors (``model.swa.score_at_budgets``), to the
@@ -19,6 +21,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections import defaultdict
@@ -27,9 +30,10 @@ from typing import Sequence
 
 from swalab.calibration import SUFFIX, base_name
 from swalab.identity import METHOD_RECIPES, differences, group_hash, identity_hash, label_of, method_part
-from swalab.methods import REPORT_ORDER, column_rank
+from swalab.methods import column_rank
 from swalab.results.runs import Run
 from swalab.rundir import RunDir
+from swalab.style import label_items
 
 # The name an average built after training (swalab.posthoc) has among its run's predictors: ``posthoc:<label>``
 POSTHOC_ENTRY = "posthoc:"
@@ -45,7 +49,8 @@ class Column:
     budget: float
     epochs: int
     posthoc: bool = False  # built after training from the run's weights (swalab.posthoc): ``method`` is its label
-    of: str = ""  # a post-hoc predictor's run's method (``lawa2`` of an SGD run and of an EMA run are two columns)
+    of: str = ""  # a post-hoc predictor's run's method (``lawa2`` of an SGD run and of an EMA run are two columns), or
+    #               the method of the run one that trains nothing starts from (Laplace around an SGD run)
     trains: bool = field(default=True, compare=False)  # the method's own (Method.trains): told by its name alone
 
     @property
@@ -68,9 +73,11 @@ class Column:
 
     @property
     def label(self) -> str:
-        """``SWA 1.25B (188 ep)``; ``LAPLACE``, ``PRETRAINED+ts`` for a method that trains nothing (no B, no epochs)."""
+        """``SWA 1.25B (188 ep)``; ``PRETRAINED+ts`` for a method that trains nothing (no B, no epochs), ``LAPLACE of
+        SGD 1B (30 ep)`` for one that trains nothing around a run of the table (``of``: that run's method, at its
+        budget and epochs)."""
         if not self.trains:
-            return self.name
+            return self.name + (f" of {title_of(self.of)} {self.budget:g}B ({self.epochs} ep)" if self.of else "")
         return f"{self.name} {self.budget:g}B ({self.epochs} ep)"
 
     @property
@@ -166,6 +173,7 @@ class Row:
     label: str                               # the keys that set this row apart ("" for the only one)
     cells: dict[Column, Cell]
     shares_with: "Row | None" = None         # the row of the same settings but the method's own (its SGD baseline)
+    own: dict[str, str] = field(default_factory=dict)  # per method of its runs, their own settings ("" the defaults)
 
     def sgd_cells(self) -> dict[Column, Cell]:
         """The SGD columns a column of this row is paired with: its own, else those of the row it shares with."""
@@ -175,8 +183,38 @@ class Row:
         return {c: cell for c, cell in self.shares_with.cells.items() if c.method == "sgd"}
 
     @property
+    def notes(self) -> str:
+        """``SWA, SWAG: model.swa.pre_schedule=base``: the columns of the row whose runs ran with settings of their
+        own (a SWAG run's SWA columns among them), by setting."""
+        by_setting: dict[str, list[str]] = defaultdict(list)
+        for column in sorted(self.cells, key=lambda c: c.order):
+            setting = self.setting_of(column, own_only=True)
+            if setting and title_of(column.base) not in by_setting[setting]:
+                by_setting[setting].append(title_of(column.base))
+        return "; ".join(f"{', '.join(columns)}: {setting}" for setting, columns in by_setting.items())
+
+    def setting_of(self, column: Column, own_only: bool = False) -> str:
+        """What sets the runs of ``column`` apart from the defaults: the row's label (unless ``own_only``) and their
+        method's own settings."""
+        cell = self.cells.get(column)
+        own = self.own.get(cell.entries[0].run.method, "") if cell and cell.entries else ""
+        return own if own_only else "; ".join(p for p in (self.label, own) if p)
+
+    @property
+    def caption(self) -> str:
+        """What sets the row apart and the methods' own settings of its columns: ``dataset.train_size=1000; SWA:
+        model.swa.pre_schedule=base``."""
+        return "; ".join(p for p in (self.label, self.notes) if p)
+
+    @property
     def name(self) -> str:
-        return f"{self.dataset} / {self.model}" + (f" · {self.label}" if self.label else "")
+        return f"{self.dataset} / {self.model}" + (f" · {self.caption}" if self.caption else "")
+
+    @property
+    def title_items(self) -> list[str]:
+        """``["cifar10 / vgg16", "dataset.train_size=1000", "SWA: model.swa.pre_schedule=base"]``: what a figure's
+        panel titles are made of (``swalab.style.panel_titles``)."""
+        return [*label_items(f"{self.dataset} / {self.model}", self.label), *([self.notes] if self.notes else [])]
 
     def runs(self) -> list[Run]:
         return [e.run for cell in self.cells.values() for e in cell.entries]
@@ -267,6 +305,30 @@ def _first_written(entries: Sequence[Entry]) -> float:
     return min(times, default=0.0)
 
 
+def around_sources(cells: dict[tuple[str, str], dict]) -> None:
+    """Put each cell of a method that trains nothing around another run of the table (``method=laplace
+    model.init_from=<SGD run>``: its identity names the source's group, ``run-<group hash>``) in its source's row:
+    the source's context, and a column of the source's method, budget and epochs (``LAPLACE of SGD 1B (30 ep)``), so
+    that it is paired with its source run seed by seed. Every setting the cell records must be the source's (it records
+    no optimizer: it trains nothing). A source picked at an epoch or of another seed (``run-<hash>@<k>``,
+    ``-seed<k>``), or one not in the table, leaves the cell in a row of its own."""
+    sources = {key[0]: cell for key, cell in cells.items() if not cell["stands_in"]}
+    for cell in cells.values():
+        run = cell["entries"][0].run
+        value = cell["context"].get("model.init_from")
+        if getattr(run.method_class, "trains", True) or not isinstance(value, str) or not value.startswith("run-"):
+            continue
+        source = sources.get(value.removeprefix("run-"))
+        if source is None or source["column"].posthoc or any(  # what it records (no optimizer: it trains nothing)
+                source["context"].get(k, v is None) != v for k, v in cell["context"].items() if k != "model.init_from"):
+            continue
+        of = source["column"]
+        column = dataclasses.replace(cell["column"], budget=of.budget, epochs=of.epochs, of=of.base)
+        cell.update(context=source["context"], column=column)
+        for entry in cell["entries"]:
+            entry.column = column
+
+
 def build_table(runs: Sequence[Run]) -> Table:
     """Cells by identity minus seed (each seed once), rows by identity minus seed and method (module doc)."""
     duplicates: list[str] = []
@@ -286,6 +348,7 @@ def build_table(runs: Sequence[Run]) -> Table:
              if not c["stands_in"]}
     cells = {k: c for k, c in cells.items()  # a run of the method itself fills its column (Method.stands_in)
              if not (c["stands_in"] and (json.dumps(c["context"], sort_keys=True, default=str), c["column"]) in taken)}
+    around_sources(cells)
     # rows: one per distinct context; within a row one cell per column, further variants in rows of their own
     contexts: dict[str, dict] = {}
     for key, cell in cells.items():
@@ -309,7 +372,9 @@ def build_table(runs: Sequence[Run]) -> Table:
             else:                   # runs of earlier versions: the identity keys that vary between the rows
                 base_label = _label(varying, ctx["context"]) if len(group) > 1 else ""
             main: dict[Column, Cell] = {}
+            noted: dict[str, str] = {}  # per method of the row's runs, its own settings in the row ("" the defaults)
             extra: list[Row] = []
+            columns = []
             for column, keys in ctx["columns"].items():
                 own = {k: own_settings(cells[k]["entries"][0].run) for k in keys}
                 # variants told apart only by what they measure (model.swa.score_every) are named with it
@@ -319,8 +384,15 @@ def build_table(runs: Sequence[Run]) -> Table:
                 # the default config of the method leads; without records, the variant with most seeds, then the first
                 variants = sorted(keys, key=lambda k: (bool(own[k]), -len(cells[k]["entries"]),
                                                        _first_written(cells[k]["entries"]), k))
+                columns.append((column, own, variants))
+            # a method's columns of the default config are the row's first; a method run only with settings of its
+            # own (the row tool's SWA branch, model.swa.pre_schedule=base) stands in the row too, its settings in the
+            # row's notes, as long as each method shows one config in the row: a second one gets a row of its own
+            for column, own, variants in sorted(columns, key=lambda c: (bool(c[1][c[2][0]]), c[0].order)):
                 lead = variants[0]
-                if not own[lead]:
+                method = cells[lead]["entries"][0].run.method
+                setting = label_of(own[lead]) if own[lead] else ""
+                if noted.setdefault(method, setting) == setting:
                     main[column] = Cell(cells[lead]["entries"])
                 else:
                     variants, lead = ["<none>", *variants], None
@@ -334,7 +406,7 @@ def build_table(runs: Sequence[Run]) -> Table:
                         label = _label(keys_apart, other.identity)
                     extra.append(Row(dataset, model, ", ".join(p for p in (base_label, label) if p),
                                      {column: Cell(cells[k]["entries"])}))
-            plain = Row(dataset, model, base_label, main) if main else None
+            plain = Row(dataset, model, base_label, main, own=noted) if main else None
             if plain is not None:  # a row whose every column ran only with other settings is shown by those rows alone
                 rows.append(plain)
             for row in extra:

@@ -88,7 +88,7 @@ def numeric_tables(table: Table, paper: dict | None = None) -> dict[str, tuple[l
             lines.append(line)
             published = paper_row(paper, row.dataset, row.model) if paper and metric == "acc" and not row.label else None
             if published:
-                line = [f"{row.name} (paper)", "paper"]
+                line = [f"{row.dataset} / {row.model} (paper)", "paper"]
                 for column in columns:
                     mean, std = parse_paper(published.get(column.paper)) or (None, None)
                     line += [mean, std, None]

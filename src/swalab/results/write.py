@@ -237,7 +237,7 @@ def metric_markdown(table: Table, paper: dict | None, level: str = "##") -> tupl
             lines.append([row.name, *(cell_text(row, c, metric, digits) for c in columns)])
             published = paper_row(paper, row.dataset, row.model) if paper and metric == "acc" and not row.label else None
             if published is not None:
-                lines.append([f"{row.name} (paper)", *(published.get(c.paper, "–") for c in columns)])
+                lines.append([f"{row.dataset} / {row.model} (paper)", *(published.get(c.paper, "–") for c in columns)])
                 shown_paper = True
         out += [f"{level} {title}", "", *_markdown_table(header, lines), ""]
     out += at_bound_note(table)
@@ -287,7 +287,8 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
     out += wall_time_markdown(costs)
     out.append("Mean ± sample std over seeds; n = number of seeds (finished runs, each config and seed once). "
                "Columns: method, budget B, and the epochs trained. \"not run\": no finished run of that column in "
-               "that row (a run of other settings has a row of its own).")
+               "that row. A method run only with settings of its own stands in its row, the row's name saying which "
+               "(\"SWA: model.swa.pre_schedule=base\"); a second config of one method has a row of its own.")
     if shown_paper:
         out.append(f"Paper rows: {paper.get('source', 'Izmailov et al. 2018')}.")
     elif paper:
@@ -338,7 +339,8 @@ def write_csv(table: Table, path: Path, ensembles: Sequence = ()) -> None:
                     if not values:
                         continue
                     mean, std = mean_std(values)
-                    writer.writerow([row.name, row.dataset, row.model, row.label, column.label, column.method,
+                    writer.writerow([row.name, row.dataset, row.model, row.setting_of(column), column.label,
+                                     column.method,
                                      f"{column.budget:g}", column.epochs, metric, f"{mean:.6f}",
                                      "" if std is None else f"{std:.6f}", len(values),
                                      " ".join(f"{v:.6f}" for v in values), " ".join(map(str, cell.seeds)),
@@ -348,7 +350,8 @@ def write_csv(table: Table, path: Path, ensembles: Sequence = ()) -> None:
                 continue
             cell = e.row.cells[e.column]
             for metric in (m.name for m in reported_metrics()):
-                writer.writerow([e.row.name, e.row.dataset, e.row.model, e.row.label, e.label, e.column.method,
+                writer.writerow([e.row.name, e.row.dataset, e.row.model, e.row.setting_of(e.column), e.label,
+                                 e.column.method,
                                  f"{e.column.budget:g}", e.column.epochs, metric, f"{e.metrics[metric]:.6f}", "",
                                  len(e.seeds), f"{e.metrics[metric]:.6f}", " ".join(map(str, e.seeds)),
                                  cell.entries[0].cell[0], "seeds"])

@@ -436,3 +436,33 @@ def test_a_second_posthoc_call_draws_the_averages_of_the_first_beside_its_own(co
     main([str(copied_run), "--ema", "0.5"])
     assert drawn["labels"] == ["ema0.5", "lawa2", "lawa3"]
     assert drawn["knobs"]["lawa2"] == 2.0 and drawn["knobs"]["lawa3"] == 3.0 and drawn["knobs"]["ema0.5"] == 0.5
+
+
+def test_a_second_posthoc_on_a_run_another_process_averages_is_refused_in_one_line_naming_it(copied_run, capsys):
+    import fcntl
+    import os
+
+    from swalab.cli import run_command
+    from swalab.runlock import LOCK_FILE
+
+    (copied_run / "posthoc").mkdir(exist_ok=True)
+    fd = os.open(copied_run / "posthoc" / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    os.pwrite(fd, json.dumps({"pid": 4242, "host": "elsewhere", "started": 0}).encode(), 0)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: this process's own flock is refused too
+    try:
+        with pytest.raises(SystemExit) as exited:
+            run_command(main, [str(copied_run), "--lawa", "2"], prog="swalab.posthoc")
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "posthoc is being averaged by another process (PID 4242 on host elsewhere" in err[0], err
+    assert not (copied_run / "posthoc" / "lawa2").exists()
+
+
+def test_posthoc_given_a_directory_that_is_no_run_makes_nothing_there(swa_run, tmp_path):
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(FileNotFoundError, match="is not a swalab run directory"):
+        main([str(swa_run), str(tmp_path / "notes"), "--lawa", "2"])
+    assert list((tmp_path / "notes").iterdir()) == []

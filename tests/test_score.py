@@ -213,7 +213,42 @@ def test_the_report_shows_a_runs_scores_on_other_data_and_its_ood_detection(swa_
     assert "## Out-of-distribution detection" in table and "| swa/seed0 | ood-noise-gaussian | swa | msp |" in table
 
 
-# -- a score record is whole or absent; one score of a run at a time; a path that is no run --------------------------
+# -- a set scored before is kept; a score record is whole or absent; one score of a run at a time ----------------------
+
+def test_a_set_scored_before_from_the_same_weights_and_images_is_kept_and_again_scores_it_anew(swa_run, capsys):
+    sets = [str(swa_run), "--data", "cifar10c:snow:3", "--ood", "noise:uniform", "--device", "cpu"]
+    first = main(sets)[str(swa_run)]
+    records = [swa_run / "scores" / name / "metrics.json" for name in ("cifar10c-snow-3", "ood-noise-uniform")]
+    written = [path.stat().st_mtime_ns for path in records]
+    capsys.readouterr()
+    second = main(sets)[str(swa_run)]
+    out = capsys.readouterr().out
+    assert "on cifar10c-snow-3: kept, scored before from the same weights and images" in out
+    assert "against ood-noise-uniform: kept" in out
+    assert [path.stat().st_mtime_ns for path in records] == written  # nothing written again
+    assert second["records"] == first["records"] and second["ood"] == first["ood"]
+    main([*sets, "--again"])
+    assert "kept" not in capsys.readouterr().out
+    assert all(path.stat().st_mtime_ns != was for path, was in zip(records, written))
+
+
+def test_a_set_is_scored_anew_once_the_runs_weights_change(swa_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(swa_run, run)
+    sets = [str(run), "--data", "cifar10c:frost:2", "--device", "cpu"]
+    before = main(sets)[str(run)]["records"][0]["predictors"]["swa"]["nll"]
+    state = torch.load(run / "final.pt", weights_only=False)
+    weights = state["methods"]["swa"]
+    name = next(k for k, v in weights.items() if torch.is_tensor(v) and v.is_floating_point() and v.dim() == 4)
+    weights[name] = weights[name] * 1.5  # as if the run had trained again
+    torch.save(state, run / "final.pt")
+    capsys.readouterr()
+    after = main(sets)[str(run)]["records"][0]["predictors"]["swa"]["nll"]
+    assert "kept" not in capsys.readouterr().out and after != before
+
+
 
 def score_cli(*args: str, fault: str | None = None, wait: bool = True):
     """``python -m swalab.results.score <args> --device cpu`` in a child process, optionally with a planned fault
@@ -259,7 +294,8 @@ def test_a_score_killed_between_a_sets_predictions_and_its_metrics_leaves_that_s
     earlier["predictors"]["swa"]["acc"] = -1.0  # as if the run had other weights then: no longer its predictions'
     (second / "metrics.json").write_text(json.dumps(earlier))
 
-    killed = score_cli(str(swa_run), *sets, fault="record_commit:2")  # kill -9: the second set's predictions written
+    killed = score_cli(str(swa_run), *sets, "--again", fault="record_commit:2")  # kill -9 after the second set's
+    #                                                                              predictions
     assert killed.returncode == -9, killed.stderr
     assert record_matches_its_predictions(first)
     assert not (second / "metrics.json").exists()  # no earlier metrics beside the new predictions: no record at all
@@ -275,7 +311,7 @@ def test_a_score_interrupted_by_ctrl_c_says_so_in_one_line_and_leaves_each_set_w
     assert interrupted.returncode == 130, interrupted.stderr
     assert "Traceback" not in interrupted.stderr
     lines = interrupted.stderr.strip().splitlines()
-    assert len(lines) == 1 and "interrupted" in lines[0] and "the same command scores them again" in lines[0]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "keeps the whole ones and scores the rest" in lines[0]
     assert record_matches_its_predictions(swa_run / "scores" / "cifar10c-pixelate-2")
     assert not (swa_run / "scores" / "cifar10c-pixelate-3" / "metrics.json").exists()
 

@@ -21,14 +21,15 @@ USAGE_EXIT_CODE = 2
 def user_errors() -> tuple[type[BaseException], ...]:
     """The errors that are the user's to fix: paths, permissions, config values, unknown config options, weights that
     cannot be read or do not fit the run's network (``CheckpointError``: what ``model.init_from=`` says of the same
-    file)."""
+    file), a folder another process holds (``RunLocked``: wait for it, or stop it)."""
     from hydra.errors import HydraException
 
     from swalab.checkpoint import CheckpointError
     from swalab.config import ConfigError
+    from swalab.runlock import RunLocked
 
     return (FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError, ConfigError,
-            HydraException, CheckpointError)
+            HydraException, CheckpointError, RunLocked)
 
 
 # Errors of the disk a command writes to: a full disk, a quota, a read-only file system, a name too long for it.

@@ -184,3 +184,38 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def hold_folders(folders, doing: str) -> list[RunLock]:
+    """The lock of each of ``folders`` (a run's ``scores/``, ``posthoc/``) for a command that writes there, all or
+    none: a second command at once on one of them is refused in one line naming the process that holds it
+    (``<folder> is being <doing> by another process (PID ...)``), and one that cannot write there is told to give a
+    writable copy (the command writes inside the run directory, so no output setting helps). On a refusal the locks
+    already taken are released and the folders they made removed again."""
+    locks: list[RunLock] = []
+    try:
+        for folder in folders:
+            try:
+                locks.append(RunLock(folder).acquire())
+            except RunLocked:
+                raise RunLocked(f"{folder} is being {doing} by another process ({describe_holder(folder)}): wait for "
+                                "it to finish, then run this command again") from None
+            except PermissionError as exc:
+                cause = getattr(exc.__cause__, "strerror", None) or "permission denied"
+                raise PermissionError(exc.errno, f"cannot write {folder} ({cause}): this command writes inside the run "
+                                                 "directory; copy the run somewhere writable and give the copy") from None
+    except (OSError, RunLocked):
+        for lock in locks:
+            lock.discard()
+        raise
+    return locks
+
+
+def released(locks: list[RunLock], done: bool) -> None:
+    """Release the locks of :func:`hold_folders` after the command's work; when it did not finish (``done`` False: a
+    refusal, an error, Ctrl-C), a folder the lock made and nothing else was written to is removed again."""
+    for lock in locks:
+        if done:
+            lock.release()
+        else:
+            lock.discard()

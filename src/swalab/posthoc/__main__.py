@@ -11,7 +11,9 @@ from typing import Sequence
 from swalab.cli import output_file, run_command
 from swalab.posthoc import FOLDER, Request, build_and_score, earlier_results, select
 from swalab.posthoc.figure import ONLINE, plot
+from swalab.results.compare import finished_run
 from swalab.results.runs import Run
+from swalab.runlock import hold_folders, released
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,6 +65,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("[swalab.posthoc] nothing asked: give --swa, --lawa, --ema, --powerema, --soup or --wiseft",
               file=sys.stderr)
         return 2
+    for run_dir in args.runs:  # every run checked before its posthoc/ is locked (and made)
+        finished_run(run_dir)
+    locks = hold_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "averaged")
+    done = False
+    try:
+        code = build_score_and_draw(args, request, figure)
+        done = True
+        return code
+    finally:
+        released(locks, done)
+
+
+def build_score_and_draw(args: argparse.Namespace, request: Request, figure: Path) -> int:
+    """Build and score the averages asked, choose on validation, draw the figure (:func:`main`'s work, with every
+    run's ``posthoc/`` held)."""
     results = build_and_score(args.runs, request, device=args.device)
     for run_dir in dict.fromkeys(args.runs):
         for line in Run(run_dir).posthoc_notes():  # earlier averages the run's files no longer match

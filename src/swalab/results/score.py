@@ -32,7 +32,10 @@ the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score
 
 Each record is whole or absent (``swalab.rundir.write_record``: its ``metrics.json`` written last, the earlier one
 removed first), and ``<run>/scores/`` is locked while a command scores the run (a second one is refused in one line);
-every run given is checked before any is scored.
+every run given is checked before any is scored. A set whose record an earlier command wrote from the same files of
+the run (fingerprinted: ``final.pt``, ``metrics.json``, members, checkpoints), the same SWAG samples asked and the same
+images is kept, not scored again (``--again`` scores it again): the same command started again after an interruption
+or a time limit goes on where the first stopped, and one run trained again is scored anew.
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ from swalab.results import ood
 from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
 from swalab.results.compare import Scored, finished_run, run_predictions, score_run
 from swalab.results.rebuilt import Rebuilt, rebuild
-from swalab.rundir import RunDir, write_json, write_record
-from swalab.runlock import RunLock, RunLocked, describe_holder
+from swalab.rundir import RunDir, file_fingerprint, read_json, write_json, write_record
+from swalab.runlock import hold_folders, released
 from swalab.train.records import save_predictions
 
 FOLDER = RunDir.SCORES
@@ -158,28 +161,40 @@ def predictions_on(scored: Scored, split: DataSplit, rebuilt: Rebuilt | None = N
     return log_probs, members
 
 
-def score_on(scored: Scored, spec: DataSpec, rebuilt: Rebuilt | None = None) -> dict:
-    """Every re-scorable predictor of one run on ``spec``'s test set, written under ``<run>/scores/<name>/``."""
-    split, made = spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
+def score_on(scored: Scored, spec: DataSpec, rebuilt: Rebuilt | None = None,
+             made: tuple[DataSplit, str] | None = None, inputs: dict | None = None) -> dict:
+    """Every re-scorable predictor of one run on ``spec``'s test set (``made``: that set and its fingerprint, when
+    the caller made it), written under ``<run>/scores/<name>/`` with what it was made from (``inputs``,
+    :func:`scoring_inputs`)."""
+    split, made = made or spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
     log_probs, _ = predictions_on(scored, split, rebuilt)
     labels = split.labels
     metrics = {name: metrics_from_log_probs(p, labels) for name, p in log_probs.items()}
     record = {"data": {"name": spec.name, "spec": spec.spec, "images": len(labels), "fingerprint": made,
                        **({"corruption": spec.corruption, "severity": spec.severity} if spec.corruption else {})},
               "ece_bins": ECE_LEGEND, "predictors": metrics, "not_scored": not_rescorable(scored, list(log_probs), rebuilt),
-              **(rebuilt.record if rebuilt is not None else {})}
+              **(rebuilt.record if rebuilt is not None else {}), **({"inputs": inputs} if inputs is not None else {})}
     evaluation = Evaluation(metrics=metrics, reliability={}, log_probs=log_probs, labels=labels)
     write_record(scored.run.path / FOLDER / spec.name, record,
                  {RunDir.PREDICTIONS: lambda path: save_predictions(evaluation, path)})
     return record
 
 
-def detect_ood(scored: Scored, spec: str, rebuilt: Rebuilt | None = None) -> dict:
+def ood_images(scored: Scored, spec: str) -> DataSplit:
+    """The images of the OOD set ``spec`` for the run (``other-classes``: its data set's classes it left out)."""
+    if spec == ood.OTHER_CLASSES:
+        return scored.run.other_classes_test()
+    return ood.ood_split(spec, scored.run.data().test)
+
+
+def detect_ood(scored: Scored, spec: str, rebuilt: Rebuilt | None = None, outside: DataSplit | None = None,
+               inputs: dict | None = None) -> dict:
     """Each re-scorable predictor's OOD detection (``swalab.results.ood``): the run's test split against ``spec``'s
-    images, written under ``<run>/scores/ood-<name>/metrics.json``, each image's scores (float16) beside it in
-    ``per_image_scores.pt`` (the report draws ROC curves from them)."""
+    images (``outside``, when the caller made them), written under ``<run>/scores/ood-<name>/metrics.json`` with
+    what it was made from (``inputs``), each image's scores (float16) beside it in ``per_image_scores.pt`` (the
+    report draws ROC curves from them)."""
     own = scored.run.data().test
-    outside = scored.run.other_classes_test() if spec == ood.OTHER_CLASSES else ood.ood_split(spec, own)
+    outside = outside if outside is not None else ood_images(scored, spec)
     in_log_probs, in_members = predictions_on(scored, own, rebuilt)
     out_log_probs, out_members = predictions_on(scored, outside, rebuilt)
     per_image = {}
@@ -194,7 +209,7 @@ def detect_ood(scored: Scored, spec: str, rebuilt: Rebuilt | None = None) -> dic
                        "fingerprint": corruptions.fingerprint(outside.images)},
               "positive": "out-of-distribution", "predictors": detected,
               "not_scored": not_rescorable(scored, list(in_log_probs), rebuilt),
-              **(rebuilt.record if rebuilt is not None else {})}
+              **(rebuilt.record if rebuilt is not None else {}), **({"inputs": inputs} if inputs is not None else {})}
     write_record(scored.run.path / FOLDER / ood.spec_name(spec), record,  # the report's ROC curves read the scores
                  {ood.PER_IMAGE_FILE: lambda path: atomic_save(ood.kept_scores(per_image), path)})
     return record
@@ -240,19 +255,6 @@ def summary_table(summary: dict) -> str:
     return "\n".join([*lines, "mean over the corruptions scored; ece: 15 equal-width confidence bins (Guo et al. 2017)"])
 
 
-def scoring_lock(run_dir: str | Path) -> RunLock:
-    """``<run>/scores/``'s lock, held while this command scores the run: the same command started twice on one run
-    would write each set's files twice at once, one process's predictions beside the other's metrics. A second
-    process is refused at once, in one line naming the one that scores the run; the lock goes with its process,
-    however it ends."""
-    folder = Path(run_dir) / FOLDER
-    try:
-        return RunLock(folder).acquire()
-    except RunLocked:
-        raise ScoreError(f"{run_dir} is being scored by another process ({describe_holder(folder)}): wait for it to "
-                         "finish, then run this command again") from None
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m swalab.results.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="finished run directories")
@@ -262,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         help="noise:gaussian | noise:uniform | folder:<dir> | other-classes (those dataset.classes left out): OOD "
                              "detection against the run's test split")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    parser.add_argument("--again", action="store_true",
+                        help="score every set again, even one an earlier command scored from the same weights and images")
     parser.add_argument("--swag-samples", type=int, default=None,
                         help="SWAG runs: samples drawn again (default: the run's method.samples); each costs a BN update "
                              "once and a pass over every test set")
@@ -278,30 +282,63 @@ def main(argv: Sequence[str] | None = None) -> dict:
             raise ScoreError(str(err)) from None
     for run_dir in args.runs:  # every run checked before any is scored
         finished_run(run_dir)
-    locks: list[RunLock] = []
+    locks = hold_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "scored")
+    done = False
     try:
-        for run_dir in args.runs:
-            locks.append(scoring_lock(run_dir))
-    except ScoreError:
-        for lock in locks:
-            lock.discard()
-        raise
-    try:
-        return score_runs(args, specs)
+        results = score_runs(args, specs)
+        done = True
+        return results
     finally:
-        for lock in locks:
-            lock.release()
+        released(locks, done)
+
+
+def scoring_inputs(run_dir: Path, swag_samples: int | None) -> dict:
+    """What a score record is made from besides its images: a fingerprint of each file of the run that scoring reads
+    (``final.pt``; ``metrics.json``, for the temperatures; FGE's members; the checkpoints SWAG's moments come from:
+    ``swalab.rundir.file_fingerprint``, no tensor read) and the SWAG samples asked for. A later command keeps a
+    record of the same inputs and images instead of scoring it again."""
+    run_dir = Path(run_dir)
+    kept = sorted(str(p.relative_to(run_dir)) for folder in (RunDir.MEMBERS, RunDir.CHECKPOINTS)
+                  for p in (run_dir / folder).rglob("*.pt"))
+    return {"files": {name: file_fingerprint(run_dir / name) for name in [RunDir.FINAL, RunDir.METRICS, *kept]},
+            "swag_samples": swag_samples}
+
+
+def earlier_record(run_dir: Path, name: str, inputs: dict, fingerprint: str) -> dict | None:
+    """The record of ``scores/<name>/`` an earlier command wrote from the same ``inputs`` (:func:`scoring_inputs`)
+    on images of the same ``fingerprint``, or None. A record is whole or absent (its ``metrics.json`` is written
+    last), so one that reads back is whole."""
+    record = read_json(Path(run_dir) / FOLDER / name / RunDir.METRICS)
+    if isinstance(record, dict) and record.get("inputs") == inputs and \
+            (record.get("data") or {}).get("fingerprint") == fingerprint:
+        return record
+    return None
 
 
 def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
-    """Score every run of ``args`` on ``specs`` and ``args.ood``, printing each table (:func:`main`'s work)."""
+    """Score every run of ``args`` on ``specs`` and ``args.ood``, printing each table (:func:`main`'s work); a set
+    an earlier command scored from the same weights and images is kept (:func:`earlier_record`) unless
+    ``args.again``."""
     results = {}
-    for run_dir in args.runs:
+    for run_dir in dict.fromkeys(args.runs):
         scored = score_run(run_dir, device=args.device)
-        rebuilt = rebuild(scored, args.swag_samples)
+        inputs = scoring_inputs(scored.run.path, args.swag_samples)
+        rebuilt: list[Rebuilt] = []  # built on first use: a command that keeps every set fits no posterior again
+
+        def posterior() -> Rebuilt:
+            if not rebuilt:
+                rebuilt.append(rebuild(scored, args.swag_samples))
+            return rebuilt[0]
+
         records = []
         for spec in specs:
-            record = score_on(scored, spec, rebuilt)
+            split, made = spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
+            record = None if args.again else earlier_record(scored.run.path, spec.name, inputs, made)
+            if record is None:
+                record = score_on(scored, spec, posterior(), made=(split, made), inputs=inputs)
+            else:
+                print(f"{scored.label} on {spec.name}: kept, scored before from the same weights and images "
+                      "(--again scores it again)")
             records.append(record)
             print(f"{scored.label} on {spec.name} ({record['data']['images']} images):")
             print(metrics_table(record["predictors"]))
@@ -309,7 +346,14 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
                 print(f"  not scored: {name}: {why}")
         detections = []
         for spec in args.ood:
-            record = detect_ood(scored, spec, rebuilt)
+            outside = ood_images(scored, spec)
+            record = None if args.again else earlier_record(scored.run.path, ood.spec_name(spec), inputs,
+                                                            corruptions.fingerprint(outside.images))
+            if record is None:
+                record = detect_ood(scored, spec, posterior(), outside=outside, inputs=inputs)
+            else:
+                print(f"{scored.label} against {ood.spec_name(spec)}: kept, scored before from the same weights and "
+                      "images (--again scores it again)")
             detections.append(record)
             print(f"{scored.label}: its test split against {record['data']['name']} "
                   f"({record['data']['out_of_distribution']} images):\n{ood_table(record)}")
@@ -332,5 +376,5 @@ if __name__ == "__main__":
         run_command(main, prog="swalab.results.score")
     except KeyboardInterrupt:  # every set written before is whole, the one being written has no record
         print("[swalab.results.score] interrupted: each set's record is whole (this command's or an earlier one's) "
-              "or absent; the same command scores them again", file=sys.stderr)
+              "or absent; the same command keeps the whole ones and scores the rest", file=sys.stderr)
         sys.exit(130)

@@ -45,6 +45,7 @@ from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
 from swalab.runstatus import RunStatus
 from swalab.train import TrainingFailed, execute, prepare
+from swalab.train.execute import FoundFinished
 from swalab.train.records import message, one_line
 from swalab.rundir import RunDir
 from swalab.pausing import INTERRUPTED_EXIT_CODE, Preempted
@@ -125,7 +126,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         print(f"[swalab] {message(exc)}", file=sys.stderr)
         sys.exit(REFUSED_EXIT_CODE)
-    record(RunStatus.SKIPPED if plan.skips else RunStatus.COMPLETE)
+    record(RunStatus.SKIPPED if isinstance(metrics, FoundFinished) else RunStatus.COMPLETE)
     first = next((m for m in metrics.values() if "acc" in m), None)
     return None if first is None else first["acc"]
 

@@ -574,6 +574,26 @@ def test_a_failure_once_training_started_is_told_from_a_refusal_by_its_type(tmp_
     assert plan.finished is None and plan.run_dir == tmp_path / "run"
 
 
+def test_a_run_finished_by_another_process_after_the_plan_is_found_finished_not_trained(tmp_path):
+    """Two grids over one config: the second planned the run before the first finished it. It takes the lock, finds
+    the run finished and trains nothing; what it returns says so (a grid records the job as skipped)."""
+    import shutil
+
+    from swalab.train import execute, prepare
+    from swalab.train.execute import FoundFinished
+
+    cfg = make_cfg("method=sgd", "trainer.epochs=1")
+    trained = execute(prepare(cfg, run_dir=tmp_path / "a"))
+    assert not isinstance(trained, FoundFinished)
+    plan = prepare(cfg, run_dir=tmp_path / "b")  # planned while nothing is there
+    shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns(".lock"))  # finished meanwhile
+    written = (tmp_path / "b" / "metrics.json").stat().st_mtime_ns
+    found = execute(plan)
+    assert isinstance(found, FoundFinished) and found == trained
+    assert (tmp_path / "b" / "metrics.json").stat().st_mtime_ns == written
+    assert isinstance(execute(prepare(cfg, run_dir=tmp_path / "a")), FoundFinished)  # planned as finished
+
+
 def test_nan_loss_stops_naming_epoch_and_step_and_keeps_the_good_checkpoint(tmp_path, reference, poison_losses,
                                                                              monkeypatch):
     run = tmp_path / "run"

@@ -101,14 +101,20 @@ def build_run(plan: RunPlan) -> Built:
                  data_facts=data_facts(data, plan.data_record), cache_note=getattr(data, "cache_note", None))
 
 
+class FoundFinished(dict):
+    """The final metrics of a run :func:`execute` found finished and did not train: planned so (``RunPlan.skips``),
+    or finished by another process between the plan and the lock. A grid records its job as skipped, not complete."""
+
+
 def execute(plan: RunPlan) -> dict:
     """Train the run ``plan`` describes (step 2 of the module doc) and return its final metrics: claim it (skip a
     finished run, take its lock), build what it trains with (nothing written: a refusal here leaves nothing behind),
-    then train and record it (:func:`_train`; a failure there is raised as :class:`TrainingFailed`)."""
+    then train and record it (:func:`_train`; a failure there is raised as :class:`TrainingFailed`). A run found
+    finished returns its metrics as :class:`FoundFinished`."""
     distributed.init_distributed(str(plan.cfg.run.device))  # no-op unless launched by torchrun or srun (several tasks)
     finished, lock = claim(plan)
     if finished is not None:  # nothing to train: skipped
-        return finished
+        return FoundFinished(finished)
     with contextlib.ExitStack() as held:
         if lock is not None:
             held.callback(lock.release)  # however the run ends (a discarded lock is released already)

@@ -252,6 +252,22 @@ def test_the_budget_marks_of_a_labelled_swa_run_share_its_row(tmp_path):
         "| cifar10 / preresnet20 · model.swa.lr=0.05 | not run | 91.00 (n=1) | 93.00 (n=1) |"]
 
 
+def test_a_sweep_of_a_methods_own_setting_puts_each_config_in_a_row_of_its_own(tmp_path):
+    """Two SWA lrs and no SWA of the defaults: neither stands in SGD's row (which would set one lr above the
+    other); each has its row, labelled with its lr, paired with SGD."""
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA"}
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    for name, lr, acc in (("a", 0.01, 91.0), ("b", 0.05, 92.0)):
+        with_apart(make_run(root, "swa", 0, {"swa": m(acc)}, budget=1.5, name=name, extra={"method": {**swa, "lr": lr}}),
+                   {"model.swa.lr": lr})
+    report([root], tmp_path / "out")
+    assert table_lines(tmp_path / "out")[2:] == [
+        "| cifar10 / preresnet20 | 90.00 (n=1) | not run |",
+        "| cifar10 / preresnet20 · model.swa.lr=0.01 | not run | 91.00 (n=1) |",
+        "| cifar10 / preresnet20 · model.swa.lr=0.05 | not run | 92.00 (n=1) |"]
+
+
 def test_a_method_of_settings_of_its_own_shares_the_row_and_its_paper_comparison(tmp_path):
     """SGD and FGE of the defaults with the row tool's SWA branch (model.swa.pre_schedule=base) are one row: the
     SWA columns beside SGD's, the row naming SWA's setting, the paper's published row beside it."""

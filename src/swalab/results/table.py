@@ -385,14 +385,18 @@ def build_table(runs: Sequence[Run]) -> Table:
                 variants = sorted(keys, key=lambda k: (bool(own[k]), -len(cells[k]["entries"]),
                                                        _first_written(cells[k]["entries"]), k))
                 columns.append((column, own, variants))
-            # a method's columns of the default config are the row's first; a method run only with settings of its
-            # own (the row tool's SWA branch, model.swa.pre_schedule=base) stands in the row too, its settings in the
-            # row's notes, as long as each method shows one config in the row: a second one gets a row of its own
+            # a method's columns of the default config are the row's first; a method run with one config of its own
+            # only (the row tool's SWA branch, model.swa.pre_schedule=base) stands in the row too, its settings in the
+            # row's notes; a method of several configs (a sweep of SWA's lr) puts each but the default in a row of its own
+            configs = defaultdict(set)
+            for _, own, variants in columns:
+                for k in variants:
+                    configs[cells[k]["entries"][0].run.method].add(label_of(own[k]) if own[k] else "")
             for column, own, variants in sorted(columns, key=lambda c: (bool(c[1][c[2][0]]), c[0].order)):
                 lead = variants[0]
                 method = cells[lead]["entries"][0].run.method
                 setting = label_of(own[lead]) if own[lead] else ""
-                if noted.setdefault(method, setting) == setting:
+                if (not setting or len(configs[method]) == 1) and noted.setdefault(method, setting) == setting:
                     main[column] = Cell(cells[lead]["entries"])
                 else:
                     variants, lead = ["<none>", *variants], None

@@ -59,6 +59,24 @@ def test_every_cell_of_the_table_is_averaged_over_the_same_corruptions_which_the
     assert any(line.startswith("- left out, not scored by every cell: fog-1, fog-2") for line in lines)
 
 
+def test_columns_scored_on_more_corruptions_than_every_cell_get_a_second_summary_over_those_alone(tmp_path):
+    """SWA's seed 1 lacks fog: the first summary leaves fog out for every cell; SGD and SGD+ts were scored on all three
+    corruptions, so a second summary sets them side by side over all three, and names SWA's cells as left out."""
+    shifted(tmp_path / "g")
+    for folder in (tmp_path / "g").glob("cifar10/preresnet20/swa/*/seed1/scores/cifar10c-fog-*"):
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+    lines = corruption_markdown(table_of(tmp_path / "g"))
+    second = lines[lines.index("## Under corruption, over more corruptions: the columns scored on them"):]
+    assert "- severity 2: 3 (contrast, fog, gaussian_noise)" in second
+    sgd = line_of(second, "cifar10 / preresnet20 · dataset.train_size=1000 · SGD 1B (4 ep)")
+    per_seed = [statistics.fmean(corrupted_acc("sgd", s, c, 2) for c in CORRUPTIONS) for s in (0, 1)]
+    assert sgd[4] == f"{statistics.fmean(per_seed):.2f} ± {statistics.stdev(per_seed):.2f}"  # fog counted here
+    assert not any(line.startswith("| cifar10 / preresnet20 · dataset.train_size=1000 · SWA") for line in second)
+    assert "SWA 1.5B (6 ep)" in next(line for line in second if "other cells were not" in line)
+
+
 def test_the_ensemble_of_seeds_is_scored_on_each_corrupted_set_from_their_kept_predictions(tmp_path):
     shifted(tmp_path / "g")
     labels = torch.tensor([0, 1, 0, 1])

@@ -2,7 +2,10 @@
 SGD, SWA and EMA of the three runs, with their validation and test scores, as posthoc.csv and posthoc.json beside
 this file and a markdown table on stdout.
 
-    python docs/results/posthoc_cifar10jpg_preresnet20_10k/table.py <swa run> <ema run> <sgd run>
+    python docs/results/posthoc_cifar10jpg_preresnet20_10k/table.py <swa run> <ema run> <sgd run> [--out <folder>]
+
+``--out``: where posthoc.csv and posthoc.json go instead (the B = 30 page, posthoc_cifar10jpg_preresnet20_10k_b30,
+uses this script so).
 """
 
 from __future__ import annotations
@@ -39,9 +42,13 @@ def shown(column: str, v) -> str:
 
 
 def main(argv: list[str]) -> None:
+    out = HERE
+    if "--out" in argv:
+        at = argv.index("--out")
+        out, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
     table = rows(*(Path(a) for a in argv))
-    (HERE / "posthoc.json").write_text(json.dumps(table, indent=1) + "\n")
-    with open(HERE / "posthoc.csv", "w", newline="") as f:
+    (out / "posthoc.json").write_text(json.dumps(table, indent=1) + "\n")
+    with open(out / "posthoc.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(table)

@@ -97,18 +97,19 @@ def corruption_markdown(table: Table) -> list[str]:
     if not scored:
         return []
     common = common_sets([cell for _, _, cell in scored])
-    header = ["row · column", "seeds", "clean", *[f"severity {s}" for s in SEVERITIES]]
     out = ["## Under corruption: mean over corruptions per severity (python -m swalab.results.score)", "",
            "Each seed's mean over the corruptions at a severity, then mean ± std over the seeds; clean: the uncorrupted "
            "test set. Every cell at a severity is averaged over the same corruptions, those every seed of every cell "
            "below was scored on:", "", *_coverage(common, scored), ""]
-    for metric, title, digits in _metrics():
-        lines = []
-        for row, column, cell in scored:
-            values = per_seed_severity(cell, metric, common)
-            lines.append([_name(row, column), str(len(cell.entries)),
-                          *[_shown(values[s], digits) if values.get(s) else "–" for s in (0, *SEVERITIES)]])
-        out += [f"### {title}", "", *_table(header, lines), ""]
+    out += _severity_tables(scored, common)
+    wider = [(row, column, cell) for row, column, cell in scored if set(shared_sets(cell)) > set(common)]
+    wide = common_sets([cell for _, _, cell in wider]) if len(wider) > 1 else []
+    if len(wide) > len(common):  # some columns were scored on more: the same summary over those, for them alone
+        left_out = [_name(row, column) for row, column, cell in scored if (row, column, cell) not in wider]
+        out += ["## Under corruption, over more corruptions: the columns scored on them", "",
+                f"The same summary over the corruptions every seed of these {len(wider)} cells was scored on; "
+                f"{len(left_out)} other cells were not ({', '.join(left_out)}) and stand in the table above only:",
+                "", *_coverage(wide, wider), "", *_severity_tables(wider, wide)]
     lines, why_not = [], []
     for row, column, cell in scored:
         if column.scaled:
@@ -127,6 +128,20 @@ def corruption_markdown(table: Table) -> list[str]:
                 *_table(["ensemble", "metric", *[f"severity {s}" for s in SEVERITIES]], lines), ""]
     if why_not:
         out += ["Not ensembled under corruption:", *why_not, ""]
+    return out
+
+
+def _severity_tables(scored, sets: Sequence[tuple[str, int]]) -> list[str]:
+    """One table per metric: each cell's mean over ``sets`` per severity, mean ± std over its seeds, and clean."""
+    header = ["row · column", "seeds", "clean", *[f"severity {s}" for s in SEVERITIES]]
+    out = []
+    for metric, title, digits in _metrics():
+        lines = []
+        for row, column, cell in scored:
+            values = per_seed_severity(cell, metric, sets)
+            lines.append([_name(row, column), str(len(cell.entries)),
+                          *[_shown(values[s], digits) if values.get(s) else "–" for s in (0, *SEVERITIES)]])
+        out += [f"### {title}", "", *_table(header, lines), ""]
     return out
 
 

@@ -466,3 +466,25 @@ def test_posthoc_given_a_directory_that_is_no_run_makes_nothing_there(swa_run, t
     with pytest.raises(FileNotFoundError, match="is not a swalab run directory"):
         main([str(swa_run), str(tmp_path / "notes"), "--lawa", "2"])
     assert list((tmp_path / "notes").iterdir()) == []
+
+
+def test_posthoc_interrupted_by_ctrl_c_says_so_in_one_line_and_keeps_each_average_whole_or_absent(copied_run):
+    """Ctrl-C while the second average is written (its predictions, not yet its metrics.json): one line, exit 130,
+    the first average whole, the second without a record, which the same command builds again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from swalab import faults
+
+    env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}, "OMP_NUM_THREADS": "1",
+           faults.ENV: "record_commit:2:INT"}
+    done = subprocess.run([sys.executable, "-m", "swalab.posthoc", str(copied_run), "--lawa", "2", "3", "--device",
+                           "cpu"], env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 130, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in done.stderr, done.stderr
+    assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()
+    assert not (copied_run / "posthoc" / "lawa3" / "metrics.json").exists()

@@ -181,7 +181,25 @@ def test_branched_runs_are_named_under_the_table(tmp_path):
     make_run(tmp_path / "g", "swa", 0, {"swa": m(80.0)},
              lineage={"kind": "branch", "parent": "/runs/sgd/seed0", "epoch": 100})
     table = report([tmp_path / "g"], tmp_path / "out")["written"]["table.md"].read_text()
-    assert "- cifar10 / preresnet20, SWA 1B (4 ep), seed 0: branched from .../runs/sgd/seed0 at epoch 100" in table
+    assert "- cifar10 / preresnet20 · SWA 1B (4 ep), seed 0: branched from .../runs/sgd/seed0 at epoch 100" in table
+
+
+def test_a_branched_run_is_named_by_its_row_and_columns_apart_from_the_settings_the_row_names(tmp_path):
+    """The row tool's SWA branch of model.swa.pre_schedule=base stands in SGD's row, whose name ends with its
+    setting: the columns a branched run fills never read as a part of that setting."""
+    root = tmp_path / "g"
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    with_apart(make_run(root, "fge", 0, {"fge": m(91.0)}, lineage={"kind": "branch", "parent": "/runs/sgd/seed0",
+                                                                   "epoch": 3}), {})
+    with_apart(make_run(root, "swa", 0, {"swa": m(92.0)}, budget=1.5, extra={"method": {"pre_schedule": "base"}},
+                        lineage={"kind": "branch", "parent": "/runs/sgd/seed0", "epoch": 2}),
+               {"model.swa.pre_schedule": "base"})
+    table = report([root], tmp_path / "out")["written"]["table.md"].read_text()
+    lines = [line for line in table.splitlines() if "branched from" in line]
+    assert lines == ["- cifar10 / preresnet20 · SWA: model.swa.pre_schedule=base · FGE 1B (4 ep), seed 0: branched from "
+                     ".../runs/sgd/seed0 at epoch 3",
+                     "- cifar10 / preresnet20 · SWA: model.swa.pre_schedule=base · SWA 1.5B (6 ep), seed 0: branched "
+                     "from .../runs/sgd/seed0 at epoch 2"]
 
 
 def test_a_run_started_from_another_runs_weights_is_not_called_branched(tmp_path):

@@ -129,6 +129,27 @@ def test_laplace_around_the_sgd_runs_of_a_row_stands_in_their_row_paired_seed_by
         "| cifar10 / preresnet20 | +0.38 ± 0.18 (+0.50, +0.25) |"]
 
 
+def test_laplace_in_its_sources_row_never_names_the_row_or_the_sgd_runs_by_its_source(tmp_path):
+    """Laplace runs record what they were launched with, their source among it (model.init_from=run-<group>); in
+    the row of their SGD runs that names neither the row nor the SGD column, and a Laplace of another prior range is
+    a row named by its range alone."""
+    from swalab.identity import group_hash
+
+    root = tmp_path / "g"
+    sgd = [with_apart(make_run(root, "sgd", seed, {"sgd": m(80.0 + seed)}), {}) for seed in (0, 1)]
+    source = f"run-{group_hash(Run(sgd[0]).identity)}"
+    laplace = {"_target_": "swalab.methods.LaplaceMethod"}
+    for name, more in (("default", {}), ("range", {"prior_range": [-2, 2]})):
+        for seed in (0, 1):
+            with_apart(make_run(root, "laplace", seed, {"laplace": m(80.5 + seed, budget=0.0, epoch=0)}, budget=0,
+                                name=name, extra={"method": {**laplace, **more}, "model": {"init_from": source}}),
+                       {"model.init_from": source, **{f"method.{k}": v for k, v in more.items()}})
+    rows = table_of(root).rows
+    assert [row.name for row in rows] == ["cifar10 / preresnet20", "cifar10 / preresnet20 · method.prior_range=[-2,2]"]
+    assert {c.label: rows[0].setting_of(c) for c in rows[0].cells} == {"SGD 1B (4 ep)": "",
+                                                                       "LAPLACE of SGD 1B (4 ep)": ""}
+
+
 def test_laplace_around_a_run_not_in_the_table_keeps_a_row_of_its_own(tmp_path):
     root = tmp_path / "g"
     make_run(root, "sgd", 0, {"sgd": m(80.0)})
@@ -250,6 +271,59 @@ def test_the_budget_marks_of_a_labelled_swa_run_share_its_row(tmp_path):
     assert table_lines(tmp_path / "out")[2:] == [
         "| cifar10 / preresnet20 | 90.00 (n=1) | not run | 92.00 (n=1) |",
         "| cifar10 / preresnet20 · model.swa.lr=0.05 | not run | 91.00 (n=1) | 93.00 (n=1) |"]
+
+
+def test_two_swa_configs_of_one_label_never_share_a_row_the_branch_keeps_its_budget_marks_together(tmp_path):
+    """A grid's SWA of model.swa.pre_schedule=base trained straight through and the row tool's SWA branch (the same
+    setting, scored at its budget marks, on the SGD run's horizon) are two configs of one label: each is a row of its
+    own, named apart, the branch's SWA 1B, 1.25B and 1.5B together, never the grid's 1.5B beside the branch's marks."""
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA", "pre_schedule": "base"}
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    with_apart(make_run(root, "swa", 0, {"swa": m(92.0)}, budget=1.5, name="straight", extra={"method": swa}),
+               {"model.swa.pre_schedule": "base"})
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0), "swa@1": m(91.0, budget=1.0, epoch=4),
+                                         "swa@1.25": m(91.5, budget=1.25, epoch=5)}, budget=1.5, name="branch",
+                        extra={"method": {**swa, "score_at_budgets": [1, 1.25], "score_every": 1},
+                               "schedule": {"horizon": 4}}),
+               {"model.swa.pre_schedule": "base", "model.swa.score_at_budgets": [1, 1.25], "model.swa.score_every": 1,
+                "schedule.horizon": 4})
+    rows = table_of(root).rows
+    for row in rows:  # one config of SWA per row
+        assert len({e.run.path for cell in row.cells.values() for e in cell.entries if e.run.method == "swa"}) <= 1
+    branch = next(row for row in rows if any(c.budget == 1.25 for c in row.cells))
+    assert sorted(cell.entries[0].metrics["acc"] for cell in branch.cells.values()) == [91.0, 91.5, 93.0]
+    assert len({row.name for row in rows}) == len(rows) == 3
+
+
+def test_two_swa_configs_apart_only_in_the_schedules_horizon_are_rows_named_by_it(tmp_path):
+    """The row tool's SWA branch (on the SGD run's horizon) and the same settings typed for a run trained straight
+    through (the horizon its own length) differ in nothing the row names otherwise: the horizon names them apart."""
+    root = tmp_path / "g"
+    swa = {"_target_": "swalab.methods.SWA", "pre_schedule": "base", "score_at_budgets": [1]}
+    typed = {"model.swa.pre_schedule": "base", "model.swa.score_at_budgets": [1]}
+    with_apart(make_run(root, "sgd", 0, {"sgd": m(90.0)}), {})
+    with_apart(make_run(root, "swa", 0, {"swa": m(92.0), "swa@1": m(91.0, budget=1.0, epoch=4)}, budget=1.5,
+                        name="straight", extra={"method": swa}), typed)
+    with_apart(make_run(root, "swa", 0, {"swa": m(93.0), "swa@1": m(91.5, budget=1.0, epoch=4)}, budget=1.5,
+                        name="branch", extra={"method": swa, "schedule": {"horizon": 4}}), {**typed, "schedule.horizon": 4})
+    rows = {row.label: sorted(c.entries[0].metrics["acc"] for c in row.cells.values()) for row in table_of(root).rows}
+    assert rows == {"": [90.0], "model.swa.pre_schedule=base, model.swa.score_at_budgets=[1]": [91.0, 92.0],
+                    "model.swa.pre_schedule=base, model.swa.score_at_budgets=[1], schedule.horizon=4": [91.5, 93.0]}
+
+
+def test_the_schedules_horizon_of_a_swa_branch_never_names_the_row_whichever_run_is_read_first(tmp_path):
+    """The row tool's SWA branch runs on the SGD run's horizon (schedule.horizon=B), a setting of its method's: read
+    before the SGD run (its folder sorts first), it names neither the row nor the SGD column's setting."""
+    swa = {"_target_": "swalab.methods.SWA", "pre_schedule": "base"}
+    with_apart(make_run(tmp_path / "a", "swa", 0, {"swa": m(92.0)}, budget=1.5, extra={"method": swa,
+                                                                                      "schedule": {"horizon": 4}}),
+               {"model.swa.pre_schedule": "base", "schedule.horizon": 4})
+    with_apart(make_run(tmp_path / "b", "sgd", 0, {"sgd": m(90.0)}), {})
+    [row] = table_of(tmp_path / "a", tmp_path / "b").rows
+    assert row.name == "cifar10 / preresnet20 · SWA: model.swa.pre_schedule=base"
+    assert {c.label: row.setting_of(c) for c in row.cells} == {"SGD 1B (4 ep)": "",
+                                                               "SWA 1.5B (6 ep)": "model.swa.pre_schedule=base"}
 
 
 def test_a_sweep_of_a_methods_own_setting_puts_each_config_in_a_row_of_its_own(tmp_path):

@@ -232,6 +232,16 @@ def test_a_set_scored_before_from_the_same_weights_and_images_is_kept_and_again_
     assert all(path.stat().st_mtime_ns != was for path, was in zip(records, written))
 
 
+def test_swag_samples_asked_of_a_run_that_draws_none_keep_the_sets_it_scored_before(swa_run, capsys):
+    """A grid's runs scored with --swag-samples (for its SWAG runs): a SWA run draws no samples, so its sets scored
+    before without the flag are kept."""
+    sets = [str(swa_run), "--data", "cifar10c:snow:4", "--device", "cpu"]
+    main(sets)
+    capsys.readouterr()
+    main([*sets, "--swag-samples", "5"])
+    assert "on cifar10c-snow-4: kept, scored before" in capsys.readouterr().out
+
+
 def test_a_set_is_scored_anew_once_the_runs_weights_change(swa_run, tmp_path, capsys):
     import shutil
 

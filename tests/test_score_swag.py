@@ -50,6 +50,17 @@ def test_swag_is_scored_on_a_corrupted_set_and_in_ood_detection_with_the_samples
     assert 0 <= detected["swag"]["msp"]["auroc"] <= 1 and "swag_diag" in detected
 
 
+def test_a_set_scored_with_the_runs_own_sample_count_is_kept_whether_or_not_it_is_typed(runs, capsys):
+    """The run draws method.samples=2 by default: --swag-samples 2 asks for the same samples (kept), 3 for others."""
+    sets = [str(runs["kept"]), "--data", "cifar10c:fog:1", "--device", "cpu"]
+    main(sets)
+    capsys.readouterr()
+    main([*sets, "--swag-samples", "2"])
+    assert "on cifar10c-fog-1: kept, scored before" in capsys.readouterr().out
+    record = main([*sets, "--swag-samples", "3"])[str(runs["kept"])]["records"][0]
+    assert "kept, scored before" not in capsys.readouterr().out and record["swag_samples"]["samples"] == 3
+
+
 def test_a_swag_run_without_its_last_checkpoint_says_how_to_keep_it(runs, capsys):
     record = main([str(runs["default"]), "--data", "test", "--device", "cpu"])[str(runs["default"])]["records"][0]
     assert "swag" not in record["predictors"] and "swa" in record["predictors"]

@@ -102,4 +102,9 @@ def build_score_and_draw(args: argparse.Namespace, request: Request, figure: Pat
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main, prog="swalab.posthoc"))
+    try:
+        sys.exit(run_command(main, prog="swalab.posthoc"))
+    except KeyboardInterrupt:  # every average written before is whole, the one being written has no record
+        print("[swalab.posthoc] interrupted: each average's record is whole (this call's or an earlier one's) or "
+              "absent; the same command builds the averages asked again", file=sys.stderr)
+        sys.exit(130)

@@ -86,6 +86,15 @@ def last_epoch_moments(run) -> tuple[dict, str] | str:
     return method, str(kept[last].relative_to(run.path))
 
 
+def samples_drawn(run, asked: int | None = None) -> int | None:
+    """How many SWAG samples scoring ``run`` draws: ``asked`` (``--swag-samples``), else the run's own
+    ``method.samples``; None for a run of another method, which draws none (a score record says what it was made
+    from by it, ``swalab.results.score.scoring_inputs``)."""
+    if run.method != "swag":
+        return None
+    return int(asked or run.get("method.samples"))
+
+
 def swag_samples(run, swa_model: torch.nn.Module, samples: int | None = None) -> SwagSamples | str:
     """The samples of a finished SWAG ``run`` around ``swa_model`` (its average, from ``final.pt``), ``samples`` of
     them (default: the run's ``method.samples``), or why they cannot be drawn."""
@@ -97,7 +106,7 @@ def swag_samples(run, swa_model: torch.nn.Module, samples: int | None = None) ->
     return SwagSamples(mean=flat_parameters(swa_model, "cpu"), sq_mean=method["sq_mean"].float().cpu(),
                        deviations=[d.float().cpu() for d in method.get("deviations") or []],
                        scales={"swag": scale, "swag_diag": float(run.get("method.diag_scale", scale))},
-                       samples=int(samples or run.get("method.samples")), seed=int(run.get("seed", 0)),
+                       samples=samples_drawn(run, samples), seed=int(run.get("seed", 0)),
                        source=source)
 
 

@@ -33,8 +33,8 @@ the run's test split against those images (AUROC, AUPR, FPR at 95% TPR per score
 Each record is whole or absent (``swalab.rundir.write_record``: its ``metrics.json`` written last, the earlier one
 removed first), and ``<run>/scores/`` is locked while a command scores the run (a second one is refused in one line);
 every run given is checked before any is scored. A set whose record an earlier command wrote from the same files of
-the run (fingerprinted: ``final.pt``, ``metrics.json``, members, checkpoints), the same SWAG samples asked and the same
-images is kept, not scored again (``--again`` scores it again): the same command started again after an interruption
+the run (fingerprinted: ``final.pt``, ``metrics.json``, members, checkpoints), the same number of SWAG samples drawn and the
+same images is kept, not scored again (``--again`` scores it again): the same command started again after an interruption
 or a time limit goes on where the first stopped, and one run trained again is scored anew.
 """
 
@@ -56,7 +56,7 @@ from swalab.data.splits import DataSplit
 from swalab.results import ood
 from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
 from swalab.results.compare import Scored, finished_run, run_predictions, score_run
-from swalab.results.rebuilt import Rebuilt, rebuild
+from swalab.results.rebuilt import Rebuilt, rebuild, samples_drawn
 from swalab.rundir import RunDir, file_fingerprint, read_json, write_json, write_record
 from swalab.runlock import hold_folders, released
 from swalab.train.records import save_predictions
@@ -295,8 +295,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
 def scoring_inputs(run_dir: Path, swag_samples: int | None) -> dict:
     """What a score record is made from besides its images: a fingerprint of each file of the run that scoring reads
     (``final.pt``; ``metrics.json``, for the temperatures; FGE's members; the checkpoints SWAG's moments come from:
-    ``swalab.rundir.file_fingerprint``, no tensor read) and the SWAG samples asked for. A later command keeps a
-    record of the same inputs and images instead of scoring it again."""
+    ``swalab.rundir.file_fingerprint``, no tensor read) and the SWAG samples it draws (``swag_samples``:
+    ``swalab.results.rebuilt.samples_drawn``, None for a run that draws none). A later command keeps a record of the
+    same inputs and images instead of scoring it again."""
     run_dir = Path(run_dir)
     kept = sorted(str(p.relative_to(run_dir)) for folder in (RunDir.MEMBERS, RunDir.CHECKPOINTS)
                   for p in (run_dir / folder).rglob("*.pt"))
@@ -322,7 +323,7 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
     results = {}
     for run_dir in dict.fromkeys(args.runs):
         scored = score_run(run_dir, device=args.device)
-        inputs = scoring_inputs(scored.run.path, args.swag_samples)
+        inputs = scoring_inputs(scored.run.path, samples_drawn(scored.run, args.swag_samples))
         rebuilt: list[Rebuilt] = []  # built on first use: a command that keeps every set fits no posterior again
 
         def posterior() -> Rebuilt:

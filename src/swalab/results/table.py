@@ -293,16 +293,41 @@ def _own(key: str) -> bool:
 
 def shared_settings(run: Run) -> dict | None:
     """The run's settings apart from its defaults that every method of its row shares (``dataset.train_size=1000``,
-    ``schedule=cosine``), less what the column shows; None without a record."""
+    ``schedule=cosine``): none that only its method decides (``identity.method_part``: the schedule's horizon a SWA
+    branch runs on is not its row's); None without a record."""
     if run.apart is None:
         return None
-    skip = scoring_settings(run) | set(IN_COLUMN)
-    return {k: v for k, v in run.apart.items() if k not in skip and not _own(k)}
+    return {k: v for k, v in run.apart.items() if not method_part(k)}
 
 
 def _first_written(entries: Sequence[Entry]) -> float:
     times = [(e.run.path / RunDir.CONFIG).stat().st_mtime for e in entries if (e.run.path / RunDir.CONFIG).exists()]
     return min(times, default=0.0)
+
+
+def named_apart(cells: dict[tuple[str, str], dict], keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict | None]:
+    """Per cell of ``keys`` (one row's context), its method's own settings as the row names them (:func:`own_settings`;
+    None without a record), so that no two configs of one method, in any of the row's columns, are named alike: those
+    that would be are named with what they measure too (``model.swa.score_every``), then with every setting of their
+    method's they were launched with (the schedule's horizon the row tool sets). A grid's SWA of
+    ``model.swa.pre_schedule=base`` and the row tool's SWA branch of the same setting are two rows, never one row of
+    both runs' columns."""
+    run = {k: cells[k]["entries"][0].run for k in keys}
+    own = {k: own_settings(run[k]) for k in keys}
+    for widened in (lambda r: own_settings(r, measurements=True), _method_settings):
+        groups: dict[tuple[str, str], set[str]] = defaultdict(set)  # (method, label) -> the configs named so
+        for k, o in own.items():
+            if o is not None:
+                groups[(run[k].method, label_of(o))].add(k[0])
+        own = {k: widened(run[k]) if o is not None and len(groups[(run[k].method, label_of(o))]) > 1 else o
+               for k, o in own.items()}
+    return own
+
+
+def _method_settings(run: Run) -> dict:
+    """Every setting apart from its defaults that the run's method decides (``identity.method_part``: its own, what it
+    measures, the schedule's horizon), less what its column shows."""
+    return {k: v for k, v in run.apart.items() if method_part(k) and k not in IN_COLUMN}
 
 
 def around_sources(cells: dict[tuple[str, str], dict]) -> None:
@@ -324,7 +349,7 @@ def around_sources(cells: dict[tuple[str, str], dict]) -> None:
             continue
         of = source["column"]
         column = dataclasses.replace(cell["column"], budget=of.budget, epochs=of.epochs, of=of.base)
-        cell.update(context=source["context"], column=column)
+        cell.update(context=source["context"], column=column, around=True)
         for entry in cell["entries"]:
             entry.column = column
 
@@ -365,7 +390,9 @@ def build_table(runs: Sequence[Run]) -> Table:
                           if any(ctx["context"].get(k) != group[0]["context"].get(k) for ctx in group)})
         runs_in = lambda g: sum(len(cells[k]["entries"]) for keys in g["columns"].values() for k in keys)  # noqa: E731
         for ctx in sorted(group, key=lambda g: (-runs_in(g), _label(varying, g["context"]))):
-            first_run = next(cells[k]["entries"][0].run for keys in ctx["columns"].values() for k in keys)
+            # the row is named by a run of its own: one moved into it around its source (Laplace) records that source
+            in_row = [k for keys in ctx["columns"].values() for k in keys]
+            first_run = cells[min(in_row, key=lambda k: bool(cells[k].get("around")))]["entries"][0].run
             shared = shared_settings(first_run)
             if shared is not None:  # the settings the runs recorded, in the keys the user typed
                 base_label = label_of(shared)
@@ -375,12 +402,9 @@ def build_table(runs: Sequence[Run]) -> Table:
             noted: dict[str, str] = {}  # per method of the row's runs, its own settings in the row ("" the defaults)
             extra: list[Row] = []
             columns = []
+            named = named_apart(cells, in_row)
             for column, keys in ctx["columns"].items():
-                own = {k: own_settings(cells[k]["entries"][0].run) for k in keys}
-                # variants told apart only by what they measure (model.swa.score_every) are named with it
-                shown = [label_of(o) for o in own.values() if o is not None]
-                own = {k: own_settings(cells[k]["entries"][0].run, measurements=True)
-                       if o is not None and shown.count(label_of(o)) > 1 else o for k, o in own.items()}
+                own = {k: named[k] for k in keys}
                 # the default config of the method leads; without records, the variant with most seeds, then the first
                 variants = sorted(keys, key=lambda k: (bool(own[k]), -len(cells[k]["entries"]),
                                                        _first_written(cells[k]["entries"]), k))
@@ -389,9 +413,9 @@ def build_table(runs: Sequence[Run]) -> Table:
             # only (the row tool's SWA branch, model.swa.pre_schedule=base) stands in the row too, its settings in the
             # row's notes; a method of several configs (a sweep of SWA's lr) puts each but the default in a row of its own
             configs = defaultdict(set)
-            for _, own, variants in columns:
+            for *_, variants in columns:
                 for k in variants:
-                    configs[cells[k]["entries"][0].run.method].add(label_of(own[k]) if own[k] else "")
+                    configs[cells[k]["entries"][0].run.method].add(k[0])
             for column, own, variants in sorted(columns, key=lambda c: (bool(c[1][c[2][0]]), c[0].order)):
                 lead = variants[0]
                 method = cells[lead]["entries"][0].run.method

@@ -306,7 +306,7 @@ def to_markdown(table: Table, paper: dict | None = None, costs: Sequence[dict] =
                 branched = (e.run.lineage or {}).get("kind") == "branch"  # swalab.branching's record; an
                 if branched and not c.scaled:                               # init_from's weights are no branch
                     filled.setdefault(str(e.run.path), (e.run, []))[1].append(c.label)
-        lineage += [f"- {row.name}, {', '.join(labels)}, seed {run.seed}: branched from "
+        lineage += [f"- {row.name} · {', '.join(labels)}, seed {run.seed}: branched from "  # row · column, as elsewhere
                     f"{shown_parent(run.path, run.lineage.get('parent'))} at epoch {run.lineage.get('epoch')}"
                     for run, labels in sorted(filled.values(), key=lambda rl: (rl[1][0], str(rl[0].seed)))]
     if lineage:

@@ -334,6 +334,27 @@ def test_the_figure_draws_each_family_against_its_knob_with_the_online_marks_and
     assert list(ring.get_xdata()) == [0.10] and list(ring.get_ydata()) == [pytest.approx(0.29)]
 
 
+def test_a_swa_window_ending_before_the_last_snapshot_is_drawn_apart_from_the_curve_named(monkeypatch, tmp_path):
+    """swa[25:30] (an online budget mark's window) starts where swa[25:45] does: on the curve against the start it would
+    read as the same knob; it is drawn apart, with its label beside it."""
+    from swalab.posthoc import Result
+    from swalab.posthoc import figure
+
+    drawn = {}
+    monkeypatch.setattr(figure.style, "finish", lambda plt, fig, path: drawn.setdefault("fig", fig))
+    m = lambda acc: {"acc": acc, "nll": 1.0 - acc / 100}  # noqa: E731
+    snaps = lambda a, b: [f"snapshots/epoch{e:04d}.pt" for e in range(a, b + 1)]  # noqa: E731
+    results = [Result(f"swa[{a}:{b}]", "swa", float(a), tmp_path, {f"swa[{a}:{b}]": m(acc)}, snaps(a, b))
+               for a, b, acc in ((20, 45, 78.0), (25, 45, 77.8), (25, 30, 77.7), (30, 45, 77.6))]
+    assert figure.plot(results, {}, tmp_path / "f.png", chosen=["swa[25:30]"])
+    acc = drawn["fig"].axes[0]
+    curve = acc.get_lines()[0]
+    assert list(curve.get_xdata()) == [20.0, 25.0, 30.0] and list(curve.get_ydata()) == [78.0, 77.8, 77.6]
+    assert [t.get_text() for t in acc.texts] == ["swa[25:30]"]
+    ring = next(line for line in acc.get_lines() if line.get_label() == "chosen on validation (its test score)")
+    assert list(ring.get_ydata()) == [77.7]
+
+
 def test_wiseft_of_a_timm_fine_tune_starts_from_its_pretrained_weights(make_cfg, tiny_imagenet, tmp_path):
     """A timm network fine-tuned from its pretrained weights (model.pretrained_file here, the hub's alike) has no
     model.init_from: its start is the weights the network was built with, a 1000-way head included. With the BN
@@ -488,3 +509,14 @@ def test_posthoc_interrupted_by_ctrl_c_says_so_in_one_line_and_keeps_each_averag
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in done.stderr, done.stderr
     assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()
     assert not (copied_run / "posthoc" / "lawa3" / "metrics.json").exists()
+
+
+def test_a_second_call_with_select_chooses_in_every_family_it_draws_those_of_earlier_calls_too(copied_run, capsys):
+    """The figure of a call draws every current average of the run; its rings and the choice lines cover them all,
+    not only the families this call built."""
+    main([str(copied_run), "--lawa", "2", "3"])
+    capsys.readouterr()
+    main([str(copied_run), "--ema", "0.5", "--select", "val"])
+    out = capsys.readouterr().out
+    assert "of ema for" in out
+    assert re.search(r"chosen on validation nll: lawa[23] .* of lawa for .*, built by an earlier call", out), out

@@ -85,8 +85,7 @@ def build_score_and_draw(args: argparse.Namespace, request: Request, figure: Pat
         for line in Run(run_dir).posthoc_notes():  # earlier averages the run's files no longer match
             print(f"[swalab.posthoc] {line}")
     earlier = earlier_results(results)  # still current: drawn beside this call's, and compared by --select
-    families = {(r.run, r.family) for r in results}
-    chosen = select([*results, *(e for e in earlier if (e.run, e.family) in families)], request.by) if args.select else {}
+    chosen = select([*results, *earlier], request.by) if args.select else {}  # every family the figure draws
     if args.select:
         for (run, family), best in chosen.items():
             val = best.metrics[best.label]["val"]

@@ -22,6 +22,14 @@ def line_of(lines, start: str) -> list[str]:
     return [cell.strip() for cell in found[0].strip("|").split("|")]
 
 
+def unscore_fog_of_swa_seed1(root) -> None:
+    """As if SWA's seed 1 had never been scored on fog (at any severity)."""
+    for folder in root.glob("cifar10/preresnet20/swa/*/seed1/scores/cifar10c-fog-*"):
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+
+
 def test_each_severity_is_the_seeds_mean_over_corruptions_then_mean_and_std_over_seeds(tmp_path):
     shifted(tmp_path / "g")
     lines = corruption_markdown(table_of(tmp_path / "g"))
@@ -34,10 +42,7 @@ def test_each_severity_is_the_seeds_mean_over_corruptions_then_mean_and_std_over
 
 def test_a_corruption_one_seed_was_not_scored_on_is_left_out_for_every_seed_of_the_cell(tmp_path):
     shifted(tmp_path / "g")
-    for folder in (tmp_path / "g").glob("cifar10/preresnet20/swa/*/seed1/scores/cifar10c-fog-*"):
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
+    unscore_fog_of_swa_seed1(tmp_path / "g")
     swa = line_of(corruption_markdown(table_of(tmp_path / "g")), "cifar10 / preresnet20 · dataset.train_size=1000 · SWA 1.5B (6 ep)")
     per_seed = [statistics.fmean(corrupted_acc("swa", s, c, 2) for c in ("contrast", "gaussian_noise")) for s in (0, 1)]
     assert swa[4] == f"{statistics.fmean(per_seed):.2f} ± {statistics.stdev(per_seed):.2f}"
@@ -47,10 +52,7 @@ def test_every_cell_of_the_table_is_averaged_over_the_same_corruptions_which_the
     """A corruption one cell lacks is left out of every cell, so SGD and SWA are never set side by side over
     different corruptions; the table says which corruptions each severity covers and which were left out."""
     shifted(tmp_path / "g")
-    for folder in (tmp_path / "g").glob("cifar10/preresnet20/swa/*/seed1/scores/cifar10c-fog-*"):
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
+    unscore_fog_of_swa_seed1(tmp_path / "g")
     lines = corruption_markdown(table_of(tmp_path / "g"))
     sgd = line_of(lines, "cifar10 / preresnet20 · dataset.train_size=1000 · SGD 1B (4 ep)")
     per_seed = [statistics.fmean(corrupted_acc("sgd", s, c, 2) for c in ("contrast", "gaussian_noise")) for s in (0, 1)]
@@ -63,10 +65,7 @@ def test_columns_scored_on_more_corruptions_than_every_cell_get_a_second_summary
     """SWA's seed 1 lacks fog: the first summary leaves fog out for every cell; SGD and SGD+ts were scored on all three
     corruptions, so a second summary sets them side by side over all three, and names SWA's cells as left out."""
     shifted(tmp_path / "g")
-    for folder in (tmp_path / "g").glob("cifar10/preresnet20/swa/*/seed1/scores/cifar10c-fog-*"):
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
+    unscore_fog_of_swa_seed1(tmp_path / "g")
     lines = corruption_markdown(table_of(tmp_path / "g"))
     second = lines[lines.index("## Under corruption, over more corruptions: the columns scored on them"):]
     assert "- severity 2: 3 (contrast, fog, gaussian_noise)" in second

@@ -247,7 +247,7 @@ def test_a_set_is_scored_anew_once_the_runs_weights_change(swa_run, tmp_path, ca
 
     run = tmp_path / "copy"
     shutil.copytree(swa_run, run)
-    sets = [str(run), "--data", "cifar10c:frost:2", "--device", "cpu"]
+    sets = [str(run), "--data", "cifar10c:brightness:4", "--device", "cpu"]
     before = main(sets)[str(run)]["records"][0]["predictors"]["swa"]["nll"]
     state = torch.load(run / "final.pt", weights_only=False)
     weights = state["methods"]["swa"]

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from swalab.pausing import INTERRUPTED_EXIT_CODE
+
 USAGE_EXIT_CODE = 2
 
 
@@ -48,10 +50,18 @@ def message(exc: BaseException) -> str:
     return str(exc).strip()
 
 
-def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab") -> object:
-    """Call ``main(argv)`` and return what it returns; a user's error ends in one line on stderr and exit 2."""
+def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab",
+                interrupted: str | None = None) -> object:
+    """Call ``main(argv)`` and return what it returns; a user's error ends in one line on stderr and exit 2. With
+    ``interrupted`` (what Ctrl-C leaves behind, for a command whose records are whole or absent), Ctrl-C ends in
+    one line saying it, exit 130."""
     try:
         return main(argv)
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        print(f"[{prog}] interrupted: {interrupted}", file=sys.stderr)
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None
     except Exception as exc:
         if not is_users_error(exc):
             raise

@@ -17,6 +17,7 @@ the old process (docs/reliability.md). Stop a run before deleting its directory.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -186,12 +187,14 @@ class RunLock:
         self.release()
 
 
-def hold_folders(folders, doing: str) -> list[RunLock]:
-    """The lock of each of ``folders`` (a run's ``scores/``, ``posthoc/``) for a command that writes there, all or
-    none: a second command at once on one of them is refused in one line naming the process that holds it
-    (``<folder> is being <doing> by another process (PID ...)``), and one that cannot write there is told to give a
-    writable copy (the command writes inside the run directory, so no output setting helps). On a refusal the locks
-    already taken are released and the folders they made removed again."""
+@contextlib.contextmanager
+def held_folders(folders, doing: str):
+    """``with held_folders(folders, doing):`` holds the lock of each of ``folders`` (a run's ``scores/``,
+    ``posthoc/``) for a command that writes there, all or none: a second command at once on one of them is refused
+    in one line naming the process that holds it (``<folder> is being <doing> by another process (PID ...)``), and
+    one that cannot write there is told to give a writable copy (the command writes inside the run directory, so no
+    output setting helps). When the block does not finish (a refusal, an error, Ctrl-C), a folder a lock made and
+    nothing else was written to is removed again; otherwise the locks are released."""
     locks: list[RunLock] = []
     try:
         for folder in folders:
@@ -204,18 +207,10 @@ def hold_folders(folders, doing: str) -> list[RunLock]:
                 cause = getattr(exc.__cause__, "strerror", None) or "permission denied"
                 raise PermissionError(exc.errno, f"cannot write {folder} ({cause}): this command writes inside the run "
                                                  "directory; copy the run somewhere writable and give the copy") from None
-    except (OSError, RunLocked):
+        yield locks
+    except BaseException:
         for lock in locks:
             lock.discard()
         raise
-    return locks
-
-
-def released(locks: list[RunLock], done: bool) -> None:
-    """Release the locks of :func:`hold_folders` after the command's work; when it did not finish (``done`` False: a
-    refusal, an error, Ctrl-C), a folder the lock made and nothing else was written to is removed again."""
     for lock in locks:
-        if done:
-            lock.release()
-        else:
-            lock.discard()
+        lock.release()

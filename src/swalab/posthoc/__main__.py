@@ -13,7 +13,7 @@ from swalab.posthoc import FOLDER, Request, build_and_score, earlier_results, se
 from swalab.posthoc.figure import ONLINE, plot
 from swalab.results.compare import finished_run
 from swalab.results.runs import Run
-from swalab.runlock import hold_folders, released
+from swalab.runlock import held_folders
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,14 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for run_dir in args.runs:  # every run checked before its posthoc/ is locked (and made)
         finished_run(run_dir)
-    locks = hold_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "averaged")
-    done = False
-    try:
-        code = build_score_and_draw(args, request, figure)
-        done = True
-        return code
-    finally:
-        released(locks, done)
+    with held_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "averaged"):
+        return build_score_and_draw(args, request, figure)
 
 
 def build_score_and_draw(args: argparse.Namespace, request: Request, figure: Path) -> int:
@@ -101,9 +95,7 @@ def build_score_and_draw(args: argparse.Namespace, request: Request, figure: Pat
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(run_command(main, prog="swalab.posthoc"))
-    except KeyboardInterrupt:  # every average written before is whole, the one being written has no record
-        print("[swalab.posthoc] interrupted: each average's record is whole (this call's or an earlier one's) or "
-              "absent; the same command builds the averages asked again", file=sys.stderr)
-        sys.exit(130)
+    # every average written before is whole, the one being written has no record
+    sys.exit(run_command(main, prog="swalab.posthoc",
+                         interrupted="each average's record is whole (this call's or an earlier one's) or absent; the "
+                                     "same command builds the averages asked again"))

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -58,7 +59,7 @@ from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metr
 from swalab.results.compare import Scored, finished_run, run_predictions, score_run
 from swalab.results.rebuilt import Rebuilt, rebuild, samples_drawn
 from swalab.rundir import RunDir, file_fingerprint, read_json, write_json, write_record
-from swalab.runlock import hold_folders, released
+from swalab.runlock import held_folders
 from swalab.train.records import save_predictions
 
 FOLDER = RunDir.SCORES
@@ -282,14 +283,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             raise ScoreError(str(err)) from None
     for run_dir in args.runs:  # every run checked before any is scored
         finished_run(run_dir)
-    locks = hold_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "scored")
-    done = False
-    try:
-        results = score_runs(args, specs)
-        done = True
-        return results
-    finally:
-        released(locks, done)
+    with held_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "scored"):
+        return score_runs(args, specs)
 
 
 def scoring_inputs(run_dir: Path, swag_samples: int | None) -> dict:
@@ -324,12 +319,8 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
     for run_dir in dict.fromkeys(args.runs):
         scored = score_run(run_dir, device=args.device)
         inputs = scoring_inputs(scored.run.path, samples_drawn(scored.run, args.swag_samples))
-        rebuilt: list[Rebuilt] = []  # built on first use: a command that keeps every set fits no posterior again
-
-        def posterior() -> Rebuilt:
-            if not rebuilt:
-                rebuilt.append(rebuild(scored, args.swag_samples))
-            return rebuilt[0]
+        # built on first use, once: a command that keeps every set fits no posterior again
+        posterior = functools.cache(lambda: rebuild(scored, args.swag_samples))
 
         records = []
         for spec in specs:
@@ -369,13 +360,9 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
 
 
 if __name__ == "__main__":
-    import sys
-
     from swalab.cli import run_command
 
-    try:
-        run_command(main, prog="swalab.results.score")
-    except KeyboardInterrupt:  # every set written before is whole, the one being written has no record
-        print("[swalab.results.score] interrupted: each set's record is whole (this command's or an earlier one's) "
-              "or absent; the same command keeps the whole ones and scores the rest", file=sys.stderr)
-        sys.exit(130)
+    # every set written before is whole, the one being written has no record
+    run_command(main, prog="swalab.results.score",
+                interrupted="each set's record is whole (this command's or an earlier one's) or absent; the same "
+                            "command keeps the whole ones and scores the rest")

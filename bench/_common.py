@@ -64,7 +64,9 @@ def _git(*args: str) -> str | None:
 
 def _start() -> dict:
     """What is true when a benchmark starts (this module is imported first): commit, tree, command, load."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # results the benchmarks write (bench/results/) are not code: gpu_suite.sh's later stages run after earlier ones
+    # rewrote tracked JSONs there, and would otherwise count the tree as dirty and refuse to write
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
     try:
         load = list(os.getloadavg())
     except OSError:

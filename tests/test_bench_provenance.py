@@ -85,3 +85,22 @@ def test_a_benchmark_from_a_clean_tree_writes_its_result_marked_clean(bench_repo
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["provenance"]["dirty"] is False and len(result["provenance"]["commit"]) == 40
+
+
+def test_a_result_an_earlier_benchmark_rewrote_does_not_make_the_tree_dirty(bench_repo, tmp_path):
+    # gpu_suite.sh runs benchmarks one after another; the earlier ones rewrite committed bench/results/*.json
+    results = bench_repo / "bench" / "results"
+    results.mkdir()
+    (results / "earlier_cuda.json").write_text("{}\n")
+    git(bench_repo, "add", ".")
+    git(bench_repo, "commit", "-q", "-m", "a committed result")
+    (results / "earlier_cuda.json").write_text('{"value": 2}\n')
+
+    out = tmp_path / "after_an_earlier_result.json"
+    done = run_benchmark(bench_repo, out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(out.read_text())["provenance"]["dirty"] is False
+
+    (bench_repo / "bench" / "_common.py").write_text((bench_repo / "bench" / "_common.py").read_text() + "\n# edit\n")
+    done = run_benchmark(bench_repo, tmp_path / "after_a_code_change.json")  # code under bench/ still counts
+    assert done.returncode != 0 and "uncommitted changes" in done.stderr

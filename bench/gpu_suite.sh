@@ -10,6 +10,14 @@
 # PYTHON picks the interpreter (default python3). The folder receives suite.log (versions, device, every stage's
 # output and exit code), pytest_gpu.txt and the JSON results; its JSONs are copied into bench/results/ afterwards
 # by whoever commits them.
+#
+# On a lent GPU machine the repository travels with what the call carries, 64 MiB in all; the tracked tree is about
+# 45 MB (Table 1's seed tarballs), so carry only what the suite needs, about 20 MB: the CIFAR-10 JPEG tarball and
+# hydra's wheels (../shared/gpu/prepare-carry makes both in .gpu/; its other extras would not fit beside them).
+# The call used on 2026-11-27, with those two copied into .gpu1/ and carry [".gpu1"]:
+#   python3 -m pip install -q --no-deps --no-index .gpu1/wheels/*.whl && python3 -m pip install -q --no-deps \
+#     --no-build-isolation -e . && mkdir -p /tmp/data && tar xzf .gpu1/cifar10-jpg.tar.gz -C /tmp/data \
+#     && SWALAB_CIFAR10_JPG=/tmp/data/cifar10-jpg bench/gpu_suite.sh /tmp/suite; tar czf $OUT/suite.tgz -C /tmp suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}

@@ -58,9 +58,6 @@ class NullTracker:
     def results(self, metrics: dict[str, Any], reliability: dict[str, list[dict]]) -> None:
         pass
 
-    def log_images(self, images: dict[str, str | Path]) -> None:
-        pass
-
     def log_artifact(self, path: str | Path, name: str, kind: str = "model") -> None:
         pass
 
@@ -192,12 +189,6 @@ class WandbTracker(NullTracker):
             if charts:
                 self.run.log(charts)
         self._call("results", write)
-
-    def log_images(self, images: dict[str, str | Path]) -> None:
-        def write():
-            import wandb
-            self.run.log({k: wandb.Image(str(v)) for k, v in images.items()})
-        self._call("images", write)
 
     def log_artifact(self, path: str | Path, name: str, kind: str = "model") -> None:
         def write():

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 
 from swalab import faults
-from swalab.rundir import RunDir
+from swalab.rundir import RunDir, atomic_write
 
 FORMAT = "swalab-checkpoint"
 VERSION = 1
@@ -66,25 +65,23 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; checkpoints are shared like any other output
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+
+    def write(f) -> None:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
         faults.hit("checkpoint_write")  # test-only: a kill here leaves the temp file, not a torn checkpoint
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        cause = _os_error_in(exc) if isinstance(exc, (OSError, RuntimeError)) else None
+
+    try:
+        return atomic_write(path, write)
+    except (OSError, RuntimeError) as exc:
+        cause = _os_error_in(exc)
         if cause is None:
             raise
         # full disk, quota, I/O error: the file it would have replaced is untouched
         raise OSError(cause.errno, f"cannot write {path} ({cause.strerror or cause}); nothing was replaced, so the "
                                    f"earlier files in {path.parent} are intact. Free space (or point "
                                    "paths.output_dir elsewhere) and re-launch the same command to continue") from None
-    return path
 
 
 def checkpoint_paths(directory: str | Path) -> list[Path]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from swalab.runstatus import OK_STATES
-from swalab.rundir import write_text
+from swalab.rundir import read_json, write_text
 
 JOBS_DIR = "jobs"
 SUMMARY_FILE = "summary.txt"
@@ -37,10 +36,8 @@ def record_job(grid_dir: str | Path, number: int, overrides: list[str], run_dir:
     path = folder / f"{number:04d}.json"
     line = (error or "").strip().splitlines()[0] if error else None
     where = None if run_dir is None else os.path.relpath(os.path.abspath(run_dir), os.path.abspath(grid_dir))
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"job": number, "overrides": list(overrides), "run_dir": where, "state": state, "error": line}, f)
-    os.replace(tmp, path)
+    write_text(path, json.dumps({"job": number, "overrides": list(overrides), "run_dir": where, "state": state,
+                                 "error": line}))
     return path
 
 
@@ -51,9 +48,8 @@ def read_jobs(grid_dir: str | Path) -> list[dict[str, Any]]:
     folder = Path(grid_dir) / JOBS_DIR
     jobs = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            job = json.loads(path.read_text())
-        except (OSError, ValueError):
+        job = read_json(path)
+        if job is None:
             continue
         if job.get("run_dir"):
             job["run_dir"] = str(job_run_dir(grid_dir, job["run_dir"]))

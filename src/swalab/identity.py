@@ -178,9 +178,7 @@ def source_run(spec: str, seed: Any = None) -> str | None:
     """What a run directory named by ``model.init_from`` (``<dir>``, or ``<dir>@<epoch>`` as
     ``swalab.train.build.load_init_weights`` reads it) counts as: its source run, ``run-<group hash>`` of the identity
     it recorded (:func:`recorded_identity`, under today's names), with ``-seed<k>`` when its seed ``k`` is not
-    ``seed`` (this run's) and ``@<epoch>`` when one is picked. The seeds of one config, each started from its own
-    seed's run of one config, so share a group; a run started from another seed's run is another experiment. The
-    folder's path never counts (spelled otherwise, moved or copied: the same source). None when ``spec`` names no
+    ``seed`` (this run's) and ``@<epoch>`` when one is picked (module doc: why). None when ``spec`` names no
     directory with a readable identity (the value then stays as it is)."""
     path, sep, epoch = spec.rpartition("@")
     if not sep or not epoch.isdigit():  # no epoch picked: the whole spec is the path
@@ -205,15 +203,9 @@ def source_run(spec: str, seed: Any = None) -> str | None:
 
 
 def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None) -> dict[str, Any]:
-    """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts,
-    and ``data.fingerprint``, the fingerprint of the files the run reads (``swalab.data.fingerprint``), when
-    known. A data set is what its files hold, never where they lie: ``dataset.root`` does not count, so a
-    folder copied elsewhere is the same data set and a folder whose images changed is another one.
-
-    A method's settings count as its ``method.*`` keys hold them, never as the model's recipe block they read
-    (``METHOD_RECIPES``), so ``model.swa.lr=0.05`` leaves an SGD run the same run. A weights file counts by its
-    content and a run directory as its source run (:func:`by_content`).
-    """
+    """The identity of a resolved config (a plain dict): ``{dotted key: value}`` of every key that counts by the
+    module doc's rules, and ``data.fingerprint``, the fingerprint of the files the run reads
+    (``swalab.data.fingerprint``), when known."""
     flat: dict[str, Any] = {}
     for root in RESULT_GROUPS:
         if root in resolved:
@@ -237,7 +229,7 @@ def _unset(key: str, value: Any) -> bool:
 
 def method_trains(resolved: Mapping[str, Any]) -> bool:
     """Whether the run's method trains (its class's ``trains``; True for a class that cannot be imported here)."""
-    return getattr(_method_class(resolved), "trains", True)
+    return getattr(method_class_of(resolved), "trains", True)
 
 
 def untrained_view(identity: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,8 +240,9 @@ def untrained_view(identity: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in identity.items() if not _under(k, TRAINING_GROUPS)}
 
 
-def _method_class(resolved: Mapping[str, Any]):
-    """The class of the run's method (``method._target_``), or None when there is none or it cannot be imported."""
+def method_class_of(resolved: Mapping[str, Any]):
+    """The class of the run's method (``method._target_``), or None when there is none or it cannot be imported here
+    (a method of one's own off this PYTHONPATH)."""
     target = (resolved.get("method") or {}).get("_target_")
     if not target:
         return None

@@ -26,7 +26,6 @@ start within it is mirrored offline instead (``wandb sync`` uploads it later, in
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import string
@@ -35,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from swalab.rundir import RunDir
+from swalab.rundir import RunDir, read_json
 
 RECORD_FILE = RunDir.WANDB_RUN
 MAX_NAME = 128  # characters W&B keeps of a run's name and group
@@ -57,9 +56,6 @@ class NullTracker:
         pass
 
     def results(self, metrics: dict[str, Any], reliability: dict[str, list[dict]]) -> None:
-        pass
-
-    def log_images(self, images: dict[str, str | Path]) -> None:
         pass
 
     def log_artifact(self, path: str | Path, name: str, kind: str = "model") -> None:
@@ -194,12 +190,6 @@ class WandbTracker(NullTracker):
                 self.run.log(charts)
         self._call("results", write)
 
-    def log_images(self, images: dict[str, str | Path]) -> None:
-        def write():
-            import wandb
-            self.run.log({k: wandb.Image(str(v)) for k, v in images.items()})
-        self._call("images", write)
-
     def log_artifact(self, path: str | Path, name: str, kind: str = "model") -> None:
         def write():
             import wandb
@@ -255,10 +245,7 @@ def run_labels(dataset: str, model: str, method: str, seed: Any, apart: Sequence
 
 def read_record(run_dir: str | Path) -> dict[str, Any] | None:
     """``<run_dir>/wandb_run.json``: the W&B run that mirrors this run (id, name, group, tags, project)."""
-    try:
-        record = json.loads((Path(run_dir) / RECORD_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    record = read_json(Path(run_dir) / RECORD_FILE)
     return record if isinstance(record, dict) and record.get("id") else None
 
 

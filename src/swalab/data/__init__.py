@@ -5,6 +5,15 @@ Loaders return an :class:`ImageData` (two ``uint8`` :class:`DataSplit` tensors p
 batches. :func:`load_digits` needs nothing but scikit-learn and is the offline default;
 :func:`load_cifar` reads CIFAR-10/100 from torchvision's pickles or from an image folder;
 :func:`load_folder` reads any image folder (``train/<class>/*``, ``test/<class>/*``).
+
+Every loader takes the same caps, the ``dataset.*`` keys of those names (conf/dataset): ``val_size`` holds that many
+training images (or that fraction) out first as a validation split, class-stratified and the same for every seed
+(:func:`swalab.data.splits.hold_out`); ``train_size`` keeps a subset of the rest seeded by ``seed`` (the run seed,
+which picks nothing else; :func:`subset`); ``test_size`` keeps a class-stratified subset of the test split drawn
+with the fixed seed 0, never ``seed``, so every seed is scored on the same images (:func:`cap_test_split`); ``None``
+keeps all; from a folder only the chosen files are decoded. ``cache_dir`` is ``run.cache_dir`` (None: the user's
+cache directory), and ``record`` the record of the files (the loader's ``files_record``,
+:func:`swalab.data.fingerprint.records_files`) when the caller has just made it, so that they are not read twice.
 """
 
 from .cache import CACHE_DIR, CACHE_FORMAT_VERSION

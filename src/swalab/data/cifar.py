@@ -273,23 +273,14 @@ def load_cifar(
         download: if neither layout is found, let torchvision download the pickles into ``root``.
             Leave it on for a first run on a machine with internet; turn it off on offline clusters so a
             wrong path fails at once instead of after a network timeout.
-        train_size: keep only this many training images (a seeded, class-stratified subset, see
-            :func:`swalab.data.subset`); ``None`` keeps all. From an image folder only the chosen
-            files are decoded (the same images a subset of the whole split would give).
-        seed: seeds the ``train_size`` subset.
+        train_size, test_size, val_size, seed, cache_dir, record: ``swalab.data``'s module doc (from an image
+            folder, the chosen files give the same images a subset of the whole split would).
         cache: for the image-folder layout, keep decoded tensors in
             ``<cache_dir>/<name>-<root key>-folder-v2.pt`` (a subset: ``...-folder-<hash>-v2.pt``; written
             atomically, rebuilt with a warning when stale or unreadable, skipped with a warning when the
-            cache directory is not writable; :mod:`swalab.data.cache`). The pickle layout is never cached: it
-            already stores decoded pixels and reads as fast as the cache.
-        cache_dir: write the cache here instead of the user's cache directory (``run.cache_dir``). The
-            cache records the files it was built from, so a changed folder is decoded again.
-        test_size: keep only this many test images: a class-stratified subset drawn with the fixed seed
-            0, never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
-        record: the record of the files read (:func:`files_record`) when the caller has just made it.
-        val_size: hold this many training images (or this fraction of them) out as a validation split
-            (``dataset.val_size``, :func:`swalab.data.splits.hold_out`: class-stratified, the same for every seed),
-            before ``train_size`` picks from the rest; ``None`` or 0: none.
+            cache directory is not writable; :mod:`swalab.data.cache`); it records the files it was built from,
+            so a changed folder is decoded again. The pickle layout is never cached: it already stores decoded
+            pixels and reads as fast as the cache.
 
     Raises:
         FileNotFoundError: neither layout is present (and ``download`` is off), or a file or split is

@@ -39,19 +39,8 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     The pixel values 0..16 are scaled to 0..255 (``round(v * 255 / 16)``) so that the same
     normalisation code (``x / 255``) serves every data set.
 
-    Args:
-        train_size: keep only this many training images (seeded, class-stratified, see
-            :func:`swalab.data.subset`); ``None`` keeps all of them.
-        seed: the run seed; it picks the ``train_size`` subset only. The train/test split itself is
-            always drawn with seed 0, so the test set is the same for every run and seed and test
-            numbers from different runs can be compared.
-        test_fraction: share of the 1,797 images held out as the test set (stratified by class).
-        test_size: keep only this many of the held-out images: a class-stratified subset drawn with the
-            fixed seed 0, never ``seed``, so every run seed is scored on the same images; ``None`` keeps all.
-        val_size: hold this many training images (or this fraction of them) out as a validation split, the same
-            for every seed (``swalab.data.splits.hold_out``), before ``train_size`` picks from the rest; ``None``
-            or 0: none.
-        record: the record of the digits (:func:`files_record`) when the caller has just made it.
+    ``test_fraction`` of the 1,797 images are held out as the test set (stratified by class), always with seed 0,
+    so the test set is the same for every run and seed. The caps: ``swalab.data``'s module doc.
     """
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split

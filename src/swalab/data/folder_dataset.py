@@ -133,21 +133,12 @@ def load_folder(
         mean, std: per-channel normalisation (pixels scaled to [0, 1]), one value per channel. ``None``
             measures it on the training images actually used (after ``train_size``, resizing and
             conversion; population std); the measurement is cached with the pixels.
-        train_size: keep this many training images, a class-stratified subset seeded by ``seed`` (see
-            :func:`swalab.data.subset`); ``None`` keeps all. Only the kept files are decoded.
-        test_size: keep this many test images, a class-stratified subset drawn with the fixed seed 0,
-            never ``seed``, so every run seed is scored on the same test images. ``None`` keeps all.
-        seed: the run seed; it picks the ``train_size`` subset only.
+        train_size, test_size, val_size, seed, cache_dir, record: ``swalab.data``'s module doc; the
+            normalisation is measured without the validation images.
         cache: keep the decoded tensors and measured statistics in
             ``<cache_dir>/<name>-<root key>-folder-<hash>-v2.pt`` (``swalab.data.cache``), the hash naming the
             chosen files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
-        cache_dir: where the cache goes (``run.cache_dir``); None: the user's cache directory.
         name: the data set's name in :class:`ImageData` and in the cache file name.
-        record: the record of the folder's files (:func:`files_record`) when the caller has just made it (a run's
-            plan), so that it is not made twice.
-        val_size: hold this many training images (or this fraction of them) out as a validation split
-            (``dataset.val_size``, :func:`swalab.data.splits.hold_out`: class-stratified, the same for every seed),
-            before ``train_size`` picks from the rest; the normalisation is measured without them. ``None`` or 0: none.
 
     Raises:
         ValueError: ``root`` not set; a bad ``image_size``, ``channels``, ``mean``, ``std``, ``train_size``

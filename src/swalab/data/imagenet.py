@@ -166,14 +166,9 @@ def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0
                   record: dict | None = None, val_size: int | float | None = None) -> FolderData:
     """List ``root/train`` and ``root/val`` (see the module docstring); decode nothing yet.
 
-    ``train_size`` keeps a fixed random subset of that many training images (chosen by ``seed``, kept in
-    folder order), for quick fine-tuning runs. ``test_size`` keeps that many validation images, a
-    class-stratified subset drawn with the fixed seed 0, never ``seed``, so every run seed is scored on
-    the same images (kept in folder order); ``None`` keeps the whole split. ``cache_dir`` is where the files'
-    digests are cached (``run.cache_dir``); ``record`` their record when the caller has just made it.
-    ``val_size`` holds that many images of ``train/`` (or that fraction of them) out as a validation split first
-    (``dataset.val_size``: class-stratified, the same for every seed, ``swalab.data.splits.hold_out``; the
-    ImageNet ``val/`` folder stays the test set), and ``train_size`` picks from the rest.
+    The caps: ``swalab.data``'s module doc, but ``train_size`` keeps a plain random subset (chosen by ``seed``)
+    and both subsets stay in folder order; the ImageNet ``val/`` folder is the test split (``test_size``), and
+    ``val_size`` is held out of ``train/``. ``cache_dir`` caches the files' digests.
     """
     root = Path(root)
     train = list_imagenet_split(root / TRAIN_SPLIT)

@@ -1,4 +1,4 @@
-"""Weight initialisation shared by the CIFAR models, as each reference definition does it.
+"""Weight initialisation and the three-stage layout shared by the CIFAR models, as each reference definition does it.
 
 When it matters: results are reproduced from the reference code's starting weights, so each model
 keeps its reference scheme (the choice is an argument here, not a copy of the loop in every model):
@@ -14,8 +14,23 @@ classifier's bias too (the Linear weights keep PyTorch's default).
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 from torch import nn
+
+
+def three_stages(unit: Callable[[int, int, int], nn.Module], in_planes: int, planes: Sequence[Sequence[int]],
+                 expansion: int = 1) -> tuple[list[nn.Sequential], int]:
+    """The stages of a CIFAR ResNet, strides 1, 2, 2: ``unit(in_planes, planes, stride)`` for each of ``planes``'s
+    widths (one sequence per stage), the first unit of a stage striding; with the width the last stage ends on."""
+    stages = []
+    for stride, widths in zip((1, 2, 2), planes):
+        units = []
+        for j, width in enumerate(widths):
+            units.append(unit(in_planes, width, stride if j == 0 else 1))
+            in_planes = width * expansion
+        stages.append(nn.Sequential(*units))
+    return stages, in_planes
 
 
 def init_weights(model: nn.Module, conv: str = "he", zero_linear_bias: bool = False) -> None:

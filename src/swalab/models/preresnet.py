@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .init import init_weights
+from .init import init_weights, three_stages
 
 __all__ = ["PreResNet", "PreActBasicBlock", "PreActBottleneck", "valid_preresnet_depth"]
 
@@ -40,57 +40,47 @@ def _conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
 
 
-class PreActBasicBlock(nn.Module):
+class _PreActUnit(nn.Module):
+    """A unit's convolutions (``conv1``, ``conv2``, ...) each preceded by BN -> ReLU (``bn1``, ``bn2``, ...); where the
+    shape changes, the shortcut is a 1x1 convolution of the pre-activated input."""
+
+    def __init__(self, in_planes: int, out_planes: int, stride: int, *convs: nn.Conv2d) -> None:
+        super().__init__()
+        for i, conv in enumerate(convs, 1):
+            setattr(self, f"bn{i}", nn.BatchNorm2d(conv.in_channels))
+            setattr(self, f"conv{i}", conv)
+        self.pairs = len(convs)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut: nn.Module | None = None
+        if stride != 1 or in_planes != out_planes:
+            self.shortcut = nn.Conv2d(in_planes, out_planes, kernel_size=1, stride=stride, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(x))
+        identity = x if self.shortcut is None else self.shortcut(out)
+        out = self.conv1(out)
+        for i in range(2, self.pairs + 1):
+            out = getattr(self, f"conv{i}")(self.relu(getattr(self, f"bn{i}")(out)))
+        return out + identity
+
+
+class PreActBasicBlock(_PreActUnit):
     """Two 3x3 convolutions, each preceded by BN -> ReLU."""
 
     expansion = 1
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        out_planes = planes * self.expansion
-        self.bn1 = nn.BatchNorm2d(in_planes)
-        self.conv1 = _conv3x3(in_planes, planes, stride)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv2 = _conv3x3(planes, out_planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module | None = None
-        if stride != 1 or in_planes != out_planes:
-            self.shortcut = nn.Conv2d(in_planes, out_planes, kernel_size=1, stride=stride, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.relu(self.bn1(x))
-        identity = x if self.shortcut is None else self.shortcut(out)
-        out = self.conv1(out)
-        out = self.conv2(self.relu(self.bn2(out)))
-        return out + identity
+        super().__init__(in_planes, planes, stride, _conv3x3(in_planes, planes, stride), _conv3x3(planes, planes))
 
 
-class PreActBottleneck(nn.Module):
+class PreActBottleneck(_PreActUnit):
     """1x1 (reduce) -> 3x3 (stride) -> 1x1 (expand x4), each preceded by BN -> ReLU."""
 
     expansion = 4
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        out_planes = planes * self.expansion
-        self.bn1 = nn.BatchNorm2d(in_planes)
-        self.conv1 = nn.Conv2d(in_planes, planes, kernel_size=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv2 = _conv3x3(planes, planes, stride)
-        self.bn3 = nn.BatchNorm2d(planes)
-        self.conv3 = nn.Conv2d(planes, out_planes, kernel_size=1, bias=False)
-        self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module | None = None
-        if stride != 1 or in_planes != out_planes:
-            self.shortcut = nn.Conv2d(in_planes, out_planes, kernel_size=1, stride=stride, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.relu(self.bn1(x))
-        identity = x if self.shortcut is None else self.shortcut(out)
-        out = self.conv1(out)
-        out = self.conv2(self.relu(self.bn2(out)))
-        out = self.conv3(self.relu(self.bn3(out)))
-        return out + identity
+        super().__init__(in_planes, planes * 4, stride, nn.Conv2d(in_planes, planes, kernel_size=1, bias=False),
+                         _conv3x3(planes, planes, stride), nn.Conv2d(planes, planes * 4, kernel_size=1, bias=False))
 
 
 def valid_preresnet_depth(depth: int) -> bool:
@@ -136,15 +126,7 @@ class PreResNet(nn.Module):
         self.blocks_per_stage = n
 
         self.conv1 = nn.Conv2d(in_channels, base_width, kernel_size=3, padding=1, bias=False)
-        in_planes = base_width
-        stages = []
-        for i, stride in enumerate((1, 2, 2)):
-            planes = base_width * (2**i)
-            units = []
-            for j in range(n):
-                units.append(block(in_planes, planes, stride if j == 0 else 1))
-                in_planes = planes * block.expansion
-            stages.append(nn.Sequential(*units))
+        stages, in_planes = three_stages(block, base_width, [[base_width * 2**i] * n for i in range(3)], block.expansion)
         self.layer1, self.layer2, self.layer3 = stages
         self.bn = nn.BatchNorm2d(in_planes)
         self.relu = nn.ReLU(inplace=True)

@@ -26,12 +26,14 @@ Parameter count (this implementation), PyramidNet-272 alpha 200 bottleneck:
 
 from __future__ import annotations
 
+import itertools
+
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .init import init_weights
+from .init import init_weights, three_stages
 
 __all__ = ["PyramidNet", "PyramidBasicBlock", "PyramidBottleneck"]
 
@@ -134,17 +136,8 @@ class PyramidNet(nn.Module):
         base = 16
         self.conv1 = nn.Conv2d(in_channels, base, kernel_size=3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(base)
-        width = float(base)
-        in_planes = base
-        stages = []
-        for stride in (1, 2, 2):
-            units = []
-            for j in range(n):
-                width += add_rate
-                planes = int(round(width))
-                units.append(block(in_planes, planes, stride if j == 0 else 1))
-                in_planes = planes * block.expansion
-            stages.append(nn.Sequential(*units))
+        widths = [int(round(w)) for w in itertools.accumulate([add_rate] * (3 * n), initial=float(base))][1:]
+        stages, in_planes = three_stages(block, base, [widths[i * n:(i + 1) * n] for i in range(3)], block.expansion)
         self.layer1, self.layer2, self.layer3 = stages
         self.bn_final = nn.BatchNorm2d(in_planes)
         self.relu = nn.ReLU(inplace=True)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .init import init_weights
+from .init import init_weights, three_stages
 
 __all__ = ["ShakeShake", "ShakeShakeBlock", "shake_shake"]
 
@@ -146,15 +146,7 @@ class ShakeShake(nn.Module):
 
         self.conv1 = nn.Conv2d(in_channels, 16, kernel_size=3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
-        in_planes = 16
-        stages = []
-        for i, stride in enumerate((1, 2, 2)):
-            planes = base_width * (2**i)
-            units = []
-            for j in range(n):
-                units.append(ShakeShakeBlock(in_planes, planes, stride if j == 0 else 1))
-                in_planes = planes
-            stages.append(nn.Sequential(*units))
+        stages, in_planes = three_stages(ShakeShakeBlock, 16, [[base_width * 2**i] * n for i in range(3)])
         self.layer1, self.layer2, self.layer3 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)

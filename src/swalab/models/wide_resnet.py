@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .init import init_weights
+from .init import init_weights, three_stages
 
 __all__ = ["WideResNet", "WideBasicBlock"]
 
@@ -87,14 +87,8 @@ class WideResNet(nn.Module):
         self.widen_factor = widen_factor
 
         self.conv1 = nn.Conv2d(in_channels, widths[0], kernel_size=3, padding=1, bias=True)
-        in_planes = widths[0]
-        stages = []
-        for planes, stride in zip(widths[1:], (1, 2, 2)):
-            units = []
-            for j in range(n):
-                units.append(WideBasicBlock(in_planes, planes, stride if j == 0 else 1, dropout))
-                in_planes = planes
-            stages.append(nn.Sequential(*units))
+        stages, in_planes = three_stages(lambda i, o, s: WideBasicBlock(i, o, s, dropout), widths[0],
+                                         [[w] * n for w in widths[1:]])
         self.layer1, self.layer2, self.layer3 = stages
         self.bn = nn.BatchNorm2d(in_planes)
         self.relu = nn.ReLU(inplace=True)

@@ -124,12 +124,6 @@ def per_image(in_log_probs: torch.Tensor, out_log_probs: torch.Tensor, in_member
     return {name: (ins[name], outs[name]) for name in ins if name in outs}
 
 
-def ood_metrics(in_log_probs: torch.Tensor, out_log_probs: torch.Tensor, in_members=None, out_members=None) -> dict:
-    """``{score: {auroc, aupr, fpr95}}`` of one predictor on its in-distribution and OOD log-probabilities."""
-    scores = per_image(in_log_probs, out_log_probs, in_members, out_members)
-    return {name: detection(ins, outs) for name, (ins, outs) in scores.items()}
-
-
 # -- the per-image scores, kept for ROC curves -------------------------------------------------------------------------
 #: beside an OOD set's ``metrics.json``: every predictor's per-image scores, float16 (a ROC curve needs them)
 PER_IMAGE_FILE = "per_image_scores.pt"

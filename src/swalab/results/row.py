@@ -51,7 +51,7 @@ from swalab.results.table import title_of
 from swalab.train.build import build_method
 from swalab.train.plan import locate
 from swalab.train.plan import apart_from_defaults, identity_for, validate
-from swalab.rundir import DamagedRecord, RunDir, write_text
+from swalab.rundir import DamagedRecord, RunDir, read_json, write_text
 
 REPO = Path(__file__).resolve().parents[3]
 SWA_BUDGETS = (1.0, 1.25, 1.5)  # the paper's SWA columns (section 4.1)
@@ -277,10 +277,7 @@ def row_records(roots) -> list[dict]:
     found = []
     for root in map(Path, roots):
         for path in sorted(root.rglob("rows/*.json")):
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+            record = read_json(path)
             if isinstance(record, dict) and "jobs" in record and "columns" in record:
                 found.append({**record, "root": str(path.parent.parent)})
     unique = {}  # two records of the same runs (renamed records, roots that overlap) are one row

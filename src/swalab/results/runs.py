@@ -34,7 +34,7 @@ from swalab.config import build
 from swalab.data import ImageData, subset
 from swalab.data.classes import ClassesError, keep_classes, other_classes
 from swalab.data.splits import DataSplit, cap_test_split
-from swalab.identity import counted, identity_of, stored_identity
+from swalab.identity import counted, identity_of, method_class_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
@@ -232,19 +232,13 @@ class Run:
 
     @cached_property
     def method_class(self) -> type | None:
-        """The run's method class (``method._target_``; a config that names none: the built-in method of its name),
-        or None where it cannot be imported here (a method of one's own off this PYTHONPATH: read by its name alone)."""
-        from hydra.utils import get_class
-
+        """The run's method class (``swalab.identity.method_class_of``; a config that names none: the built-in method
+        of its name); None: read by its name alone."""
         from swalab.methods import REPORT_ORDER
 
-        target = self.get("method._target_")
-        if target is None:
+        if self.get("method._target_") is None:
             return next((method for method in REPORT_ORDER if method.name == self.method), None)
-        try:
-            return get_class(str(target))
-        except Exception:  # noqa: BLE001
-            return None
+        return method_class_of(self.config)
 
     @property
     def live(self) -> str | None:

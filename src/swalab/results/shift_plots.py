@@ -31,7 +31,7 @@ import numpy as np
 
 from swalab import style
 from swalab.results import ood
-from swalab.results.table import Cell, Column, Row, Table
+from swalab.results.table import Cell, Column, Row, Table, mean_pm
 from swalab.rundir import RunDir
 
 CORRUPTED = "cifar10c-"  # the folder of a corrupted set: scores/cifar10c-<corruption>-<severity>
@@ -243,13 +243,6 @@ def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
             for score in ROC_SCORES if curves.get(score)}
 
 
-def _auroc_text(values: list[float]) -> str:
-    if not values:
-        return "AUROC –"
-    spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
-    return f"AUROC {statistics.fmean(values):.3f}{spread}"
-
-
 def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
     """One row's ROC panel against one OOD set: a curve per predictor and score, the diagonal, the legend beneath."""
     ax.plot([0, 1], [0, 1], color="grey", lw=0.9, ls=(0, (1, 2)), label="chance (AUROC 0.5)")
@@ -260,7 +253,7 @@ def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
         for score, (fpr, tpr, aurocs, n) in roc_curves(cell, name, read, scores).items():
             line_style, said = ROC_SCORES[score]
             ax.plot(fpr, tpr, ls=line_style, lw=1.3, color=color, label=f"{column.label} · {said}: "
-                                                                       f"{_auroc_text(aurocs)} (n={n})")
+                                                                       f"AUROC {mean_pm(aurocs, 3)} (n={n})")
             seeds = max(seeds, n)
     ax.set(xlim=(-0.01, 1.01), ylim=(-0.01, 1.01),
            xlabel="false positive rate\n(in-distribution test images flagged)",

@@ -29,7 +29,7 @@ from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_
 from swalab.results.ensembles import saved_log_probs
 from swalab.results.shift_plots import (CORRUPTED, OOD, SEVERITIES, clean_metrics, common_sets, corrupted_records,
                                         shared_sets)
-from swalab.results.table import Cell, Column, Table, mean_std
+from swalab.results.table import Cell, Column, Table, markdown_table, mean_pm
 from swalab.rundir import RunDir
 
 
@@ -125,7 +125,7 @@ def corruption_markdown(table: Table) -> list[str]:
     if lines:
         out += ["### Ensembles of seeds under corruption (SGD xN: a deep ensemble; SWAG xN: MultiSWAG)", "",
                 "The mean of the seeds' probabilities on each corrupted set, scored, then the mean over corruptions.", "",
-                *_table(["ensemble", "metric", *[f"severity {s}" for s in SEVERITIES]], lines), ""]
+                *markdown_table(["ensemble", "metric", *[f"severity {s}" for s in SEVERITIES]], lines), ""]
     if why_not:
         out += ["Not ensembled under corruption:", *why_not, ""]
     return out
@@ -140,8 +140,8 @@ def _severity_tables(scored, sets: Sequence[tuple[str, int]]) -> list[str]:
         for row, column, cell in scored:
             values = per_seed_severity(cell, metric, sets)
             lines.append([_name(row, column), str(len(cell.entries)),
-                          *[_shown(values[s], digits) if values.get(s) else "–" for s in (0, *SEVERITIES)]])
-        out += [f"### {title}", "", *_table(header, lines), ""]
+                          *[mean_pm(values.get(s), digits) for s in (0, *SEVERITIES)]])
+        out += [f"### {title}", "", *markdown_table(header, lines), ""]
     return out
 
 
@@ -178,21 +178,11 @@ def ood_markdown(table: Table) -> list[str]:
                              "changed between the score commands): not averaged; score every seed again with the same "
                              "--ood")
                 continue
-            lines.append([_name(row, column), name, str(len(values)), _shown(values, 4)])
+            lines.append([_name(row, column), name, str(len(values)), mean_pm(values, 4)])
     if not lines and not apart:
         return []
     return ["## Out-of-distribution detection, per cell: AUROC of 1 - max softmax probability", "",
             "Mean ± std over the seeds of each cell (a cell counts only where every seed was scored on the set, and on "
-            "the same images).", "", *_table(["row · column", "OOD set", "seeds", "AUROC (msp)"], lines), "",
+            "the same images).", "", *markdown_table(["row · column", "OOD set", "seeds", "AUROC (msp)"], lines), "",
             *([*apart, ""] if apart else [])]
 
-
-def _shown(values: Sequence[float], digits: int) -> str:
-    """``mean ± std`` (the std over seeds; a single value alone)."""
-    mean, std = mean_std(values)
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
-
-
-def _table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(line) + " |" for line in lines]]

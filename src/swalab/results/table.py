@@ -458,6 +458,19 @@ def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
+def mean_pm(values: Sequence[float] | None, digits: int, sign: bool = False) -> str:
+    """``mean ± std`` over seeds (a single value alone; "–" for none): a cell of a markdown table."""
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    return f"{mean:{'+' if sign else ''}.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+
+
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(line) + " |" for line in lines)]
+
+
 def fmt_cell(values: Sequence[float], digits: int = 2) -> str:
     if not values:
         return "–"

@@ -12,8 +12,8 @@ from swalab.evaluate import AT_BOUND, reported_metrics
 from swalab.identity import group_hash
 from swalab.results.diagnostics import section35_of
 from swalab.results.runs import Run
-from swalab.results.table import (Table, budget_epochs_of, fmt_cell, mean_std, paired_differences,
-                                  sgd_baseline)
+from swalab.results.table import (Table, budget_epochs_of, fmt_cell, markdown_table, mean_pm, mean_std,
+                                  paired_differences, sgd_baseline)
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 
@@ -42,7 +42,7 @@ def section35_markdown(table: Table) -> list[str]:
             "consecutive FGE members: the mean over pairs of the L2 distance and the highest agreement of any pair. "
             "The paper (PreResNet-164, CIFAR-100): consecutive members 0.126 and at most 87.33%; SWA vs the FGE "
             "ensemble 0.079 and 95.26%.", "",
-            *_markdown_table(["row", "pair", "mean L2 distance", "label agreement %"], lines), ""]
+            *markdown_table(["row", "pair", "mean L2 distance", "label agreement %"], lines), ""]
 
 
 def load_paper_tables(path: Path = PAPER_TABLES) -> dict:
@@ -51,11 +51,6 @@ def load_paper_tables(path: Path = PAPER_TABLES) -> dict:
 
 def paper_row(paper: dict, dataset: str, model: str) -> dict[str, str] | None:
     return paper.get("rows", {}).get(f"{dataset}/{model}")
-
-
-def _markdown_table(header: list[str], lines: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(line) + " |" for line in lines)]
 
 
 def shown_parent(child: Path, parent: str | None) -> str | None:
@@ -105,7 +100,7 @@ def wall_time_markdown(costs: Sequence[dict]) -> list[str]:
             "runs' histories (training, epoch-end hooks, test passes; start-up and final scoring not counted), "
             "against the naive estimate: every column trained straight through, at the row's own mean time "
             "per epoch.", "",
-            *_markdown_table(["seed", "epochs trained", "minutes", "naive epochs", "naive minutes (estimate)",
+            *markdown_table(["seed", "epochs trained", "minutes", "naive epochs", "naive minutes (estimate)",
                               "saved"], lines), ""]
 
 
@@ -152,13 +147,6 @@ def diff_text(row, column, values) -> str:
     return _fmt_diff(values) if values else "no seed in common with SGD"
 
 
-def _mean_pm(values: Sequence[float], digits: int, sign: bool = False) -> str:
-    if not values:
-        return "–"
-    mean, std = mean_std(values)
-    return f"{mean:{'+' if sign else ''}.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
-
-
 def ensembles_markdown(ensembles: Sequence) -> list[str]:
     """The ensembles of seeds (``swalab.results.ensembles``): each beside the mean of its seeds, or why it is missing."""
     if not any(e.metrics for e in ensembles):
@@ -169,14 +157,14 @@ def ensembles_markdown(ensembles: Sequence) -> list[str]:
             lines.append([e.row.name, e.label, ", ".join(map(str, e.seeds)), f"not formed: {e.why}", *[""] * (len(reported_metrics()) - 1)])
             continue
         lines.append([e.row.name, e.label, ", ".join(map(str, e.seeds)),
-                      *(f"{e.metrics[m.name]:.{m.digits}f} ({_mean_pm(e.members[m.name], m.digits)})"
+                      *(f"{e.metrics[m.name]:.{m.digits}f} ({mean_pm(e.members[m.name], m.digits)})"
                         for m in reported_metrics())])
     return ["## Ensembles of seeds (deep ensembles; SWAG x n is MultiSWAG)", "",
             "Each config's seeds as one ensemble: the mean of their saved test probabilities (predictions.pt, no "
             "forward pass), scored like every predictor; in brackets the mean ± std of the seeds on their own. Only runs "
             "of exactly one config but the seed, scored on the same test labels; +ts columns are not ensembled (their "
             "temperature would have to be fitted on the ensemble's own validation split).", "",
-            *_markdown_table(["row", "ensemble", "seeds", *(m.heading for m in reported_metrics())], lines), ""]
+            *markdown_table(["row", "ensemble", "seeds", *(m.heading for m in reported_metrics())], lines), ""]
 
 
 def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
@@ -201,11 +189,11 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             cell = row.cells[column]
             temps = [float(e.metrics["temperature"]) for e in cell.entries if "temperature" in e.metrics]
             lines.append([header(column), str(len(cell.entries)),
-                          *(_mean_pm(cell.values(m.name), m.digits) for m in reported_metrics()),
+                          *(mean_pm(cell.values(m.name), m.digits) for m in reported_metrics()),
                           (f"{sum(temps) / len(temps):.3f}" + (AT_BOUND if any(e.metrics.get("temperature_at_bound")
                                                                                for e in cell.entries) else ""))
                           if temps else "",
-                          *(_mean_pm(diffs[column], d, sign=True) if diffs.get(column) else diff_text(row, column, [])
+                          *(mean_pm(diffs[column], d, sign=True) if diffs.get(column) else diff_text(row, column, [])
                             for diffs, d in ((acc_diffs, 2), (nll_diffs, 4)))])  # an empty Δ says why, as paired
         sgd = row.sgd_cells()
         for e in (e for e in formed if e.row is row):
@@ -216,7 +204,7 @@ def every_column_markdown(table: Table, ensembles: Sequence) -> list[str]:
             lines.append([e.label, f"{len(e.seeds)} (ensemble)",
                           *(f"{e.metrics[m.name]:.{m.digits}f}" for m in reported_metrics()), "",
                           delta["acc"], delta["nll"]])
-        out += [f"### {row.name}", "", *_markdown_table(["column", "n", *(m.heading for m in reported_metrics()), "T",
+        out += [f"### {row.name}", "", *markdown_table(["column", "n", *(m.heading for m in reported_metrics()), "T",
                                                          "Δ accuracy", "Δ NLL"], lines), ""]
     if not fitted:
         out += ["T is blank in every row: none of these runs held out a validation split (dataset.val_size), so no "
@@ -239,7 +227,7 @@ def metric_markdown(table: Table, paper: dict | None, level: str = "##") -> tupl
             if published is not None:
                 lines.append([f"{row.dataset} / {row.model} (paper)", *(published.get(c.paper, "–") for c in columns)])
                 shown_paper = True
-        out += [f"{level} {title}", "", *_markdown_table(header, lines), ""]
+        out += [f"{level} {title}", "", *markdown_table(header, lines), ""]
     out += at_bound_note(table)
     diffs = [(row, paired_differences(row)) for row in table.rows]
     diff_columns = sorted({c for row in table.rows for c in row.cells  # +ts keeps the accuracy of its predictor
@@ -253,7 +241,7 @@ def metric_markdown(table: Table, paper: dict | None, level: str = "##") -> tupl
                 "over the seeds both hold. A column is paired only with an SGD run of exactly its B; a row of a method's own "
                 "other settings (SWA's pre-schedule, its lr) with the SGD of the row it shares every other setting with.",
                 "",
-                *_markdown_table(["row", *(f"{table.header(c)} − SGD" for c in diff_columns)], lines), ""]
+                *markdown_table(["row", *(f"{table.header(c)} − SGD" for c in diff_columns)], lines), ""]
     return out, shown_paper
 
 
@@ -399,11 +387,11 @@ def other_data_markdown(runs: Sequence[Run]) -> list[str]:
         out += ["## Scored on other data (python -m swalab.results.score)", "",
                 "Each run's predictors on other test sets (cifar10c-<corruption>-<severity>: its test split corrupted as "
                 "CIFAR-10-C); +ts at the run's own temperature.", "",
-                *_markdown_table(["run", "data", "predictor", "accuracy %", "NLL", "ECE (15 equal-width bins)",
+                *markdown_table(["run", "data", "predictor", "accuracy %", "NLL", "ECE (15 equal-width bins)",
                                   "ECE (20 equal-mass bins)", "Brier"], tested), ""]
     if detected:
         out += ["## Out-of-distribution detection (python -m swalab.results.score --ood)", "",
                 "The run's test split against the OOD set (the positives); fpr95: in-distribution images flagged at 95% "
                 "OOD recall.", "",
-                *_markdown_table(["run", "OOD set", "predictor", "score", "AUROC", "AUPR", "FPR95"], detected), ""]
+                *markdown_table(["run", "OOD set", "predictor", "score", "AUROC", "AUPR", "FPR95"], detected), ""]
     return out

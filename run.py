@@ -141,6 +141,27 @@ def hand_on(exc: Preempted) -> None:
         handler(exc.signum, None)
 
 
+def composing_refusals_in_one_line() -> None:
+    """Run :func:`main`; what Hydra refuses while it composes the command line's config (a misspelt key, an unknown
+    option of a group, an override it cannot parse) is said in one line, exit 2, as every other refusal, instead of
+    Hydra's several lines and exit 1. Hydra's own report stays with ``HYDRA_FULL_ERROR=1`` or ``SWALAB_TRACEBACK=1``."""
+    from hydra.errors import CompactHydraException
+
+    from swalab.cli import one_line as in_one_line
+    from swalab.config import unknown_key
+
+    own_report = os.environ.get("HYDRA_FULL_ERROR") or os.environ.get("SWALAB_TRACEBACK")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it refuses, here, instead of printing it and exiting 1
+    try:
+        main()
+    except CompactHydraException as exc:
+        if own_report:
+            raise
+        typed = getattr(exc, "override", None)  # an override Hydra cannot parse
+        print(f"[swalab] {unknown_key(exc) or (typed + ': ' if typed else '') + in_one_line(str(exc))}", file=sys.stderr)
+        sys.exit(REFUSED_EXIT_CODE)
+
+
 if __name__ == "__main__":
     from swalab.compat import moved_keys
 
@@ -151,4 +172,4 @@ if __name__ == "__main__":
     if refused:
         print("[swalab] " + "; ".join(refused), file=sys.stderr)
         sys.exit(REFUSED_EXIT_CODE)
-    main()
+    composing_refusals_in_one_line()

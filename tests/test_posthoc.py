@@ -513,6 +513,53 @@ def test_posthoc_interrupted_by_ctrl_c_says_so_in_one_line_and_keeps_each_averag
     assert not (copied_run / "posthoc" / "lawa3" / "metrics.json").exists()
 
 
+def posthoc_cli(run: Path, *args: str, fault: str) -> "subprocess.CompletedProcess":
+    """``python -m swalab.posthoc <run> <args> --device cpu`` in a child process with a planned fault
+    (``swalab.faults``)."""
+    import os
+    import subprocess
+    import sys
+
+    from swalab import faults
+
+    env = {**{k: v for k, v in os.environ.items() if k != faults.ENV}, "OMP_NUM_THREADS": "1", faults.ENV: fault}
+    return subprocess.run([sys.executable, "-m", "swalab.posthoc", str(run), *args, "--device", "cpu"], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_posthoc_stopped_by_sigterm_says_so_in_one_line_like_ctrl_c_and_keeps_each_average_whole_or_absent(copied_run):
+    """``kill`` (a job's time limit) while the second average is written: one line, exit 143 (128 + SIGTERM), the
+    first average whole, the second without a record."""
+    done = posthoc_cli(copied_run, "--lawa", "2", "3", fault="record_commit:2:TERM")
+    assert done.returncode == 143, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and "builds the averages asked again" in lines[0], done.stderr
+    assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()
+    assert not (copied_run / "posthoc" / "lawa3" / "metrics.json").exists()
+
+
+def test_posthoc_stopped_by_sigterm_before_it_wrote_anything_leaves_no_posthoc_folder(copied_run):
+    """SIGTERM once ``posthoc/`` is locked, before any average is written: the folder the lock made is removed again,
+    as after Ctrl-C, so no empty ``posthoc/`` holding only ``.lock`` is left in the run."""
+    done = posthoc_cli(copied_run, "--lawa", "2", fault="folders_held:1:TERM")
+    assert done.returncode == 143, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (copied_run / "posthoc").exists()
+
+
+def test_a_posthoc_folder_left_by_kill_9_holding_only_its_lock_troubles_neither_the_next_call_nor_the_run(copied_run):
+    """``kill -9`` runs no clean-up, so ``posthoc/.lock`` stays; the run reads no average from it, and the same
+    command takes the lock over and builds the average whole."""
+    from swalab.results.runs import Run
+
+    killed = posthoc_cli(copied_run, "--lawa", "2", fault="folders_held:1:KILL")
+    assert killed.returncode == -9, killed.stderr
+    assert [p.name for p in (copied_run / "posthoc").iterdir()] == [".lock"]
+    assert Run(copied_run).posthoc == {}
+    main([str(copied_run), "--lawa", "2"])
+    assert "lawa2" in Run(copied_run).posthoc
+
+
 def test_a_second_call_with_select_chooses_in_every_family_it_draws_those_of_earlier_calls_too(copied_run, capsys):
     """The figure of a call draws every current average of the run; its rings and the choice lines cover them all,
     not only the families this call built."""

@@ -453,6 +453,23 @@ def test_unknown_keys_and_names_are_refused_with_the_valid_options(override, exc
         assert fragment in text
 
 
+@pytest.mark.parametrize("override, named", [
+    ("model.swa.strat=0.5", ["model.swa.strat=0.5", "model.swa has no key 'strat'", "model.swa.start"]),
+    ("trainer.epcohs=3", ["trainer.epcohs=3", "trainer has no key 'epcohs'", "trainer.epochs"]),
+])
+def test_a_misspelt_key_on_the_command_line_is_refused_in_one_line_naming_it_and_the_key_meant(tmp_path, override,
+                                                                                              named):
+    """Hydra says a key it cannot override in seven lines, exit 1, and tells the user to append it with ``+``; run.py
+    says it in one line, exit 2, with the key of that block the user most likely meant, and writes nothing."""
+    done = run_cli(tmp_path / "run", override)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[swalab] "), done.stderr
+    for fragment in named:
+        assert fragment in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_run_py_prints_the_valid_options_for_an_unknown_model(tmp_path):
     done = run_cli(tmp_path / "run", "model=resnet9")

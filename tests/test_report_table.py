@@ -425,3 +425,31 @@ def test_an_fge_run_recorded_with_save_members_shares_the_row_of_its_sgd_run(tmp
                                                    "apart": {"model.fge.save_members": True}}))
     report([root], tmp_path / "out")
     assert table_lines(tmp_path / "out")[2:] == ["| cifar10 / preresnet20 | 90.00 (n=1) | 92.00 (n=1) |"]
+
+
+def on_data(run, fingerprint: str):
+    """The run as trained on images of this fingerprint (``data.fingerprint`` in its identity, as run.py records it)."""
+    import json
+
+    record = json.loads((run / "identity.json").read_text())
+    record["identity"]["data.fingerprint"] = fingerprint
+    (run / "identity.json").write_text(json.dumps(record))
+    return run
+
+
+def test_runs_of_one_config_on_two_versions_of_an_image_folder_are_two_rows_each_named_by_its_data(tmp_path):
+    """A folder of the user's images changed between two grids (an image added, removed or rewritten): the runs
+    before and after are other experiments (``data.fingerprint``), whose settings as typed are the same. Their rows
+    must not read alike: each names the data it trained on, and holds that data's SGD and SWA runs only."""
+    for grid, fingerprint, (sgd, swa) in (("before", "aaaaaaaaaaaaaaaa", (90.0, 93.0)),
+                                          ("after", "bbbbbbbbbbbbbbbb", (80.0, 84.0))):
+        on_data(with_apart(make_run(tmp_path / grid, "sgd", 0, {"sgd": m(sgd)}), {}), fingerprint)
+        on_data(with_apart(make_run(tmp_path / grid, "swa", 1, {"swa": m(swa)}, budget=1.5), {}), fingerprint)
+    report([tmp_path / "before", tmp_path / "after"], tmp_path / "out")
+    assert sorted(line.split(" | ", 1)[1] for line in table_lines(tmp_path / "out")[2:]) == [
+        "80.00 (n=1) | 84.00 (n=1) |", "90.00 (n=1) | 93.00 (n=1) |"]
+    assert sorted(row_names(tmp_path / "out")) == ["cifar10 / preresnet20 · data.fingerprint=aaaaaaaaaaaaaaaa",
+                                                   "cifar10 / preresnet20 · data.fingerprint=bbbbbbbbbbbbbbbb"]
+    rows = {row.label: row for row in table_of(tmp_path / "before", tmp_path / "after").rows}
+    assert [e.run.path.parents[4].name for c in rows["data.fingerprint=aaaaaaaaaaaaaaaa"].cells.values()
+            for e in c.entries] == ["before", "before"]

@@ -326,6 +326,50 @@ def test_a_score_interrupted_by_ctrl_c_says_so_in_one_line_and_leaves_each_set_w
     assert not (swa_run / "scores" / "cifar10c-pixelate-3" / "metrics.json").exists()
 
 
+def test_a_score_stopped_by_sigterm_says_so_in_one_line_like_ctrl_c_and_leaves_each_set_whole_or_absent(swa_run):
+    """``kill`` (a job's time limit) while the second set is written ends the command as Ctrl-C does: one line,
+    exit 143 (128 + SIGTERM), the first set whole, the second without a record."""
+    sets = ["--data", "cifar10c:elastic_transform:2", "--data", "cifar10c:elastic_transform:3"]
+    stopped = score_cli(str(swa_run), *sets, fault="record_commit:2:TERM")
+    assert stopped.returncode == 143, stopped.stderr
+    lines = stopped.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and "keeps the whole ones and scores the rest" in lines[0], lines
+    assert record_matches_its_predictions(swa_run / "scores" / "cifar10c-elastic_transform-2")
+    assert not (swa_run / "scores" / "cifar10c-elastic_transform-3" / "metrics.json").exists()
+
+
+def test_a_score_stopped_by_sigterm_before_it_wrote_anything_leaves_no_scores_folder(swa_run, tmp_path):
+    """SIGTERM once ``scores/`` is locked, before any set is written: the folder the lock made is removed again, as
+    after Ctrl-C or a refusal, so no empty ``scores/`` holding only ``.lock`` is left in the run."""
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("scores"))
+    stopped = score_cli(str(run), "--data", "test", fault="folders_held:1:TERM")
+    assert stopped.returncode == 143, stopped.stderr
+    assert len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
+    assert not (run / "scores").exists()
+
+
+def test_a_scores_folder_left_by_kill_9_holding_only_its_lock_troubles_neither_the_next_score_nor_the_report(
+        swa_run, tmp_path):
+    """``kill -9`` runs no clean-up: ``scores/.lock`` and a set's predictions without its ``metrics.json`` stay. The
+    next score takes the lock over and writes the set whole; the report reads only whole records."""
+    import shutil
+
+    from swalab.results.runs import Run
+
+    run = tmp_path / "copy"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("scores"))
+    killed = score_cli(str(run), "--data", "test", fault="folders_held:1:KILL")
+    assert killed.returncode == -9, killed.stderr
+    assert [p.name for p in (run / "scores").iterdir()] == [".lock"]
+    assert Run(run).scores == {}
+    again = score_cli(str(run), "--data", "test")
+    assert again.returncode == 0, again.stderr
+    assert record_matches_its_predictions(run / "scores" / "test")
+
+
 def test_the_same_score_started_twice_on_one_run_is_refused_in_one_line_naming_the_process_that_scores_it(swa_run):
     import os
     import signal

@@ -10,8 +10,11 @@ has its own, richer handling (``swalab.train``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -50,13 +53,46 @@ def message(exc: BaseException) -> str:
     return str(exc).strip()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job's time limit) arrived while a command of whole-or-absent records ran
+    (:func:`sigterm_interrupts`): raised where the command is, as Ctrl-C's ``KeyboardInterrupt`` is, so that the same
+    clean-up runs (a folder a lock made and nothing was written to is removed: ``swalab.runlock.held_folders``)."""
+
+    exit_code = 128 + signal.SIGTERM  # 143, what a shell reports for a process ended by SIGTERM
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While the block runs, SIGTERM raises :class:`Terminated` instead of ending the process at once, where no
+    clean-up would run; the earlier handler comes back afterwards. Only in the main thread, where Python handles
+    signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "swalab",
                 interrupted: str | None = None) -> object:
     """Call ``main(argv)`` and return what it returns; a user's error ends in one line on stderr and exit 2. With
     ``interrupted`` (what Ctrl-C leaves behind, for a command whose records are whole or absent), Ctrl-C ends in
-    one line saying it, exit 130."""
+    one line saying it, exit 130, and SIGTERM likewise, exit 143."""
     try:
-        return main(argv)
+        if interrupted is None:
+            return main(argv)
+        with sigterm_interrupts():
+            return main(argv)
+    except Terminated:
+        print(f"[{prog}] stopped by SIGTERM: {interrupted}", file=sys.stderr)
+        raise SystemExit(Terminated.exit_code) from None
     except KeyboardInterrupt:
         if interrupted is None:
             raise

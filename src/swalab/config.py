@@ -282,6 +282,24 @@ def check_overrides(overrides: Sequence[str], groups: Sequence[str]) -> None:
         raise ConfigError("invalid override:\n  - " + "\n  - ".join(errors))
 
 
+def unknown_key(exc: BaseException) -> str | None:
+    """One line for Hydra's refusal of a command line's key that no block of the config has (``model.swa.strat=0.5``,
+    a misspelling Hydra would print in seven lines, exit 1, telling the user to append it with ``+``): the override,
+    the block, and the block's key nearest in spelling. None for another error (``run.py`` says it in Hydra's words)."""
+    import difflib
+
+    cause = exc.__cause__
+    block, key, typed = (getattr(cause, name, None) for name in ("parent_node", "key", "full_key"))
+    if not isinstance(block, DictConfig) or key is None or not typed:
+        return None
+    where = str(typed).rpartition(".")[0]
+    near = difflib.get_close_matches(str(key), [str(k) for k in block.keys()], n=1)
+    override = re.search(r"use \+(\S+=.*)$", str(exc), re.MULTILINE)  # as typed: Hydra's hint to append it
+    meant = f", did you mean {where + '.' if where else ''}{near[0]}?" if near else ""
+    return (f"{override.group(1) if override else typed}: {where or 'the config'} has no key {str(key)!r}{meant} "
+            "(`python run.py --cfg job` prints every key)")
+
+
 def build(node: DictConfig, key: str, **kwargs) -> Any:
     """Instantiate ``node`` (with ``kwargs`` added), naming ``<key>.<arg>`` when it has no such argument.
 

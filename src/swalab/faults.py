@@ -22,7 +22,9 @@ tracker not yet made, no step taken), ``train_step`` (after an optimizer step),
 ``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
 re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place), ``final_record`` (``metrics.json``
 written, ``status.json`` not yet updated), ``record_commit`` (a record of ``swalab.results.score`` or ``swalab.posthoc``:
-the files beside its ``metrics.json`` written, ``metrics.json`` not yet: ``swalab.rundir.write_record``).
+the files beside its ``metrics.json`` written, ``metrics.json`` not yet: ``swalab.rundir.write_record``),
+``folders_held`` (a command of such records holds its folders, ``scores/`` or ``posthoc/``, and has written nothing
+yet: ``swalab.runlock.held_folders``).
 
 Without the variable :func:`hit` is one dictionary lookup and does nothing; never set it outside
 tests.
@@ -37,7 +39,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 
 ENV = "SWALAB_FAULT"
-POINTS = ("run_start", "train_step", "swa_average", "bn_update", "checkpoint_write", "final_record", "record_commit")
+POINTS = ("run_start", "train_step", "swa_average", "bn_update", "checkpoint_write", "final_record", "record_commit",
+          "folders_held")
 _hits: Counter[str] = Counter()
 
 

@@ -26,6 +26,8 @@ import socket
 import time
 from pathlib import Path
 
+from swalab import faults
+
 LOCK_FILE = ".lock"
 
 
@@ -207,6 +209,7 @@ def held_folders(folders, doing: str):
                 cause = getattr(exc.__cause__, "strerror", None) or "permission denied"
                 raise PermissionError(exc.errno, f"cannot write {folder} ({cause}): this command writes inside the run "
                                                  "directory; copy the run somewhere writable and give the copy") from None
+        faults.hit("folders_held")  # test-only: a signal here finds the folders locked and nothing written
         yield locks
     except BaseException:
         for lock in locks:

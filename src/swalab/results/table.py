@@ -6,7 +6,7 @@
 * a **row** holds the cells whose identities differ only in the method (``method.*``, the run's
   length, the schedule's horizon): the SGD, FGE, SWA and EMA of one setting. Runs that differ in
   anything else (a training-set size, a batch size, a data set) are separate rows, labelled with the
-  keys that set them apart. A method run only with settings of its own (the row tool's SWA branch,
+  keys that set them apart (only the images, a folder that changed between two grids: ``data.fingerprint=<hex>``). A method run only with settings of its own (the row tool's SWA branch,
   ``model.swa.pre_schedule=base``) stands in the row, its settings named in the row's notes; two configs of
   one method in one row (say two SWA learning rates) put the second in a row of its own, labelled with
   the keys that differ;
@@ -381,6 +381,7 @@ def build_table(runs: Sequence[Run]) -> Table:
         contexts.setdefault(ctx_key, {"context": cell["context"], "columns": defaultdict(list)})
         contexts[ctx_key]["columns"][cell["column"]].append(key)
     rows: list[Row] = []
+    contexts_of: dict[int, dict] = {}  # id(row) -> its context, for rows whose labels would read alike
     by_pair: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for ctx in contexts.values():
         c = ctx["context"]
@@ -435,6 +436,8 @@ def build_table(runs: Sequence[Run]) -> Table:
                     extra.append(Row(dataset, model, ", ".join(p for p in (base_label, label) if p),
                                      {column: Cell(cells[k]["entries"])}))
             plain = Row(dataset, model, base_label, main, own=noted) if main else None
+            for row in ([plain] if plain else []) + extra:
+                contexts_of[id(row)] = ctx["context"]
             if plain is not None:  # a row whose every column ran only with other settings is shown by those rows alone
                 rows.append(plain)
             for row in extra:
@@ -448,10 +451,27 @@ def build_table(runs: Sequence[Run]) -> Table:
                 else:
                     target.cells.update(row.cells)
             rows.extend(r for label in sorted(merged) for r in merged[label])
+    tell_apart(rows, contexts_of)
     for row in rows:
         for cell in row.cells.values():
             cell.entries.sort(key=lambda e: (str(e.run.seed), str(e.run.path)))
     return Table(rows, duplicates)
+
+
+def tell_apart(rows: Sequence[Row], contexts_of: dict[int, dict]) -> None:
+    """Name rows of other contexts that would read alike by the identity keys their contexts differ in. What a user
+    typed can be the same for runs of other experiments: a folder of images that changed between two grids
+    (``data.fingerprint``), so that both rows would read ``digits28 / tiny_cnn`` though each holds other runs."""
+    alike: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        alike[(row.dataset, row.model, row.label)].append(row)
+    for same in alike.values():
+        contexts = [contexts_of[id(row)] for row in same]
+        keys = sorted({k for c in contexts for k in set(c) | set(contexts[0]) if c.get(k) != contexts[0].get(k)})
+        if not keys:
+            continue
+        for row, context in zip(same, contexts):
+            row.label = ", ".join(p for p in (row.label, _label(keys, context)) if p)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float | None]:

@@ -136,3 +136,23 @@ def test_an_ood_set_whose_images_changed_between_seeds_is_not_averaged_and_the_s
                                "its seeds were scored on other images") for line in lines), lines
     folder = ood.spec_name(OOD_SETS[1]).removeprefix("ood-")  # folder-val-<8 hex of its path>
     assert [line for line in lines if f"| {folder} |" in line]  # the sets scored on the same images stay
+
+
+def test_columns_scored_on_more_corruptions_get_their_seed_ensembles_over_those_in_their_own_summary(tmp_path):
+    """SWA's seed 1 lacks fog, so the first summary (and its ensembles) leaves fog out; SGD's seeds were scored on all
+    three corruptions and kept their predictions, so the second summary ensembles them over all three."""
+    shifted(tmp_path / "g")
+    unscore_fog_of_swa_seed1(tmp_path / "g")
+    labels = torch.tensor([0, 1, 0, 1])
+    right = {"cifar10c-fog": torch.tensor([[0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [0.1, 0.9]])}  # all right on fog
+    for seed in (0, 1):
+        for folder in (tmp_path / "g").glob(f"cifar10/preresnet20/sgd/*/seed{seed}/scores/cifar10c-*"):
+            wrong = torch.tensor([[0.1, 0.9], [0.9, 0.1], [0.1, 0.9], [0.9, 0.1]])  # all wrong elsewhere
+            probs = right.get(folder.name.rpartition("-")[0], wrong)
+            atomic_save({"log_probs": {"sgd": probs.log()}, "labels": labels}, folder / "predictions.pt")
+    lines = corruption_markdown(table_of(tmp_path / "g"))
+    second_at = lines.index("## Under corruption, over more corruptions: the columns scored on them")
+    first, second = lines[:second_at], lines[second_at:]
+    ensemble = "cifar10 / preresnet20 · dataset.train_size=1000 · SGD 1B (4 ep) x2"
+    assert line_of(first, ensemble)[1:4] == ["accuracy %", "0.00", "0.00"]  # contrast and gaussian noise: all wrong
+    assert line_of(second, ensemble)[1:4] == ["accuracy %", f"{100 / 3:.2f}", f"{100 / 3:.2f}"]  # fog counted too

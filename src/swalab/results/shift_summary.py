@@ -101,7 +101,7 @@ def corruption_markdown(table: Table) -> list[str]:
            "Each seed's mean over the corruptions at a severity, then mean ± std over the seeds; clean: the uncorrupted "
            "test set. Every cell at a severity is averaged over the same corruptions, those every seed of every cell "
            "below was scored on:", "", *_coverage(common, scored), ""]
-    out += _severity_tables(scored, common)
+    out += _severity_tables(scored, common) + _ensemble_tables(scored, common)
     wider = [(row, column, cell) for row, column, cell in scored if set(shared_sets(cell)) > set(common)]
     wide = common_sets([cell for _, _, cell in wider]) if len(wider) > 1 else []
     if len(wide) > len(common):  # some columns were scored on more: the same summary over those, for them alone
@@ -109,12 +109,18 @@ def corruption_markdown(table: Table) -> list[str]:
         out += ["## Under corruption, over more corruptions: the columns scored on them", "",
                 f"The same summary over the corruptions every seed of these {len(wider)} cells was scored on; "
                 f"{len(left_out)} other cells were not ({', '.join(left_out)}) and stand in the table above only:",
-                "", *_coverage(wide, wider), "", *_severity_tables(wider, wide)]
+                "", *_coverage(wide, wider), "", *_severity_tables(wider, wide), *_ensemble_tables(wider, wide)]
+    return out
+
+
+def _ensemble_tables(scored, sets: Sequence[tuple[str, int]]) -> list[str]:
+    """The seeds of each cell as one ensemble on each of ``sets``, per severity and metric (:func:`ensemble_severity`),
+    under the summary over the same ``sets``; and why a cell of several seeds has none."""
     lines, why_not = [], []
     for row, column, cell in scored:
         if column.scaled:
             continue
-        found = ensemble_severity(cell, common)
+        found = ensemble_severity(cell, sets)
         if isinstance(found, str):
             if len(cell.entries) > 1:
                 why_not.append(f"- {_name(row, column)}: {found}")
@@ -122,9 +128,11 @@ def corruption_markdown(table: Table) -> list[str]:
         for metric, title, digits in _metrics():
             lines.append([f"{_name(row, column)} x{len(cell.entries)}", title,
                           *[f"{found[s][metric]:.{digits}f}" if s in found else "–" for s in SEVERITIES]])
+    out = []
     if lines:
         out += ["### Ensembles of seeds under corruption (SGD xN: a deep ensemble; SWAG xN: MultiSWAG)", "",
-                "The mean of the seeds' probabilities on each corrupted set, scored, then the mean over corruptions.", "",
+                "The mean of the seeds' probabilities on each corrupted set, scored, then the mean over the same "
+                "corruptions as the summary above.", "",
                 *markdown_table(["ensemble", "metric", *[f"severity {s}" for s in SEVERITIES]], lines), ""]
     if why_not:
         out += ["Not ensembled under corruption:", *why_not, ""]

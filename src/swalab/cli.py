@@ -55,25 +55,26 @@ def message(exc: BaseException) -> str:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, a job's time limit) arrived while a command of whole-or-absent records ran
-    (:func:`sigterm_interrupts`): raised where the command is, as Ctrl-C's ``KeyboardInterrupt`` is, so that the same
-    clean-up runs (a folder a lock made and nothing was written to is removed: ``swalab.runlock.held_folders``)."""
+    (:func:`run_command` with ``interrupted``): raised where the command is, as Ctrl-C's ``KeyboardInterrupt`` is, so
+    that the same clean-up runs (a folder a lock made and nothing was written to is removed:
+    ``swalab.runlock.held_folders``)."""
 
     exit_code = 128 + signal.SIGTERM  # 143, what a shell reports for a process ended by SIGTERM
 
 
 @contextlib.contextmanager
-def sigterm_interrupts():
-    """While the block runs, SIGTERM raises :class:`Terminated` instead of ending the process at once, where no
-    clean-up would run; the earlier handler comes back afterwards. Only in the main thread, where Python handles
-    signals."""
+def sigterm_raises(raised: Callable[[int], BaseException]):
+    """While the block runs, SIGTERM raises ``raised(signum)`` where the program is instead of ending the process at
+    once, where no clean-up would run; the earlier handler comes back afterwards. Only in the main thread, where
+    Python handles signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def interrupt(signum, frame):
-        raise Terminated()
+    def handler(signum, frame):
+        raise raised(signum)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
@@ -88,7 +89,7 @@ def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "
     try:
         if interrupted is None:
             return main(argv)
-        with sigterm_interrupts():
+        with sigterm_raises(lambda signum: Terminated()):
             return main(argv)
     except Terminated:
         print(f"[{prog}] stopped by SIGTERM: {interrupted}", file=sys.stderr)

@@ -45,17 +45,14 @@ linked to its training runs), saved online with ``--wandb-mode online``, else wr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Sequence
 
-from swalab.cli import output_folder, run_command
+from swalab.cli import output_folder, run_command, sigterm_raises
 from swalab.results.ensembles import seed_ensembles
 from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
 from swalab.results.row import row_cost, row_records
@@ -124,25 +121,6 @@ def remove_abandoned_work(out: Path) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def sigterm_exits():
-    """While the block runs, SIGTERM (a job's time limit, ``kill``) raises ``SystemExit(143)`` rather than ending the
-    process at once, so that the block's clean-up runs (the work folder is removed). Only in the main thread,
-    where Python handles signals; the earlier handler comes back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def exit_cleanly(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, exit_cleanly)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
 def publish(work: Path, out: Path, names: dict) -> None:
     """Move the finished report from ``work`` into ``out``, each file with an atomic rename, then remove what an
     earlier report left there that this one did not write (a stale FGE curve would pass for this one's). A report
@@ -182,7 +160,8 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
         return {**found, "written": {}, "wandb": None}
     out.mkdir(parents=True, exist_ok=True)
     remove_abandoned_work(out)
-    with sigterm_exits():  # a SIGTERM (a time limit, kill) still removes the work folder
+    # a SIGTERM (a time limit, kill) exits 143 through the block, so the work folder is still removed
+    with sigterm_raises(lambda signum: SystemExit(128 + signum)):
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", dir=out.parent))  # made here, then moved
         try:
             names = write_report(work, roots, runs, table, notes, costs, paper, ensembles, reliability, roc_scores)

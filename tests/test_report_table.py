@@ -92,28 +92,28 @@ def test_a_pretrained_column_beside_sgd_is_not_paired_and_the_report_says_why(tm
     make_run(root, "swa", 0, {"swa": m(81.0)}, budget=1.5)
     report([root], tmp_path / "out")
     lines = table_lines(tmp_path / "out", PAIRED, paragraph=1)
-    assert lines[0] == "| row | PRETRAINED − SGD | SWA 1.5B (6 ep) − SGD |"  # no "0B (0 ep)": it trains nothing
+    assert lines[0] == "| row | Pretrained − SGD | SWA 1.5B (6 ep) − SGD |"  # no "0B (0 ep)": it trains nothing
     assert lines[2] == "| cifar10 / preresnet20 | nothing trained: no B to pair with SGD | +1.00 (+1.00) |"
 
 
 def test_a_method_that_trains_nothing_is_labelled_by_its_name_alone_in_every_table(tmp_path):
-    """Laplace and pretrained (``Method.trains`` False) have no budget and no epochs: ``LAPLACE``, ``LAPLACE+ts``,
-    never ``LAPLACE 0B (0 ep)``; a training method keeps its budget and epochs."""
+    """Laplace and pretrained (``Method.trains`` False) have no budget and no epochs: ``Laplace``, ``Laplace+ts``,
+    never ``Laplace 0B (0 ep)``; a training method keeps its budget and epochs."""
     root = tmp_path / "g"
     make_run(root, "laplace", 0, {"map": m(80.0, budget=0.0, epoch=0), "laplace": m(80.5, budget=0.0, epoch=0),
                                   "map+ts": m(80.0, budget=0.0, epoch=0, temperature=1.2),
                                   "laplace+ts": m(80.5, budget=0.0, epoch=0, temperature=1.1)}, budget=0)
     make_run(root, "sgd", 0, {"sgd": m(80.0)})
-    assert sorted(c.label for row in table_of(root).rows for c in row.cells) == ["LAPLACE", "LAPLACE+ts", "SGD 1B (4 ep)"]
+    assert sorted(c.label for row in table_of(root).rows for c in row.cells) == ["Laplace", "Laplace+ts", "SGD 1B (4 ep)"]
     report([root], tmp_path / "out")
     text = (tmp_path / "out" / "table.md").read_text()
-    assert "| LAPLACE |" in text and "| LAPLACE+ts |" in text and "SGD 1B (4 ep)" in text
+    assert "| Laplace |" in text and "| Laplace+ts |" in text and "SGD 1B (4 ep)" in text
     assert "0B" not in text and "(0 ep)" not in text
 
 
 def test_laplace_around_the_sgd_runs_of_a_row_stands_in_their_row_paired_seed_by_seed(tmp_path):
     """A Laplace run names its source by its group (``model.init_from=run-<group hash>``): it sits in its SGD runs'
-    row as ``LAPLACE of SGD 1B (4 ep)``, each seed paired with the SGD run it was fitted around."""
+    row as ``Laplace of SGD 1B (4 ep)``, each seed paired with the SGD run it was fitted around."""
     from swalab.identity import group_hash
 
     root = tmp_path / "g"
@@ -123,7 +123,7 @@ def test_laplace_around_the_sgd_runs_of_a_row_stands_in_their_row_paired_seed_by
         make_run(root, "laplace", seed, {"map": m(acc - 0.5, budget=0.0, epoch=0), "laplace": m(acc, budget=0.0, epoch=0)},
                  budget=0, extra={"method": {"_target_": "swalab.methods.LaplaceMethod"}, "model": {"init_from": source}})
     report([root], tmp_path / "out")
-    assert table_lines(tmp_path / "out")[:3] == ["| row | SGD 1B (4 ep) | LAPLACE of SGD 1B (4 ep) |", "|---|---|---|",
+    assert table_lines(tmp_path / "out")[:3] == ["| row | SGD 1B (4 ep) | Laplace of SGD 1B (4 ep) |", "|---|---|---|",
                                                  "| cifar10 / preresnet20 | 81.00 ± 1.41 (n=2) | 81.38 ± 1.24 (n=2) |"]
     assert table_lines(tmp_path / "out", PAIRED, paragraph=1)[2:] == [
         "| cifar10 / preresnet20 | +0.38 ± 0.18 (+0.50, +0.25) |"]
@@ -147,7 +147,7 @@ def test_laplace_in_its_sources_row_never_names_the_row_or_the_sgd_runs_by_its_s
     rows = table_of(root).rows
     assert [row.name for row in rows] == ["cifar10 / preresnet20", "cifar10 / preresnet20 · method.prior_range=[-2,2]"]
     assert {c.label: rows[0].setting_of(c) for c in rows[0].cells} == {"SGD 1B (4 ep)": "",
-                                                                       "LAPLACE of SGD 1B (4 ep)": ""}
+                                                                       "Laplace of SGD 1B (4 ep)": ""}
 
 
 def test_laplace_around_a_run_not_in_the_table_keeps_a_row_of_its_own(tmp_path):
@@ -155,7 +155,7 @@ def test_laplace_around_a_run_not_in_the_table_keeps_a_row_of_its_own(tmp_path):
     make_run(root, "sgd", 0, {"sgd": m(80.0)})
     make_run(root, "laplace", 0, {"laplace": m(80.5, budget=0.0, epoch=0)}, budget=0,
              extra={"method": {"_target_": "swalab.methods.LaplaceMethod"}, "model": {"init_from": "run-0123456789ab"}})
-    assert sorted(c.label for row in table_of(root).rows for c in row.cells) == ["LAPLACE", "SGD 1B (4 ep)"]
+    assert sorted(c.label for row in table_of(root).rows for c in row.cells) == ["Laplace", "SGD 1B (4 ep)"]
     assert len(table_of(root).rows) == 2
 
 
@@ -201,7 +201,7 @@ def test_a_run_whose_metrics_name_no_budget_or_epoch_takes_both_from_its_config(
     make_run(root, "swa", 0, {"swa": m(81.0)}, budget=1.25)
     columns = [c for row in table_of(root).rows for c in row.cells]
     assert [(c.budget, c.epochs) for c in columns] == [(0, 0), (1.25, 5)]
-    assert [c.label for c in columns] == ["PRETRAINED", "SWA 1.25B (5 ep)"]  # a method that trains nothing: its name
+    assert [c.label for c in columns] == ["Pretrained", "SWA 1.25B (5 ep)"]  # a method that trains nothing: its name
 
 
 def test_of_the_sgd_runs_whose_half_budget_gives_a_columns_epochs_its_twin_is_the_one_of_its_own_b(tmp_path):

@@ -73,7 +73,7 @@ class Column:
 
     @property
     def label(self) -> str:
-        """``SWA 1.25B (188 ep)``; ``PRETRAINED+ts`` for a method that trains nothing (no B, no epochs), ``LAPLACE of
+        """``SWA 1.25B (188 ep)``; ``Pretrained+ts`` for a method that trains nothing (no B, no epochs), ``Laplace of
         SGD 1B (30 ep)`` for one that trains nothing around a run of the table (``of``: that run's method, at its
         budget and epochs)."""
         if not self.trains:
@@ -93,7 +93,7 @@ class Column:
             return "SGD"
         if self.method == "fge":
             return f"FGE ({self.budget:g}B)"
-        return f"{self.method.upper()} {self.budget:g}B"
+        return f"{title_of(self.method)} {self.budget:g}B"
 
 
 @dataclass
@@ -111,9 +111,14 @@ class Entry:
         return group_hash(self.run.identity), self.predictor
 
 
+ACRONYMS = ("sgd", "swa", "swag", "fge", "ema", "map")  # predictors named by their initials
+
+
 def title_of(predictor: str) -> str:
-    """``SWA``, ``SWAG-diag``: a predictor's family as column labels show it."""
-    return predictor.upper().replace("_DIAG", "-diag")
+    """``SWA``, ``SWAG-diag``, ``Laplace``, ``Pretrained``: a predictor's family as column labels show it."""
+    if predictor.removesuffix("_diag") in ACRONYMS:
+        return predictor.upper().replace("_DIAG", "-diag")
+    return predictor.capitalize()
 
 
 def entries_of(run: Run) -> list[Entry]:
@@ -333,7 +338,7 @@ def _method_settings(run: Run) -> dict:
 def around_sources(cells: dict[tuple[str, str], dict]) -> None:
     """Put each cell of a method that trains nothing around another run of the table (``method=laplace
     model.init_from=<SGD run>``: its identity names the source's group, ``run-<group hash>``) in its source's row:
-    the source's context, and a column of the source's method, budget and epochs (``LAPLACE of SGD 1B (30 ep)``), so
+    the source's context, and a column of the source's method, budget and epochs (``Laplace of SGD 1B (30 ep)``), so
     that it is paired with its source run seed by seed. Every setting the cell records must be the source's (it records
     no optimizer: it trains nothing). A source picked at an epoch or of another seed (``run-<hash>@<k>``,
     ``-seed<k>``), or one not in the table, leaves the cell in a row of its own."""

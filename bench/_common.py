@@ -232,7 +232,7 @@ class TrainerBench:
     """
 
     def __init__(self, model: torch.nn.Module, train: DataSplit, batch_size: int, device: torch.device,
-                 warmup: int, precision: str = "auto", channels_last: bool = True, compile: bool = False,
+                 warmup: int, precision: str = "auto", channels_last: bool = True, compile: bool | str = False,
                  lr: float = 0.05, deterministic: bool = True, cuda_graphs: str = "auto"):
         steps = len(train) // batch_size
         if steps <= warmup:

@@ -9,9 +9,10 @@ interleaved in one process (medians reported):
 * the reference: the plain loop the paper's code runs, on the same batches already in memory (so the ratio is
   the model step's alone): fp32, NCHW, ``torch.optim.SGD`` as torch builds it, ``loss.item()`` every step, and
   ``torch.backends.cudnn.benchmark = True`` as the original training script sets (the reference at its best);
-* with ``--compile``: the trainer's default variant with ``run.compile=true`` (torch.compile's default mode; the
-  step then runs without the CUDA graph, which compile replaces), to measure what fused BN/ReLU kernels give the
-  wide, compute-bound WRN-28-10 (issue 39's open 3x target); the compile time is reported, not timed in;
+* with ``--compile``: the trainer's default variant (bf16, channels_last) under ``run.compile``, to measure what
+  fused BN/ReLU kernels give the wide, compute-bound WRN-28-10 (issue 39's open 3x target), three ways
+  (:data:`COMPILED`): torch.compile's default mode with the step run eagerly, the same step captured as swalab's
+  CUDA graph, and ``mode="reduce-overhead"`` (compile's own graphs); each compile time is reported, not timed in;
 * one test pass over ``--test-images`` images at the evaluation batch size (``mean_loss_and_accuracy``, what each
   epoch's history row scores), so that an epoch reads as a user waits for it: 50,000 training images plus a
   10,000-image test pass (``epoch_with_test_seconds``);
@@ -49,7 +50,10 @@ from swalab.schedules import Constant
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000
 # (precision, channels_last) pairs timed under each run.cuda_graphs value; the trainer's CUDA default first.
 PRECISIONS = (("bf16", True), ("fp32", True), ("fp32", False))
-COMPILED = "compiled-bf16-channels_last"  # --compile: run.compile=true at the default precision and layout
+# --compile: run.compile and run.cuda_graphs per variant, at the default precision and layout
+COMPILED = {"compiled-bf16-channels_last": ("default", "off"),
+            "compiled-graphs_on-bf16-channels_last": ("default", "on"),
+            "compiled-reduce_overhead-bf16-channels_last": ("reduce-overhead", "auto")}
 
 
 def variant(graphs: str, precision: str, channels_last: bool) -> str:
@@ -139,13 +143,14 @@ def measure_model(name: str, device, args) -> dict:
             benches[variant(graphs, precision, channels_last)] = TrainerBench(
                 build_model(name), split, args.batch_size, device, args.warmup, precision=precision,
                 channels_last=channels_last, deterministic=True, cuda_graphs=graphs)
-    compile_seconds = None
-    if args.compile:
+    compile_seconds = {}
+    for vname, (mode, graphs) in COMPILED.items() if args.compile else ():
         t0 = time.perf_counter()
-        benches[COMPILED] = TrainerBench(build_model(name), split, args.batch_size, device, args.warmup,
-                                         precision="bf16", channels_last=True, deterministic=True, compile=True)
-        benches[COMPILED].run()  # the first epoch compiles (forward and backward); its time is the compile cost
-        compile_seconds = time.perf_counter() - t0
+        benches[vname] = TrainerBench(build_model(name), split, args.batch_size, device, args.warmup,
+                                      precision="bf16", channels_last=True, deterministic=True, compile=mode,
+                                      cuda_graphs=graphs if device.type == "cuda" else "off")
+        benches[vname].run()  # the first epoch compiles (forward and backward); its time is the compile cost
+        compile_seconds[vname] = time.perf_counter() - t0
     common = dict(device=device, mean=CIFAR_MEAN, std=CIFAR_STD, channels_last=False)
     batches = list(ResidentLoader(split, args.batch_size, train=True, drop_last=True, **common))
     reference = ReferenceLoop(build_model(name), batches, device, args.warmup)
@@ -189,7 +194,7 @@ def measure_model(name: str, device, args) -> dict:
         "fastest_graphed_variant": fastest_graphed,
         "precision_auto": fastest_graphed.split("-")[1],
         "test_pass_seconds_10k": test_seconds_10k,
-        **({"compiled_vs_default": images_per_s[COMPILED] / images_per_s[default],
+        **({"compiled_vs_default": {v: images_per_s[v] / images_per_s[default] for v in COMPILED},
             "compile_seconds": compile_seconds} if args.compile else {}),
         "epochs": {v: epoch(v) for v in images_per_s if v != "reference"},
     }
@@ -208,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=5, help="steps per epoch not timed (the graph is captured at the 4th)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     p.add_argument("--test-images", type=int, default=TEST_IMAGES)
-    p.add_argument("--compile", action="store_true", help="also time the default variant under run.compile=true")
+    p.add_argument("--compile", action="store_true", help="also time the default variant under run.compile (three ways: COMPILED)")
     p.add_argument("--full-epochs", type=int, default=0, help="also Trainer.fit over N real-length epochs")
     p.add_argument("--out-dir", default=None, help="folder for the results (default bench/results)")
     args = p.parse_args(argv)

@@ -280,6 +280,24 @@ def test_a_graphed_run_and_its_pause_and_resume_end_bit_equal_to_an_eager_run(tm
     assert_same_run(tmp_path / "paused", tmp_path / "eager")
 
 
+def test_a_compiled_step_captured_as_a_graph_ends_bit_equal_to_the_same_compiled_step_run_eagerly(tmp_path):
+    """run.compile's default mode leaves the graph to run.cuda_graphs: the capture of the compiled step (compiled
+    during the warm-up steps) replays the compiled kernels as launched one by one; a mode with graphs of its own
+    trains without swalab's, and run.log says why."""
+    from swalab.train import train
+    from test_reliability import assert_same_run, make_cfg
+
+    def cfg(*extra):
+        return make_cfg("dataset=digits", "run.device=cuda", "run.deterministic=true", *extra)
+
+    train(cfg("run.compile=true", "run.cuda_graphs=off"), run_dir=tmp_path / "eager")
+    train(cfg("run.compile=true", "run.cuda_graphs=on"), run_dir=tmp_path / "graphed")
+    assert "captured as a CUDA graph" in (tmp_path / "graphed" / "run.log").read_text()
+    assert_same_run(tmp_path / "graphed", tmp_path / "eager")
+    train(cfg("run.compile=reduce-overhead"), run_dir=tmp_path / "own")
+    assert "run.compile=reduce-overhead captures CUDA graphs of its own" in (tmp_path / "own" / "run.log").read_text()
+
+
 def test_sgd_on_cuda_is_fused_and_a_graphed_step_follows_each_steps_learning_rate(tmp_path):
     from swalab.data import DataSplit, ResidentLoader
     from swalab.methods import SGD

@@ -25,7 +25,7 @@ def fused_sgd() -> torch.optim.SGD:
 
 def blocker(**changes) -> str | None:
     settings = dict(device=CUDA, optimizer=fused_sgd(), accumulate=1, nonfinite="stop", data_parallel=False,
-                    compiled=False, grad_scaled=False)
+                    compiled=None, grad_scaled=False)
     settings.update(changes)
     device, optimizer = settings.pop("device"), settings.pop("optimizer")
     return why_not_graphed(device, optimizer, **settings)
@@ -42,11 +42,34 @@ def test_a_plain_run_on_cuda_with_fused_sgd_can_be_graphed():
     (dict(accumulate=2), "trainer.accumulate=2"),
     (dict(nonfinite="skip"), "trainer.nonfinite=skip"),
     (dict(data_parallel=True), "all-reduce"),
-    (dict(compiled=True), "run.compile=true"),
+    (dict(compiled="reduce-overhead"), "run.compile=reduce-overhead captures CUDA graphs of its own"),
+    (dict(compiled="max-autotune"), "run.compile=max-autotune captures CUDA graphs of its own"),
     (dict(grad_scaled=True), "trainer.precision=fp16"),
 ])
 def test_each_thing_a_graph_cannot_hold_is_named_as_the_reason(changes, words):
     assert words in blocker(**changes)
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+def test_a_step_compiled_in_a_mode_without_graphs_of_its_own_is_graphed_by_swalab(mode):
+    assert blocker(compiled=mode) is None
+
+
+def test_run_compile_takes_false_true_or_a_torch_compile_mode():
+    from swalab.config import compile_mode
+    assert [compile_mode(v) for v in (False, True, "default", "reduce-overhead", "max-autotune-no-cudagraphs")] == [
+        None, "default", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+    with pytest.raises(ConfigError, match=r"run.compile='fast' must be false, true or a torch.compile mode: default, "):
+        compile_mode("fast")
+
+
+def test_a_bad_run_compile_is_refused_before_the_run_starts(tmp_path):
+    from swalab.train import train
+    from test_reliability import make_cfg
+
+    with pytest.raises(ConfigError, match="run.compile='reduce_overhead'"):
+        train(make_cfg("run.compile=reduce_overhead"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def test_run_cuda_graphs_takes_auto_on_or_off():

@@ -159,6 +159,23 @@ def check_avg_device(avg_device: str) -> str:
     return avg_device
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+COMPILE_OWN_GRAPHS = ("reduce-overhead", "max-autotune")  # the modes that capture CUDA graphs of their own
+
+
+def compile_mode(compile: bool | str) -> str | None:
+    """``run.compile`` as ``torch.compile``'s ``mode``: None for false (not compiled), ``default`` for true, else the
+    mode it names (:data:`COMPILE_MODES`)."""
+    if compile is False:
+        return None
+    if compile is True:
+        return "default"
+    if compile not in COMPILE_MODES:
+        raise ConfigError(f"run.compile={compile!r} must be false, true or a torch.compile mode: "
+                          f"{', '.join(COMPILE_MODES)}")
+    return compile
+
+
 def check_monitoring(eval_split: str, temperature_scaling: bool | str, has_val_split: bool) -> None:
     """``run.eval_split`` and ``run.temperature_scaling``, and that a run without a validation split asks for neither
     of what needs one."""

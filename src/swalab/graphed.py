@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from swalab.config import ConfigError
+from swalab.config import COMPILE_OWN_GRAPHS, ConfigError
 
 GRAPH_MODES = ("auto", "on", "off")
 WARMUP_STEPS = 3  # eager steps on a side stream before the capture: torch's recipe uses 3 (11 under DDP)
@@ -52,9 +52,11 @@ def check_graph_mode(mode: str) -> str:
 
 
 def why_not_graphed(device: torch.device, optimizer: torch.optim.Optimizer, *, accumulate: int, nonfinite: str,
-                    data_parallel: bool, compiled: bool, grad_scaled: bool) -> str | None:
+                    data_parallel: bool, compiled: str | None, grad_scaled: bool) -> str | None:
     """None when this run's training step can be captured as a CUDA graph, else the reason it cannot (the line
-    run.log gives for training eagerly under ``run.cuda_graphs=auto``, the refusal under ``on``)."""
+    run.log gives for training eagerly under ``run.cuda_graphs=auto``, the refusal under ``on``). ``compiled``:
+    ``run.compile``'s mode, or None; a compiled step is captured like an eager one (the warm-up steps compile it)
+    unless its mode captures graphs of its own."""
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device, and this run trains on {device.type}"
     if not isinstance(optimizer, torch.optim.SGD):
@@ -69,8 +71,8 @@ def why_not_graphed(device: torch.device, optimizer: torch.optim.Optimizer, *, a
         return "trainer.nonfinite=skip reads the loss back after every step to decide whether to apply it"
     if data_parallel:
         return "data parallelism's gradient all-reduce hooks are not captured"
-    if compiled:
-        return "run.compile=true: torch.compile's own graphs take the step"
+    if compiled in COMPILE_OWN_GRAPHS:
+        return f"run.compile={compiled} captures CUDA graphs of its own"
     if grad_scaled:
         return "trainer.precision=fp16's gradient scaler decides on the host whether to skip each step"
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, get_type_hints
 
-from swalab.config import ConfigError, check_avg_device, is_int, require
+from swalab.config import ConfigError, check_avg_device, compile_mode, is_int, require
 
 
 class InvalidSettings(ConfigError):
@@ -89,7 +89,7 @@ class RunSettings(Checked):
     channels_last: bool = True      # channels_last memory format for model and batches (CUDA and CPU; faster convolutions on both)
     deterministic: bool = True      # on CUDA: deterministic cuDNN/torch algorithms, so a run (and its resume) repeats itself bit for bit; false lets cuDNN autotune (faster, not repeatable). CPU runs are deterministic either way (swalab/precision.py, docs/reliability.md)
     cuda_graphs: str = "auto"       # on CUDA: the training step captured once as a CUDA graph and replayed (the paper's CIFAR models are launch-bound at batch 128): auto (graph it wherever it can be, else train eagerly and say why in run.log) | on (refuse where it cannot) | off. The same numbers as eager training (swalab/graphed.py)
-    compile: bool = False           # torch.compile the model
+    compile: Any = False            # torch.compile the model: false | true (its default mode) | a mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs. Under a mode without CUDA graphs of its own (default, max-autotune-no-cudagraphs) run.cuda_graphs captures the compiled step; the two with their own train without swalab's graph. Compiling takes tens of seconds per process; fused kernels round differently from eager ones
     cache_dir: Optional[str] = None  # where decoded images and file digests are cached; null: $XDG_CACHE_HOME/swalab (~/.cache/swalab), never the data folder
     download: bool = True           # fetch a named data set (CIFAR's pickles) into dataset.root when it is not there (needs internet)
     num_workers: int = 2            # DataLoader worker processes per loader of a streaming data set (ImageNet); raise it to the cores you can spare
@@ -97,7 +97,7 @@ class RunSettings(Checked):
     avg_device: str = "train"       # where SWA's average and EMA's copy live: train (the training device) | cpu (off a small GPU; the same results)
 
     def problems(self) -> list[str | None]:
-        bools = ("keep_finished_checkpoints", "channels_last", "deterministic", "compile", "download")
+        bools = ("keep_finished_checkpoints", "channels_last", "deterministic", "download")
         return [*(problem(require, f"run.{name}", getattr(self, name), "bool") for name in bools),
                 problem(require, "run.progress", self.progress, "bool?"),
                 problem(require, "run.eval_batch_size", self.eval_batch_size, "int?", 1),
@@ -110,7 +110,8 @@ class RunSettings(Checked):
                 f"run.resume={self.resume!r} must be auto, true or false (run.dir=<dir> names the directory)",
                 None if all(is_int(e) and e >= 1 for e in self.save_at or ()) else
                 f"run.save_at={list(self.save_at)!r} must be a list of epochs >= 1",
-                problem(check_avg_device, self.avg_device)]
+                problem(check_avg_device, self.avg_device),
+                problem(compile_mode, self.compile)]
 
 
 @dataclass(kw_only=True)

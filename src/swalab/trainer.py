@@ -32,7 +32,7 @@ from torch import nn
 from swalab import distributed, faults
 from swalab.checkpoint import (CheckpointStore, PredictionFiles, checkpoint_name, checkpoint_words, restore_rng,
                                rng_state)
-from swalab.config import check_monitoring
+from swalab.config import check_monitoring, compile_mode
 from swalab.evaluate import (Evaluation, labels_of, mean_loss_and_accuracy, predict_log_probs, recompute_bn,
                              score_predictors)
 from swalab.graphed import GraphedStep, graph_refusal, graphed_step
@@ -75,7 +75,8 @@ class Trainer:
             self.model = self.model.to(memory_format=torch.channels_last)
         # DDP when launched by torchrun (swalab.distributed); methods see the bare self.model
         self.forward_model = distributed.wrap(self.model, device)
-        self.forward_model = torch.compile(self.forward_model) if options.compile else self.forward_model
+        mode = compile_mode(options.compile)  # run.compile
+        self.forward_model = torch.compile(self.forward_model, mode=mode) if mode else self.forward_model
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
         self.ranks = distributed.info()
         self.snapshots = SnapshotWriter(self.run_dir, options.snapshots, write=self.main,  # run.snapshots
@@ -242,7 +243,7 @@ class Trainer:
         """Why this run trains eagerly rather than as a CUDA graph, or None (``swalab.graphed.graph_refusal``)."""
         return graph_refusal(self.opts.cuda_graphs, self.device, self.optimizer, accumulate=self.opts.accumulate,
                              nonfinite=self.opts.nonfinite, data_parallel=self.ranks.enabled,
-                             compiled=self.opts.compile, grad_scaled=self.step.scaler is not None)
+                             compiled=compile_mode(self.opts.compile), grad_scaled=self.step.scaler is not None)
 
     def _eager_step(self, x: torch.Tensor, target, epoch: int, step: int, tally: EpochTally):
         """One optimizer step run eagerly: ``(loss, correct)``, or ``(None, None)`` when ``trainer.nonfinite=skip``

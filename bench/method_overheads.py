@@ -81,7 +81,7 @@ def bf16_train_mode_pass(model: torch.nn.Module, loader, device: torch.device) -
     statistics would be computed from bf16 activations, a change of numbers. It leaves ``model``'s BN statistics
     at a running average of these batches (this bench times them, never scores them)."""
     model.train()
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
         for x, _ in loader:
             model(x)
 

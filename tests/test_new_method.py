@@ -78,7 +78,7 @@ def test_a_new_method_is_one_module_and_one_config(tmp_path):
     assert report.returncode == 0, report.stderr[-3000:]
     with (tmp_path / "report" / "table.csv").open() as f:
         columns = {r["column"] for r in csv.DictReader(f)}
-    assert columns == {"POLYAK 1B (4 ep)"}
+    assert columns == {"Polyak 1B (4 ep)"}
 
 
 def test_a_new_method_has_its_run_in_a_row_and_its_column_after_the_built_in_ones(tmp_path, monkeypatch):
@@ -96,9 +96,9 @@ def test_a_new_method_has_its_run_in_a_row_and_its_column_after_the_built_in_one
                                                  f"paths.output_dir={tmp_path / 'out'}"], methods=("polyak", "fge"))
     assert [j.name for j in jobs] == ["sgd", "swa", "polyak", "fge"]
     polyak = jobs[2]
-    assert "method=polyak" in polyak.overrides and polyak.parent is None and polyak.columns == {"POLYAK 1B": "polyak"}
+    assert "method=polyak" in polyak.overrides and polyak.parent is None and polyak.columns == {"Polyak 1B": "polyak"}
     assert list(manifest_of(jobs, tmp_path / "out")) == ["SGD", "FGE 1B", "SWA 1B", "SWA 1.25B", "SWA 1.5B",
-                                                         "POLYAK 1B"]
+                                                         "Polyak 1B"]
 
 
 def test_a_method_of_ones_own_stands_after_the_built_in_ones_in_the_report_whatever_its_name(tmp_path):
@@ -113,4 +113,4 @@ def test_a_method_of_ones_own_stands_after_the_built_in_ones_in_the_report_whate
         make_run(tmp_path / "runs", "ema", seed, {"ema": m(90.5)})
         make_run(tmp_path / "runs", "sgd", seed, {"sgd": m(90.0)})
     report([tmp_path / "runs"], tmp_path / "out")
-    assert table_lines(tmp_path / "out")[0] == "| row | SGD 1B (4 ep) | EMA 1B (4 ep) | AVERAGED 1B (4 ep) |"
+    assert table_lines(tmp_path / "out")[0] == "| row | SGD 1B (4 ep) | EMA 1B (4 ep) | Averaged 1B (4 ep) |"

@@ -39,6 +39,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from conftest import CONF_DIR, REPO
 from swalab.config import check_overrides
+from swalab.identity import IDENTITY_FILE, record
+from swalab.rundir import write_json
 from swalab.train.plan import prepare, validate
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -415,9 +417,12 @@ def posthoc_example() -> list[DocCommand]:
             and c.block == min(d.block for d in COMMANDS if d.doc == "docs/posthoc.md")]
 
 
-def test_the_run_directories_the_posthoc_example_names_are_those_its_commands_train_into():
+def test_the_run_directories_the_posthoc_example_names_are_those_its_commands_train_into(tmp_path, monkeypatch):
     """The example spells its runs' directories out ($SGD, $SWA, the fine-tune's glob): they are where its run.py
-    commands put their runs (the names come from the config: a renamed setting would leave the doc behind)."""
+    commands put their runs (the names come from the config: a renamed setting would leave the doc behind). Each run
+    is planned with the runs before it recorded, as training them leaves them: the fine-tune's name holds the SGD run
+    it starts from (model.init_from-run-<its group hash>) only once that run is there."""
+    monkeypatch.chdir(tmp_path)  # the example's relative outputs/ lands here
     commands = posthoc_example()
     made = []
     for command in (c for c in commands if unwrapped(c.words)[:2] == ["python", "run.py"]):
@@ -426,7 +431,10 @@ def test_the_run_directories_the_posthoc_example_names_are_those_its_commands_tr
             choices = dict(compose(config_name="config", overrides=overrides,
                                    return_hydra_config=True).hydra.runtime.choices)
             cfg = compose(config_name="config", overrides=overrides)
-            made.append(str(prepare(cfg, overrides=overrides, choices=choices).run_dir))
+            plan = prepare(cfg, overrides=overrides, choices=choices)
+        made.append(str(plan.run_dir))
+        plan.run_dir.mkdir(parents=True)  # the identity a trained run records, which a run started from it reads
+        write_json(plan.run_dir / IDENTITY_FILE, record(plan.identity, plan.settings))
     named = [w.split("@")[0] for c in commands if unwrapped(c.words)[:3] == ["python", "-m", "swalab.posthoc"]
              for w in unwrapped(c.words)[3:] if w.startswith(c.variables["R"])]
     named += [v for c in commands for k, v in c.variables.items() if k in ("SGD", "SWA")]

@@ -66,7 +66,8 @@ def test_a_new_method_is_one_module_and_one_config(tmp_path):
     (tmp_path / "polyak.py").write_text(METHOD)
     (tmp_path / "conf" / "method").mkdir(parents=True)
     (tmp_path / "conf" / "method" / "polyak.yaml").write_text(CONFIG)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])  # the swalab under test too
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     args = ["--config-dir", str(tmp_path / "conf"), "method=polyak", "logger=none", "trainer.epochs=4",
             "dataset.train_size=256", "trainer.batch_size=64", "model.arch.depth=8", f"paths.output_dir={tmp_path / 'out'}"]
     done = subprocess.run([sys.executable, str(REPO / "run.py"), *args], cwd=tmp_path, env=env, capture_output=True,

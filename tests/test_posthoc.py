@@ -245,7 +245,7 @@ def test_the_same_average_of_two_methods_runs_of_one_setting_is_labelled_with_th
 
 # -- EDM2's power EMA, rebuilt from the snapshots of two tracked widths --------------------------------------------
 POWER = ["run.snapshots=0.25", "run.powerema=[0.05,0.10]", "dataset.val_size=100"]  # a snapshot every step: 16
-# The rebuild at a tracked width is its last snapshot: the solve gives it weight 1 - 2e-14 and the others ~1e-14, so
+# The rebuild at a tracked width is its last snapshot: the solve gives it weight 1 and the others 5e-17 at most, so
 # the rebuilt weights equal the stored ones to float32 rounding (measured: identical, max |difference| 0). At 0.07,
 # between the tracked widths, the rebuild over these 16 steps is 5.7e-5 of what averaging moved (|rebuilt - direct| /
 # |direct - live weights|, parameters only) from an EMA of 0.07 tracked directly (profile error 3.8e-3); the tracked

@@ -250,18 +250,9 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
 
 
 @records_files(files_record)
-def load_cifar(
-    name: str,
-    root: str | Path,
-    download: bool = True,
-    train_size: int | None = None,
-    seed: int = 0,
-    cache: bool = True,
-    cache_dir: str | Path | None = None,
-    test_size: int | None = None,
-    record: dict | None = None,
-    val_size: int | float | None = None,
-) -> ImageData:
+def load_cifar(name: str, root: str | Path, download: bool = True, train_size: int | None = None, seed: int = 0,
+               cache: bool = True, cache_dir: str | Path | None = None, test_size: int | None = None,
+               record: dict | None = None, val_size: int | float | None = None) -> ImageData:
     """Load CIFAR-10 (``name="cifar10"``) or CIFAR-100 (``"cifar100"``, fine labels) into memory.
 
     The layout is detected from what ``root`` holds (see the module docstring). An image folder must
@@ -275,12 +266,10 @@ def load_cifar(
             wrong path fails at once instead of after a network timeout.
         train_size, test_size, val_size, seed, cache_dir, record: ``swalab.data``'s module doc (from an image
             folder, the chosen files give the same images a subset of the whole split would).
-        cache: for the image-folder layout, keep decoded tensors in
-            ``<cache_dir>/<name>-<root key>-folder-v2.pt`` (a subset: ``...-folder-<hash>-v2.pt``; written
-            atomically, rebuilt with a warning when stale or unreadable, skipped with a warning when the
-            cache directory is not writable; :mod:`swalab.data.cache`); it records the files it was built from,
-            so a changed folder is decoded again. The pickle layout is never cached: it already stores decoded
-            pixels and reads as fast as the cache.
+        cache: for the image-folder layout, keep the decoded tensors (:mod:`swalab.data.cache`: written atomically,
+            decoded again when a file of the folder changed, rebuilt with a warning when stale or unreadable, skipped
+            with a warning when the cache directory is not writable). The pickle layout is never cached: it already
+            stores decoded pixels and reads as fast as the cache.
 
     Raises:
         FileNotFoundError: neither layout is present (and ``download`` is off), or a file or split is
@@ -296,17 +285,13 @@ def load_cifar(
     pickle_dir = _find_pickle_dir(root, spec)
     if pickle_dir is None and not has_image_folder(root):
         if not download:
-            raise FileNotFoundError(
-                f"No {spec.title} data found under dataset.root (and run.download is false).\n"
-                + _layout_help(spec, root_arg, root)
-            )
+            raise FileNotFoundError(f"No {spec.title} data found under dataset.root (and run.download is false).\n"
+                                    + _layout_help(spec, root_arg, root))
         _download(root, spec, root_arg)
         pickle_dir = _find_pickle_dir(root, spec)
         if pickle_dir is None:
-            raise FileNotFoundError(
-                f"torchvision reported a finished {spec.title} download, but {root / spec.pickle_dir} "
-                f"does not exist.\n" + _layout_help(spec, root_arg, root)
-            )
+            raise FileNotFoundError(f"torchvision reported a finished {spec.title} download, but "
+                                    f"{root / spec.pickle_dir} does not exist.\n" + _layout_help(spec, root_arg, root))
     note = None
     if pickle_dir is not None:
         train, test, classes = read_cifar_pickles(pickle_dir, name)

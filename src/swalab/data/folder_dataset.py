@@ -98,54 +98,33 @@ def files_record(root: str | Path, cache_dir: str | Path | None = None, **_) -> 
 
 
 @records_files(files_record)
-def load_folder(
-    root: str | Path,
-    image_size: int | None = None,
-    channels: int | None = None,
-    mean: list[float] | None = None,
-    std: list[float] | None = None,
-    train_size: int | None = None,
-    test_size: int | None = None,
-    seed: int = 0,
-    cache: bool = True,
-    cache_dir: str | Path | None = None,
-    name: str = "folder",
-    record: dict | None = None,
-    val_size: int | float | None = None,
-) -> ImageData:
+def load_folder(root: str | Path, image_size: int | None = None, channels: int | None = None,
+                mean: list[float] | None = None, std: list[float] | None = None, train_size: int | None = None,
+                test_size: int | None = None, seed: int = 0, cache: bool = True, cache_dir: str | Path | None = None,
+                name: str = "folder", record: dict | None = None, val_size: int | float | None = None) -> ImageData:
     """Load ``root/train/<class>/*`` and ``root/test/<class>/*`` as ``uint8`` tensors ``[N, C, H, W]``.
 
-    Class folders are sorted by name and numbered from 0 (any count); both splits must have the same
-    class folders, none of them empty. Files are read in sorted order; hidden files and files without
-    an image extension are ignored.
+    Class folders are sorted by name and numbered from 0 (any count); both splits must have the same class folders,
+    none of them empty. Files are read in sorted order; hidden files and files without an image extension are ignored.
 
     Args:
         root: ``dataset.root``, the folder holding ``train/`` and ``test/``.
-        image_size: resize every image to ``image_size`` x ``image_size`` pixels with PIL's bilinear
-            filter (antialiased when shrinking; the aspect ratio is not kept). ``None`` keeps the images'
-            own size, which must then be the same for all of them.
-        channels: 1 converts every image to grayscale (PIL mode ``L``; 16-bit grey images stay 16-bit, and the
-            split is then ``uint16``: ``swalab.data.folder.decode_images``), 3 to RGB. ``None`` infers it
-            from the *whole* training split (not only the ``train_size`` subset, so the choice never
-            depends on the seed): 1 if every training image has a single grey band (PIL modes ``1``,
-            ``L``, ``LA``, ``I``, ``I;16``, ``F``; alpha is ignored, palette images count as colour),
-            else 3. Only file headers are read, stopping at the first colour image.
-        mean, std: per-channel normalisation (pixels scaled to [0, 1]), one value per channel. ``None``
-            measures it on the training images actually used (after ``train_size``, resizing and
-            conversion; population std); the measurement is cached with the pixels.
+        image_size: resize every image to ``image_size`` x ``image_size`` pixels (bilinear, the aspect ratio not
+            kept: ``folder._decode_image``); ``None`` keeps the images' own size, which must then be the same for all.
+        channels: 1 converts every image to grayscale (16-bit grey stays 16-bit: ``folder.decode_images``), 3 to
+            RGB; ``None``: 1 if every image of the *whole* training split is grey (``folder.infer_channels``, reading
+            headers only; not the ``train_size`` subset, so the seed never decides it), else 3.
+        mean, std: per-channel normalisation of the pixels scaled to [0, 1]; ``None`` measures it (population std) on
+            the training images used, after ``train_size``, resizing and conversion, and caches it with the pixels.
         train_size, test_size, val_size, seed, cache_dir, record: ``swalab.data``'s module doc; the
             normalisation is measured without the validation images.
-        cache: keep the decoded tensors and measured statistics in
-            ``<cache_dir>/<name>-<root key>-folder-<hash>-v2.pt`` (``swalab.data.cache``), the hash naming the
-            chosen files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
+        cache: keep the decoded tensors and measured statistics (``swalab.data.cache.cache_path``), a file per
+            choice of files, ``channels`` and ``image_size``; rebuilt when a file of the folder changes.
         name: the data set's name in :class:`ImageData` and in the cache file name.
 
-    Raises:
-        ValueError: ``root`` not set; a bad ``image_size``, ``channels``, ``mean``, ``std``, ``train_size``
-            or ``test_size``; an empty class folder; different class folders in ``train/`` and ``test/``;
-            images of different sizes without ``image_size``; an unreadable image. Each message names
-            the key, folder or file concerned.
-        FileNotFoundError: ``root`` or one of its splits does not exist.
+    Raises ValueError (``root`` not set, a bad key, an empty or mismatched class folder, images of different sizes
+    without ``image_size``, an unreadable image) or FileNotFoundError (``root`` or a split missing), naming the key,
+    folder or file concerned.
     """
     root = _check_root(root)
     image_size = _check_image_size(image_size)
@@ -167,16 +146,7 @@ def load_folder(
     if flat:
         raise ValueError(f"the training images under {root / 'train'} are constant in channel(s) {flat} (measured std "
                          "0), so they cannot be normalised: set dataset.std explicitly")
-    return ImageData(
-        name=name,
-        train=DataSplit(images=got["train_images"], labels=got["train_labels"]),
-        test=DataSplit(images=got["test_images"], labels=got["test_labels"]),
-        num_classes=len(classes),
-        classes=list(got["classes"]),
-        channels=found,
-        mean=mean,
-        std=std,
-        record=record,
-        cache_note=note,
-        val=DataSplit(images=got["val_images"], labels=got["val_labels"]) if "val" in chosen else None,
-    )
+    split = lambda s: DataSplit(images=got[f"{s}_images"], labels=got[f"{s}_labels"])  # noqa: E731
+    return ImageData(name=name, train=split("train"), test=split("test"), num_classes=len(classes),
+                     classes=list(got["classes"]), channels=found, mean=mean, std=std, record=record, cache_note=note,
+                     val=split("val") if "val" in chosen else None)

@@ -162,24 +162,10 @@ class ResidentLoader:
             keep up with fast steps; off on CPU, where the step dominates and memory is shared.
     """
 
-    def __init__(
-        self,
-        split: DataSplit,
-        batch_size: int,
-        device: torch.device | str,
-        mean: Sequence[float],
-        std: Sequence[float],
-        train: bool,
-        pad: int = 4,
-        flip: bool = True,
-        drop_last: bool | None = None,
-        seed: int = 0,
-        channels_last: bool = False,
-        dtype: torch.dtype = torch.float32,
-        prenormalize: bool | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
+    def __init__(self, split: DataSplit, batch_size: int, device: torch.device | str, mean: Sequence[float],
+                 std: Sequence[float], train: bool, pad: int = 4, flip: bool = True, drop_last: bool | None = None,
+                 seed: int = 0, channels_last: bool = False, dtype: torch.dtype = torch.float32,
+                 prenormalize: bool | None = None, rank: int = 0, world_size: int = 1) -> None:
         n = len(split)
         channels, height, width = split.images.shape[1:]
         if n == 0:
@@ -191,10 +177,8 @@ class ResidentLoader:
         if seed < 0:
             raise ValueError(f"seed must be non-negative, got {seed}")
         if len(mean) != channels or len(std) != channels:
-            raise ValueError(
-                f"mean and std need one value per channel: the images have {channels} channel(s), "
-                f"got mean={list(mean)} and std={list(std)}"
-            )
+            raise ValueError(f"mean and std need one value per channel: the images have {channels} channel(s), "
+                             f"got mean={list(mean)} and std={list(std)}")
         if any(s <= 0 for s in std):
             raise ValueError(f"std must be positive, got {list(std)}")
         if not dtype.is_floating_point:

@@ -327,21 +327,7 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
             raise PosthocError(f"{needs_val[0]} chooses on the validation split, and {scored.run.path} has none: "
                                "train with dataset.val_size=<images or a fraction>")
     if request.soup:
-        if len(runs) < 2:
-            raise PosthocError(f"--soup {request.soup[0]}: a soup needs the final weights of 2 runs at least; give the "
-                               "run directories of one config's seeds")
-        first = runs[0].run
-        for other in runs[1:]:
-            if group_hash(other.run.identity) != group_hash(first.identity):
-                apart = [d for d in differences(first.identity, other.run.identity, ignore=("seed",))][:3]
-                raise PosthocError(f"--soup: {other.run.path} is another config than {first.path} "
-                                   f"({'; '.join(apart)}): a soup here mixes the seeds of one config only")
-        seen: dict[object, Path] = {}
-        for scored in runs:  # one config: a seed given twice is one run counted as two ingredients
-            if scored.run.seed in seen:
-                raise PosthocError(f"--soup: {scored.run.path} and {seen[scored.run.seed]} are one run (seed "
-                                   f"{scored.run.seed}) given twice: give each seed's run directory once")
-            seen[scored.run.seed] = scored.run.path
+        check_soup(request.soup[0], runs)
     for d in request.ema:
         check_decay(d)
     try:
@@ -369,6 +355,25 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
             start_weights(scored)
         if request.powerema:
             check_powerema(scored, request.powerema)
+
+
+def check_soup(kind: str, runs: Sequence[Scored]) -> None:
+    """Refuse a soup (``--soup <kind>``) of fewer than 2 runs, of runs of other configs or of a seed given twice."""
+    if len(runs) < 2:
+        raise PosthocError(f"--soup {kind}: a soup needs the final weights of 2 runs at least; give the "
+                           "run directories of one config's seeds")
+    first = runs[0].run
+    for other in runs[1:]:
+        if group_hash(other.run.identity) != group_hash(first.identity):
+            apart = [d for d in differences(first.identity, other.run.identity, ignore=("seed",))][:3]
+            raise PosthocError(f"--soup: {other.run.path} is another config than {first.path} "
+                               f"({'; '.join(apart)}): a soup here mixes the seeds of one config only")
+    seen: dict[object, Path] = {}
+    for scored in runs:  # one config: a seed given twice is one run counted as two ingredients
+        if scored.run.seed in seen:
+            raise PosthocError(f"--soup: {scored.run.path} and {seen[scored.run.seed]} are one run (seed "
+                               f"{scored.run.seed}) given twice: give each seed's run directory once")
+        seen[scored.run.seed] = scored.run.path
 
 
 def per_run(scored: Scored, request: Request) -> Iterator[tuple]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swalab import style
-from swalab.results.table import Entry, Table
+from swalab.results.table import Entry, Row, Table
 
 
 def _pyplot():
@@ -201,6 +201,30 @@ def ensemble_curve(column, cell) -> bool:
     return column.method == "fge" and any(len(e.metrics.get("curve") or []) > 1 for e in cell.entries)
 
 
+def _draw_fge_curves(ax, row: Row) -> tuple[list, int]:
+    """Draw the curve of each FGE column of ``row`` that has one (:func:`ensemble_curve`): the mean over seeds, a bar
+    from the lowest to the highest seed; return those columns and the most members drawn."""
+    most, fges = 1, []
+    for column, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order):
+        if not ensemble_curve(column, cell):
+            continue
+        fges.append(column)
+        points: dict[int, list[float]] = defaultdict(list)
+        for e in cell.entries:
+            for p in e.metrics.get("curve") or []:
+                points[int(p["members"])].append(float(p["acc"]))
+        most = max([most, *points])
+        xs = sorted(points)
+        mean = [statistics.fmean(points[x]) for x in xs]
+        spread = any(len(points[x]) > 1 for x in xs)
+        ax.errorbar(xs, mean, yerr=[[m - min(points[x]) for m, x in zip(mean, xs)],
+                                    [max(points[x]) - m for m, x in zip(mean, xs)]] if spread else None,
+                    fmt="-o", ms=4, capsize=4, color=style.color_of("fge", len(fges) - 1),
+                    label=f"{column.label} ensemble (n={len(cell.entries)}"
+                          f"{', bar: lowest to highest seed' if spread else ''})")
+    return fges, most
+
+
 def plot_fge_curve(table: Table, path: Path) -> bool:
     """FGE ensemble accuracy against the number of members (whole numbers), the mean over seeds with an error bar
     from the lowest to the highest seed; each SWA column of the FGE's budget B as a line (dashed: the mean, a light
@@ -217,24 +241,7 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
 
     fig, axes = style.panels(plt, len(rows))
     for ax, row in zip(axes, rows):
-        most, fges = 1, []
-        for column, cell in sorted(row.cells.items(), key=lambda kv: kv[0].order):
-            if not ensemble_curve(column, cell):
-                continue
-            fges.append(column)
-            points: dict[int, list[float]] = defaultdict(list)
-            for e in cell.entries:
-                for p in e.metrics.get("curve") or []:
-                    points[int(p["members"])].append(float(p["acc"]))
-            most = max([most, *points])
-            xs = sorted(points)
-            mean = [statistics.fmean(points[x]) for x in xs]
-            spread = any(len(points[x]) > 1 for x in xs)
-            ax.errorbar(xs, mean, yerr=[[m - min(points[x]) for m, x in zip(mean, xs)],
-                                        [max(points[x]) - m for m, x in zip(mean, xs)]] if spread else None,
-                        fmt="-o", ms=4, capsize=4, color=style.color_of("fge", len(fges) - 1),
-                        label=f"{column.label} ensemble (n={len(cell.entries)}"
-                              f"{', bar: lowest to highest seed' if spread else ''})")
+        fges, most = _draw_fge_curves(ax, row)
         kin = [(row, "")] + [(r, f" · {r.label}") for r in table.rows if r.shares_with is row]  # SWA of other settings
         swa = [(c, cell, tail) for r, tail in kin for c, cell in sorted(r.cells.items(), key=lambda kv: kv[0].order)
                if c.method == "swa"]

@@ -138,18 +138,7 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     (``Method.columns``). ``swag`` trains the run of the largest SWA budget as SWAG (``method=swag``: SWA's training,
     SWA's predictors and SWAG's), branched off the trunk where SWA's would be.
     """
-    keys = {o.lstrip("+").split("=", 1)[0]: o for o in extra}
-    fixed = [o for k, o in keys.items() if k in ("trainer.epochs", "method.budget")]
-    if fixed:
-        raise RowError(f"{', '.join(fixed)}: a row's runs are 1, 1.25 and 1.5 budgets long, so their lengths come "
-                         "from the budget B: set model.budget_epochs=<B> instead")
-    owned = {"method": "a row trains every method itself (--no-fge, --ema, --method, --swa-budgets choose them)",
-             "seed": "the row's seeds are --seeds", "dataset": "the row's data set is --dataset",
-             "model": "the row's model is --model",
-             "run.dir": "a row's jobs each need their own run directory (set paths.output_dir=<dir> instead)"}
-    for key, why in owned.items():
-        if key in keys:
-            raise RowError(f"{keys[key]}: {why}")
+    keys = _row_overrides(extra)
     base = [f"dataset={dataset}", f"model={model}", f"seed={seed}", *extra]
     trunk_ov = [*base, "method=sgd"]
     trunk_cfg = compose_run(trunk_ov)
@@ -196,6 +185,23 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
         jobs.append(Job(name, [*ov, f"run.branch_from={trunk_dir}@{k}"] if k else ov, run_dir_of(cfg, ov),
                         parent="sgd" if k else None, branch_epoch=k or None, columns=columns))
     return jobs
+
+
+def _row_overrides(extra: Sequence[str]) -> dict[str, str]:
+    """The row's overrides by key, refused (:class:`RowError`) where they set what the row sets itself."""
+    keys = {o.lstrip("+").split("=", 1)[0]: o for o in extra}
+    fixed = [o for k, o in keys.items() if k in ("trainer.epochs", "method.budget")]
+    if fixed:
+        raise RowError(f"{', '.join(fixed)}: a row's runs are 1, 1.25 and 1.5 budgets long, so their lengths come "
+                       "from the budget B: set model.budget_epochs=<B> instead")
+    owned = {"method": "a row trains every method itself (--no-fge, --ema, --method, --swa-budgets choose them)",
+             "seed": "the row's seeds are --seeds", "dataset": "the row's data set is --dataset",
+             "model": "the row's model is --model",
+             "run.dir": "a row's jobs each need their own run directory (set paths.output_dir=<dir> instead)"}
+    for key, why in owned.items():
+        if key in keys:
+            raise RowError(f"{keys[key]}: {why}")
+    return keys
 
 
 def columns_for(method, budget: float) -> dict[str, str]:

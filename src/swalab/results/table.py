@@ -374,13 +374,11 @@ def build_table(runs: Sequence[Run]) -> Table:
             cells.setdefault(entry.cell, {"entries": [], "context": context_of(run), "column": entry.column,
                                           "stands_in": entry.stands_in})
             cells[entry.cell]["entries"].append(entry)
-    taken = {(json.dumps(c["context"], sort_keys=True, default=str), c["column"]) for c in cells.values()
-             if not c["stands_in"]}
-    cells = {k: c for k, c in cells.items()  # a run of the method itself fills its column (Method.stands_in)
-             if not (c["stands_in"] and (json.dumps(c["context"], sort_keys=True, default=str), c["column"]) in taken)}
+    place = lambda c: (json.dumps(c["context"], sort_keys=True, default=str), c["column"])  # noqa: E731
+    taken = {place(c) for c in cells.values() if not c["stands_in"]}
+    cells = {k: c for k, c in cells.items() if not (c["stands_in"] and place(c) in taken)}
     around_sources(cells)
-    # rows: one per distinct context; within a row one cell per column, further variants in rows of their own
-    contexts: dict[str, dict] = {}
+    contexts: dict[str, dict] = {}  # one row per distinct context, its cells by column
     for key, cell in cells.items():
         ctx_key = json.dumps(cell["context"], sort_keys=True, default=str)
         contexts.setdefault(ctx_key, {"context": cell["context"], "columns": defaultdict(list)})
@@ -396,71 +394,68 @@ def build_table(runs: Sequence[Run]) -> Table:
                           if any(ctx["context"].get(k) != group[0]["context"].get(k) for ctx in group)})
         runs_in = lambda g: sum(len(cells[k]["entries"]) for keys in g["columns"].values() for k in keys)  # noqa: E731
         for ctx in sorted(group, key=lambda g: (-runs_in(g), _label(varying, g["context"]))):
-            # the row is named by a run of its own: one moved into it around its source (Laplace) records that source
-            in_row = [k for keys in ctx["columns"].values() for k in keys]
-            first_run = cells[min(in_row, key=lambda k: bool(cells[k].get("around")))]["entries"][0].run
-            shared = shared_settings(first_run)
-            if shared is not None:  # the settings the runs recorded, in the keys the user typed
-                base_label = label_of(shared)
-            else:                   # runs of earlier versions: the identity keys that vary between the rows
-                base_label = _label(varying, ctx["context"]) if len(group) > 1 else ""
-            main: dict[Column, Cell] = {}
-            noted: dict[str, str] = {}  # per method of the row's runs, its own settings in the row ("" the defaults)
-            extra: list[Row] = []
-            columns = []
-            named = named_apart(cells, in_row)
-            for column, keys in ctx["columns"].items():
-                own = {k: named[k] for k in keys}
-                # the default config of the method leads; without records, the variant with most seeds, then the first
-                variants = sorted(keys, key=lambda k: (bool(own[k]), -len(cells[k]["entries"]),
-                                                       _first_written(cells[k]["entries"]), k))
-                columns.append((column, own, variants))
-            # a method's columns of the default config are the row's first; a method run with one config of its own
-            # only (the row tool's SWA branch, model.swa.pre_schedule=base) stands in the row too, its settings in the
-            # row's notes; a method of several configs (a sweep of SWA's lr) puts each but the default in a row of its own
-            configs = defaultdict(set)
-            for *_, variants in columns:
-                for k in variants:
-                    configs[cells[k]["entries"][0].run.method].add(k[0])
-            for column, own, variants in sorted(columns, key=lambda c: (bool(c[1][c[2][0]]), c[0].order)):
-                lead = variants[0]
-                method = cells[lead]["entries"][0].run.method
-                setting = label_of(own[lead]) if own[lead] else ""
-                if (not setting or len(configs[method]) == 1) and noted.setdefault(method, setting) == setting:
-                    main[column] = Cell(cells[lead]["entries"])
-                else:
-                    variants, lead = ["<none>", *variants], None
-                first = cells[lead]["entries"][0].run.identity if lead else {}
-                for k in variants[1:]:
-                    other = cells[k]["entries"][0].run
-                    if own[k] is not None:
-                        label = label_of(own[k])
-                    else:
-                        keys_apart = [d.split(":")[0] for d in differences(other.identity, first) if not d.startswith("seed:")]
-                        label = _label(keys_apart, other.identity)
-                    extra.append(Row(dataset, model, ", ".join(p for p in (base_label, label) if p),
-                                     {column: Cell(cells[k]["entries"])}))
-            plain = Row(dataset, model, base_label, main, own=noted) if main else None
-            for row in ([plain] if plain else []) + extra:
+            for row in _rows_of_context(cells, ctx, dataset, model, varying):
                 contexts_of[id(row)] = ctx["context"]
-            if plain is not None:  # a row whose every column ran only with other settings is shown by those rows alone
-                rows.append(plain)
-            for row in extra:
-                row.shares_with = plain
-            merged: dict[str, list[Row]] = {}  # rows of one label share a row: a SWA run's budget columns together
-            for row in extra:
-                same = merged.setdefault(row.label, [])
-                target = next((r for r in same if not set(r.cells) & set(row.cells)), None)
-                if target is None:
-                    same.append(row)
-                else:
-                    target.cells.update(row.cells)
-            rows.extend(r for label in sorted(merged) for r in merged[label])
+                rows.append(row)
     tell_apart(rows, contexts_of)
     for row in rows:
         for cell in row.cells.values():
             cell.entries.sort(key=lambda e: (str(e.run.seed), str(e.run.path)))
     return Table(rows, duplicates)
+
+
+def _rows_of_context(cells: dict[tuple[str, str], dict], ctx: dict, dataset: str, model: str,
+                     varying: Sequence[str]) -> list[Row]:
+    """The rows of one context: its methods' default configs in one row, first; a method run with one config of its
+    own only (the row tool's SWA branch, ``model.swa.pre_schedule=base``) stands in that row too, its settings in the
+    row's notes; a method of several configs (a sweep of SWA's lr) puts each but the default in a row of its own,
+    those of one label sharing a row where their columns do not overlap."""
+    in_row = [k for keys in ctx["columns"].values() for k in keys]
+    # the row is named by a run of its own: one moved into it around its source (Laplace) records that source
+    shared = shared_settings(cells[min(in_row, key=lambda k: bool(cells[k].get("around")))]["entries"][0].run)
+    # the settings the runs recorded, in the keys the user typed; runs of earlier versions: the keys that vary
+    base_label = label_of(shared) if shared is not None else _label(varying, ctx["context"])
+    main: dict[Column, Cell] = {}
+    noted: dict[str, str] = {}  # per method of the row's runs, its own settings in the row ("" the defaults)
+    extra: list[Row] = []
+    own = named_apart(cells, in_row)
+    # per column its cells, the default config of the method first; without records, the variant with most seeds,
+    # then the first written
+    columns = [(column, sorted(keys, key=lambda k: (bool(own[k]), -len(cells[k]["entries"]),
+                                                    _first_written(cells[k]["entries"]), k)))
+               for column, keys in ctx["columns"].items()]
+    configs = defaultdict(set)
+    for k in in_row:
+        configs[cells[k]["entries"][0].run.method].add(k[0])
+    for column, variants in sorted(columns, key=lambda c: (bool(own[c[1][0]]), c[0].order)):
+        lead = variants[0]
+        method = cells[lead]["entries"][0].run.method
+        setting = label_of(own[lead]) if own[lead] else ""
+        if (not setting or len(configs[method]) == 1) and noted.setdefault(method, setting) == setting:
+            main[column] = Cell(cells[lead]["entries"])
+        else:
+            variants, lead = ["<none>", *variants], None
+        first = cells[lead]["entries"][0].run.identity if lead else {}
+        for k in variants[1:]:
+            other = cells[k]["entries"][0].run
+            if own[k] is not None:
+                label = label_of(own[k])
+            else:
+                keys_apart = [d.split(":")[0] for d in differences(other.identity, first) if not d.startswith("seed:")]
+                label = _label(keys_apart, other.identity)
+            extra.append(Row(dataset, model, ", ".join(p for p in (base_label, label) if p),
+                             {column: Cell(cells[k]["entries"])}))
+    plain = Row(dataset, model, base_label, main, own=noted) if main else None  # else shown by its variants' rows
+    merged: dict[str, list[Row]] = {}  # rows of one label share a row: a SWA run's budget columns together
+    for row in extra:
+        row.shares_with = plain
+        same = merged.setdefault(row.label, [])
+        target = next((r for r in same if not set(r.cells) & set(row.cells)), None)
+        if target is None:
+            same.append(row)
+        else:
+            target.cells.update(row.cells)
+    return ([plain] if plain else []) + [r for label in sorted(merged) for r in merged[label]]
 
 
 def tell_apart(rows: Sequence[Row], contexts_of: dict[int, dict]) -> None:

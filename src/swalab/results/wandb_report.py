@@ -156,6 +156,27 @@ def line_chart(wr, table_key: str, x: str, y: str, title: str, stroke: str | Non
     return chart
 
 
+def row_blocks(wr, row: Row, link: dict[str, Any], name: str) -> list:
+    """A row's section of the report: its training runs' test error and reliability (and FGE's ensemble curve) as
+    W&B logged them, in a run set of its groups (:func:`runset_of`), or a line saying they were not logged."""
+    blocks = [wr.H2(f"{row.name}: training runs")]
+    if not link["groups"]:
+        return [*blocks, wr.P("These runs were not logged to W&B (logger=none): see test_error.png.")]
+    own = [key.replace("_test_acc", "_test_error") for key in scored_during_training(row.runs())]
+    panels = [wr.LinePlot(title="Test error (%) against epoch, mean ± std over seeds", x="epoch",
+                          y=["test_error", *own], groupby="Group", groupby_aggfunc="mean",
+                          groupby_rangefunc="stddev", title_x="epoch", title_y="test error (%)",
+                          layout=wr.Layout(w=12, h=8)),
+              line_chart(wr, "reliability_table", "confidence", "accuracy",
+                         "Reliability: accuracy against confidence", stroke="predictor")]
+    if any(c.method == "fge" for c in row.cells):
+        panels.append(line_chart(wr, "fge/curve_table", "members", "acc",
+                                 "FGE: test accuracy (%) against ensemble members", width=24))
+    note = f" ({link['missing']} of its runs were not logged to W&B)" if link["missing"] else ""
+    return [*blocks, wr.P(f"W&B groups {', '.join(link['groups'])}{note}."),
+            wr.PanelGrid(runsets=[runset_of(row, link, name)], panels=panels)]
+
+
 # -- the report -------------------------------------------------------------------------------------
 
 def build_report(table: Table, *, project: str, entity: str | None, report_run: str, paper: dict | None = None,
@@ -195,23 +216,7 @@ def build_report(table: Table, *, project: str, entity: str | None, report_run: 
                    for metric in (m.name for m in reported_metrics())])]
 
     for number, (row, link) in enumerate(zip(table.rows, links)):
-        blocks.append(wr.H2(f"{row.name}: training runs"))
-        if not link["groups"]:
-            blocks.append(wr.P("These runs were not logged to W&B (logger=none): see test_error.png."))
-            continue
-        own = [key.replace("_test_acc", "_test_error") for key in scored_during_training(row.runs())]
-        panels = [wr.LinePlot(title="Test error (%) against epoch, mean ± std over seeds", x="epoch",
-                              y=["test_error", *own], groupby="Group", groupby_aggfunc="mean",
-                              groupby_rangefunc="stddev", title_x="epoch", title_y="test error (%)",
-                              layout=wr.Layout(w=12, h=8)),
-                  line_chart(wr, "reliability_table", "confidence", "accuracy",
-                             "Reliability: accuracy against confidence", stroke="predictor")]
-        if any(c.method == "fge" for c in row.cells):
-            panels.append(line_chart(wr, "fge/curve_table", "members", "acc",
-                                     "FGE: test accuracy (%) against ensemble members", width=24))
-        note = f" ({link['missing']} of its runs were not logged to W&B)" if link["missing"] else ""
-        blocks += [wr.P(f"W&B groups {', '.join(link['groups'])}{note}."),
-                   wr.PanelGrid(runsets=[runset_of(row, link, f"row {number + 1}")], panels=panels)]
+        blocks += row_blocks(wr, row, link, f"row {number + 1}")
 
     curves = fge_against_swa(table)
     if curves:

@@ -21,6 +21,7 @@ import contextlib
 import traceback
 import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
@@ -276,6 +277,23 @@ def settle_finished(plan: RunPlan) -> None:
     RunDir(run_dir).write_status({"status": RunStatus.COMPLETE})
 
 
+def _record_stop(run_dir: Path, exc: BaseException) -> None:
+    """The status of a run stopped by ``exc`` before its ``metrics.json``: paused (under SLURM requeued, cancelled or
+    preempted), interrupted (Ctrl-C outside the training steps: before the first, the final scoring), else failed."""
+    if isinstance(exc, Preempted):
+        exc.status = slurm.stop_status(exc.signum, exc.status)
+        RunDir(run_dir).write_status({"status": exc.status, "message": str(exc)})
+        run_log_only(f"[swalab] {run_dir} {exc.status}: {exc}")  # run.py says it on the terminal
+    elif isinstance(exc, KeyboardInterrupt):
+        message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
+                   "re-run the same command to continue")
+        RunDir(run_dir).write_status({"status": RunStatus.INTERRUPTED, "message": message})
+        run_log_only(f"[swalab] {run_dir} interrupted: {message}")  # run.py says it on the terminal
+    else:
+        RunDir(run_dir).write_status({"status": RunStatus.FAILED, "error": one_line(exc), "traceback": traceback.format_exc()})
+        log.info(f"[swalab] {run_dir} failed: {one_line(exc)}")
+
+
 def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
     plan = built.plan
     run_dir, trainer, method, start = plan.run_dir, built.trainer, plan.method, built.start
@@ -322,22 +340,8 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
                     atomic_save(obj, run_dir / name)
             write_json(run_dir / RunDir.METRICS, metrics)  # last: from here on the run is finished (final_metrics)
             faults.hit("final_record")  # test-only kill point (swalab.faults)
-        except Preempted as exc:
-            exc.status = slurm.stop_status(exc.signum, exc.status)  # under SLURM: requeued, cancelled or preempted
-            RunDir(run_dir).write_status({"status": exc.status, "message": str(exc)})
-            run_log_only(f"[swalab] {run_dir} {exc.status}: {exc}")  # run.py says it on the terminal
-            tracker.finish(exit_code=1)
-            raise
-        except KeyboardInterrupt:  # Ctrl-C outside the training loop (before its first step, the final scoring)
-            message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
-                       "re-run the same command to continue")
-            RunDir(run_dir).write_status({"status": RunStatus.INTERRUPTED, "message": message})
-            run_log_only(f"[swalab] {run_dir} interrupted: {message}")  # run.py says it on the terminal
-            tracker.finish(exit_code=1)
-            raise
         except BaseException as exc:
-            RunDir(run_dir).write_status({"status": RunStatus.FAILED, "error": one_line(exc), "traceback": traceback.format_exc()})
-            log.info(f"[swalab] {run_dir} failed: {one_line(exc)}")
+            _record_stop(run_dir, exc)
             tracker.finish(exit_code=1)
             raise
         settle_finished(plan)

@@ -7,7 +7,8 @@
 #
 # Run from the repository root with swalab installed (pip install -e .); SWALAB_CIFAR10_JPG names the CIFAR-10
 # JPEG folder the data benchmarks read (throughput.py, method_overheads.py; default ../shared/data/cifar10-jpg).
-# PYTHON picks the interpreter (default python3). The folder receives suite.log (versions, device, every stage's
+# PYTHON picks the interpreter (default python3); STAGES="tests gpu_step_wrn28_10" runs only the stages it names
+# (a short window: the compiled WRN-28-10 variants and the tests, about 3 minutes). The folder receives suite.log (versions, device, every stage's
 # output and exit code), pytest_gpu.txt and the JSON results; its JSONs are copied into bench/results/ afterwards
 # by whoever commits them.
 #
@@ -32,6 +33,7 @@ say() { echo "[gpu_suite $(date -u +%H:%M:%S)] $*" | tee -a "$log"; }
 # stage <name> <seconds> <command...>: run it under its limit, its output into the log, its JSONs into $out
 stage() {
   local name=$1 limit=$2; shift 2
+  if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" $name "* ]]; then say "stage $name: skipped (STAGES)"; return; fi
   local stamp; stamp=$(mktemp); local t0=$SECONDS
   say "stage $name (limit ${limit}s): $*"
   timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1

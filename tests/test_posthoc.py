@@ -569,3 +569,11 @@ def test_a_second_call_with_select_chooses_in_every_family_it_draws_those_of_ear
     out = capsys.readouterr().out
     assert "of ema for" in out
     assert re.search(r"chosen on validation nll: lawa[23] .* of lawa for .*, built by an earlier call", out), out
+
+
+def test_a_swa_window_ending_after_the_run_is_refused_naming_its_last_epoch(swa_run):
+    """``--swa 2:9`` of a run of 4 epochs averaged epochs 2 to 4 and was labelled ``swa[2:9]``: a window that never
+    ran, and a second column beside ``swa[2:4]``, the same average."""
+    with pytest.raises(PosthocError, match=r"^--swa 2:9: the run ends at epoch 4: give --swa 2:4 or --swa 2: "):
+        main([str(swa_run), "--swa", "2:9"])
+    assert not (swa_run / "posthoc" / "swa_2-9").exists()

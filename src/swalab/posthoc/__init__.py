@@ -123,6 +123,9 @@ def shown(x: float) -> str:
 
 def swa_window(points: Sequence[Point], text: str) -> tuple[str, list[Point]]:
     a, b = window(text)
+    if b is not None and b > points[-1].position:  # its label would name epochs the run never trained
+        raise PosthocError(f"--swa {text}: the run ends at epoch {shown(points[-1].position)}: give --swa "
+                           f"{shown(a)}:{shown(points[-1].position)} or --swa {shown(a)}: (to the end)")
     end = b if b is not None else points[-1].position
     inside = [p for p in points if a <= p.position <= end]
     if len(inside) < 2:

@@ -577,3 +577,20 @@ def test_a_swa_window_ending_after_the_run_is_refused_naming_its_last_epoch(swa_
     with pytest.raises(PosthocError, match=r"^--swa 2:9: the run ends at epoch 4: give --swa 2:4 or --swa 2: "):
         main([str(swa_run), "--swa", "2:9"])
     assert not (swa_run / "posthoc" / "swa_2-9").exists()
+
+
+def test_a_snapshot_cut_short_is_named_in_one_line_and_the_averages_built_before_stay(copied_run, capsys):
+    """A snapshot a full disk or a copy cut short is said in one line naming it (exit 2), as an unreadable
+    ``final.pt`` is, and the averages written before stay whole."""
+    from swalab.cli import run_command
+
+    main([str(copied_run), "--lawa", "2"])
+    snapshot = copied_run / "snapshots" / "epoch0002.pt"
+    snapshot.write_bytes(snapshot.read_bytes()[:2000])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_command(main, [str(copied_run), "--swa", "1:3"], prog="swalab.posthoc")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{snapshot}: cannot read it" in err[0], err
+    assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()

@@ -448,3 +448,22 @@ def test_two_ood_folders_of_one_name_are_scored_as_two_sets_and_labelled_apart_i
     report([swa_run.parent], tmp_path / "out")
     table = (tmp_path / "out" / "table.md").read_text()
     assert f"| {a['data']['name']} |" in table and f"| {b['data']['name']} |" in table
+
+
+def test_a_run_whose_image_folder_changed_since_is_refused_naming_what_changed_and_nothing_is_written(tmp_path):
+    """A run is the images it was made on: scored on its folder as it is now (an image added to its test split),
+    its ``test`` would be another test set under the run's own name, as run.py refuses to resume or skip it."""
+    from conftest import train_on_one_thread
+    from test_folder_data import write_folder, write_images
+
+    from swalab.config import ConfigError
+
+    root = write_folder(tmp_path / "ds", ["cat", "dog"], n_train=4, n_test=2, size=(8, 8), grey=True)
+    run = train_on_one_thread(tmp_path / "run", "dataset=folder", f"dataset.root={root}", "method=sgd",
+                              "trainer.epochs=1", "trainer.batch_size=4", "model.arch.depth=8",
+                              f"run.cache_dir={tmp_path / 'cache'}")
+    write_images(root / "test" / "dog", 1, size=(8, 8), grey=True, first=50)
+    with pytest.raises(ConfigError, match=r"was made on other data than .* holds now \(test/dog: 2 files then, 3 "
+                                          r"now\): restore the images it was made on"):
+        main([str(run), "--data", "test", "--device", "cpu"])
+    assert not (run / "scores").exists()

@@ -188,6 +188,27 @@ def test_a_run_detects_noise_and_an_image_folder_against_its_test_split(swa_run,
     assert auroc(ins, outs) == pytest.approx(noise["predictors"]["swa"]["msp"]["auroc"], abs=2e-3)  # float16 kept
 
 
+def test_an_ood_folder_of_no_image_or_with_an_image_cut_short_is_refused_in_one_line_naming_it(swa_run, tmp_path,
+                                                                                               capsys):
+    """Found while the run is scored (its test split's count says how many images are read): one line, exit 2, not
+    a traceback."""
+    from PIL import Image
+
+    from swalab.cli import run_command
+
+    empty, cut = tmp_path / "empty", tmp_path / "cut"
+    empty.mkdir()
+    cut.mkdir()
+    Image.fromarray(np.full((20, 30, 3), 9, dtype=np.uint8)).save(cut / "0.jpg")
+    (cut / "1.jpg").write_bytes((cut / "0.jpg").read_bytes()[:100])
+    for folder, said in ((empty, "no image files"), (cut, f"{cut / '1.jpg'} cannot be read as an image")):
+        with pytest.raises(SystemExit) as exited:
+            run_command(main, [str(swa_run), "--ood", f"folder:{folder}", "--device", "cpu"],
+                        prog="swalab.results.score")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
 def test_an_ood_spec_that_names_nothing_is_refused_before_any_run_is_opened(tmp_path):
     with pytest.raises(ScoreError, match=r"--ood noise:pink: expected noise:gaussian, noise:uniform, folder:<dir> or other-classes"):
         main([str(tmp_path / "no-run"), "--ood", "noise:pink"])

@@ -171,6 +171,15 @@ def test_soups_of_two_seeds_are_written_under_the_lowest_seed_with_their_ingredi
     assert 1 <= len(greedy["built_from"]) <= 2
 
 
+def test_a_greedy_soup_ranked_by_accuracy_is_labelled_so_and_kept_beside_the_one_ranked_by_nll(swa_run, swa_seed1):
+    """Both were labelled soup-greedy(2), one folder: the second call replaced the first's soup, and the report's
+    column did not say which ranking it held."""
+    main([str(swa_run), str(swa_seed1), "--soup", "greedy", "--by", "acc"])
+    main([str(swa_run), str(swa_seed1), "--soup", "greedy"])
+    assert posthoc_metrics(swa_run, "soup-greedy_2_by-acc")["soup-greedy(2)[by-acc]"]["rebuild"].endswith("--by acc")
+    assert posthoc_metrics(swa_run, "soup-greedy_2")["soup-greedy(2)"]["rebuild"].endswith("--by nll")
+
+
 def test_the_same_soup_asked_with_its_runs_in_another_order_is_written_once_under_its_lowest_seed(swa_run, swa_seed1):
     main([str(swa_seed1), str(swa_run), "--soup", "uniform"])
     main([str(swa_run), str(swa_seed1), "--soup", "uniform"])

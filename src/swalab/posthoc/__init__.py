@@ -424,7 +424,8 @@ def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
         score_of = val_score(runs[0], request.by)
         order = sorted(range(len(runs)), key=lambda i: -score_of(finals[i]))
         soup, kept = greedy_soup([finals[i] for i in order], score_of)
-        yield (f"soup-greedy({len(runs)})", "soup", float(len(kept)), soup, [names[order[i]] for i in kept],
+        ranked = "" if request.by == "nll" else f"[by-{request.by}]"  # one ranked otherwise is another soup
+        yield (f"soup-greedy({len(runs)}){ranked}", "soup", float(len(kept)), soup, [names[order[i]] for i in kept],
                {"rebuild": f"--soup greedy --by {request.by}", "rebuild_runs": others}, read)
 
 

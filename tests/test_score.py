@@ -280,6 +280,29 @@ def test_a_set_is_scored_anew_once_the_runs_weights_change(swa_run, tmp_path, ca
     assert "kept" not in capsys.readouterr().out and after != before
 
 
+def test_a_set_scored_before_the_runs_weights_changed_is_left_out_of_the_report_naming_the_command(swa_run, tmp_path):
+    """As a post-hoc average of files that changed is: the report showed the scores of the weights the run held then
+    beside the table of the weights it holds now, and said nothing."""
+    import shutil
+
+    from swalab.results.report import report
+
+    run = tmp_path / "copy"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("scores", "posthoc"))
+    main([str(run), "--data", "cifar10c:brightness:2", "--device", "cpu"])
+    state = torch.load(run / "final.pt", weights_only=False)
+    weights = state["methods"]["swa"]
+    name = next(k for k, v in weights.items() if torch.is_tensor(v) and v.is_floating_point() and v.dim() == 4)
+    weights[name] = weights[name] * 1.5  # as if the run had trained again
+    torch.save(state, run / "final.pt")
+    report([run], tmp_path / "out")
+    table, _, notes = (tmp_path / "out" / "table.md").read_text().partition("## Not in the table")
+    assert "cifar10c-brightness-2" not in table
+    [stale] = [line for line in notes.splitlines() if "scores/cifar10c-brightness-2" in line]
+    assert "(final.pt)" in stale, stale
+    assert stale.endswith(f"python -m swalab.results.score {run} --data cifar10c:brightness:2"), stale
+
+
 
 def score_cli(*args: str, fault: str | None = None, wait: bool = True):
     """``python -m swalab.results.score <args> --device cpu`` in a child process, optionally with a planned fault

@@ -203,12 +203,28 @@ class Run:
     def scores(self) -> dict[str, dict]:
         """The run scored again on other data (``python -m swalab.results.score``): ``{set name: record}`` of every
         ``scores/*/metrics.json`` (a test set's acc, NLL, ECE, Brier per predictor; an OOD set's AUROC, AUPR, FPR95),
-        a damaged one skipped."""
-        out: dict[str, dict] = {}
+        a damaged one skipped, and one scored from files of the run that changed since left out (:meth:`score_notes`):
+        its numbers are of other weights than the run's."""
+        return {name: record for name, record, changed in self._score_records() if not changed}
+
+    def score_notes(self) -> list[str]:
+        """One line per record of ``scores/`` scored from files of the run that are gone or hold other weights now
+        (its ``inputs``, ``swalab.results.score.scoring_inputs``: the run trained again), naming the command that
+        scores it again."""
+        return [f"stale: {self.path / RunDir.SCORES / name}: scored from files of the run that changed since "
+                f"({', '.join(changed[:3])}), left out; score it again with python -m swalab.results.score {self.path} "
+                f"{'--ood' if 'positive' in record else '--data'} {(record.get('data') or {}).get('spec', '<spec>')}"
+                for name, record, changed in self._score_records() if changed]
+
+    def _score_records(self) -> list[tuple[str, dict, list[str]]]:
+        """``(set name, record, files of the run changed since)`` of every whole ``scores/*/metrics.json``."""
+        out = []
         for path in sorted((self.path / RunDir.SCORES).glob(f"*/{RunDir.METRICS}")):
             found = read_json(path)
             if isinstance(found, dict) and isinstance(found.get("predictors"), dict):
-                out[path.parent.name] = found
+                files = (found.get("inputs") or {}).get("files")  # none in a record of an earlier swalab
+                changed = changed_files(self.path, files) if isinstance(files, dict) else []
+                out.append((path.parent.name, found, changed))
         return out
 
     @cached_property

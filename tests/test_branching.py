@@ -254,3 +254,36 @@ def test_the_row_summary_keeps_its_columns_aligned_for_long_column_names():
     lines = format_row({"SGD": {**scores, "epoch": 30}, "SWAG-diag 1.5B": {**scores, "epoch": 45}}).splitlines()
     assert len({line.index("78.00") for line in lines[1:]}) == 1
     assert lines[0].index("epochs") + len("epochs") == lines[1].index("30") + 2
+
+
+PAUSING_JOB = """
+import os, signal, sys, time
+from pathlib import Path
+
+def pause(signum, frame):  # as run.py pauses: a checkpoint written at its step, then exit
+    time.sleep(1)
+    Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+    sys.exit(75)
+
+signal.signal(signal.SIGTERM, pause)
+os.kill(os.getppid(), signal.SIGTERM)  # the row is stopped (kill, a job's time limit) while this job trains
+time.sleep(60)
+"""
+
+
+def test_a_row_stopped_while_a_job_trains_hands_the_signal_on_and_waits_for_the_job_to_pause(tmp_path):
+    """``kill`` of the row reached the row alone: it ended at once and its job trained on without it; Ctrl-C
+    reached both, and the row killed the job 0.25 s later, before its checkpoint was written. The job is handed the
+    signal and the row waits for its pause."""
+    from swalab.cli import Terminated, sigterm_raises
+    from swalab.results.row import Job, run_jobs
+
+    paused = tmp_path / "paused"
+
+    class Training(Job):
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", PAUSING_JOB, str(paused)]
+
+    with sigterm_raises(lambda signum: Terminated()), pytest.raises(Terminated):
+        run_jobs([Training("swa", [], tmp_path / "run")])
+    assert paused.read_text() == "SIGTERM"

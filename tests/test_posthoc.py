@@ -171,6 +171,15 @@ def test_soups_of_two_seeds_are_written_under_the_lowest_seed_with_their_ingredi
     assert 1 <= len(greedy["built_from"]) <= 2
 
 
+def test_a_greedy_soup_ranked_by_accuracy_is_labelled_so_and_kept_beside_the_one_ranked_by_nll(swa_run, swa_seed1):
+    """Both were labelled soup-greedy(2), one folder: the second call replaced the first's soup, and the report's
+    column did not say which ranking it held."""
+    main([str(swa_run), str(swa_seed1), "--soup", "greedy", "--by", "acc"])
+    main([str(swa_run), str(swa_seed1), "--soup", "greedy"])
+    assert posthoc_metrics(swa_run, "soup-greedy_2_by-acc")["soup-greedy(2)[by-acc]"]["rebuild"].endswith("--by acc")
+    assert posthoc_metrics(swa_run, "soup-greedy_2")["soup-greedy(2)"]["rebuild"].endswith("--by nll")
+
+
 def test_the_same_soup_asked_with_its_runs_in_another_order_is_written_once_under_its_lowest_seed(swa_run, swa_seed1):
     main([str(swa_seed1), str(swa_run), "--soup", "uniform"])
     main([str(swa_run), str(swa_seed1), "--soup", "uniform"])
@@ -569,3 +578,28 @@ def test_a_second_call_with_select_chooses_in_every_family_it_draws_those_of_ear
     out = capsys.readouterr().out
     assert "of ema for" in out
     assert re.search(r"chosen on validation nll: lawa[23] .* of lawa for .*, built by an earlier call", out), out
+
+
+def test_a_swa_window_ending_after_the_run_is_refused_naming_its_last_epoch(swa_run):
+    """``--swa 2:9`` of a run of 4 epochs averaged epochs 2 to 4 and was labelled ``swa[2:9]``: a window that never
+    ran, and a second column beside ``swa[2:4]``, the same average."""
+    with pytest.raises(PosthocError, match=r"^--swa 2:9: the run ends at epoch 4: give --swa 2:4 or --swa 2: "):
+        main([str(swa_run), "--swa", "2:9"])
+    assert not (swa_run / "posthoc" / "swa_2-9").exists()
+
+
+def test_a_snapshot_cut_short_is_named_in_one_line_and_the_averages_built_before_stay(copied_run, capsys):
+    """A snapshot a full disk or a copy cut short is said in one line naming it (exit 2), as an unreadable
+    ``final.pt`` is, and the averages written before stay whole."""
+    from swalab.cli import run_command
+
+    main([str(copied_run), "--lawa", "2"])
+    snapshot = copied_run / "snapshots" / "epoch0002.pt"
+    snapshot.write_bytes(snapshot.read_bytes()[:2000])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_command(main, [str(copied_run), "--swa", "1:3"], prog="swalab.posthoc")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{snapshot}: cannot read it" in err[0], err
+    assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()

@@ -376,6 +376,14 @@ def test_which_copy_of_a_run_counts_does_not_depend_on_the_order_the_runs_are_gi
         assert table.duplicates == [f"{second} repeats {first} (same config and seed): counted once"]
 
 
+def test_a_copy_of_a_run_of_several_predictors_is_named_once_under_not_in_the_table(tmp_path):
+    """Two copies of one SWA run (its swa, sgd and a budget mark each a column): one line, not one per predictor."""
+    scores = {"swa": m(93.0), "sgd": m(91.0), "swa@1": m(90.0, budget=1.0, epoch=4)}
+    first, second = (make_run(tmp_path / root, "swa", 0, scores, budget=1.5) for root in ("a", "b"))
+    table = build_table([Run(first), Run(second)])
+    assert table.duplicates == [f"{second} repeats {first} (same config and seed): counted once"]
+
+
 def test_a_repeat_of_a_run_still_adds_the_predictors_the_first_copy_lacks(tmp_path):
     """The same config and seed in a second directory, scored there at one more budget mark: that mark counts."""
     make_run(tmp_path / "a", "swa", 0, {"swa": m(93.0)}, budget=1.5)

@@ -188,6 +188,27 @@ def test_a_run_detects_noise_and_an_image_folder_against_its_test_split(swa_run,
     assert auroc(ins, outs) == pytest.approx(noise["predictors"]["swa"]["msp"]["auroc"], abs=2e-3)  # float16 kept
 
 
+def test_an_ood_folder_of_no_image_or_with_an_image_cut_short_is_refused_in_one_line_naming_it(swa_run, tmp_path,
+                                                                                               capsys):
+    """Found while the run is scored (its test split's count says how many images are read): one line, exit 2, not
+    a traceback."""
+    from PIL import Image
+
+    from swalab.cli import run_command
+
+    empty, cut = tmp_path / "empty", tmp_path / "cut"
+    empty.mkdir()
+    cut.mkdir()
+    Image.fromarray(np.full((20, 30, 3), 9, dtype=np.uint8)).save(cut / "0.jpg")
+    (cut / "1.jpg").write_bytes((cut / "0.jpg").read_bytes()[:100])
+    for folder, said in ((empty, "no image files"), (cut, f"{cut / '1.jpg'} cannot be read as an image")):
+        with pytest.raises(SystemExit) as exited:
+            run_command(main, [str(swa_run), "--ood", f"folder:{folder}", "--device", "cpu"],
+                        prog="swalab.results.score")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
 def test_an_ood_spec_that_names_nothing_is_refused_before_any_run_is_opened(tmp_path):
     with pytest.raises(ScoreError, match=r"--ood noise:pink: expected noise:gaussian, noise:uniform, folder:<dir> or other-classes"):
         main([str(tmp_path / "no-run"), "--ood", "noise:pink"])
@@ -257,6 +278,29 @@ def test_a_set_is_scored_anew_once_the_runs_weights_change(swa_run, tmp_path, ca
     capsys.readouterr()
     after = main(sets)[str(run)]["records"][0]["predictors"]["swa"]["nll"]
     assert "kept" not in capsys.readouterr().out and after != before
+
+
+def test_a_set_scored_before_the_runs_weights_changed_is_left_out_of_the_report_naming_the_command(swa_run, tmp_path):
+    """As a post-hoc average of files that changed is: the report showed the scores of the weights the run held then
+    beside the table of the weights it holds now, and said nothing."""
+    import shutil
+
+    from swalab.results.report import report
+
+    run = tmp_path / "copy"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("scores", "posthoc"))
+    main([str(run), "--data", "cifar10c:brightness:2", "--device", "cpu"])
+    state = torch.load(run / "final.pt", weights_only=False)
+    weights = state["methods"]["swa"]
+    name = next(k for k, v in weights.items() if torch.is_tensor(v) and v.is_floating_point() and v.dim() == 4)
+    weights[name] = weights[name] * 1.5  # as if the run had trained again
+    torch.save(state, run / "final.pt")
+    report([run], tmp_path / "out")
+    table, _, notes = (tmp_path / "out" / "table.md").read_text().partition("## Not in the table")
+    assert "cifar10c-brightness-2" not in table
+    [stale] = [line for line in notes.splitlines() if "scores/cifar10c-brightness-2" in line]
+    assert "(final.pt)" in stale, stale
+    assert stale.endswith(f"python -m swalab.results.score {run} --data cifar10c:brightness:2"), stale
 
 
 
@@ -448,3 +492,22 @@ def test_two_ood_folders_of_one_name_are_scored_as_two_sets_and_labelled_apart_i
     report([swa_run.parent], tmp_path / "out")
     table = (tmp_path / "out" / "table.md").read_text()
     assert f"| {a['data']['name']} |" in table and f"| {b['data']['name']} |" in table
+
+
+def test_a_run_whose_image_folder_changed_since_is_refused_naming_what_changed_and_nothing_is_written(tmp_path):
+    """A run is the images it was made on: scored on its folder as it is now (an image added to its test split),
+    its ``test`` would be another test set under the run's own name, as run.py refuses to resume or skip it."""
+    from conftest import train_on_one_thread
+    from test_folder_data import write_folder, write_images
+
+    from swalab.config import ConfigError
+
+    root = write_folder(tmp_path / "ds", ["cat", "dog"], n_train=4, n_test=2, size=(8, 8), grey=True)
+    run = train_on_one_thread(tmp_path / "run", "dataset=folder", f"dataset.root={root}", "method=sgd",
+                              "trainer.epochs=1", "trainer.batch_size=4", "model.arch.depth=8",
+                              f"run.cache_dir={tmp_path / 'cache'}")
+    write_images(root / "test" / "dog", 1, size=(8, 8), grey=True, first=50)
+    with pytest.raises(ConfigError, match=r"was made on other data than .* holds now \(test/dog: 2 files then, 3 "
+                                          r"now\): restore the images it was made on"):
+        main([str(run), "--data", "test", "--device", "cpu"])
+    assert not (run / "scores").exists()

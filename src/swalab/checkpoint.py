@@ -120,12 +120,12 @@ def save_checkpoint(state: dict, directory: str | Path, epoch: int, step: int = 
     return path
 
 
-def read_torch_file(path: str | Path, name: str | None = None) -> Any:
-    """``torch.load`` of a weights file (a run's ``final.pt``, an FGE member, a file a user names) on the CPU. A file
-    that cannot be read (cut short by a full disk or a copy, not torch's) raises ``CheckpointError`` in one line
-    naming it as the user named it (``name``: ``model.init_from=...``; default: its path)."""
+def read_torch_file(path: str | Path, name: str | None = None, weights_only: bool = False, mmap: bool = False) -> Any:
+    """``torch.load`` of a weights file (a run's ``final.pt``, an FGE member, a snapshot, a file a user names) on the
+    CPU. A file that cannot be read (cut short by a full disk or a copy, not torch's) raises ``CheckpointError`` in
+    one line naming it as the user named it (``name``: ``model.init_from=...``; default: its path)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=mmap)
     except Exception as exc:  # truncated zip, wrong pickle, disk error...
         first = (str(exc).strip().splitlines() or [""])[0]
         raise CheckpointError(f"{name or path}: cannot read it ({type(exc).__name__}: {first})") from exc

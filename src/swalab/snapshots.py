@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from swalab.checkpoint import atomic_save, checkpoint_name
+from swalab.checkpoint import atomic_save, checkpoint_name, read_torch_file
 from swalab.config import ConfigError
 from swalab.powerema import PowerEMA
 from swalab.rundir import RunDir
@@ -134,10 +134,10 @@ class Snapshot:
         return self.epoch + (self.step / steps_per_epoch if self.step else 0.0)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return torch.load(self.path, map_location="cpu", weights_only=True)["model"]
+        return read_torch_file(self.path, weights_only=True)["model"]
 
     def steps_per_epoch(self) -> int:
-        return int(torch.load(self.path, map_location="cpu", weights_only=True)["steps_per_epoch"])
+        return int(read_torch_file(self.path, weights_only=True)["steps_per_epoch"])
 
 
 def snapshots_of(run_dir: str | Path) -> list[Snapshot]:

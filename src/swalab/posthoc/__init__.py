@@ -40,6 +40,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from swalab.checkpoint import read_torch_file
 from swalab.config import ConfigError
 from swalab.evaluate import ModelPredictor, labels_of, metrics_from_log_probs, score_predictors
 from swalab.identity import differences, group_hash
@@ -123,6 +124,9 @@ def shown(x: float) -> str:
 
 def swa_window(points: Sequence[Point], text: str) -> tuple[str, list[Point]]:
     a, b = window(text)
+    if b is not None and b > points[-1].position:  # its label would name epochs the run never trained
+        raise PosthocError(f"--swa {text}: the run ends at epoch {shown(points[-1].position)}: give --swa "
+                           f"{shown(a)}:{shown(points[-1].position)} or --swa {shown(a)}: (to the end)")
     end = b if b is not None else points[-1].position
     inside = [p for p in points if a <= p.position <= end]
     if len(inside) < 2:
@@ -160,14 +164,14 @@ class PowerSnapshot:
     sigma_rels: dict[str, float]
 
     def averages(self) -> dict[str, State]:
-        return torch.load(self.snapshot.path, map_location="cpu", weights_only=True)["powerema"]["averages"]
+        return read_torch_file(self.snapshot.path, weights_only=True)["powerema"]["averages"]
 
 
 def power_snapshots(run_dir: Path) -> list[PowerSnapshot]:
     """The run's snapshots that hold power EMAs, in training order (read memory-mapped: only ``t`` is touched)."""
     out = []
     for s in snapshots_of(run_dir):
-        power = torch.load(s.path, map_location="cpu", weights_only=True, mmap=True).get("powerema")
+        power = read_torch_file(s.path, weights_only=True, mmap=True).get("powerema")
         if power is not None:
             out.append(PowerSnapshot(s, int(power["t"]), {k: float(v) for k, v in power["sigma_rels"].items()}))
     return out
@@ -425,7 +429,8 @@ def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
         score_of = val_score(runs[0], request.by)
         order = sorted(range(len(runs)), key=lambda i: -score_of(finals[i]))
         soup, kept = greedy_soup([finals[i] for i in order], score_of)
-        yield (f"soup-greedy({len(runs)})", "soup", float(len(kept)), soup, [names[order[i]] for i in kept],
+        ranked = "" if request.by == "nll" else f"[by-{request.by}]"  # one ranked otherwise is another soup
+        yield (f"soup-greedy({len(runs)}){ranked}", "soup", float(len(kept)), soup, [names[order[i]] for i in kept],
                {"rebuild": f"--soup greedy --by {request.by}", "rebuild_runs": others}, read)
 
 

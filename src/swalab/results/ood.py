@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from swalab.config import ConfigError
 from swalab.data.splits import DataSplit
 
 SEED = 0
@@ -39,8 +40,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 TPR = 0.95
 
 
-class OODError(ValueError):
-    """An OOD set that cannot be made: one line naming ``--ood``, the value and the fix."""
+class OODError(ConfigError):
+    """An OOD set that cannot be made: one line naming ``--ood``, the value and the fix (a user's error)."""
 
 
 # -- the metrics -----------------------------------------------------------------------------------------------------
@@ -197,8 +198,12 @@ def folder_images(root: Path, limit: int, channels: int, size: tuple[int, int]) 
         raise OODError(f"--ood folder:{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) under it")
     out = []
     for path in files:
-        with Image.open(path) as image:
-            image = image.convert("L" if channels == 1 else "RGB").resize(size, Image.BOX)
-            a = np.asarray(image, dtype=np.uint8)
+        try:
+            with Image.open(path) as image:
+                image = image.convert("L" if channels == 1 else "RGB").resize(size, Image.BOX)
+                a = np.asarray(image, dtype=np.uint8)
+        except OSError as exc:  # cut short, or no image its name says it is (PIL's UnidentifiedImageError)
+            raise OODError(f"--ood folder:{root}: {path} cannot be read as an image ({exc}): replace or remove "
+                           "it") from None
         out.append(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
     return torch.from_numpy(np.stack(out))

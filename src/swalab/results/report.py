@@ -76,6 +76,7 @@ def problems_of(runs: Sequence[Run], table: Table) -> list[str]:
                          "the table")
         else:
             notes += r.posthoc_notes()  # averages built after training that no longer match the run's files
+            notes += r.score_notes()  # sets scored from files of the run that changed since
     notes += table.duplicates
     datasets = sorted({r.dataset_name for r in runs if r.finished})
     if len(datasets) > 1:

@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
+from swalab.cli import Terminated
 from swalab.config import ConfigError
 from swalab.methods import SWAG, column_rank, columns_of
 from swalab.results.table import title_of
@@ -232,10 +234,16 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
             continue
         print(f"[row] {job.name}: {' '.join(job.overrides)}", flush=True)
         t0 = time.perf_counter()
-        done_job = subprocess.run(job.command())
-        if done_job.returncode:
-            raise RowError(f"job {job.name} ended with exit {done_job.returncode} (see above); the jobs before it "
-                           "are kept: run the same command again to continue the row", done_job.returncode)
+        child = subprocess.Popen(job.command())
+        try:
+            returncode = child.wait()
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (cli.Terminated): the job pauses at a checkpoint
+            child.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+            child.wait()  # not subprocess.run, which kills it 0.25 s after Ctrl-C, before its checkpoint is written
+            raise
+        if returncode:
+            raise RowError(f"job {job.name} ended with exit {returncode} (see above); the jobs before it "
+                           "are kept: run the same command again to continue the row", returncode)
         seconds = time.perf_counter() - t0
         done.append({**record, "skipped": False, "seconds": seconds,
                      "epochs_trained": len(trained_epochs(job.run_dir, job.branch_epoch or 0))})
@@ -396,4 +404,6 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
 if __name__ == "__main__":
     from swalab.cli import run_command
 
-    run_command(main, prog="swalab.results.row")
+    run_command(main, prog="swalab.results.row",
+                interrupted="the finished jobs are kept and the running one paused as run.py pauses (a checkpoint "
+                            "at its step); the same command continues the row")

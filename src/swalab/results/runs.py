@@ -30,11 +30,12 @@ from omegaconf import DictConfig, OmegaConf
 import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.checkpoint import CheckpointStore, read_torch_file
 from swalab.compat import upgraded_config
-from swalab.config import build
+from swalab.config import ConfigError, build
 from swalab.data import ImageData, subset
 from swalab.data.classes import ClassesError, keep_classes, other_classes
+from swalab.data.fingerprint import changes
 from swalab.data.splits import DataSplit, cap_test_split
-from swalab.identity import counted, identity_of, method_class_of, stored_identity
+from swalab.identity import DATA_FINGERPRINT, counted, identity_of, method_class_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
@@ -202,12 +203,28 @@ class Run:
     def scores(self) -> dict[str, dict]:
         """The run scored again on other data (``python -m swalab.results.score``): ``{set name: record}`` of every
         ``scores/*/metrics.json`` (a test set's acc, NLL, ECE, Brier per predictor; an OOD set's AUROC, AUPR, FPR95),
-        a damaged one skipped."""
-        out: dict[str, dict] = {}
+        a damaged one skipped, and one scored from files of the run that changed since left out (:meth:`score_notes`):
+        its numbers are of other weights than the run's."""
+        return {name: record for name, record, changed in self._score_records() if not changed}
+
+    def score_notes(self) -> list[str]:
+        """One line per record of ``scores/`` scored from files of the run that are gone or hold other weights now
+        (its ``inputs``, ``swalab.results.score.scoring_inputs``: the run trained again), naming the command that
+        scores it again."""
+        return [f"stale: {self.path / RunDir.SCORES / name}: scored from files of the run that changed since "
+                f"({', '.join(changed[:3])}), left out; score it again with python -m swalab.results.score {self.path} "
+                f"{'--ood' if 'positive' in record else '--data'} {(record.get('data') or {}).get('spec', '<spec>')}"
+                for name, record, changed in self._score_records() if changed]
+
+    def _score_records(self) -> list[tuple[str, dict, list[str]]]:
+        """``(set name, record, files of the run changed since)`` of every whole ``scores/*/metrics.json``."""
+        out = []
         for path in sorted((self.path / RunDir.SCORES).glob(f"*/{RunDir.METRICS}")):
             found = read_json(path)
             if isinstance(found, dict) and isinstance(found.get("predictors"), dict):
-                out[path.parent.name] = found
+                files = (found.get("inputs") or {}).get("files")  # none in a record of an earlier swalab
+                changed = changed_files(self.path, files) if isinstance(files, dict) else []
+                out.append((path.parent.name, found, changed))
         return out
 
     @cached_property
@@ -264,8 +281,21 @@ class Run:
     @cached_property
     def _whole_data(self) -> ImageData:
         """The run's data set as it trained on it, read once: scoring a run on 75 corrupted sets asks for it twice a set,
-        and each read lists and fingerprints the data folder (about a second on 60,000 files)."""
-        return keep_classes(build(self.cfg.dataset.source, "dataset.source"), self.get("dataset.classes"))
+        and each read lists and fingerprints the data folder (about a second on 60,000 files). Refused when its files
+        changed since the run was made (an image added or rewritten): scored on them, it would be scored on other data
+        than its own under its own names (``test``), as ``run.py`` refuses to resume or skip it."""
+        return keep_classes(self._own_data, self.get("dataset.classes"))
+
+    @cached_property
+    def _own_data(self) -> ImageData:
+        data, then = build(self.cfg.dataset.source, "dataset.source"), self.identity.get(DATA_FINGERPRINT)
+        record = getattr(data, "record", None)
+        if then is not None and record is not None and record["fingerprint"] != then:
+            what = changes((read_json(self.path / RunDir.DATA) or {}).get("record") or {}, record)
+            where = self.get("dataset.root") or self.dataset_name
+            raise ConfigError(f"{self.path} was made on other data than {where} holds now ({what}): restore the "
+                              "images it was made on, or train a new run on these")
+        return data
 
     def data(self, train_size: int | None = None, test_size: int | None = None, seed: int = 0) -> ImageData:
         """The run's data set, optionally cut to a seeded class-stratified training subset and a capped test set
@@ -282,7 +312,7 @@ class Run:
         if not classes:
             raise ClassesError(f"{self.path} trained on every class (dataset.classes is not set): it has no "
                                "other classes; train with e.g. dataset.classes=[0,1,2,3,4]")
-        return other_classes(build(self.cfg.dataset.source, "dataset.source"), classes)
+        return other_classes(self._own_data, classes)
 
     def model(self, data: ImageData | None = None) -> torch.nn.Module:
         """A fresh network of the run's architecture (built for ``data``'s classes and channels)."""

@@ -368,7 +368,8 @@ def build_table(runs: Sequence[Run]) -> Table:
         for entry in entries_of(run):
             once = (identity_hash(run.identity), entry.predictor)
             if once in seen:
-                duplicates.append(f"{run.path} repeats {seen[once].path} (same config and seed): counted once")
+                line = f"{run.path} repeats {seen[once].path} (same config and seed): counted once"
+                duplicates += [line] * (line not in duplicates)  # once per copy, not per predictor
                 continue
             seen[once] = run
             cells.setdefault(entry.cell, {"entries": [], "context": context_of(run), "column": entry.column,

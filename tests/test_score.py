@@ -303,6 +303,22 @@ def test_a_set_scored_before_the_runs_weights_changed_is_left_out_of_the_report_
     assert stale.endswith(f"python -m swalab.results.score {run} --data cifar10c:brightness:2"), stale
 
 
+def test_the_scores_of_a_run_kept_without_its_weights_stay_in_the_report(swa_run, tmp_path):
+    """An archive of a run's records (the shift evidence's runs.tgz) holds no final.pt: a file that is gone is no
+    sign of other weights, so its scores stand in the report."""
+    import shutil
+
+    from swalab.results.report import report
+
+    run = tmp_path / "copy"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("scores", "posthoc"))
+    main([str(run), "--data", "cifar10c:brightness:2", "--device", "cpu"])
+    (run / "final.pt").unlink()
+    report([run], tmp_path / "out")
+    table, _, notes = (tmp_path / "out" / "table.md").read_text().partition("## Not in the table")
+    assert "cifar10c-brightness-2" in table and "stale" not in notes
+
+
 
 def score_cli(*args: str, fault: str | None = None, wait: bool = True):
     """``python -m swalab.results.score <args> --device cpu`` in a child process, optionally with a planned fault

@@ -208,9 +208,10 @@ class Run:
         return {name: record for name, record, changed in self._score_records() if not changed}
 
     def score_notes(self) -> list[str]:
-        """One line per record of ``scores/`` scored from files of the run that are gone or hold other weights now
-        (its ``inputs``, ``swalab.results.score.scoring_inputs``: the run trained again), naming the command that
-        scores it again."""
+        """One line per record of ``scores/`` scored from files of the run that hold other weights now (its
+        ``inputs``, ``swalab.results.score.scoring_inputs``: the run trained again), naming the command that scores it
+        again. A file that is gone says nothing: the records of a run kept without its weights (an archive of records,
+        the checkpoints cleaned after scoring) stay in the report."""
         return [f"stale: {self.path / RunDir.SCORES / name}: scored from files of the run that changed since "
                 f"({', '.join(changed[:3])}), left out; score it again with python -m swalab.results.score {self.path} "
                 f"{'--ood' if 'positive' in record else '--data'} {(record.get('data') or {}).get('spec', '<spec>')}"
@@ -223,7 +224,8 @@ class Run:
             found = read_json(path)
             if isinstance(found, dict) and isinstance(found.get("predictors"), dict):
                 files = (found.get("inputs") or {}).get("files")  # none in a record of an earlier swalab
-                changed = changed_files(self.path, files) if isinstance(files, dict) else []
+                changed = [name for name in changed_files(self.path, files) if (self.path / name).exists()] \
+                    if isinstance(files, dict) else []  # a file gone (records copied without weights) says nothing
                 out.append((path.parent.name, found, changed))
         return out
 

@@ -17,6 +17,7 @@
   will not come back ends normally so that the grid's summary lists it.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -41,6 +42,7 @@ from omegaconf import DictConfig
 import swalab  # noqa: F401  (registers the config resolvers before Hydra composes)
 from swalab import distributed
 from swalab.checkpoint import CheckpointError
+from swalab.cli import Terminated, sigterm_raises
 from swalab.grid import close_grid, record_job
 from swalab.runlock import RunLocked
 from swalab.runstatus import RunStatus
@@ -82,11 +84,14 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(code)
 
     record(RunStatus.RUNNING)
+    # SIGTERM outside the training steps (the final scoring) ends as Ctrl-C there does; a launcher's handler stays
+    own_term = signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
     try:
-        plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices),
-                       grid=hydra_cfg.sweep.dir if multirun else None)
-        run_dir = plan.run_dir
-        metrics = execute(plan)
+        with sigterm_raises(lambda signum: Terminated()) if own_term else contextlib.nullcontext():
+            plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices),
+                           grid=hydra_cfg.sweep.dir if multirun else None)
+            run_dir = plan.run_dir
+            metrics = execute(plan)
     except Preempted as exc:
         record(exc.status, str(exc))
         print(f"[swalab] {exc}", file=sys.stderr)
@@ -102,11 +107,12 @@ def main(cfg: DictConfig) -> float | None:
                 sys.exit(exc.exit_code)  # the job comes back and resumes
             return None  # the job will not come back: it ends here, and the grid's summary says why
         stop_grid(exc.exit_code)
-    except KeyboardInterrupt:  # Ctrl-C before the run started training or while it was scored at the end
-        record(RunStatus.INTERRUPTED, "KeyboardInterrupt: Ctrl-C")
-        print("[swalab] interrupted (Ctrl-C): nothing of the run is lost; re-run the same command to continue",
-              file=sys.stderr)
-        stop_grid(INTERRUPTED_EXIT_CODE)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM before the run started training or while it was scored
+        term = isinstance(exc, Terminated)
+        record(RunStatus.INTERRUPTED, "SIGTERM" if term else "KeyboardInterrupt: Ctrl-C")
+        print(f"[swalab] {'stopped by SIGTERM' if term else 'interrupted (Ctrl-C)'}: nothing of the run is lost; "
+              "re-run the same command to continue", file=sys.stderr)
+        stop_grid(Terminated.exit_code if term else INTERRUPTED_EXIT_CODE)
     except TrainingFailed as failed:  # training had started: status.json records the error
         exc = failed.__cause__
         record(RunStatus.FAILED, one_line(exc))

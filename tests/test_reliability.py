@@ -165,6 +165,22 @@ def test_a_kill_right_after_the_final_record_leaves_a_finished_run_that_reports_
     assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
 
 
+def test_sigterm_during_the_final_bn_update_ends_in_one_line_and_status_says_so(tmp_path, reference):
+    """SIGTERM outside the training steps (the average's final BN re-estimation) is said as Ctrl-C there is: one
+    line, exit 143, status.json naming SIGTERM, the lock released; the same command then finishes the run."""
+    run = tmp_path / "run"
+    stopped = run_cli(run, fault="bn_update:2:TERM")
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert "[swalab] stopped by SIGTERM: nothing of the run is lost; re-run the same command to continue" \
+        in stopped.stderr
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["message"].startswith("SIGTERM received outside"), status
+    again = run_cli(run)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "took over the lock" not in again.stdout
+    assert_same_run(run, reference)
+
+
 def test_a_run_killed_mid_training_reads_stopped_not_running_and_says_how_to_continue(tmp_path, reference):
     """status.json says running until the process writes otherwise; a kill -9 never does. The run's lock names the
     dead process, so a report, compare and init_from say the run stopped and that its command continues it."""

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from swalab import distributed, faults, slurm
 from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words
+from swalab.cli import Terminated
 from swalab.config import ConfigError, build
 from swalab.data.classes import keep_classes
 from swalab.evaluate import metrics_table
@@ -285,8 +286,8 @@ def _record_stop(run_dir: Path, exc: BaseException) -> None:
         RunDir(run_dir).write_status({"status": exc.status, "message": str(exc)})
         run_log_only(f"[swalab] {run_dir} {exc.status}: {exc}")  # run.py says it on the terminal
     elif isinstance(exc, KeyboardInterrupt):
-        message = ("Ctrl-C (SIGINT) received outside the training steps: the newest checkpoint, if any, is kept; "
-                   "re-run the same command to continue")
+        message = (f"{'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C (SIGINT)'} received outside the training "
+                   "steps: the newest checkpoint, if any, is kept; re-run the same command to continue")
         RunDir(run_dir).write_status({"status": RunStatus.INTERRUPTED, "message": message})
         run_log_only(f"[swalab] {run_dir} interrupted: {message}")  # run.py says it on the terminal
     else:

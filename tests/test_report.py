@@ -823,3 +823,15 @@ def test_the_first_epochs_error_runs_above_the_top_where_it_would_squeeze_the_la
     assert top is not None and top < 20.0 and max(shown) < top and min(shown) == min(falling[200])
     flat = {e: [30.0 - e / 20] for e in range(1, 201)}  # never more than twice its later error: drawn whole
     assert error_range([flat]) == ([v for vs in flat.values() for v in vs], None)
+
+
+def test_the_same_report_made_twice_writes_the_same_bytes_pdfs_included(grid, tmp_path, monkeypatch):
+    """A report made again from the same runs is the same files, byte for byte: a committed report/ folder made anew
+    shows no change. The PDFs carried the moment they were written (their CreationDate), so each one differed."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")  # matplotlib dates a PDF by this when set: two different moments
+    report([grid], tmp_path / "first")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "86400")
+    report([grid], tmp_path / "second")
+    written = sorted(p.name for p in (tmp_path / "first").iterdir())
+    assert any(name.endswith(".pdf") for name in written), written
+    assert [n for n in written if (tmp_path / "first" / n).read_bytes() != (tmp_path / "second" / n).read_bytes()] == []

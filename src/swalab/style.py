@@ -170,6 +170,7 @@ def legend_beneath(ax, below: float = 34, **kwargs):
 def finish(plt, fig, path: Path, close: bool = True) -> None:
     """Save ``path`` (PNG, 150 dpi) and the same figure as PDF beside it (vector, for a paper)."""
     fig.savefig(path, dpi=150, bbox_inches="tight")  # tight: a legend placed beneath its axes is kept whole
-    fig.savefig(Path(path).with_suffix(".pdf"), bbox_inches="tight")
+    # undated (no CreationDate): a report made again from the same runs writes the same bytes
+    fig.savefig(Path(path).with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
     if close:
         plt.close(fig)

@@ -11,7 +11,8 @@
   missing data); each job writes a record to the grid's directory (``swalab.grid``) and the grid
   goes on; at its end a summary lists every job, and the command exits 1 if any did not finish.
 * A paused run writes a checkpoint at the step it is on: preempted (SIGTERM/SIGUSR1/SIGUSR2) it exits 75,
-  interrupted (Ctrl-C) 130; re-launching the same command continues it. A paused grid prints its summary
+  interrupted (Ctrl-C) 130; re-launching the same command continues it. Outside the training steps (loading, the
+  final scoring) Ctrl-C and SIGTERM keep the newest checkpoint and exit 130 / 143. A paused grid prints its summary
   and stops. Under SLURM ``status.json`` says ``requeued`` or ``cancelled`` where SLURM says so
   (``swalab.slurm``); with ``hydra/launcher=slurm`` submitit's handler then requeues the job, and a job that
   will not come back ends normally so that the grid's summary lists it.

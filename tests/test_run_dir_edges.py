@@ -56,6 +56,20 @@ def test_a_folder_holding_only_a_foreign_config_yaml_is_refused_as_no_run_withou
     assert "fingerprint" not in caplog.text and "another config" not in str(refused.value)
 
 
+def test_an_outputs_folder_of_other_runs_given_as_run_dir_is_refused_naming_paths_output_dir(tmp_path, make_cfg):
+    """run.dir=outputs/short (typed for paths.output_dir=outputs/short) trained a run into the grid's outputs folder,
+    its files beside the runs' own folders: the refusal names a run it holds and the key that places runs under it."""
+    outputs = tmp_path / "short"
+    inner = outputs / "digits" / "preresnet20" / "sgd" / "seed0"
+    inner.mkdir(parents=True)
+    (inner / RunDir.IDENTITY).write_text("{}")
+    before = contents(outputs)
+    with pytest.raises(ConfigError, match=rf"{outputs} is not a swalab run but holds runs "
+                                          rf"\(digits/preresnet20/sgd/seed0\).*paths.output_dir={outputs}"):
+        prepare(make_cfg(*TINY), run_dir=outputs)
+    assert contents(outputs) == before and sorted(p.name for p in outputs.iterdir()) == ["digits"]
+
+
 def test_a_folder_of_the_users_without_a_file_a_run_writes_takes_the_run(tmp_path, make_cfg):
     folder = tmp_path / "mine"
     folder.mkdir()

@@ -264,6 +264,11 @@ def check_not_foreign(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir} is not a swalab run (no identity.json, no config.yaml of a run) but holds "
                           f"{', '.join(clashes)}, which a run writes: nothing there is touched. Give the run a new or "
                           "empty folder with run.dir=<dir>")
+    inner = next(run_dir.rglob(IDENTITY_FILE), None)  # an outputs folder typed as run.dir
+    if inner is not None:
+        raise ConfigError(f"{run_dir} is not a swalab run but holds runs ({inner.parent.relative_to(run_dir)}): "
+                          f"nothing there is touched. paths.output_dir={run_dir} places runs under it; run.dir=<dir> "
+                          "takes a new or empty folder")
 
 
 def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | None = None) -> dict | None:

@@ -88,7 +88,7 @@ def main(cfg: DictConfig) -> float | None:
     # SIGTERM outside the training steps (the final scoring) ends as Ctrl-C there does; a launcher's handler stays
     own_term = signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
     try:
-        with sigterm_raises(lambda signum: Terminated()) if own_term else contextlib.nullcontext():
+        with sigterm_raises() if own_term else contextlib.nullcontext():
             plan = prepare(cfg, overrides=overrides, choices=dict(hydra_cfg.runtime.choices),
                            grid=hydra_cfg.sweep.dir if multirun else None)
             run_dir = plan.run_dir

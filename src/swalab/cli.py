@@ -63,10 +63,10 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def sigterm_raises(raised: Callable[[int], BaseException]):
-    """While the block runs, SIGTERM raises ``raised(signum)`` where the program is instead of ending the process at
-    once, where no clean-up would run; the earlier handler comes back afterwards. Only in the main thread, where
-    Python handles signals."""
+def sigterm_raises(raised: Callable[[int], BaseException] = lambda signum: Terminated()):
+    """While the block runs, SIGTERM raises ``raised(signum)`` (:class:`Terminated` unless told) where the program is
+    instead of ending the process at once, where no clean-up would run; the earlier handler comes back afterwards.
+    Only in the main thread, where Python handles signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -89,7 +89,7 @@ def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "
     try:
         if interrupted is None:
             return main(argv)
-        with sigterm_raises(lambda signum: Terminated()):
+        with sigterm_raises():
             return main(argv)
     except Terminated:
         print(f"[{prog}] stopped by SIGTERM: {interrupted}", file=sys.stderr)

@@ -75,7 +75,7 @@ class Trainer:
             self.model = self.model.to(memory_format=torch.channels_last)
         # DDP when launched by torchrun (swalab.distributed); methods see the bare self.model
         self.forward_model = distributed.wrap(self.model, device)
-        mode = compile_mode(options.compile)  # run.compile
+        self.compile_mode = mode = compile_mode(options.compile)  # run.compile: torch.compile's mode, or None
         self.forward_model = torch.compile(self.forward_model, mode=mode) if mode else self.forward_model
         self.main = distributed.is_main()  # only rank 0 writes checkpoints and history, logs and shows a bar
         self.ranks = distributed.info()
@@ -243,7 +243,7 @@ class Trainer:
         """Why this run trains eagerly rather than as a CUDA graph, or None (``swalab.graphed.graph_refusal``)."""
         return graph_refusal(self.opts.cuda_graphs, self.device, self.optimizer, accumulate=self.opts.accumulate,
                              nonfinite=self.opts.nonfinite, data_parallel=self.ranks.enabled,
-                             compiled=compile_mode(self.opts.compile), grad_scaled=self.step.scaler is not None)
+                             compiled=self.compile_mode, grad_scaled=self.step.scaler is not None)
 
     def _eager_step(self, x: torch.Tensor, target, epoch: int, step: int, tally: EpochTally):
         """One optimizer step run eagerly: ``(loss, correct)``, or ``(None, None)`` when ``trainer.nonfinite=skip``

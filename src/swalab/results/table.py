@@ -369,7 +369,8 @@ def build_table(runs: Sequence[Run]) -> Table:
             once = (identity_hash(run.identity), entry.predictor)
             if once in seen:
                 line = f"{run.path} repeats {seen[once].path} (same config and seed): counted once"
-                duplicates += [line] * (line not in duplicates)  # once per copy, not per predictor
+                if line not in duplicates:  # once per copy, not per predictor
+                    duplicates.append(line)
                 continue
             seen[once] = run
             cells.setdefault(entry.cell, {"entries": [], "context": context_of(run), "column": entry.column,

@@ -212,6 +212,17 @@ def test_an_ensembles_curve_scores_the_first_k_members_for_k_from_one():
     assert curve[1]["nll"] == pytest.approx(-math.log(0.7), rel=1e-6)  # (0.9 + 0.5) / 2
 
 
+def test_each_point_of_an_ensembles_curve_is_the_score_of_that_many_first_members_scored_afresh():
+    generator = torch.Generator().manual_seed(0)
+    members = [(3 * torch.randn(500, 10, generator=generator)).log_softmax(1) for _ in range(6)]
+    labels = torch.randint(0, 10, (500,), generator=generator)
+    ensemble = CachedEnsemble(members)
+    curve = ensemble.curve(labels)
+    for k, point in enumerate(curve, start=1):
+        assert point == pytest.approx({"members": k, **metrics_from_log_probs(ensemble.log_probs(k), labels)},
+                                      rel=1e-6, abs=1e-9)
+
+
 @pytest.mark.parametrize("combine", [ensemble_log_mean, ensemble_mean])
 def test_an_ensemble_with_no_members_refuses_to_score(combine):
     with pytest.raises(ValueError, match="the ensemble has no members yet: nothing to score"):

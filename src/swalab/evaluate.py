@@ -152,9 +152,13 @@ class CachedEnsemble:
         return ensemble_log_mean(self.member_val_log_probs)
 
     def curve(self, labels: torch.Tensor) -> list[dict]:
-        """Metrics of the ensemble of the first k members, for k = 1 .. n (no forward pass)."""
-        return [{"members": k, **metrics_from_log_probs(self.log_probs(k), labels)}
-                for k in range(1, len(self.member_log_probs) + 1)]
+        """Metrics of the ensemble of the first k members, for k = 1 .. n (no forward pass). The members' log-sum-exp
+        is carried from k to k + 1 in float64, so the whole curve costs one pass over the members, not n^2 / 2."""
+        points, log_sum = [], None
+        for k, member in enumerate(self.member_log_probs, start=1):
+            log_sum = member.double() if log_sum is None else torch.logaddexp(log_sum, member.double())
+            points.append({"members": k, **metrics_from_log_probs((log_sum - math.log(k)).float(), labels)})
+        return points
 
 
 def val_log_probs_of(predictor: Predictor, loader: Iterable, labels: torch.Tensor, name: str) -> torch.Tensor | None:

@@ -54,6 +54,17 @@ PRECISIONS = (("bf16", True), ("fp32", True), ("fp32", False))
 COMPILED = {"compiled-bf16-channels_last": ("default", "off"),
             "compiled-graphs_on-bf16-channels_last": ("default", "on"),
             "compiled-reduce_overhead-bf16-channels_last": ("reduce-overhead", "auto")}
+# --autotune: kernels chosen by timing them, under swalab's graph: inductor's (Triton templates for the GEMMs), and
+# cuDNN's (run.deterministic=false: cudnn.benchmark, what the reference has; a run is then not bit-repeatable)
+AUTOTUNED = {"compiled_autotune-graphs_on-bf16-channels_last": ("max-autotune-no-cudagraphs", "on", True),
+             "compiled-graphs_on-bf16-channels_last-nondeterministic": ("default", "on", False)}
+
+
+def compiled_variants(args) -> dict[str, tuple[str, str, bool]]:
+    """The compiled variants this call times, each (run.compile, run.cuda_graphs, run.deterministic): none without
+    ``--compile``; ``AUTOTUNED`` too with ``--autotune``."""
+    compiled = {name: (mode, graphs, True) for name, (mode, graphs) in COMPILED.items()}
+    return {**compiled, **(AUTOTUNED if args.autotune else {})} if args.compile else {}
 
 
 def variant(graphs: str, precision: str, channels_last: bool) -> str:
@@ -144,10 +155,10 @@ def measure_model(name: str, device, args) -> dict:
                 build_model(name), split, args.batch_size, device, args.warmup, precision=precision,
                 channels_last=channels_last, deterministic=True, cuda_graphs=graphs)
     compile_seconds = {}
-    for vname, (mode, graphs) in COMPILED.items() if args.compile else ():
+    for vname, (mode, graphs, deterministic) in compiled_variants(args).items():
         t0 = time.perf_counter()
         benches[vname] = TrainerBench(build_model(name), split, args.batch_size, device, args.warmup,
-                                      precision="bf16", channels_last=True, deterministic=True, compile=mode,
+                                      precision="bf16", channels_last=True, deterministic=deterministic, compile=mode,
                                       cuda_graphs=graphs if device.type == "cuda" else "off")
         benches[vname].run()  # the first epoch compiles (forward and backward); its time is the compile cost
         compile_seconds[vname] = time.perf_counter() - t0
@@ -194,7 +205,7 @@ def measure_model(name: str, device, args) -> dict:
         "fastest_graphed_variant": fastest_graphed,
         "precision_auto": fastest_graphed.split("-")[1],
         "test_pass_seconds_10k": test_seconds_10k,
-        **({"compiled_vs_default": {v: images_per_s[v] / images_per_s[default] for v in COMPILED},
+        **({"compiled_vs_default": {v: images_per_s[v] / images_per_s[default] for v in compile_seconds},
             "compile_seconds": compile_seconds} if args.compile else {}),
         "epochs": {v: epoch(v) for v in images_per_s if v != "reference"},
     }
@@ -214,6 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     p.add_argument("--test-images", type=int, default=TEST_IMAGES)
     p.add_argument("--compile", action="store_true", help="also time the default variant under run.compile (three ways: COMPILED)")
+    p.add_argument("--autotune", action="store_true", help="with --compile, also the graphed compiled step with kernels "
+                   "chosen by timing (AUTOTUNED: max-autotune-no-cudagraphs; run.deterministic=false); minutes of compiling")
     p.add_argument("--full-epochs", type=int, default=0, help="also Trainer.fit over N real-length epochs")
     p.add_argument("--out-dir", default=None, help="folder for the results (default bench/results)")
     args = p.parse_args(argv)

@@ -56,6 +56,12 @@ stage gpu_step_preresnet164 90 $py bench/gpu_step.py --device cuda --models prer
 # WRN-28-10 is compute-bound, not launch-bound: also time it under run.compile (fused BN/ReLU; eager, graphed by
 # swalab, and compile's own reduce-overhead graphs), the open 3x target
 stage gpu_step_wrn28_10 320 $py bench/gpu_step.py --device cuda --models wrn28_10 --rounds 3 --compile --out-dir "$out"
+# WRN-28-10's graphed compiled step with kernels chosen by timing: inductor's, and cuDNN's under run.deterministic=false
+# (the 3x target is 2.4% away from the default-mode compiled and graphed step). Autotuning takes minutes, so this
+# stage runs only when STAGES names it:
+#   STAGES="gpu_step_wrn28_10_autotune" bench/gpu_suite.sh <folder>
+[[ " ${STAGES:-} " == *" gpu_step_wrn28_10_autotune "* ]] && stage gpu_step_wrn28_10_autotune 540 $py bench/gpu_step.py \
+  --device cuda --models wrn28_10 --rounds 3 --compile --autotune --out-dir "$out/autotune"
 # 3. the methods' overheads on the trainer's own paths (EMA: EmaTensors), as fractions of a graphed epoch
 stage method_overheads 80 $py bench/method_overheads.py --device cuda --model wrn28_10 --data "$data" --steps 20 \
   --warmup 5 --bn-batches 40 --test-images 10000 --ema-updates 100 --rounds 3

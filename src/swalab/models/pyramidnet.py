@@ -143,7 +143,6 @@ class PyramidNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
-        self.num_features = in_planes
         init_weights(self, conv="he", zero_linear_bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageMode
 
+from .fingerprint import _class_folders, _files  # the one listing of class folders and their files
 from .splits import TEST_SUBSET_SEED, DataSplit, hold_out, subset_indices
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
@@ -29,18 +30,6 @@ SPLITS = ("train", "test")
 def has_image_folder(root: Path) -> bool:
     """Whether ``root`` looks like an image folder (holds ``train/`` or ``test/``)."""
     return any((root / s).is_dir() for s in SPLITS)
-
-
-def _class_dirs(split_dir: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
-
-
-def _image_files(class_dir: Path) -> list[str]:
-    return sorted(
-        e.name
-        for e in os.scandir(class_dir)
-        if not e.name.startswith(".") and e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()
-    )
 
 
 def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
@@ -66,10 +55,10 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
             f"{' or '.join(f'{s}/' for s in missing)}: the image-folder layout needs both "
             f"{root / 'train'}/<class>/* and {root / 'test'}/<class>/*"
         )
-    classes = _class_dirs(root / "train")
+    classes = _class_folders(root / "train")
     if not classes:
         raise ValueError(f"{root / 'train'} holds no class folders; expected {root / 'train'}/<class>/<image>")
-    test_classes = _class_dirs(root / "test")
+    test_classes = _class_folders(root / "test")
     if test_classes != classes:
         only_train = sorted(set(classes) - set(test_classes))
         only_test = sorted(set(test_classes) - set(classes))
@@ -82,7 +71,7 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
         pairs = []
         for label, name in enumerate(classes):
             class_dir = root / split / name
-            names = _image_files(class_dir)
+            names = [e.name for e in _files(class_dir, IMAGE_EXTENSIONS)]
             if not names:
                 raise ValueError(
                     f"class folder {class_dir} is empty: it holds no image files ({', '.join(IMAGE_EXTENSIONS)})"

@@ -37,7 +37,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .fingerprint import records_files
+from .fingerprint import _class_folders, _files, records_files
 from .folder import IMAGE_EXTENSIONS
 from .loader import check_shard, epoch_generator
 from .splits import TEST_SUBSET_SEED, check_size, hold_out, subset_indices
@@ -66,7 +66,7 @@ def list_imagenet_split(split_dir: str | Path) -> list[tuple[str, int]]:
         raise FileNotFoundError(f"{split_dir} does not exist: an ImageNet folder holds train/<wnid>/* and "
                                 f"val/<wnid>/* (wnids like n01440764)")
     index = imagenet_wnid_index()
-    folders = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+    folders = _class_folders(split_dir)
     unknown = [f for f in folders if f not in index]
     if unknown:
         raise ValueError(f"{split_dir} has class folders that are not ImageNet-1k wnids: {unknown[:10]}"
@@ -75,8 +75,7 @@ def list_imagenet_split(split_dir: str | Path) -> list[tuple[str, int]]:
     pairs: list[tuple[str, int]] = []
     for wnid in folders:
         class_dir = split_dir / wnid
-        names = sorted(e.name for e in os.scandir(class_dir) if not e.name.startswith(".")
-                       and e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file())
+        names = [e.name for e in _files(class_dir, IMAGE_EXTENSIONS)]
         if not names:
             raise ValueError(f"class folder {class_dir} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
         prefix = os.path.join(class_dir, "")

@@ -354,7 +354,6 @@ def metrics_table(metrics: dict[str, dict]) -> str:
 
 
 def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.device,
-                           loss_fn: Callable = F.cross_entropy,
                            labels: torch.Tensor | None = None) -> tuple[float, float]:
     """Mean loss and accuracy (%) of one network, used for the per-epoch test columns.
 
@@ -362,7 +361,7 @@ def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.dev
     """
     logits = predict_logits(model, loader, device)
     labels = labels_of(loader) if labels is None else labels
-    return float(loss_fn(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())
+    return float(F.cross_entropy(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())
 
 
 # -- the end of a run: every predictor scored the same way -----------------------------------------------------------

@@ -114,15 +114,14 @@ def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarr
     return _save(fig, path)
 
 
-def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarray]],
-                  ylabel: str = "test error (%)", title: str = "") -> Path:
+def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarray]], title: str = "") -> Path:
     """Test error against epoch, one line per ``(label, epochs, values)`` (paper Figs. 6 and 7)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, epochs, values in curves:
         ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith(SGD_ITERATE) else "-")
     ax.set_xlabel("epoch")
     style.whole_ticks(ax.xaxis)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel("test error (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:

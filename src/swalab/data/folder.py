@@ -264,10 +264,9 @@ def decode_images(
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
 
-def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = None, mode: str = "RGB",
-                 resize: int | None = None) -> DataSplit:
+def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = None) -> DataSplit:
     """Decode the ``(file, label)`` pairs listed by :func:`list_image_folder` into a :class:`DataSplit`."""
-    images = decode_images([p for p, _ in pairs], size=size, mode=mode, resize=resize)
+    images = decode_images([p for p, _ in pairs], size=size)
     labels = torch.tensor([y for _, y in pairs], dtype=torch.int64)
     return DataSplit(images=images, labels=labels)
 

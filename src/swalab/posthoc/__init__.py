@@ -434,8 +434,7 @@ def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
                {"rebuild": f"--soup greedy --by {request.by}", "rebuild_runs": others}, read)
 
 
-def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto",
-                    say: Callable[[str], None] = print) -> list[Result]:
+def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto") -> list[Result]:
     """Open every run, check the request, build every average, score and write it (module doc)."""
     runs = [score_run(d, device=device) for d in run_dirs]
     check_request(request, runs)
@@ -452,7 +451,7 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
         results.append(Result(label, family, knob, scored.run.path, out["metrics"], built_from, path))
         m = out["metrics"][label]
         val = f", val acc {m['val']['acc']:.2f} nll {m['val']['nll']:.4f}" if "val" in m else ""
-        say(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
+        print(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
 
     for scored in runs:
         for item in per_run(scored, request):

@@ -262,13 +262,9 @@ def identity_hash(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(identity).encode()).hexdigest()[:12]
 
 
-def without_seed(identity: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in identity.items() if k != "seed"}
-
-
 def group_hash(identity: Mapping[str, Any]) -> str:
     """The hash of the identity minus the seed: shared by every seed of one config."""
-    return identity_hash(without_seed(identity))
+    return identity_hash({k: v for k, v in identity.items() if k != "seed"})
 
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:

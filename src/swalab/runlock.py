@@ -58,12 +58,6 @@ def holder_of(run_dir: str | Path) -> dict | None:
         return {}
 
 
-def describe_holder(run_dir: str | Path) -> str:
-    """``PID 12 on host a, started ...``: the process that holds (or last held) ``run_dir``'s lock, as a refusal
-    names it."""
-    return _describe(holder_of(run_dir) or {})
-
-
 def gone_holder(run_dir: str | Path) -> str | None:
     """Why no process trains ``run_dir`` now, or None when one may (a live process of this host holds its lock, or
     one of another host, which cannot be asked from here). A run whose ``status.json`` still says ``running`` and
@@ -203,8 +197,8 @@ def held_folders(folders, doing: str):
             try:
                 locks.append(RunLock(folder).acquire())
             except RunLocked:
-                raise RunLocked(f"{folder} is being {doing} by another process ({describe_holder(folder)}): wait for "
-                                "it to finish, then run this command again") from None
+                raise RunLocked(f"{folder} is being {doing} by another process ({_describe(holder_of(folder) or {})}): "
+                                "wait for it to finish, then run this command again") from None
             except PermissionError as exc:
                 cause = getattr(exc.__cause__, "strerror", None) or "permission denied"
                 raise PermissionError(exc.errno, f"cannot write {folder} ({cause}): this command writes inside the run "

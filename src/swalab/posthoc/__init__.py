@@ -227,10 +227,6 @@ def start_weights(scored: Scored) -> tuple[State, str]:
 
 
 # -- scoring ----------------------------------------------------------------------------------------------------------
-def has_val(scored: Scored) -> bool:
-    return scored.val_loader is not None
-
-
 def model_of(scored: Scored, weights: State, source: str, recompute_bn: bool = True) -> torch.nn.Module:
     """The run's network with ``weights`` and its BatchNorm statistics recomputed over the run's training data
     (``recompute_bn=False``: those ``weights`` hold, e.g. WiSE-FT's interpolated statistics)."""
@@ -327,7 +323,7 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
             raise PosthocError(f"--soup {kind}: a soup is uniform or greedy")
     needs_val = ["--select val"] * (request.select == "val") + ["--soup greedy"] * ("greedy" in request.soup)
     for scored in runs:
-        if needs_val and not has_val(scored):
+        if needs_val and scored.val_loader is None:
             raise PosthocError(f"{needs_val[0]} chooses on the validation split, and {scored.run.path} has none: "
                                "train with dataset.val_size=<images or a fraction>")
     if request.soup:

@@ -78,22 +78,16 @@ def load_cache(path: Path, source: dict[str, Any], keys: tuple[str, ...] = ()) -
         return None
     version = obj.get("format_version")
     if version != CACHE_FORMAT_VERSION:
-        warnings.warn(
-            f"decode cache {path} has format_version {version!r} but this swalab reads version "
-            f"{CACHE_FORMAT_VERSION}; rebuilding it",
-            stacklevel=3,
-        )
+        warnings.warn(f"decode cache {path} has format_version {version!r} but this swalab reads version "
+                      f"{CACHE_FORMAT_VERSION}; rebuilding it", stacklevel=3)
         return None
     missing = [k for k in (*CACHE_KEYS, *keys) if k not in obj]
     if missing:
         warnings.warn(f"decode cache {path} lacks {missing}; rebuilding it", stacklevel=3)
         return None
     if obj["source"] != source:
-        warnings.warn(
-            f"decode cache {path} was built from other files than those now under the data folder "
-            f"(images added, removed or modified since); rebuilding it",
-            stacklevel=3,
-        )
+        warnings.warn(f"decode cache {path} was built from other files than those now under the data folder "
+                      f"(images added, removed or modified since); rebuilding it", stacklevel=3)
         return None
     return obj
 
@@ -116,12 +110,9 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
         tmp = None
         return True
     except OSError as err:
-        warnings.warn(
-            f"cannot write decode cache {path} ({type(err).__name__}: {err}); continuing without it, so the "
-            f"images will be decoded again on the next load. Point run.cache_dir at a writable folder to "
-            f"cache them",
-            stacklevel=3,
-        )
+        warnings.warn(f"cannot write decode cache {path} ({type(err).__name__}: {err}); continuing without it, so the "
+                      f"images will be decoded again on the next load. Point run.cache_dir at a writable folder to "
+                      f"cache them", stacklevel=3)
         return False
     finally:
         if tmp is not None:

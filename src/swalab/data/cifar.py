@@ -52,10 +52,8 @@ _SPECS = {
         "cifar10", "CIFAR-10", 10, "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
         "test_batch", "batches.meta", "labels", "label_names", "CIFAR10",
     ),
-    "cifar100": _CifarSpec(
-        "cifar100", "CIFAR-100", 100, "cifar-100-python", ("train",),
-        "test", "meta", "fine_labels", "fine_label_names", "CIFAR100",
-    ),
+    "cifar100": _CifarSpec("cifar100", "CIFAR-100", 100, "cifar-100-python", ("train",),
+                           "test", "meta", "fine_labels", "fine_label_names", "CIFAR100"),
 }
 IMAGE_SIZE = (32, 32)
 
@@ -118,15 +116,11 @@ def _read_batch(path: Path, spec: _CifarSpec) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"CIFAR pickle {path}: 'data' must hold uint8 pixel values, got {data.dtype}")
         data = data.astype(np.uint8)
     if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"CIFAR pickle {path}: {spec.label_key!r} must be {len(data)} integers (one per image), "
-            f"got {labels.dtype} of shape {labels.shape}"
-        )
+        raise ValueError(f"CIFAR pickle {path}: {spec.label_key!r} must be {len(data)} integers (one per image), "
+                         f"got {labels.dtype} of shape {labels.shape}")
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
-        raise ValueError(
-            f"CIFAR pickle {path}: labels range over [{labels.min()}, {labels.max()}] but {spec.title} "
-            f"has classes 0..{spec.num_classes - 1} (is this a {spec.title} file?)"
-        )
+        raise ValueError(f"CIFAR pickle {path}: labels range over [{labels.min()}, {labels.max()}] but {spec.title} "
+                         f"has classes 0..{spec.num_classes - 1} (is this a {spec.title} file?)")
     return data, labels.astype(np.int64)
 
 
@@ -218,10 +212,8 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
     classes, files = list_image_folder(root)
     if len(classes) != spec.num_classes:
         shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
-        raise ValueError(
-            f"{root / 'train'} has {len(classes)} class folders ({shown}) but {spec.title} has "
-            f"{spec.num_classes}: is dataset.root pointing at the right data set?"
-        )
+        raise ValueError(f"{root / 'train'} has {len(classes)} class folders ({shown}) but {spec.title} has "
+                         f"{spec.num_classes}: is dataset.root pointing at the right data set?")
     chosen = select_files(files, train_size, test_size, seed, val_size, classes)
     record = record or folder_record(root, SPLITS, IMAGE_EXTENSIONS, cache_dir)
     source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": record["fingerprint"]}

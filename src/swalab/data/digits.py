@@ -58,13 +58,6 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     test = DataSplit(images=images[test_idx], labels=labels[test_idx])
     classes = [str(d) for d in range(10)]
     train, val = split_off_val(train, val_size, classes)
-    return ImageData(
-        name="digits",
-        train=subset(train, train_size, seed, what=after_val("the training split", val)),
-        val=val,
-        test=cap_test_split(test, test_size),
-        num_classes=10,
-        classes=classes,
-        channels=1,
-        record=record or files_record(),
-    )
+    return ImageData(name="digits", train=subset(train, train_size, seed, what=after_val("the training split", val)),
+                     val=val, test=cap_test_split(test, test_size), num_classes=10, classes=classes, channels=1,
+                     record=record or files_record())

@@ -62,10 +62,8 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     if test_classes != classes:
         only_train = sorted(set(classes) - set(test_classes))
         only_test = sorted(set(test_classes) - set(classes))
-        raise ValueError(
-            f"train/ and test/ under {root} have different class folders: "
-            f"only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}"
-        )
+        raise ValueError(f"train/ and test/ under {root} have different class folders: "
+                         f"only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}")
     files: dict[str, list[tuple[str, int]]] = {}
     for split in SPLITS:
         pairs = []
@@ -84,10 +82,9 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     return classes, files
 
 
-def select_files(
-    files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int,
-    val_size: int | float | None = None, classes: list[str] | None = None,
-) -> dict[str, list[tuple[str, int]]]:
+def select_files(files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int,
+                 val_size: int | float | None = None,
+                 classes: list[str] | None = None) -> dict[str, list[tuple[str, int]]]:
     """The files a load decodes: ``train_size`` of the training files and ``test_size`` of the test files, and
     with ``val_size`` a validation split (key ``val``) held out of the training files first.
 
@@ -215,14 +212,8 @@ def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-def decode_images(
-    paths: list[str] | list[Path],
-    size: tuple[int, int] | None = None,
-    workers: int | None = None,
-    mode: str = "RGB",
-    resize: int | None = None,
-    hint: str = "",
-) -> torch.Tensor:
+def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = None, workers: int | None = None,
+                  mode: str = "RGB", resize: int | None = None, hint: str = "") -> torch.Tensor:
     """Decode ``paths`` into one ``uint8`` tensor ``[N, C, H, W]`` (C = 3 for ``mode="RGB"``, 1 for ``"L"``).
 
     When any image is a 16-bit grey one, the tensor is ``uint16`` and holds every image at 16 bits: the 8-bit
@@ -271,11 +262,8 @@ def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = No
     return DataSplit(images=images, labels=labels)
 
 
-def read_image_folder(
-    root: str | Path,
-    max_per_class: int | None = None,
-    size: tuple[int, int] | None = None,
-) -> tuple[DataSplit, DataSplit, list[str]]:
+def read_image_folder(root: str | Path, max_per_class: int | None = None,
+                      size: tuple[int, int] | None = None) -> tuple[DataSplit, DataSplit, list[str]]:
     """Decode ``root/train/<class>/*`` and ``root/test/<class>/*`` into two splits, without caching.
 
     Class folders are sorted by name and numbered from 0; files inside a class are taken in sorted

@@ -50,14 +50,8 @@ def _draw_crop_flip(
     return offsets_y, offsets_x, flipped
 
 
-def _gather_windows(
-    source: torch.Tensor,
-    index: torch.Tensor,
-    offsets_y: torch.Tensor,
-    offsets_x: torch.Tensor,
-    flipped: torch.Tensor,
-    size: tuple[int, int],
-) -> torch.Tensor:
+def _gather_windows(source: torch.Tensor, index: torch.Tensor, offsets_y: torch.Tensor, offsets_x: torch.Tensor,
+                    flipped: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Windows ``source[index[b], :, oy[b]:oy[b]+H, ox[b]:ox[b]+W]``, mirrored where ``flipped[b]``.
 
     One advanced-indexing gather does crop, flip and batch selection together: the flip reverses the
@@ -72,12 +66,8 @@ def _gather_windows(
     return source[index[:, None, None, None], channels[None, :, None, None], rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def random_crop_flip(
-    padded: torch.Tensor,
-    size: tuple[int, int],
-    generator: torch.Generator | None,
-    flip: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_crop_flip(padded: torch.Tensor, size: tuple[int, int], generator: torch.Generator | None,
+                     flip: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random crop of ``size`` from each already-padded image, plus a random horizontal flip.
 
     With ``padded = F.pad(images, (p, p, p, p))`` this is torchvision's

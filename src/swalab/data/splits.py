@@ -127,10 +127,8 @@ def check_size(size, key: str, available: int, what: str) -> int | None:
         raise ValueError(f"{key} must be an integer or null, got {size!r}")
     size = int(size)
     if size < 1 or size > available:
-        raise ValueError(
-            f"{key}={size} is out of range: {what} has {available} items; "
-            f"use a value in [1, {available}] or null for all of them"
-        )
+        raise ValueError(f"{key}={size} is out of range: {what} has {available} items; "
+                         f"use a value in [1, {available}] or null for all of them")
     return size
 
 

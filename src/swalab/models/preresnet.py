@@ -102,20 +102,12 @@ class PreResNet(nn.Module):
         base_width: width of the first stage (16 in the paper).
     """
 
-    def __init__(
-        self,
-        depth: int,
-        num_classes: int = 10,
-        in_channels: int = 3,
-        base_width: int = 16,
-    ) -> None:
+    def __init__(self, depth: int, num_classes: int = 10, in_channels: int = 3, base_width: int = 16) -> None:
         super().__init__()
         if not valid_preresnet_depth(depth):
-            raise ValueError(
-                f"PreResNet depth {depth} is invalid: depth < 44 must be 6n+2 with n >= 1 "
-                "(valid: 8, 14, 20, 26, 32, 38; basic blocks), depth >= 44 must be 9n+2 "
-                "(valid: 47, 56, 65, 74, 83, 92, 101, 110, ..., 164, ...; bottleneck blocks)"
-            )
+            raise ValueError(f"PreResNet depth {depth} is invalid: depth < 44 must be 6n+2 with n >= 1 "
+                             "(valid: 8, 14, 20, 26, 32, 38; basic blocks), depth >= 44 must be 9n+2 "
+                             "(valid: 47, 56, 65, 74, 83, 92, 101, 110, ..., 164, ...; bottleneck blocks)")
         if depth >= 44:
             block: type[PreActBasicBlock] | type[PreActBottleneck] = PreActBottleneck
             n = (depth - 2) // 9

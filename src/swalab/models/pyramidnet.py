@@ -66,14 +66,12 @@ class PyramidBasicBlock(_PyramidUnit):
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
         super().__init__()
         self.in_planes, self.out_planes, self.stride = in_planes, planes * self.expansion, stride
-        self.residual = nn.Sequential(
-            nn.BatchNorm2d(in_planes),
-            nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-            nn.BatchNorm2d(planes),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
-            nn.BatchNorm2d(planes),
-        )
+        self.residual = nn.Sequential(nn.BatchNorm2d(in_planes),
+                                      nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                                      nn.BatchNorm2d(planes),
+                                      nn.ReLU(inplace=True),
+                                      nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
+                                      nn.BatchNorm2d(planes))
 
 
 class PyramidBottleneck(_PyramidUnit):
@@ -84,17 +82,15 @@ class PyramidBottleneck(_PyramidUnit):
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
         super().__init__()
         self.in_planes, self.out_planes, self.stride = in_planes, planes * self.expansion, stride
-        self.residual = nn.Sequential(
-            nn.BatchNorm2d(in_planes),
-            nn.Conv2d(in_planes, planes, kernel_size=1, bias=False),
-            nn.BatchNorm2d(planes),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-            nn.BatchNorm2d(planes),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(planes, planes * self.expansion, kernel_size=1, bias=False),
-            nn.BatchNorm2d(planes * self.expansion),
-        )
+        self.residual = nn.Sequential(nn.BatchNorm2d(in_planes),
+                                      nn.Conv2d(in_planes, planes, kernel_size=1, bias=False),
+                                      nn.BatchNorm2d(planes),
+                                      nn.ReLU(inplace=True),
+                                      nn.Conv2d(planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                                      nn.BatchNorm2d(planes),
+                                      nn.ReLU(inplace=True),
+                                      nn.Conv2d(planes, planes * self.expansion, kernel_size=1, bias=False),
+                                      nn.BatchNorm2d(planes * self.expansion))
 
 
 class PyramidNet(nn.Module):
@@ -109,26 +105,16 @@ class PyramidNet(nn.Module):
         in_channels: channels of the input image.
     """
 
-    def __init__(
-        self,
-        depth: int = 272,
-        alpha: int = 200,
-        num_classes: int = 10,
-        bottleneck: bool = True,
-        in_channels: int = 3,
-    ) -> None:
+    def __init__(self, depth: int = 272, alpha: int = 200, num_classes: int = 10, bottleneck: bool = True,
+                 in_channels: int = 3) -> None:
         super().__init__()
         divisor = 9 if bottleneck else 6
         if depth < divisor + 2 or (depth - 2) % divisor != 0:
             kind = "bottleneck" if bottleneck else "basic"
             examples = "11, 20, ..., 110, 164, 200, 236, 272" if bottleneck else "8, 14, 20, ..., 110"
-            raise ValueError(
-                f"PyramidNet depth {depth} is invalid for {kind} units: it must be "
-                f"{divisor}n+2 with n >= 1 (valid: {examples}, ...)"
-            )
-        block: type[PyramidBasicBlock] | type[PyramidBottleneck] = (
-            PyramidBottleneck if bottleneck else PyramidBasicBlock
-        )
+            raise ValueError(f"PyramidNet depth {depth} is invalid for {kind} units: it must be "
+                             f"{divisor}n+2 with n >= 1 (valid: {examples}, ...)")
+        block: type[PyramidBasicBlock | PyramidBottleneck] = PyramidBottleneck if bottleneck else PyramidBasicBlock
         n = (depth - 2) // divisor
         self.depth, self.alpha, self.blocks_per_stage = depth, alpha, n
         add_rate = alpha / (3 * n)

@@ -71,14 +71,12 @@ def shake_shake(x1: torch.Tensor, x2: torch.Tensor, training: bool) -> torch.Ten
 
 
 def _branch(in_planes: int, planes: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.ReLU(inplace=False),
-        nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(planes),
-        nn.ReLU(inplace=True),
-        nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
-        nn.BatchNorm2d(planes),
-    )
+    return nn.Sequential(nn.ReLU(inplace=False),
+                         nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(planes),
+                         nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
+                         nn.BatchNorm2d(planes))
 
 
 class _ShiftedProjection(nn.Module):
@@ -128,19 +126,11 @@ class ShakeShake(nn.Module):
         in_channels: channels of the input image.
     """
 
-    def __init__(
-        self,
-        depth: int = 26,
-        base_width: int = 64,
-        num_classes: int = 10,
-        in_channels: int = 3,
-    ) -> None:
+    def __init__(self, depth: int = 26, base_width: int = 64, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__()
         if depth < 8 or (depth - 2) % 6 != 0:
-            raise ValueError(
-                f"ShakeShake depth {depth} is invalid: it must be 6n+2 with n >= 1 "
-                "(valid: 8, 14, 20, 26, 32, 38, ...)"
-            )
+            raise ValueError(f"ShakeShake depth {depth} is invalid: it must be 6n+2 with n >= 1 "
+                             "(valid: 8, 14, 20, 26, 32, 38, ...)")
         n = (depth - 2) // 6
         self.depth, self.base_width = depth, base_width
 

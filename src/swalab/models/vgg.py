@@ -56,15 +56,9 @@ class VGG16(nn.Module):
                 layers.append(nn.ReLU(inplace=True))
                 channels = int(item)
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(
-            nn.Dropout(),
-            nn.Linear(512, 512),
-            nn.ReLU(inplace=True),
-            nn.Dropout(),
-            nn.Linear(512, 512),
-            nn.ReLU(inplace=True),
-            nn.Linear(512, num_classes),
-        )
+        self.classifier = nn.Sequential(nn.Dropout(), nn.Linear(512, 512), nn.ReLU(inplace=True),
+                                        nn.Dropout(), nn.Linear(512, 512), nn.ReLU(inplace=True),
+                                        nn.Linear(512, num_classes))
         init_weights(self, conv="he")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -48,10 +48,9 @@ class _CifarSpec:
 
 
 _SPECS = {
-    "cifar10": _CifarSpec(
-        "cifar10", "CIFAR-10", 10, "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
-        "test_batch", "batches.meta", "labels", "label_names", "CIFAR10",
-    ),
+    "cifar10": _CifarSpec("cifar10", "CIFAR-10", 10, "cifar-10-batches-py",
+                          tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta", "labels",
+                          "label_names", "CIFAR10"),
     "cifar100": _CifarSpec("cifar100", "CIFAR-100", 100, "cifar-100-python", ("train",),
                            "test", "meta", "fine_labels", "fine_label_names", "CIFAR100"),
 }
@@ -231,14 +230,10 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
 
     path = cache_path(root, spec.name, "folder", cache_dir, variant) if cache else None
     got, note = cached(path, source, decode, keys=("val_images", "val_labels") if "val" in chosen else ())
-    return (
-        DataSplit(images=got["train_images"], labels=got["train_labels"]),
-        DataSplit(images=got["test_images"], labels=got["test_labels"]),
-        DataSplit(images=got["val_images"], labels=got["val_labels"]) if "val" in chosen else None,
-        list(got["classes"]),
-        record,
-        note,
-    )
+    return (DataSplit(images=got["train_images"], labels=got["train_labels"]),
+            DataSplit(images=got["test_images"], labels=got["test_labels"]),
+            DataSplit(images=got["val_images"], labels=got["val_labels"]) if "val" in chosen else None,
+            list(got["classes"]), record, note)
 
 
 @records_files(files_record)

@@ -50,9 +50,8 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     bunch = sklearn_digits()
     images = torch.from_numpy(np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
-    train_idx, test_idx = train_test_split(
-        np.arange(len(labels)), test_size=test_fraction, stratify=bunch.target, random_state=SPLIT_SEED
-    )
+    train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=test_fraction, stratify=bunch.target,
+                                           random_state=SPLIT_SEED)
     train_idx, test_idx = torch.from_numpy(np.sort(train_idx)), torch.from_numpy(np.sort(test_idx))
     train = DataSplit(images=images[train_idx], labels=labels[train_idx])
     test = DataSplit(images=images[test_idx], labels=labels[test_idx])

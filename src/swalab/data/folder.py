@@ -43,18 +43,14 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(
-            f"image folder {root} does not exist or is not a folder: set dataset.root=DIR to the folder "
-            f"holding train/<class>/* and test/<class>/*"
-        )
+        raise FileNotFoundError(f"image folder {root} does not exist or is not a folder: set dataset.root=DIR to the "
+                                f"folder holding train/<class>/* and test/<class>/*")
     missing = [s for s in SPLITS if not (root / s).is_dir()]
     if missing:
         present = [s for s in SPLITS if s not in missing]
-        raise FileNotFoundError(
-            f"image folder {root} has {', '.join(f'{s}/' for s in present) or 'no split folders'} but no "
-            f"{' or '.join(f'{s}/' for s in missing)}: the image-folder layout needs both "
-            f"{root / 'train'}/<class>/* and {root / 'test'}/<class>/*"
-        )
+        raise FileNotFoundError(f"image folder {root} has {', '.join(f'{s}/' for s in present) or 'no split folders'} "
+                                f"but no {' or '.join(f'{s}/' for s in missing)}: the image-folder layout needs both "
+                                f"{root / 'train'}/<class>/* and {root / 'test'}/<class>/*")
     classes = _class_folders(root / "train")
     if not classes:
         raise ValueError(f"{root / 'train'} holds no class folders; expected {root / 'train'}/<class>/<image>")
@@ -71,9 +67,8 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
             class_dir = root / split / name
             names = [e.name for e in _files(class_dir, IMAGE_EXTENSIONS)]
             if not names:
-                raise ValueError(
-                    f"class folder {class_dir} is empty: it holds no image files ({', '.join(IMAGE_EXTENSIONS)})"
-                )
+                raise ValueError(f"class folder {class_dir} is empty: it holds no image files "
+                                 f"({', '.join(IMAGE_EXTENSIONS)})")
             if max_per_class is not None:
                 names = names[:max_per_class]
             prefix = os.path.join(class_dir, "")
@@ -235,10 +230,8 @@ def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = 
         if arr.shape[:2] != tuple(expected):
             than = f"expected {expected[1]}x{expected[0]}" if size is not None else (
                 f"{paths[0]} is {expected[1]}x{expected[0]}")
-            raise ValueError(
-                f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but {than}: all images of a data set "
-                f"must have the same size{hint}"
-            )
+            raise ValueError(f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but {than}: all images of a "
+                             f"data set must have the same size{hint}")
         if arr.dtype == np.uint16 and out.dtype == np.uint8:  # the first deep image: all so far go to 16 bits
             out = out.astype(np.uint16) * 257  # (the rows not decoded yet are overwritten below)
         out[i] = arr.astype(np.uint16) * 257 if out.dtype == np.uint16 and arr.dtype == np.uint8 else arr

@@ -31,6 +31,7 @@ from swalab.analysis import plots
 from swalab.checkpoint import CheckpointStore
 from swalab.analysis.loading import add_common_arguments, load_weights, open_study, run_of
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
+from swalab.cli import run_command
 
 METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
 
@@ -171,6 +172,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.analysis")

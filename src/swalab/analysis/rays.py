@@ -29,6 +29,7 @@ from swalab.analysis.loading import add_common_arguments, add_solution_arguments
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.analysis.weights import random_unit_directions
+from swalab.cli import run_command
 
 
 def evaluate_rays(starts: dict[str, tuple], directions, distances: np.ndarray, probe: Probe, log: ResultLog,
@@ -86,6 +87,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.analysis")

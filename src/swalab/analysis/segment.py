@@ -26,6 +26,7 @@ from swalab.analysis import plots
 from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
+from swalab.cli import run_command
 
 
 def segment_ts(t_min: float, t_max: float, points: int) -> np.ndarray:
@@ -89,6 +90,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.analysis")

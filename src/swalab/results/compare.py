@@ -35,7 +35,7 @@ from swalab.results.diagnostics import section35
 from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_probs, metrics_table, predict_log_probs,
                              recompute_bn)
 from swalab.results.runs import Run, open_run
-from swalab.cli import output_file
+from swalab.cli import output_file, run_command
 from swalab.config import ConfigError
 from swalab.identity import label_of
 from swalab.train.build import build_val_loader, load_into
@@ -230,6 +230,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.results.compare")

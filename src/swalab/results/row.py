@@ -46,7 +46,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.cli import Terminated
+from swalab.cli import Terminated, run_command
 from swalab.config import ConfigError
 from swalab.methods import SWAG, column_rank, columns_of
 from swalab.results.table import title_of
@@ -402,8 +402,6 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.results.row",
                 interrupted="the finished jobs are kept and the running one paused as run.py pauses (a checkpoint "
                             "at its step); the same command continues the row")

@@ -51,6 +51,7 @@ import torch
 
 from swalab.calibration import scaled, scaled_name
 from swalab.checkpoint import atomic_save
+from swalab.cli import run_command
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
@@ -360,8 +361,6 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     # every set written before is whole, the one being written has no record
     run_command(main, prog="swalab.results.score",
                 interrupted="each set's record is whole (this command's or an earlier one's) or absent; the same "

@@ -34,6 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from swalab.cli import run_command
 from swalab.results.plots import scored_during_training
 from swalab.evaluate import reported_metrics
 from swalab.results.table import Row, Table, mean_std
@@ -412,6 +413,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     sys.exit(run_command(main, prog="swalab.results.wandb_report"))

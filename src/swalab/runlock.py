@@ -12,8 +12,7 @@ which the holder writes into the file.
 
 What it cannot catch: the lock is on the open file, not on its path, so deleting the directory of a run that is
 still training removes the lock with it; the same command launched again makes a new ``.lock`` and trains beside
-the old process (docs/reliability.md). Stop a run before deleting its directory.
-"""
+the old process (docs/reliability.md). Stop a run before deleting its directory."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ class RunLock:
     """``with RunLock(run_dir):`` holds ``run_dir`` for this process (creating the directory if needed).
 
     ``created`` lists the directories this lock created, so a run refused after taking the lock can
-    remove them again (:meth:`discard`) and leave nothing behind.
-    """
+    remove them again (:meth:`discard`) and leave nothing behind."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)

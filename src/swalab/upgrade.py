@@ -23,8 +23,7 @@ Each run is rewritten on its own: every new file is written beside the old one f
 replaced (``os.replace``). The records naming renamed runs are rewritten first, and each run's directory is renamed
 before its files are replaced (:func:`apply`), so a kill leaves each run old or new, or part done in a way the same
 command again finishes, and a second invocation reports nothing to do. Without
-``--write`` nothing is written.
-"""
+``--write`` nothing is written."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ which none scored it is that one line as an error, and nothing is written. Error
 
 Usage::
 
-    python -m swalab.analysis.curves RUN [RUN ...] [--labels A B ...] [--only swa|sgd] --out fig.png
-"""
+    python -m swalab.analysis.curves RUN [RUN ...] [--labels A B ...] [--only swa|sgd] --out fig.png"""
 
 from __future__ import annotations
 

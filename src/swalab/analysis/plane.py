@@ -14,8 +14,7 @@ Usage (w1, w2, w3 and --point take weight specs, see :mod:`swalab.analysis.loadi
         --grid 21 --margin 0.2 --train-size 1000 --test-size 1000 --out DIR
 
 Writes ``DIR/plane.jsonl`` (one line per grid point as it is evaluated; a re-run skips those),
-``DIR/plane.npz`` (grid, surfaces, projected points) and ``DIR/plane.png``.
-"""
+``DIR/plane.npz`` (grid, surfaces, projected points) and ``DIR/plane.png``."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ Usage::
 ``--swa`` / ``--sgd`` take other weight specs (e.g. ``--sgd OTHER_RUN`` for a conventionally
 trained SGD run, as in the paper; by default both come from the SWA run's ``final.pt``, where
 "sgd" is the last iterate of the SWA phase). Writes ``DIR/rays.jsonl`` (resumable), ``DIR/rays.npz``
-and ``DIR/rays.png``.
-"""
+and ``DIR/rays.png``."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ Usage::
         --train-size 1000 --test-size 1000 --out DIR
 
 Writes ``DIR/segment.jsonl`` (resumable), ``DIR/segment.npz`` and ``DIR/segment.png``. Without
-``--bn-update`` each point keeps the BN statistics of the nearer end (SWA for t < 0.5).
-"""
+``--bn-update`` each point keeps the BN statistics of the nearer end (SWA for t < 0.5)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ buffers are a placeholder; recompute them (``update_bn``, the analyses' ``--bn-u
 trusting any metric of a point that is not one of the saved solutions.
 
 Vectors are float64 on the CPU, so that projections of nearby points (SWA iterates differ little)
-keep their precision.
-"""
+keep their precision."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ Two layouts are accepted under ``dataset.root``; which one is used is decided by
 
 If both are present the pickles win (exact pixels). If neither is, ``download=True`` asks torchvision
 to fetch the pickles; without internet access that fails with a message saying how else to get them.
-Nothing is downloaded at import time.
-"""
+Nothing is downloaded at import time."""
 
 from __future__ import annotations
 
@@ -135,8 +134,7 @@ def read_cifar_pickles(pickle_dir: str | Path, name: str) -> tuple[DataSplit, Da
     """Read torchvision's CIFAR pickles from ``pickle_dir`` into ``(train, test, classes)``.
 
     Each file that is missing, damaged, or holds the wrong shape or out-of-range labels raises an
-    error naming it. CIFAR-100 uses the 100 fine labels.
-    """
+    error naming it. CIFAR-100 uses the 100 fine labels."""
     spec = _spec(name)
     pickle_dir = Path(pickle_dir)
     meta_path = pickle_dir / spec.meta_file
@@ -165,8 +163,7 @@ def _download(root: Path, spec: _CifarSpec, root_arg: str | Path) -> None:
 
     A failed download (no internet, a checksum error) must not leave an empty or half-filled
     ``dataset.root`` behind: the next run would then find a folder that looks like data. Only folders
-    that did not exist before the attempt are removed; a ``root`` that already existed is left as is.
-    """
+    that did not exist before the attempt are removed; a ``root`` that already existed is left as is."""
     import torchvision.datasets  # imported here: only a download needs it
 
     dataset_class = getattr(torchvision.datasets, spec.torchvision_class)
@@ -206,8 +203,7 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
 
     Subsets are chosen from the file listing (:func:`~swalab.data.folder.select_files`) before anything
     is decoded. The whole folder is cached as ``<name>-folder-v2.pt``; a subset in its own small file
-    named by a hash of the chosen files, so the two never replace each other.
-    """
+    named by a hash of the chosen files, so the two never replace each other."""
     classes, files = list_image_folder(root)
     if len(classes) != spec.num_classes:
         shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
@@ -264,8 +260,7 @@ def load_cifar(name: str, root: str | Path, download: bool = True, train_size: i
         RuntimeError: the download failed (folders the attempt created are removed again).
         ValueError: damaged files, wrong shapes, out-of-range labels, empty class folders, a class
             count that does not match ``name``, or a ``train_size``/``test_size`` that is not an integer
-            in range; the message names the file, folder or key.
-    """
+            in range; the message names the file, folder or key."""
     spec = _spec(name)
     root_arg = root
     root = Path(root).expanduser().resolve()

@@ -3,8 +3,7 @@
 1,797 grey-scale 8x8 images of the digits 0-9 ship inside the scikit-learn package, so this data set
 needs no download and no data folder. It is what the shipped default config, the smoke tests and the
 end-to-end tests train on: a few seconds on a CPU are enough to see SGD, SWA and FGE differ. It says
-nothing about CIFAR-scale accuracy; use it to check that the machinery runs, not to reproduce the paper.
-"""
+nothing about CIFAR-scale accuracy; use it to check that the machinery runs, not to reproduce the paper."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     normalisation code (``x / 255``) serves every data set.
 
     ``test_fraction`` of the 1,797 images are held out as the test set (stratified by class), always with seed 0,
-    so the test set is the same for every run and seed. The caps: ``swalab.data``'s module doc.
-    """
+    so the test set is the same for every run and seed. The caps: ``swalab.data``'s module doc."""
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
 

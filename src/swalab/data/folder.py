@@ -6,8 +6,7 @@ standard label order. Every image is decoded once with PIL to RGB or grayscale (
 decoding tens of thousands of small files is slow (the loaders cache the result, see
 :mod:`swalab.data.cache`), so decoding runs in a small thread pool (PIL releases the GIL while it
 decodes), and a loader that needs only a subset chooses its files first (:func:`select_files`, from
-the listing alone) and decodes only those.
-"""
+the listing alone) and decodes only those."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     make listing and fingerprinting a cached data set several times slower than reading its cache.
 
     Raises ``FileNotFoundError`` when ``root`` or a split is missing and ``ValueError`` when a class
-    folder is empty or the two splits have different class folders; each message names the folder.
-    """
+    folder is empty or the two splits have different class folders; each message names the folder."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root} does not exist or is not a folder: set dataset.root=DIR to the "
@@ -90,8 +88,7 @@ def select_files(files: dict[str, list[tuple[str, int]]], train_size: int | None
     :func:`~swalab.data.splits.hold_out`'s (the same for every seed); the training subset is then drawn from
     the files left, seeded by ``seed``; the test subset always by :data:`~swalab.data.splits.TEST_SUBSET_SEED`, so
     every run seed is scored on the same test images. ``None`` keeps a split whole (the same list is returned).
-    ``classes`` name the classes in errors.
-    """
+    ``classes`` name the classes in errors."""
     chosen = {}
     train = files["train"]
     held = hold_out(torch.tensor([y for _, y in train], dtype=torch.int64), val_size, classes)
@@ -113,8 +110,7 @@ def select_files(files: dict[str, list[tuple[str, int]]], train_size: int | None
 def selection_digest(files: dict[str, list[tuple[str, int]]], root: Path) -> str:
     """A hash of which files (paths relative to ``root``) and labels each split holds, in order.
 
-    Part of a subset's cache key: two loads share a cache file only if they decode the same files.
-    """
+    Part of a subset's cache key: two loads share a cache file only if they decode the same files."""
     skip = len(os.path.join(root, ""))
     splits = [s for s in (*SPLITS, "val") if s in files]  # without a validation split, the digest of earlier versions
     text = "".join(f"{split}\0{path[skip:]}\0{label}\n" for split in splits for path, label in files[split])
@@ -125,8 +121,7 @@ def single_channel(mode: str) -> bool:
     """Whether PIL image ``mode`` holds one grey band, alpha aside.
 
     True for ``1``, ``L``, ``LA``, ``La``, ``I``, ``I;16``..., ``F``. Palette images (``P``, ``PA``) count
-    as colour, since a palette may hold colours; every other mode (``RGB``, ``RGBA``, ``CMYK``...) too.
-    """
+    as colour, since a palette may hold colours; every other mode (``RGB``, ``RGBA``, ``CMYK``...) too."""
     bands = ImageMode.getmode(mode).bands
     if len(bands) > 1 and bands[-1] in ("A", "a"):
         bands = bands[:-1]
@@ -146,8 +141,7 @@ def infer_channels(paths: list[str], workers: int | None = None) -> int:
     """1 if every image in ``paths`` is single-channel (:func:`single_channel`), else 3.
 
     Reads file headers only, and stops at the first colour image, so on a colour data set it costs one
-    header read; only an all-grey folder has every header read.
-    """
+    header read; only an all-grey folder has every header read."""
     workers = workers or min(8, os.cpu_count() or 1)
     chunk = 1024
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -187,8 +181,7 @@ def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None
 
     ``mode`` is the PIL mode converted to: ``"RGB"`` (C = 3; alpha dropped, grey replicated) or ``"L"``
     (C = 1; colour becomes luma, ``L = 0.299 R + 0.587 G + 0.114 B``). ``resize``: scale to ``resize`` x ``resize``
-    pixels with PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept).
-    """
+    pixels with PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept)."""
     try:
         with Image.open(path) as im:
             deep = _deep_grey(im)
@@ -217,8 +210,7 @@ def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = 
     With ``resize`` every image is scaled to ``resize`` x ``resize`` (see :func:`_decode_image`).
     Otherwise all images must have the same size (``size`` if given, else that of the first image); a
     file of another size raises ``ValueError`` naming it (and the first file, whose size it differs
-    from), followed by ``hint``: nothing is resized unless asked, since that would change the data.
-    """
+    from), followed by ``hint``: nothing is resized unless asked, since that would change the data."""
     if not paths:
         raise ValueError("no images to decode")
     first = _decode_image(paths[0], mode, resize)
@@ -271,8 +263,7 @@ def read_image_folder(root: str | Path, max_per_class: int | None = None,
         size: required ``(H, W)`` of every image; ``None`` requires only that all sizes agree.
 
     Returns:
-        ``(train, test, classes)``.
-    """
+        ``(train, test, classes)``."""
     if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
         raise ValueError(f"max_per_class must be a positive integer or None, got {max_per_class!r}")
     classes, files = list_image_folder(Path(root), max_per_class)

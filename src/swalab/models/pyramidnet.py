@@ -21,8 +21,7 @@ as used by the SWA paper (PyramidNet-272, bottleneck, alpha = 200, CIFAR-100):
 Parameter count (this implementation), PyramidNet-272 alpha 200 bottleneck:
 26,288,692 (100 classes) / 26,210,842 (10 classes); the paper reports
 26.0M (this is 1.1% more; rounding the widths down instead would give
-26.12M, but the authors' PyTorch code rounds to nearest, which is kept here).
-"""
+26.12M, but the authors' PyTorch code rounds to nearest, which is kept here)."""
 
 from __future__ import annotations
 
@@ -102,8 +101,7 @@ class PyramidNet(nn.Module):
         alpha: total widening over the whole network.
         num_classes: number of output logits.
         bottleneck: bottleneck (True) or basic (False) units.
-        in_channels: channels of the input image.
-    """
+        in_channels: channels of the input image."""
 
     def __init__(self, depth: int = 272, alpha: int = 200, num_classes: int = 10, bottleneck: bool = True,
                  in_channels: int = 3) -> None:

@@ -18,8 +18,7 @@ WRN-28-10 has 36.49M / 36.55M parameters for 10 / 100 classes):
   bias 0, Linear default init with zero bias.
 
 Parameter count (this implementation), WRN-28-10: 36,489,290 (10 classes) /
-36,546,980 (100 classes).
-"""
+36,546,980 (100 classes)."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class WideResNet(nn.Module):
         widen_factor: width multiplier k.
         num_classes: number of output logits.
         dropout: dropout probability between the two convolutions of a unit.
-        in_channels: channels of the input image.
-    """
+        in_channels: channels of the input image."""
 
     def __init__(self, depth: int = 28, widen_factor: int = 10, num_classes: int = 10, dropout: float = 0.0,
                  in_channels: int = 3) -> None:

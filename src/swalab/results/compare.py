@@ -15,8 +15,7 @@ Each run's predictors are rebuilt from its directory (``swalab.results.runs.open
 It prints accuracy, mean NLL and ECE per predictor, then the section 3.5 numbers: the mean L2
 distance of class probabilities and the label agreement between consecutive FGE members, and
 between every single model (``swa``, ``fge_avg``) and each FGE ensemble scored on the same test
-labels. With ``--out`` everything is also written there as JSON (nothing is written without it).
-"""
+labels. With ``--out`` everything is also written there as JSON (nothing is written without it)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,7 @@ removed first), and ``<run>/scores/`` is locked while a command scores the run (
 every run given is checked before any is scored. A set whose record an earlier command wrote from the same files of
 the run (fingerprinted: ``final.pt``, ``metrics.json``, members, checkpoints), the same number of SWAG samples drawn and the
 same images is kept, not scored again (``--again`` scores it again): the same command started again after an interruption
-or a time limit goes on where the first stopped, and one run trained again is scored anew.
-"""
+or a time limit goes on where the first stopped, and one run trained again is scored anew."""
 
 from __future__ import annotations
 

@@ -23,21 +23,6 @@ from .folder_dataset import load_folder
 from .loader import ResidentLoader, epoch_generator, random_crop_flip
 from .splits import DataSplit, ImageData, cap_test_split, channel_stats, stratified_permutation, subset
 
-__all__ = [
-    "CACHE_DIR",
-    "CACHE_FORMAT_VERSION",
-    "DataSplit",
-    "ImageData",
-    "ResidentLoader",
-    "cap_test_split",
-    "channel_stats",
-    "epoch_generator",
-    "load_cifar",
-    "load_digits",
-    "load_folder",
-    "random_crop_flip",
-    "read_cifar_pickles",
-    "read_image_folder",
-    "stratified_permutation",
-    "subset",
-]
+__all__ = ["CACHE_DIR", "CACHE_FORMAT_VERSION", "DataSplit", "ImageData", "ResidentLoader", "cap_test_split",
+           "channel_stats", "epoch_generator", "load_cifar", "load_digits", "load_folder", "random_crop_flip",
+           "read_cifar_pickles", "read_image_folder", "stratified_permutation", "subset"]

@@ -35,9 +35,8 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed((int(hi) << 32) | int(lo))
 
 
-def _draw_crop_flip(
-    n: int, max_y: int, max_x: int, flip: bool, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _draw_crop_flip(n: int, max_y: int, max_x: int, flip: bool,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     device = generator.device if generator is not None else torch.device("cpu")
     offsets_y = torch.randint(0, max_y + 1, (n,), generator=generator, device=device)
     offsets_x = torch.randint(0, max_x + 1, (n,), generator=generator, device=device)

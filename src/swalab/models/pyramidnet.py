@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,10 +39,10 @@ __all__ = ["PyramidNet", "PyramidBasicBlock", "PyramidBottleneck"]
 class _PyramidUnit(nn.Module):
     """Common shortcut of a pyramidal unit: avg-pool when strided, zero-pad channels."""
 
-    in_planes: int
-    out_planes: int
-    stride: int
-    residual: nn.Module
+    def __init__(self, in_planes: int, out_planes: int, stride: int, *layers: nn.Module) -> None:
+        super().__init__()
+        self.in_planes, self.out_planes, self.stride = in_planes, out_planes, stride
+        self.residual = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.residual(x)
@@ -63,14 +62,10 @@ class PyramidBasicBlock(_PyramidUnit):
     expansion = 1
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.in_planes, self.out_planes, self.stride = in_planes, planes * self.expansion, stride
-        self.residual = nn.Sequential(nn.BatchNorm2d(in_planes),
-                                      nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-                                      nn.BatchNorm2d(planes),
-                                      nn.ReLU(inplace=True),
-                                      nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
-                                      nn.BatchNorm2d(planes))
+        super().__init__(in_planes, planes * self.expansion, stride, nn.BatchNorm2d(in_planes),
+                         nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(planes), nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False), nn.BatchNorm2d(planes))
 
 
 class PyramidBottleneck(_PyramidUnit):
@@ -79,17 +74,13 @@ class PyramidBottleneck(_PyramidUnit):
     expansion = 4
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.in_planes, self.out_planes, self.stride = in_planes, planes * self.expansion, stride
-        self.residual = nn.Sequential(nn.BatchNorm2d(in_planes),
-                                      nn.Conv2d(in_planes, planes, kernel_size=1, bias=False),
-                                      nn.BatchNorm2d(planes),
-                                      nn.ReLU(inplace=True),
-                                      nn.Conv2d(planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-                                      nn.BatchNorm2d(planes),
-                                      nn.ReLU(inplace=True),
-                                      nn.Conv2d(planes, planes * self.expansion, kernel_size=1, bias=False),
-                                      nn.BatchNorm2d(planes * self.expansion))
+        super().__init__(in_planes, planes * self.expansion, stride, nn.BatchNorm2d(in_planes),
+                         nn.Conv2d(in_planes, planes, kernel_size=1, bias=False), nn.BatchNorm2d(planes),
+                         nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(planes), nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes * self.expansion, kernel_size=1, bias=False),
+                         nn.BatchNorm2d(planes * self.expansion))
 
 
 class PyramidNet(nn.Module):

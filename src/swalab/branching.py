@@ -22,8 +22,7 @@ the run's length) and the schedule, whose effect before the branch point the lr 
 seed, batch size, training subset, optimizer or loss is refused, naming the keys. Plain ``model.init_from`` is different: it copies weights only (momentum and
 RNG are lost) and suits fine-tuning, not reproducing a straight-through run.
 
-``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` reads it back.
-"""
+``lineage.json`` in the child records the parent (``kind: branch``); ``read_lineage`` reads it back."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:
     """The trunk's checkpoint as a resume state for the child, and the child's lineage record.
 
     The method state is dropped (``None``), so the child's method starts fresh; the identities must
-    match on everything but what only the method decides and the schedule (module doc).
-    """
+    match on everything but what only the method decides and the schedule (module doc)."""
     parent, epoch = parse_spec(spec)
     path = find_checkpoint(parent, epoch)
     state = read_checkpoint(path)

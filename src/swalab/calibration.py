@@ -22,8 +22,7 @@ every time. Guo et al.'s code runs LBFGS on ``T`` itself (lr 0.01, 50 iterations
 non-positive ``T`` and stops where its iteration budget ends; searching ``log T`` keeps ``T > 0`` by
 construction. A validation split the predictor classifies without error has its NLL fall all the way to
 ``T -> 0`` (until it underflows to 0): no minimum lies inside the bounds, and the fit says so (``at_bound``, in
-``metrics.json`` as ``temperature_at_bound``).
-"""
+``metrics.json`` as ``temperature_at_bound``)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ that differ, never silently ignored.
 A checkpoint holds weights and state, not test-set predictions a method cached on the way (an FGE member's,
 the SWA average's at a budget mark: 200 MB each on ImageNet). Those are written once, when computed, to
 files of their own (:class:`PredictionFiles`, ``checkpoints/predictions/``) that checkpoints name; before,
-every epoch's checkpoint carried all of them again.
-"""
+every epoch's checkpoint carried all of them again."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
     """``torch.save`` to a temp file beside ``path``, fsync, then rename over ``path``.
 
     Any failure to write (a full disk, a quota, a read-only file system) raises ``OSError`` with one
-    line naming the file and the cause; the file it would have replaced is untouched.
-    """
+    line naming the file and the cause; the file it would have replaced is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -109,8 +107,7 @@ def save_checkpoint(state: dict, directory: str | Path, epoch: int, step: int = 
     """Write ``state`` atomically and delete all but the newest ``keep`` checkpoints.
 
     The name is ``epochNNNN.pt`` at an epoch boundary and ``epochNNNN_stepSSSSSS.pt`` for a
-    checkpoint written ``step`` steps into the next epoch (preemption).
-    """
+    checkpoint written ``step`` steps into the next epoch (preemption)."""
     state = {"format": FORMAT, "version": VERSION, **state}
     path = atomic_save(state, Path(directory) / checkpoint_name(epoch, step))
     for old in checkpoint_paths(directory)[keep:]:
@@ -149,8 +146,7 @@ def load_latest(directory: str | Path, identity: dict | None = None) -> dict | N
     """The newest readable checkpoint in ``directory`` (None if there is none).
 
     Unreadable checkpoints are skipped with a warning naming them; a readable one written by a run
-    of another ``identity`` is refused with ``CheckpointError``.
-    """
+    of another ``identity`` is refused with ``CheckpointError``."""
     for path in checkpoint_paths(directory):
         try:
             state = read_checkpoint(path)
@@ -264,8 +260,7 @@ class PredictionFiles:
     prediction here once, when it is computed, and puts only its name in its ``state_dict``; a resume reads it back
     by name (:meth:`load`). Checkpoints then stay the size of the weights and are cheap to write every epoch.
     A prediction recomputed after a resume from an earlier checkpoint is written again under the same name, with the
-    same values (the run is exact). Only the process that writes (``write``: rank 0) writes; every rank reads.
-    """
+    same values (the run is exact). Only the process that writes (``write``: rank 0) writes; every rank reads."""
 
     DIR = "predictions"
 

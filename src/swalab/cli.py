@@ -5,8 +5,7 @@ When it matters: a path that is not a run, a run that is missing a file, an outp
 written, a flag or config value out of range, an unknown data set or model: each is the user's to fix, so
 it is said in one line naming the file or flag (exit 2) instead of a traceback, and before any work is done
 where it can be known before. Every other error keeps its traceback, since it is a bug to report. ``run.py``
-has its own, richer handling (``swalab.train``).
-"""
+has its own, richer handling (``swalab.train``)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ here, once, as data, with the two readers that apply them:
 * :func:`upgraded_config`: a resolved config (a run's ``config.yaml``) with its keys in today's places;
 * :func:`moved_keys`: for a command line, where each moved key lives now.
 
-This module imports nothing of swalab: the identity, the config checks and the report's readers import it.
-"""
+This module imports nothing of swalab: the identity, the config checks and the report's readers import it."""
 
 from __future__ import annotations
 

@@ -14,8 +14,7 @@ Checks, all before any file or folder is created:
   a method, schedule, model or data set are checked by the object they configure, those of the trainer and
   run groups by their classes (``swalab.settings``).
 * :func:`check_overrides`: a key added on the command line with ``+`` that nothing reads is refused;
-* :func:`check_path_fits`: an output path the file system cannot hold (a name or the whole path too long).
-"""
+* :func:`check_path_fits`: an output path the file system cannot hold (a name or the whole path too long)."""
 
 from __future__ import annotations
 
@@ -103,8 +102,7 @@ def require(key: str, value: Any, kind: str, low: float | None = None, high: flo
             low_open: bool = False, high_open: bool = False) -> Any:
     """``value`` when it is of ``kind`` and in range, else ``ConfigError`` naming ``key``.
 
-    Used by methods, schedules and loaders to check their own arguments (their config keys).
-    """
+    Used by methods, schedules and loaders to check their own arguments (their config keys)."""
     error = kind_error(key, value, kind)
     if error:
         raise ConfigError(error)
@@ -283,8 +281,7 @@ def check_overrides(overrides: Sequence[str], groups: Sequence[str]) -> None:
 
     ``groups`` are the config groups (``+sweep=...`` selects one and is fine). A key added inside one
     of ``OPEN_BLOCKS`` is passed to that block's constructor, which refuses it if it has no such
-    argument; anywhere else an added key would be silently ignored, so it is refused here.
-    """
+    argument; anywhere else an added key would be silently ignored, so it is refused here."""
     errors = []
     for override in overrides:
         parts = split_override(override)
@@ -321,8 +318,7 @@ def build(node: DictConfig, key: str, **kwargs) -> Any:
     """Instantiate ``node`` (with ``kwargs`` added), naming ``<key>.<arg>`` when it has no such argument.
 
     Errors the target raises itself (``ValueError`` from a check, ``FileNotFoundError`` from a loader)
-    reach the caller unwrapped, so their messages stay as the target wrote them.
-    """
+    reach the caller unwrapped, so their messages stay as the target wrote them."""
     from hydra.utils import get_method, instantiate
 
     factory = instantiate(node, _partial_=True, _convert_="all")

@@ -27,8 +27,7 @@ id). NCCL on CUDA, gloo on CPU. Everything else follows from these rules:
   watchdog, gloo times out). Agreements travel on a gloo group on the CPU (:func:`_control_group`), so they
   never wait for the GPU's queue; a single process makes none.
 * Each rank draws its own random numbers (dropout masks, Shake-Shake coefficients: ``swalab.train.records
-  .seed_everything``); a checkpoint holds every rank's generator states, each restored on its own rank.
-"""
+  .seed_everything``); a checkpoint holds every rank's generator states, each restored on its own rank."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
     """Join the process group torchrun or an ``srun`` step describes in the environment; a no-op for one process.
 
     Under SLURM it exports torchrun's variables (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK``; those already set are kept) and joins with ``env://`` as torchrun's processes do.
-    """
+    ``LOCAL_RANK``; those already set are kept) and joins with ``env://`` as torchrun's processes do."""
     launched = launch_info()
     if not launched.enabled:
         return DistInfo()
@@ -141,8 +139,7 @@ def sync_buffers(model: nn.Module) -> None:
     """Broadcast rank 0's buffers (BatchNorm running statistics) to every rank; a no-op for one process.
 
     Weights agree after every DDP step, buffers do not: each rank's BN statistics follow its own slice of the
-    batch. Scoring after this gives every rank rank 0's network, the one rank 0 writes to ``final.pt``.
-    """
+    batch. Scoring after this gives every rank rank 0's network, the one rank 0 writes to ``final.pt``."""
     if not info().enabled:
         return
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}

@@ -15,8 +15,7 @@ et al. 2019), so numbers can be set beside either; every table says which. Top-5
 below log p ~ -103 a float32 probability is 0 and such classes would tie.
 
 Everything here scores in float32 (``swalab.precision.scoring_precision``), whatever precision the model was
-trained in: the numbers a run reports differ from another run's only through the weights.
-"""
+trained in: the numbers a run reports differ from another run's only through the weights."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ class Predictor(Protocol):
 
     A predictor computed once, when its model was at hand (``CachedLogProbs``, ``CachedEnsemble``), ignores the
     loader and returns the test set's; it says what it knows of the validation split through ``val_log_proba()``
-    (None: nothing). Every other predictor scores the validation split from its loader (:func:`val_log_probs_of`).
-    """
+    (None: nothing). Every other predictor scores the validation split from its loader (:func:`val_log_probs_of`)."""
 
     def predict_log_proba(self, loader: Iterable) -> torch.Tensor: ...
 
@@ -58,8 +56,7 @@ def predict_logits(model: nn.Module, loader: Iterable, device: torch.device) -> 
     The model's train/eval mode is restored afterwards, so scoring mid-training never leaves
     the live model in eval mode (and eval mode never touches BN running statistics).
     Data-parallel (``swalab.distributed``): call it on every rank; each scores its share of the batches
-    with rank 0's buffers and every rank gets all the logits, in the loader's order.
-    """
+    with rank 0's buffers and every rank gets all the logits, in the loader's order."""
     was_training = model.training
     distributed.sync_buffers(model)
     model.eval()
@@ -122,8 +119,7 @@ class CachedEnsemble:
 
     Adding a member costs one forward pass over the test set when it is collected (and one over the validation
     split, when there is one: ``add(test, val)``); scoring the ensemble of the first k members afterwards costs no
-    forward pass at all.
-    """
+    forward pass at all."""
 
     def __init__(self, member_log_probs: Sequence[torch.Tensor] = (),
                  member_val_log_probs: Sequence[torch.Tensor] = ()):
@@ -358,15 +354,13 @@ def metrics_table(metrics: dict[str, dict]) -> str:
 
 
 def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.device,
-                           loss_fn: Callable = F.cross_entropy,
                            labels: torch.Tensor | None = None) -> tuple[float, float]:
     """Mean loss and accuracy (%) of one network, used for the per-epoch test columns.
 
-    Pass ``labels`` when they are already known, to spare a second pass over the loader.
-    """
+    Pass ``labels`` when they are already known, to spare a second pass over the loader."""
     logits = predict_logits(model, loader, device)
     labels = labels_of(loader) if labels is None else labels
-    return float(loss_fn(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())
+    return float(F.cross_entropy(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())
 
 
 # -- the end of a run: every predictor scored the same way -----------------------------------------------------------

@@ -27,8 +27,7 @@ the files beside its ``metrics.json`` written, ``metrics.json`` not yet: ``swala
 yet: ``swalab.runlock.held_folders``).
 
 Without the variable :func:`hit` is one dictionary lookup and does nothing; never set it outside
-tests.
-"""
+tests."""
 
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ same order. Under ``run.deterministic`` the weights after a graphed run are bit-
 coefficients) come from the CUDA generator, whose offset a replay advances as the eager kernels would.
 
 ``run.cuda_graphs``: ``auto`` graphs the step wherever it can and otherwise trains eagerly, saying why once in
-run.log; ``on`` refuses to start where the step cannot be graphed; ``off`` always trains eagerly.
-"""
+run.log; ``on`` refuses to start where the step cannot be graphed; ``off`` always trains eagerly."""
 
 from __future__ import annotations
 
@@ -101,8 +100,7 @@ class GraphedStep:
     optimizer's state and the model's tensors as they were at capture, and a restore replaces the former.
 
     ``strict`` (``run.cuda_graphs=on``): a capture that fails raises; otherwise (``auto``) the step warns once,
-    names the error, and trains eagerly from then on.
-    """
+    names the error, and trains eagerly from then on."""
 
     def __init__(self, step: Step, optimizer: torch.optim.SGD, device: torch.device, strict: bool = False,
                  warmup: int = WARMUP_STEPS, note: Callable[[str], None] | None = None):

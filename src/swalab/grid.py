@@ -7,8 +7,7 @@ itself, so this works with any launcher that shares the file system) and ``summa
 
 When the grid ends, :class:`GridSummary` (a Hydra callback, ``conf/hydra/default.yaml``) prints one
 line per job and makes the command exit non-zero if any job did not finish, so a grid started from a
-script or a scheduler fails visibly instead of exiting 0 over failed jobs.
-"""
+script or a scheduler fails visibly instead of exiting 0 over failed jobs."""
 
 from __future__ import annotations
 

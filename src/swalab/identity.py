@@ -49,8 +49,7 @@ by an earlier swalab (whole keys, a weights file's or a run directory's path, a 
 is renamed by ``python -m swalab.upgrade`` (``swalab.train.plan.locate`` refuses to train its config beside it). The name uses only characters a shell and a Hydra
 override take unquoted (letters, digits and ``_ - . +``), so a run directory can be passed as
 ``model.init_from=<dir>`` as it is. When a value needs other characters, or the name grows long, the
-group hash is appended (``+id-<hash>``) so that two configs never share a name.
-"""
+group hash is appended (``+id-<hash>``) so that two configs never share a name."""
 
 from __future__ import annotations
 
@@ -262,13 +261,9 @@ def identity_hash(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(identity).encode()).hexdigest()[:12]
 
 
-def without_seed(identity: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in identity.items() if k != "seed"}
-
-
 def group_hash(identity: Mapping[str, Any]) -> str:
     """The hash of the identity minus the seed: shared by every seed of one config."""
-    return identity_hash(without_seed(identity))
+    return identity_hash({k: v for k, v in identity.items() if k != "seed"})
 
 
 def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
@@ -306,8 +301,7 @@ def settings_apart(identity: Mapping[str, Any], default: Mapping[str, Any], sour
     the key it reads (``model.swa.lr``), which is the one shown whichever of the two a user typed; ``choices`` are the group choices
     that differ from the primary config's (``schedule: cosine``), shown first as ``schedule``. The data set's
     fingerprint and the seed are not settings. Returns ``{key: value}`` in that order, sorted within each part by the
-    key shown (:func:`in_order`).
-    """
+    key shown (:func:`in_order`)."""
     out: dict[str, Any] = {str(g): v for g, v in sorted(choices.items())}
     settings: dict[str, Any] = {}
     for key in sorted(set(identity) | set(default)):
@@ -431,8 +425,7 @@ def run_name(names: Mapping[str, str], seed: Any, apart: Mapping[str, Any] | Non
     apart from its defaults (:func:`settings_apart`, the function the report's row labels come from; None when
     unknown: the name then carries the group hash); ``choices``: the chosen option of every config group (an
     experiment or sweep heads the path); ``group``: :func:`group_hash` of the run's identity; ``version``: as
-    :func:`name_items` takes it.
-    """
+    :func:`name_items` takes it."""
     head = [str(choices[g]) for g in ("experiment", "sweep") if choices.get(g) not in (None, "", "null")]
     items, exact = name_items(apart, version)
     rest = "+".join(items) or "default"

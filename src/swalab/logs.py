@@ -8,8 +8,7 @@ so each epoch ends with one line through :mod:`logging`::
 ``python run.py`` prints these lines on stdout (``conf/hydra/job_logging/swalab.yaml``); every
 accepted run also writes them, with a time stamp, to its own ``run.log`` (:func:`run_log`), so the
 record survives the terminal. A refused run writes no ``run.log``: the file is opened only once the
-run has its directory and its lock.
-"""
+run has its directory and its lock."""
 
 from __future__ import annotations
 

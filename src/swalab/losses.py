@@ -16,8 +16,7 @@ scored exactly as those trained without.
   mixup, the dominant one of the pair with it.
 
 :class:`LossSpec` holds the settings and checks them before anything is written; :meth:`LossSpec.build` makes the
-:class:`TrainingLoss` once the number of classes is known from the data.
-"""
+:class:`TrainingLoss` once the number of classes is known from the data."""
 
 from __future__ import annotations
 

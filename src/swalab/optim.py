@@ -13,8 +13,7 @@ checkpoint, so a resumed run continues with the same moments. On CUDA, SGD runs 
 
 :class:`OptimizerSpec` is what ``swalab.train`` builds from the config and checks before anything is written
 (every number finite, the ranges torch itself does not check, an argument the class does not take named by its
-key); the trainer calls it once with its model.
-"""
+key); the trainer calls it once with its model."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ When it matters: a scheduler's preemption or time limit (SIGTERM, SIGUSR1/2 unde
 (SIGINT) all pause a run the same way: the loop (``swalab.trainer``) notes the signal, writes a checkpoint at the
 step it is on and raises :class:`Preempted`, whose status goes into status.json and whose exit code run.py exits
 with; the same command continues the run. :func:`catching_pause_signals` installs the handlers for the length of a
-fit and puts the previous ones back.
-"""
+fit and puts the previous ones back."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ Four decisions live here, each in one function, so a change to one is a change t
 * :func:`deterministic`: ``run.deterministic``, what makes a GPU run repeat itself bit for bit (cuDNN's
   deterministic algorithms, torch's deterministic algorithms, a fixed cuBLAS workspace), so that a resumed
   run ends with the weights of one that ran straight through. It changes nothing on a CPU, whose kernels are
-  deterministic already.
-"""
+  deterministic already."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 When it matters: training writes these files; the report, ``model.init_from``, post-hoc averaging and the analyses
 read them back. Each takes the names from :class:`RunDir`, and reads a record through it, never through the
 package that trains. Every write is atomic (:func:`atomic_write`): a reader never opens half a file, whatever
-kills the writer. Only the main rank writes (data-parallel runs share one directory).
-"""
+kills the writer. Only the main rank writes (data-parallel runs share one directory)."""
 
 from __future__ import annotations
 
@@ -95,8 +94,7 @@ class RunDir:
         ``metrics.json`` is the one record that says a run is finished: it is written last, in one atomic step,
         so a run whose ``metrics.json`` reads back is finished whatever ``status.json`` says (a kill right after
         it was written leaves ``status: running`` behind). Raises :class:`DamagedRecord`, naming the file, when
-        it exists but does not hold one metrics dict per predictor.
-        """
+        it exists but does not hold one metrics dict per predictor."""
         path = self.path / self.METRICS
         if not path.exists():
             return None

@@ -12,8 +12,7 @@ which the holder writes into the file.
 
 What it cannot catch: the lock is on the open file, not on its path, so deleting the directory of a run that is
 still training removes the lock with it; the same command launched again makes a new ``.lock`` and trains beside
-the old process (docs/reliability.md). Stop a run before deleting its directory.
-"""
+the old process (docs/reliability.md). Stop a run before deleting its directory."""
 
 from __future__ import annotations
 
@@ -58,12 +57,6 @@ def holder_of(run_dir: str | Path) -> dict | None:
         return {}
 
 
-def describe_holder(run_dir: str | Path) -> str:
-    """``PID 12 on host a, started ...``: the process that holds (or last held) ``run_dir``'s lock, as a refusal
-    names it."""
-    return _describe(holder_of(run_dir) or {})
-
-
 def gone_holder(run_dir: str | Path) -> str | None:
     """Why no process trains ``run_dir`` now, or None when one may (a live process of this host holds its lock, or
     one of another host, which cannot be asked from here). A run whose ``status.json`` still says ``running`` and
@@ -96,8 +89,7 @@ class RunLock:
     """``with RunLock(run_dir):`` holds ``run_dir`` for this process (creating the directory if needed).
 
     ``created`` lists the directories this lock created, so a run refused after taking the lock can
-    remove them again (:meth:`discard`) and leave nothing behind.
-    """
+    remove them again (:meth:`discard`) and leave nothing behind."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
@@ -203,8 +195,8 @@ def held_folders(folders, doing: str):
             try:
                 locks.append(RunLock(folder).acquire())
             except RunLocked:
-                raise RunLocked(f"{folder} is being {doing} by another process ({describe_holder(folder)}): wait for "
-                                "it to finish, then run this command again") from None
+                raise RunLocked(f"{folder} is being {doing} by another process ({_describe(holder_of(folder) or {})}): "
+                                "wait for it to finish, then run this command again") from None
             except PermissionError as exc:
                 cause = getattr(exc.__cause__, "strerror", None) or "permission denied"
                 raise PermissionError(exc.errno, f"cannot write {folder} ({cause}): this command writes inside the run "

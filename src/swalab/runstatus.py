@@ -3,8 +3,7 @@ report's list of runs say.
 
 When it matters: the trainer writes a state, the report, ``model.init_from`` and a grid's summary read it back.
 A :class:`RunStatus` is the string on disk (``StrEnum``), so files of every version read and write the same
-words, and a state read from a file compares equal to its member.
-"""
+words, and a state read from a file compares equal to its member."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ alone against it. Two layers:
 
 Methods combine a base schedule with their own phase (SWA's constant or cyclic phase, FGE's
 triangular cycles); the trainer only ever asks a method for "the learning rate of step s of
-epoch e".
-"""
+epoch e"."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def paper_sgd_factor(t: float, final_ratio: float) -> float:
 
     ``t`` is training progress in [0, 1]: factor 1 up to t = 0.5, a linear decay to
     ``final_ratio`` between t = 0.5 and 0.9, then ``final_ratio`` to the end. With
-    ``final_ratio = swa_lr / lr_init`` this is also the reference code's pre-SWA schedule.
-    """
+    ``final_ratio = swa_lr / lr_init`` this is also the reference code's pre-SWA schedule."""
     if t <= 0.5:
         return 1.0
     if t <= 0.9:
@@ -46,8 +44,7 @@ def cyclic_swa_lr(iteration: int, a1: float, a2: float, cycle: int) -> float:
 
     ``a(i) = (1 - t(i)) a1 + t(i) a2`` with ``t(i) = (mod(i - 1, c) + 1) / c``: a sawtooth
     that decays linearly from near ``a1`` to exactly ``a2`` at the end of each cycle and then
-    jumps back. Models are captured where ``mod(i, c) == 0`` (the lr minimum).
-    """
+    jumps back. Models are captured where ``mod(i, c) == 0`` (the lr minimum)."""
     if iteration < 1:
         raise ValueError(f"cyclic_swa_lr counts iterations from 1, got {iteration}")
     t = ((iteration - 1) % cycle + 1) / cycle
@@ -59,8 +56,7 @@ def fge_cyclic_lr(epoch: int, iter_fraction: float, a1: float, a2: float, cycle:
 
     ``t = ((epoch % c) + iter_fraction) / c``; the lr goes linearly ``a1 -> a2`` over the first
     half of a cycle and ``a2 -> a1`` over the second. ``iter_fraction`` is the position in the
-    epoch in [0, 1).
-    """
+    epoch in [0, 1)."""
     t = ((epoch % cycle) + iter_fraction) / cycle
     if t < 0.5:
         return a1 * (1.0 - 2.0 * t) + a2 * 2.0 * t
@@ -82,8 +78,7 @@ def shake_shake_swa_lr(epoch: int) -> float:
     """The paper's SWA schedule for Shake-Shake (appendix), a 100-epoch cosine cycle.
 
     ``a(i) = 0.1 (1 + cos(pi (1600 + epoch mod 100) / 1800))``: the tail of the 1800-epoch
-    cosine schedule from epoch 1600, repeated every 100 epochs.
-    """
+    cosine schedule from epoch 1600, repeated every 100 epochs."""
     return 0.1 * (1.0 + math.cos(math.pi * (1600 + epoch % 100) / 1800))
 
 
@@ -92,8 +87,7 @@ def swalr_lr(step: int, swa_lr: float, lr_prev: float, anneal_epochs: int, strat
 
     ``lr = swa_lr a(t) + lr_prev (1 - a(t))``, ``t = min(1, step / anneal_epochs)``, with
     ``a(t) = t`` ("linear") or ``(1 - cos(pi t)) / 2`` ("cos"). ``step`` counts epochs since
-    SWA started, from 0. This is torch's recipe, offered as an option next to the paper's.
-    """
+    SWA started, from 0. This is torch's recipe, offered as an option next to the paper's."""
     if strategy not in ("cos", "linear"):
         raise ValueError(f"SWALR anneal strategy must be 'cos' or 'linear', got {strategy!r}")
     t = 1.0 if anneal_epochs <= 0 else min(1.0, step / anneal_epochs)
@@ -119,8 +113,7 @@ class Schedule(ABC):
     """A learning rate as a function of fractional epoch (``epoch + step / steps_per_epoch``).
 
     ``per_iteration = False`` schedules are evaluated at the integer epoch only, as in the
-    reference code, which sets the lr once at the start of each epoch.
-    """
+    reference code, which sets the lr once at the start of each epoch."""
 
     lr: float
     per_iteration: bool = False
@@ -153,8 +146,7 @@ class PaperSGD(Schedule):
     """The paper's conventional SGD schedule over ``horizon`` epochs (appendix).
 
     ``final_lr`` defaults to ``0.01 * lr``. Used as SWA's pre-averaging schedule with
-    ``horizon = swa_start`` and ``final_lr = swa_lr`` (reference code).
-    """
+    ``horizon = swa_start`` and ``final_lr = swa_lr`` (reference code)."""
 
     horizon: float = 1.0
     final_lr: float | None = None

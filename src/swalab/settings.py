@@ -4,8 +4,7 @@ When: Hydra composes the groups from these classes (stored in its ConfigStore as
 ``conf/config.yaml`` selects, on import of ``swalab``), so a value of the wrong type is refused while composing
 (:func:`typed_errors` says so in swalab's words first); ``swalab.train`` instantiates them, which checks each range
 (``problems``), and hands the loop both as :class:`TrainerOptions`. A setting given as an integer or a fraction is
-typed ``Any``: a run's identity holds it as typed.
-"""
+typed ``Any``: a run's identity holds it as typed."""
 
 from __future__ import annotations
 

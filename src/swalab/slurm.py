@@ -11,8 +11,7 @@ and ``scontrol``, never from guesses:
   requeue (its time-limit/preemption signal, USR2 or ``SUBMITIT_PREEMPT_SIGNAL``) is ``requeued`` too.
 * **Which process is which?** :func:`task_env` reads an ``srun`` task's rank, task count, local rank and
   node list (``swalab.distributed.init_distributed`` joins the process group from it).
-* **Where is rank 0?** :func:`first_host` expands a node list (``node[01-04]``) with ``scontrol``.
-"""
+* **Where is rank 0?** :func:`first_host` expands a node list (``node[01-04]``) with ``scontrol``."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def stop_status(signum: int | None, default: str, env: Mapping[str, str] = os.en
                 record: Mapping[str, str] | None = None) -> str:
     """The state a run stopped by ``signum`` records: ``requeued``, ``cancelled``, or ``default``.
 
-    ``record`` is the job's ``scontrol show job`` record (read when not given).
-    """
+    ``record`` is the job's ``scontrol show job`` record (read when not given)."""
     if signum is not None and requeued_by_launcher(signum):
         return RunStatus.REQUEUED
     job = job_id(env)
@@ -111,8 +109,7 @@ def task_env(env: Mapping[str, str] = os.environ) -> TaskEnv | None:
     Only a job *step* counts: a batch script also sees ``SLURM_NTASKS`` but runs once, and would wait for
     ranks that never start. The rules are submitit's (``TorchDistributedEnvironment``): rank
     ``SLURM_PROCID``, local rank ``SLURM_LOCALID``, rank 0 on the first node of the step's node list, and
-    ``MASTER_PORT`` when set, else a port in [20000, 60000] drawn from the job id (the same in every task).
-    """
+    ``MASTER_PORT`` when set, else a port in [20000, 60000] drawn from the job id (the same in every task)."""
     tasks = int(env.get("SLURM_STEP_NUM_TASKS") or 1)
     if tasks <= 1 or "SLURM_PROCID" not in env:
         return None

@@ -5,8 +5,7 @@ submitit follows its jobs with ``sacct``. Many small clusters run without SLURM'
 prints three warnings. On such a cluster :func:`watch_jobs` has submitit follow the jobs with ``squeue``
 instead (:class:`SqueueWatcher`), which needs no database; jobs that have left the queue count as
 finished, and submitit then reads their results as usual. Where accounting is on, nothing changes.
-Requires the optional dependency ``hydra-submitit-launcher`` (``pip install -e .[slurm]``).
-"""
+Requires the optional dependency ``hydra-submitit-launcher`` (``pip install -e .[slurm]``)."""
 
 from __future__ import annotations
 

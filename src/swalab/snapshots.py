@@ -17,8 +17,7 @@ no result, so ``run.snapshots`` is no part of a run's identity (the ``run`` grou
 the live weights after every optimizer step (``swalab.powerema``) and writes them into every snapshot as
 ``"powerema": {"t": steps averaged, "sigma_rels": {label: width}, "averages": {label: state dict}}``, from which
 ``python -m swalab.posthoc --powerema`` rebuilds any other width. They change no trained weight either: no part of the
-identity. A checkpoint carries them (:meth:`SnapshotWriter.state_dict`), so a resumed run continues them exactly.
-"""
+identity. A checkpoint carries them (:meth:`SnapshotWriter.state_dict`), so a resumed run continues them exactly."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ loop (``swalab.trainer``) calls it eagerly, or replays it from a CUDA graph (``s
 A NaN or Inf loss: with ``trainer.nonfinite=stop`` (the default) the loop records the first bad step on the device and
 reads it once per epoch (:func:`first_bad_step`), then stops with :class:`NonFiniteLossError`; with ``skip`` it reads
 the loss every step and drops the bad ones (:func:`skip_nonfinite`), up to ``trainer.max_skips``. Under data
-parallelism every rank takes the same decision (``swalab.distributed.agree``).
-"""
+parallelism every rank takes the same decision (``swalab.distributed.agree``)."""
 
 from __future__ import annotations
 

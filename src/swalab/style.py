@@ -10,8 +10,7 @@
   titled by what sets it apart (:func:`panel_titles`), never by a path; what all panels share is the figure's title;
 * a band is named in the legend (:data:`BAND`).
 
-Matplotlib runs with its Agg backend (no display) and without LaTeX.
-"""
+Matplotlib runs with its Agg backend (no display) and without LaTeX."""
 
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ in ``<run>/wandb_run.json`` (:data:`RECORD_FILE`), a resumed run continues that 
 (``resume="allow"``), and the epochs W&B already holds are not sent again.
 
 An unreachable server costs at most ``init_timeout`` seconds: an ``online`` run that cannot
-start within it is mirrored offline instead (``wandb sync`` uploads it later, into the same run).
-"""
+start within it is mirrored offline instead (``wandb sync`` uploads it later, into the same run)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class WandbTracker(NullTracker):
     """A W&B run that degrades to doing nothing, with one warning, when W&B misbehaves.
 
     ``run_id`` continues that W&B run when it exists (a resumed swalab run); ``logged_through`` is
-    the last epoch W&B already holds, so :meth:`log_epoch` skips what was sent before a preemption.
-    """
+    the last epoch W&B already holds, so :meth:`log_epoch` skips what was sent before a preemption."""
 
     def __init__(self, project: str, run_dir: str | Path, run_config: dict, mode: str = "offline",
                  entity: str | None = None, group: str | None = None, tags: list[str] | None = None,
@@ -222,8 +220,7 @@ def run_labels(dataset: str, model: str, method: str, seed: Any, apart: Sequence
     ``schedule-cosine``, ``trainer.epochs-6``); ``group``: the identity's group hash
     (``swalab.identity.group_hash``: every seed of one config shares it); ``grid``: the grid launch's
     record directory name (``<date_time>``), None for a single run. Names and groups longer than W&B
-    keeps end in ``…`` after the last item that fits; the group hash keeps groups apart.
-    """
+    keeps end in ``…`` after the last item that fits; the group hash keeps groups apart."""
     def fit(items: Sequence[str], room: int, sep: str) -> str:
         text = ""
         for item in items:

@@ -15,8 +15,7 @@ ends with the same weights as one that ran straight through. On a GPU that takes
 The step is free of host syncs unless something asks for one: no value is read back from the device
 inside it when no progress bar is shown (``trainer.nonfinite=skip`` reads the loss each step, by its nature).
 Under data parallelism every decision that changes what the ranks do next (skip a step, pause for a signal)
-is agreed across them first (``swalab.distributed.agree``); a single process makes no collective for it.
-"""
+is agreed across them first (``swalab.distributed.agree``); a single process makes no collective for it."""
 
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ Each run is rewritten on its own: every new file is written beside the old one f
 replaced (``os.replace``). The records naming renamed runs are rewritten first, and each run's directory is renamed
 before its files are replaced (:func:`apply`), so a kill leaves each run old or new, or part done in a way the same
 command again finishes, and a second invocation reports nothing to do. Without
-``--write`` nothing is written.
-"""
+``--write`` nothing is written."""
 
 from __future__ import annotations
 
@@ -49,10 +48,6 @@ from swalab.methods.fge import member_file
 from swalab.methods.swa import val_file
 from swalab.rundir import RunDir, read_json
 
-# Folders inside a run directory that hold no run of their own: the walk does not enter them.
-INSIDE_A_RUN = (RunDir.CHECKPOINTS, RunDir.MEMBERS, RunDir.WANDB, RunDir.SNAPSHOTS, RunDir.POSTHOC, RunDir.SCORES)
-
-
 TEMP_SUFFIX = ".upgrade.tmp"  # a new file written beside the one it replaces, until it replaces it
 
 
@@ -76,7 +71,7 @@ class Upgrade:
 
 def run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """Every run directory at or below ``paths`` (one holding ``identity.json`` or the ``config.yaml`` of a run),
-    sorted; the folders inside a run (``INSIDE_A_RUN``) are not entered."""
+    sorted; the folders inside a run are not entered."""
     found: list[Path] = []
     for top in map(Path, paths):
         if not top.is_dir():

@@ -3,8 +3,7 @@
 Hydra instantiates launchers only from the ``hydra_plugins`` package, and imports every module there at
 start-up, so this one stays light: submitit and its Hydra plugin are imported only when a grid is launched.
 The work is done by the plugin's own launcher (``hydra-submitit-launcher``); see ``swalab.slurm_launcher``
-for what is added.
-"""
+for what is added."""
 
 from __future__ import annotations
 

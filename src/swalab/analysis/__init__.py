@@ -11,5 +11,4 @@ Each module is a command (``python -m swalab.analysis.<name> --help``) that writ
 
 Supporting modules: ``weights`` (state dicts as parameter vectors, BN buffers kept apart),
 ``probe`` (score one point, resumable result log), ``loading`` (a run's model, data, weights),
-``plots`` (the figures).
-"""
+``plots`` (the figures)."""

@@ -8,8 +8,7 @@ which none scored it is that one line as an error, and nothing is written. Error
 
 Usage::
 
-    python -m swalab.analysis.curves RUN [RUN ...] [--labels A B ...] [--only swa|sgd] --out fig.png
-"""
+    python -m swalab.analysis.curves RUN [RUN ...] [--labels A B ...] [--only swa|sgd] --out fig.png"""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
+from swalab.cli import output_file, run_command
 from swalab.rundir import RunDir
 
 
@@ -65,8 +65,6 @@ def main(argv=None) -> list:
     p.add_argument("--title", default="", help="figure title")
     p.add_argument("--out", required=True, help="PNG file to write")
     args = p.parse_args(argv)
-    from swalab.cli import output_file
-
     output_file(args.out, "--out")  # checked before any work, as every tool checks where it writes
     if args.labels and len(args.labels) != len(args.runs):
         p.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
@@ -92,6 +90,4 @@ def main(argv=None) -> list:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.analysis")

@@ -4,8 +4,7 @@ Used by every analysis command. The run is opened with :func:`swalab.results.run
 run directories), which rebuilds the model and the data exactly as the run trained them; weight specs
 (``<run dir>[:swa]``, ``<run dir>@<epoch>``, a ``.pt`` file) are read by :func:`swalab.results.runs.load_weights`.
 A :class:`Study` gathers what every command shares: the options, the loaders, a :class:`Probe` factory
-and the settings recorded with each result log.
-"""
+and the settings recorded with each result log."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ class AnalysisData:
 
     ``train_eval`` and ``test`` are un-augmented, in a fixed order (for losses and errors);
     ``bn`` is the augmented training subset used to recompute BatchNorm statistics (the same pass
-    ``update_bn`` makes after training). ``train_size`` / ``test_size`` are the images each holds.
-    """
+    ``update_bn`` makes after training). ``train_size`` / ``test_size`` are the images each holds."""
 
     train_eval: object
     test: object

@@ -14,8 +14,7 @@ Usage (w1, w2, w3 and --point take weight specs, see :mod:`swalab.analysis.loadi
         --grid 21 --margin 0.2 --train-size 1000 --test-size 1000 --out DIR
 
 Writes ``DIR/plane.jsonl`` (one line per grid point as it is evaluated; a re-run skips those),
-``DIR/plane.npz`` (grid, surfaces, projected points) and ``DIR/plane.png``.
-"""
+``DIR/plane.npz`` (grid, surfaces, projected points) and ``DIR/plane.png``."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from swalab.analysis import plots
 from swalab.checkpoint import CheckpointStore
 from swalab.analysis.loading import add_common_arguments, load_weights, open_study, run_of
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
+from swalab.cli import run_command
 
 METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
 
@@ -171,6 +171,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.analysis")

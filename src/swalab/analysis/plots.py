@@ -2,8 +2,7 @@
 
 Each function takes plain arrays (as stored in the analyses' ``.npz`` files), so a figure can be
 redrawn from saved data without evaluating anything again. SWA and SGD have the colours they have in the report's
-figures (``swalab.style``), and epochs are whole.
-"""
+figures (``swalab.style``), and epochs are whole."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
     """Filled contours of each surface (``{label: [len(ys), len(xs)]}``) over the plane's grid.
 
     ``points`` (the three defining weights, and any others named) are black crosses with labels;
-    ``trajectory`` maps a name to ``[k, 2]`` projected coordinates, drawn as a dotted path.
-    """
+    ``trajectory`` maps a name to ``[k, 2]`` projected coordinates, drawn as a dotted path."""
     n = len(surfaces)
     aspect = float(np.ptp(ys) / np.ptp(xs)) if np.ptp(xs) > 0 else 1.0
     height = float(np.clip(4.4 * aspect + 1.4, 2.8, 7.0))  # equal-aspect panels: size the figure to them
@@ -72,8 +70,7 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
     """Train loss and test error against distance along random rays (paper Fig. 4).
 
     ``curves[start][metric]`` is ``[directions, len(distances)]``; each start (``swa``, ``sgd``) gets
-    one colour, one thin line per direction.
-    """
+    one colour, one thin line per direction."""
     colours = {start: style.color_of(start) for start in curves}  # SWA and SGD as in every swalab figure
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (metric, label) in zip(axes, [("train_loss", "train loss (CE + L2)"), ("test_err", "test error (%)")]):
@@ -114,15 +111,14 @@ def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarr
     return _save(fig, path)
 
 
-def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarray]],
-                  ylabel: str = "test error (%)", title: str = "") -> Path:
+def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarray]], title: str = "") -> Path:
     """Test error against epoch, one line per ``(label, epochs, values)`` (paper Figs. 6 and 7)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, epochs, values in curves:
         ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith(SGD_ITERATE) else "-")
     ax.set_xlabel("epoch")
     style.whole_ticks(ax.xaxis)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel("test error (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:

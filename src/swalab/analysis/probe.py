@@ -9,8 +9,7 @@ the pass the trainer makes for SWA); without it the reference state's buffers ar
 :class:`ResultLog` is a JSON-lines file with one line per evaluated point, flushed as soon as the
 point is done. A killed analysis re-run with the same ``--out`` skips every point already there, so
 long CPU grids can be stopped and resumed; the header line stores the settings and a second run
-with other settings is refused rather than mixing two surfaces in one file.
-"""
+with other settings is refused rather than mixing two surfaces in one file."""
 
 from __future__ import annotations
 

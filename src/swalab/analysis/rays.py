@@ -13,8 +13,7 @@ Usage::
 ``--swa`` / ``--sgd`` take other weight specs (e.g. ``--sgd OTHER_RUN`` for a conventionally
 trained SGD run, as in the paper; by default both come from the SWA run's ``final.pt``, where
 "sgd" is the last iterate of the SWA phase). Writes ``DIR/rays.jsonl`` (resumable), ``DIR/rays.npz``
-and ``DIR/rays.png``.
-"""
+and ``DIR/rays.png``."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ from swalab.analysis.loading import add_common_arguments, add_solution_arguments
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.analysis.weights import random_unit_directions
+from swalab.cli import run_command
 
 
 def evaluate_rays(starts: dict[str, tuple], directions, distances: np.ndarray, probe: Probe, log: ResultLog,
@@ -86,6 +86,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.analysis")

@@ -11,8 +11,7 @@ Usage::
         --train-size 1000 --test-size 1000 --out DIR
 
 Writes ``DIR/segment.jsonl`` (resumable), ``DIR/segment.npz`` and ``DIR/segment.png``. Without
-``--bn-update`` each point keeps the BN statistics of the nearer end (SWA for t < 0.5).
-"""
+``--bn-update`` each point keeps the BN statistics of the nearer end (SWA for t < 0.5)."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from swalab.analysis import plots
 from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
+from swalab.cli import run_command
 
 
 def segment_ts(t_min: float, t_max: float, points: int) -> np.ndarray:
@@ -89,6 +89,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.analysis")

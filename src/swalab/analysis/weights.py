@@ -9,8 +9,7 @@ buffers are a placeholder; recompute them (``update_bn``, the analyses' ``--bn-u
 trusting any metric of a point that is not one of the saved solutions.
 
 Vectors are float64 on the CPU, so that projections of nearby points (SWA iterates differ little)
-keep their precision.
-"""
+keep their precision."""
 
 from __future__ import annotations
 
@@ -54,15 +53,14 @@ class ParamSpace:
         params = set(self.names)
         return {k: v for k, v in state.items() if k not in params}
 
-    def to_state(self, vector: torch.Tensor, buffers: dict[str, torch.Tensor],
-                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    def to_state(self, vector: torch.Tensor, buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A full state dict: parameters from ``vector``, everything else copied from ``buffers``."""
         if vector.numel() != self.dim:
             raise ValueError(f"vector has {vector.numel()} entries, the model has {self.dim} parameters")
         state, start = {}, 0
         for name, shape in zip(self.names, self.shapes):
             n = int(torch.Size(shape).numel())
-            state[name] = vector[start:start + n].reshape(shape).to(dtype).clone()
+            state[name] = vector[start:start + n].reshape(shape).to(torch.float32).clone()
             start += n
         state.update({k: v.clone() for k, v in buffers.items()})
         return state

@@ -8,8 +8,7 @@ instead. ``<cache>`` is ``run.cache_dir`` when set, else :func:`default_cache_di
 read-only or shared. ``<root key>`` is a hash of the data folder's absolute path, so two folders of the
 same name never share a file. The file is written to a temporary name in the same folder and then renamed with
 ``os.replace`` (atomic on POSIX), so several jobs starting together on a shared file system either see
-no cache or a complete one, never half a file; at worst each of them decodes once.
-"""
+no cache or a complete one, never half a file; at worst each of them decodes once."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def cache_path(root: Path, name: str, layout: str, cache_dir: str | Path | None 
 
     ``variant``, a short hash of the chosen files and decode options, gives every subset (``train_size``
     / ``test_size``) and every decode setting its own file: ``<name>-<root key>-<layout>-<variant>-v2.pt``.
-    A subset and the full set therefore never overwrite each other's cache when runs alternate.
-    """
+    A subset and the full set therefore never overwrite each other's cache when runs alternate."""
     stem = f"{name}-{root_key(root)}-{layout}" + (f"-{variant}" if variant else "")
     return cache_root(cache_dir) / f"{stem}-v{CACHE_FORMAT_VERSION}.pt"
 
@@ -64,8 +62,7 @@ def load_cache(path: Path, source: dict[str, Any], keys: tuple[str, ...] = ()) -
     A missing file returns ``None`` quietly. A file that cannot be loaded, has another
     ``format_version``, lacks a key (of :data:`CACHE_KEYS` or the loader's own ``keys``), or was built
     from other source files (``source`` differs) also returns ``None``, with a warning saying why, so the
-    caller rebuilds and overwrites it.
-    """
+    caller rebuilds and overwrites it."""
     if not path.is_file():
         return None
     try:
@@ -78,22 +75,16 @@ def load_cache(path: Path, source: dict[str, Any], keys: tuple[str, ...] = ()) -
         return None
     version = obj.get("format_version")
     if version != CACHE_FORMAT_VERSION:
-        warnings.warn(
-            f"decode cache {path} has format_version {version!r} but this swalab reads version "
-            f"{CACHE_FORMAT_VERSION}; rebuilding it",
-            stacklevel=3,
-        )
+        warnings.warn(f"decode cache {path} has format_version {version!r} but this swalab reads version "
+                      f"{CACHE_FORMAT_VERSION}; rebuilding it", stacklevel=3)
         return None
     missing = [k for k in (*CACHE_KEYS, *keys) if k not in obj]
     if missing:
         warnings.warn(f"decode cache {path} lacks {missing}; rebuilding it", stacklevel=3)
         return None
     if obj["source"] != source:
-        warnings.warn(
-            f"decode cache {path} was built from other files than those now under the data folder "
-            f"(images added, removed or modified since); rebuilding it",
-            stacklevel=3,
-        )
+        warnings.warn(f"decode cache {path} was built from other files than those now under the data folder "
+                      f"(images added, removed or modified since); rebuilding it", stacklevel=3)
         return None
     return obj
 
@@ -102,8 +93,7 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
     """Write ``payload`` (which gets ``format_version`` added) atomically to ``path``.
 
     Returns ``False`` with a warning, instead of raising, when the folder is not writable (a read-only
-    data mount, a full disk): the caller already has the data, it only loses the speed-up next time.
-    """
+    data mount, a full disk): the caller already has the data, it only loses the speed-up next time."""
     payload = {"format_version": CACHE_FORMAT_VERSION, **payload}
     tmp = None
     try:
@@ -116,12 +106,9 @@ def save_cache(path: Path, payload: dict[str, Any]) -> bool:
         tmp = None
         return True
     except OSError as err:
-        warnings.warn(
-            f"cannot write decode cache {path} ({type(err).__name__}: {err}); continuing without it, so the "
-            f"images will be decoded again on the next load. Point run.cache_dir at a writable folder to "
-            f"cache them",
-            stacklevel=3,
-        )
+        warnings.warn(f"cannot write decode cache {path} ({type(err).__name__}: {err}); continuing without it, so the "
+                      f"images will be decoded again on the next load. Point run.cache_dir at a writable folder to "
+                      f"cache them", stacklevel=3)
         return False
     finally:
         if tmp is not None:
@@ -138,8 +125,7 @@ def cached(path: Path | None, source: dict[str, Any], build: Callable[[], dict[s
 
     ``path=None`` (caching off) always builds and saves nothing. The saved file holds ``source`` too,
     so :func:`load_cache` can tell later whether it still describes the files on disk; ``keys`` are the
-    payload entries beyond :data:`CACHE_KEYS` that a usable file must hold.
-    """
+    payload entries beyond :data:`CACHE_KEYS` that a usable file must hold."""
     if path is not None:
         hit = load_cache(path, source, keys)
         if hit is not None:

@@ -12,8 +12,7 @@ Two layouts are accepted under ``dataset.root``; which one is used is decided by
 
 If both are present the pickles win (exact pixels). If neither is, ``download=True`` asks torchvision
 to fetch the pickles; without internet access that fails with a message saying how else to get them.
-Nothing is downloaded at import time.
-"""
+Nothing is downloaded at import time."""
 
 from __future__ import annotations
 
@@ -48,14 +47,11 @@ class _CifarSpec:
 
 
 _SPECS = {
-    "cifar10": _CifarSpec(
-        "cifar10", "CIFAR-10", 10, "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
-        "test_batch", "batches.meta", "labels", "label_names", "CIFAR10",
-    ),
-    "cifar100": _CifarSpec(
-        "cifar100", "CIFAR-100", 100, "cifar-100-python", ("train",),
-        "test", "meta", "fine_labels", "fine_label_names", "CIFAR100",
-    ),
+    "cifar10": _CifarSpec("cifar10", "CIFAR-10", 10, "cifar-10-batches-py",
+                          tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta", "labels",
+                          "label_names", "CIFAR10"),
+    "cifar100": _CifarSpec("cifar100", "CIFAR-100", 100, "cifar-100-python", ("train",),
+                           "test", "meta", "fine_labels", "fine_label_names", "CIFAR100"),
 }
 IMAGE_SIZE = (32, 32)
 
@@ -118,15 +114,11 @@ def _read_batch(path: Path, spec: _CifarSpec) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"CIFAR pickle {path}: 'data' must hold uint8 pixel values, got {data.dtype}")
         data = data.astype(np.uint8)
     if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"CIFAR pickle {path}: {spec.label_key!r} must be {len(data)} integers (one per image), "
-            f"got {labels.dtype} of shape {labels.shape}"
-        )
+        raise ValueError(f"CIFAR pickle {path}: {spec.label_key!r} must be {len(data)} integers (one per image), "
+                         f"got {labels.dtype} of shape {labels.shape}")
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
-        raise ValueError(
-            f"CIFAR pickle {path}: labels range over [{labels.min()}, {labels.max()}] but {spec.title} "
-            f"has classes 0..{spec.num_classes - 1} (is this a {spec.title} file?)"
-        )
+        raise ValueError(f"CIFAR pickle {path}: labels range over [{labels.min()}, {labels.max()}] but {spec.title} "
+                         f"has classes 0..{spec.num_classes - 1} (is this a {spec.title} file?)")
     return data, labels.astype(np.int64)
 
 
@@ -142,8 +134,7 @@ def read_cifar_pickles(pickle_dir: str | Path, name: str) -> tuple[DataSplit, Da
     """Read torchvision's CIFAR pickles from ``pickle_dir`` into ``(train, test, classes)``.
 
     Each file that is missing, damaged, or holds the wrong shape or out-of-range labels raises an
-    error naming it. CIFAR-100 uses the 100 fine labels.
-    """
+    error naming it. CIFAR-100 uses the 100 fine labels."""
     spec = _spec(name)
     pickle_dir = Path(pickle_dir)
     meta_path = pickle_dir / spec.meta_file
@@ -172,8 +163,7 @@ def _download(root: Path, spec: _CifarSpec, root_arg: str | Path) -> None:
 
     A failed download (no internet, a checksum error) must not leave an empty or half-filled
     ``dataset.root`` behind: the next run would then find a folder that looks like data. Only folders
-    that did not exist before the attempt are removed; a ``root`` that already existed is left as is.
-    """
+    that did not exist before the attempt are removed; a ``root`` that already existed is left as is."""
     import torchvision.datasets  # imported here: only a download needs it
 
     dataset_class = getattr(torchvision.datasets, spec.torchvision_class)
@@ -213,15 +203,12 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
 
     Subsets are chosen from the file listing (:func:`~swalab.data.folder.select_files`) before anything
     is decoded. The whole folder is cached as ``<name>-folder-v2.pt``; a subset in its own small file
-    named by a hash of the chosen files, so the two never replace each other.
-    """
+    named by a hash of the chosen files, so the two never replace each other."""
     classes, files = list_image_folder(root)
     if len(classes) != spec.num_classes:
         shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
-        raise ValueError(
-            f"{root / 'train'} has {len(classes)} class folders ({shown}) but {spec.title} has "
-            f"{spec.num_classes}: is dataset.root pointing at the right data set?"
-        )
+        raise ValueError(f"{root / 'train'} has {len(classes)} class folders ({shown}) but {spec.title} has "
+                         f"{spec.num_classes}: is dataset.root pointing at the right data set?")
     chosen = select_files(files, train_size, test_size, seed, val_size, classes)
     record = record or folder_record(root, SPLITS, IMAGE_EXTENSIONS, cache_dir)
     source = {"layout": "folder", "num_files": sum(len(v) for v in files.values()), "fingerprint": record["fingerprint"]}
@@ -239,14 +226,10 @@ def _load_image_folder(root: Path, spec: _CifarSpec, cache: bool, cache_dir: Pat
 
     path = cache_path(root, spec.name, "folder", cache_dir, variant) if cache else None
     got, note = cached(path, source, decode, keys=("val_images", "val_labels") if "val" in chosen else ())
-    return (
-        DataSplit(images=got["train_images"], labels=got["train_labels"]),
-        DataSplit(images=got["test_images"], labels=got["test_labels"]),
-        DataSplit(images=got["val_images"], labels=got["val_labels"]) if "val" in chosen else None,
-        list(got["classes"]),
-        record,
-        note,
-    )
+    return (DataSplit(images=got["train_images"], labels=got["train_labels"]),
+            DataSplit(images=got["test_images"], labels=got["test_labels"]),
+            DataSplit(images=got["val_images"], labels=got["val_labels"]) if "val" in chosen else None,
+            list(got["classes"]), record, note)
 
 
 @records_files(files_record)
@@ -277,8 +260,7 @@ def load_cifar(name: str, root: str | Path, download: bool = True, train_size: i
         RuntimeError: the download failed (folders the attempt created are removed again).
         ValueError: damaged files, wrong shapes, out-of-range labels, empty class folders, a class
             count that does not match ``name``, or a ``train_size``/``test_size`` that is not an integer
-            in range; the message names the file, folder or key.
-    """
+            in range; the message names the file, folder or key."""
     spec = _spec(name)
     root_arg = root
     root = Path(root).expanduser().resolve()

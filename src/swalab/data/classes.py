@@ -4,8 +4,7 @@ When and why: the SWAG paper's split-class CIFAR-10 trains on five classes and s
 against them as out-of-distribution (``python -m swalab.results.score <run> --ood other-classes``, docs/shift.md).
 ``dataset.classes`` lists the class indices kept (in the data set's label order); every split keeps only their images,
 relabelled 0..k-1 in the order given, and the network gets k outputs. The data set's own caps
-(``dataset.train_size``, ``test_size``, ``val_size``) are taken first, over all its classes.
-"""
+(``dataset.train_size``, ``test_size``, ``val_size``) are taken first, over all its classes."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ the package is never imported), ``pip install 'swalab[frost]'``; without it, ask
 
 A corrupted split is a function of the test images, the corruption, the severity and the seed (``SEED`` unless
 given): it is cached in the cache directory (``swalab.data.cache``; ``run.cache_dir`` moves it) under a name of
-those four, and carries a fingerprint (sha256 of its pixels) that the scores record.
-"""
+those four, and carries a fingerprint (sha256 of its pixels) that the scores record."""
 
 from __future__ import annotations
 

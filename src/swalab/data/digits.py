@@ -3,8 +3,7 @@
 1,797 grey-scale 8x8 images of the digits 0-9 ship inside the scikit-learn package, so this data set
 needs no download and no data folder. It is what the shipped default config, the smoke tests and the
 end-to-end tests train on: a few seconds on a CPU are enough to see SGD, SWA and FGE differ. It says
-nothing about CIFAR-scale accuracy; use it to check that the machinery runs, not to reproduce the paper.
-"""
+nothing about CIFAR-scale accuracy; use it to check that the machinery runs, not to reproduce the paper."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     normalisation code (``x / 255``) serves every data set.
 
     ``test_fraction`` of the 1,797 images are held out as the test set (stratified by class), always with seed 0,
-    so the test set is the same for every run and seed. The caps: ``swalab.data``'s module doc.
-    """
+    so the test set is the same for every run and seed. The caps: ``swalab.data``'s module doc."""
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
 
@@ -50,21 +48,13 @@ def load_digits(train_size: int | None = None, seed: int = 0, test_fraction: flo
     bunch = sklearn_digits()
     images = torch.from_numpy(np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
-    train_idx, test_idx = train_test_split(
-        np.arange(len(labels)), test_size=test_fraction, stratify=bunch.target, random_state=SPLIT_SEED
-    )
+    train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=test_fraction, stratify=bunch.target,
+                                           random_state=SPLIT_SEED)
     train_idx, test_idx = torch.from_numpy(np.sort(train_idx)), torch.from_numpy(np.sort(test_idx))
     train = DataSplit(images=images[train_idx], labels=labels[train_idx])
     test = DataSplit(images=images[test_idx], labels=labels[test_idx])
     classes = [str(d) for d in range(10)]
     train, val = split_off_val(train, val_size, classes)
-    return ImageData(
-        name="digits",
-        train=subset(train, train_size, seed, what=after_val("the training split", val)),
-        val=val,
-        test=cap_test_split(test, test_size),
-        num_classes=10,
-        classes=classes,
-        channels=1,
-        record=record or files_record(),
-    )
+    return ImageData(name="digits", train=subset(train, train_size, seed, what=after_val("the training split", val)),
+                     val=val, test=cap_test_split(test, test_size), num_classes=10, classes=classes, channels=1,
+                     record=record or files_record())

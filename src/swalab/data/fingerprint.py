@@ -19,8 +19,7 @@ A weights file is identified the same way, by its content (:func:`weights_finger
 since a trained file keeps its size, its start and often its end), never by its path.
 
 The cache lives in the user's cache directory (:func:`swalab.data.cache.default_cache_dir`), never in the
-data folder, which is often read-only or shared.
-"""
+data folder, which is often read-only or shared."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ standard label order. Every image is decoded once with PIL to RGB or grayscale (
 decoding tens of thousands of small files is slow (the loaders cache the result, see
 :mod:`swalab.data.cache`), so decoding runs in a small thread pool (PIL releases the GIL while it
 decodes), and a loader that needs only a subset chooses its files first (:func:`select_files`, from
-the listing alone) and decodes only those.
-"""
+the listing alone) and decodes only those."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageMode
 
+from .fingerprint import _class_folders, _files  # the one listing of class folders and their files
 from .splits import TEST_SUBSET_SEED, DataSplit, hold_out, subset_indices
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
@@ -31,18 +31,6 @@ def has_image_folder(root: Path) -> bool:
     return any((root / s).is_dir() for s in SPLITS)
 
 
-def _class_dirs(split_dir: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
-
-
-def _image_files(class_dir: Path) -> list[str]:
-    return sorted(
-        e.name
-        for e in os.scandir(class_dir)
-        if not e.name.startswith(".") and e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file()
-    )
-
-
 def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
     """List the classes and the ``(file path, label)`` pairs of both splits, checking the layout.
 
@@ -50,43 +38,35 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     make listing and fingerprinting a cached data set several times slower than reading its cache.
 
     Raises ``FileNotFoundError`` when ``root`` or a split is missing and ``ValueError`` when a class
-    folder is empty or the two splits have different class folders; each message names the folder.
-    """
+    folder is empty or the two splits have different class folders; each message names the folder."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(
-            f"image folder {root} does not exist or is not a folder: set dataset.root=DIR to the folder "
-            f"holding train/<class>/* and test/<class>/*"
-        )
+        raise FileNotFoundError(f"image folder {root} does not exist or is not a folder: set dataset.root=DIR to the "
+                                f"folder holding train/<class>/* and test/<class>/*")
     missing = [s for s in SPLITS if not (root / s).is_dir()]
     if missing:
         present = [s for s in SPLITS if s not in missing]
-        raise FileNotFoundError(
-            f"image folder {root} has {', '.join(f'{s}/' for s in present) or 'no split folders'} but no "
-            f"{' or '.join(f'{s}/' for s in missing)}: the image-folder layout needs both "
-            f"{root / 'train'}/<class>/* and {root / 'test'}/<class>/*"
-        )
-    classes = _class_dirs(root / "train")
+        raise FileNotFoundError(f"image folder {root} has {', '.join(f'{s}/' for s in present) or 'no split folders'} "
+                                f"but no {' or '.join(f'{s}/' for s in missing)}: the image-folder layout needs both "
+                                f"{root / 'train'}/<class>/* and {root / 'test'}/<class>/*")
+    classes = _class_folders(root / "train")
     if not classes:
         raise ValueError(f"{root / 'train'} holds no class folders; expected {root / 'train'}/<class>/<image>")
-    test_classes = _class_dirs(root / "test")
+    test_classes = _class_folders(root / "test")
     if test_classes != classes:
         only_train = sorted(set(classes) - set(test_classes))
         only_test = sorted(set(test_classes) - set(classes))
-        raise ValueError(
-            f"train/ and test/ under {root} have different class folders: "
-            f"only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}"
-        )
+        raise ValueError(f"train/ and test/ under {root} have different class folders: "
+                         f"only in train/: {only_train or 'none'}; only in test/: {only_test or 'none'}")
     files: dict[str, list[tuple[str, int]]] = {}
     for split in SPLITS:
         pairs = []
         for label, name in enumerate(classes):
             class_dir = root / split / name
-            names = _image_files(class_dir)
+            names = [e.name for e in _files(class_dir, IMAGE_EXTENSIONS)]
             if not names:
-                raise ValueError(
-                    f"class folder {class_dir} is empty: it holds no image files ({', '.join(IMAGE_EXTENSIONS)})"
-                )
+                raise ValueError(f"class folder {class_dir} is empty: it holds no image files "
+                                 f"({', '.join(IMAGE_EXTENSIONS)})")
             if max_per_class is not None:
                 names = names[:max_per_class]
             prefix = os.path.join(class_dir, "")
@@ -95,10 +75,9 @@ def list_image_folder(root: Path, max_per_class: int | None = None) -> tuple[lis
     return classes, files
 
 
-def select_files(
-    files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int,
-    val_size: int | float | None = None, classes: list[str] | None = None,
-) -> dict[str, list[tuple[str, int]]]:
+def select_files(files: dict[str, list[tuple[str, int]]], train_size: int | None, test_size: int | None, seed: int,
+                 val_size: int | float | None = None,
+                 classes: list[str] | None = None) -> dict[str, list[tuple[str, int]]]:
     """The files a load decodes: ``train_size`` of the training files and ``test_size`` of the test files, and
     with ``val_size`` a validation split (key ``val``) held out of the training files first.
 
@@ -109,8 +88,7 @@ def select_files(
     :func:`~swalab.data.splits.hold_out`'s (the same for every seed); the training subset is then drawn from
     the files left, seeded by ``seed``; the test subset always by :data:`~swalab.data.splits.TEST_SUBSET_SEED`, so
     every run seed is scored on the same test images. ``None`` keeps a split whole (the same list is returned).
-    ``classes`` name the classes in errors.
-    """
+    ``classes`` name the classes in errors."""
     chosen = {}
     train = files["train"]
     held = hold_out(torch.tensor([y for _, y in train], dtype=torch.int64), val_size, classes)
@@ -132,8 +110,7 @@ def select_files(
 def selection_digest(files: dict[str, list[tuple[str, int]]], root: Path) -> str:
     """A hash of which files (paths relative to ``root``) and labels each split holds, in order.
 
-    Part of a subset's cache key: two loads share a cache file only if they decode the same files.
-    """
+    Part of a subset's cache key: two loads share a cache file only if they decode the same files."""
     skip = len(os.path.join(root, ""))
     splits = [s for s in (*SPLITS, "val") if s in files]  # without a validation split, the digest of earlier versions
     text = "".join(f"{split}\0{path[skip:]}\0{label}\n" for split in splits for path, label in files[split])
@@ -144,8 +121,7 @@ def single_channel(mode: str) -> bool:
     """Whether PIL image ``mode`` holds one grey band, alpha aside.
 
     True for ``1``, ``L``, ``LA``, ``La``, ``I``, ``I;16``..., ``F``. Palette images (``P``, ``PA``) count
-    as colour, since a palette may hold colours; every other mode (``RGB``, ``RGBA``, ``CMYK``...) too.
-    """
+    as colour, since a palette may hold colours; every other mode (``RGB``, ``RGBA``, ``CMYK``...) too."""
     bands = ImageMode.getmode(mode).bands
     if len(bands) > 1 and bands[-1] in ("A", "a"):
         bands = bands[:-1]
@@ -165,8 +141,7 @@ def infer_channels(paths: list[str], workers: int | None = None) -> int:
     """1 if every image in ``paths`` is single-channel (:func:`single_channel`), else 3.
 
     Reads file headers only, and stops at the first colour image, so on a colour data set it costs one
-    header read; only an all-grey folder has every header read.
-    """
+    header read; only an all-grey folder has every header read."""
     workers = workers or min(8, os.cpu_count() or 1)
     chunk = 1024
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -206,8 +181,7 @@ def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None
 
     ``mode`` is the PIL mode converted to: ``"RGB"`` (C = 3; alpha dropped, grey replicated) or ``"L"``
     (C = 1; colour becomes luma, ``L = 0.299 R + 0.587 G + 0.114 B``). ``resize``: scale to ``resize`` x ``resize``
-    pixels with PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept).
-    """
+    pixels with PIL's bilinear filter (antialiased when shrinking; the aspect ratio is not kept)."""
     try:
         with Image.open(path) as im:
             deep = _deep_grey(im)
@@ -226,14 +200,8 @@ def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-def decode_images(
-    paths: list[str] | list[Path],
-    size: tuple[int, int] | None = None,
-    workers: int | None = None,
-    mode: str = "RGB",
-    resize: int | None = None,
-    hint: str = "",
-) -> torch.Tensor:
+def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = None, workers: int | None = None,
+                  mode: str = "RGB", resize: int | None = None, hint: str = "") -> torch.Tensor:
     """Decode ``paths`` into one ``uint8`` tensor ``[N, C, H, W]`` (C = 3 for ``mode="RGB"``, 1 for ``"L"``).
 
     When any image is a 16-bit grey one, the tensor is ``uint16`` and holds every image at 16 bits: the 8-bit
@@ -242,8 +210,7 @@ def decode_images(
     With ``resize`` every image is scaled to ``resize`` x ``resize`` (see :func:`_decode_image`).
     Otherwise all images must have the same size (``size`` if given, else that of the first image); a
     file of another size raises ``ValueError`` naming it (and the first file, whose size it differs
-    from), followed by ``hint``: nothing is resized unless asked, since that would change the data.
-    """
+    from), followed by ``hint``: nothing is resized unless asked, since that would change the data."""
     if not paths:
         raise ValueError("no images to decode")
     first = _decode_image(paths[0], mode, resize)
@@ -255,10 +222,8 @@ def decode_images(
         if arr.shape[:2] != tuple(expected):
             than = f"expected {expected[1]}x{expected[0]}" if size is not None else (
                 f"{paths[0]} is {expected[1]}x{expected[0]}")
-            raise ValueError(
-                f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but {than}: all images of a data set "
-                f"must have the same size{hint}"
-            )
+            raise ValueError(f"image {paths[i]} is {arr.shape[1]}x{arr.shape[0]} (WxH) but {than}: all images of a "
+                             f"data set must have the same size{hint}")
         if arr.dtype == np.uint16 and out.dtype == np.uint8:  # the first deep image: all so far go to 16 bits
             out = out.astype(np.uint16) * 257  # (the rows not decoded yet are overwritten below)
         out[i] = arr.astype(np.uint16) * 257 if out.dtype == np.uint16 and arr.dtype == np.uint8 else arr
@@ -275,19 +240,15 @@ def decode_images(
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
 
-def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = None, mode: str = "RGB",
-                 resize: int | None = None) -> DataSplit:
+def decode_split(pairs: list[tuple[str, int]], size: tuple[int, int] | None = None) -> DataSplit:
     """Decode the ``(file, label)`` pairs listed by :func:`list_image_folder` into a :class:`DataSplit`."""
-    images = decode_images([p for p, _ in pairs], size=size, mode=mode, resize=resize)
+    images = decode_images([p for p, _ in pairs], size=size)
     labels = torch.tensor([y for _, y in pairs], dtype=torch.int64)
     return DataSplit(images=images, labels=labels)
 
 
-def read_image_folder(
-    root: str | Path,
-    max_per_class: int | None = None,
-    size: tuple[int, int] | None = None,
-) -> tuple[DataSplit, DataSplit, list[str]]:
+def read_image_folder(root: str | Path, max_per_class: int | None = None,
+                      size: tuple[int, int] | None = None) -> tuple[DataSplit, DataSplit, list[str]]:
     """Decode ``root/train/<class>/*`` and ``root/test/<class>/*`` into two splits, without caching.
 
     Class folders are sorted by name and numbered from 0; files inside a class are taken in sorted
@@ -302,8 +263,7 @@ def read_image_folder(
         size: required ``(H, W)`` of every image; ``None`` requires only that all sizes agree.
 
     Returns:
-        ``(train, test, classes)``.
-    """
+        ``(train, test, classes)``."""
     if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
         raise ValueError(f"max_per_class must be a positive integer or None, got {max_per_class!r}")
     classes, files = list_image_folder(Path(root), max_per_class)

@@ -4,8 +4,7 @@ Use :func:`load_folder` (``dataset=folder``) for a data set that has no loader o
 count and names come from the folder names, images may have any size (or be resized to one), grey or
 colour, and the normalisation constants are measured on the training images unless given. Like CIFAR's
 image folder it decodes once, caches the decoded tensors (:mod:`swalab.data.cache`) and decodes only
-the files a ``train_size`` / ``test_size`` subset keeps.
-"""
+the files a ``train_size`` / ``test_size`` subset keeps."""
 
 from __future__ import annotations
 
@@ -124,8 +123,7 @@ def load_folder(root: str | Path, image_size: int | None = None, channels: int |
 
     Raises ValueError (``root`` not set, a bad key, an empty or mismatched class folder, images of different sizes
     without ``image_size``, an unreadable image) or FileNotFoundError (``root`` or a split missing), naming the key,
-    folder or file concerned.
-    """
+    folder or file concerned."""
     root = _check_root(root)
     image_size = _check_image_size(image_size)
     channels = _check_channels(channels)

@@ -20,8 +20,7 @@ earlier epochs. A run resumed at an epoch boundary therefore sees the same image
 Data-parallel training follows the rule of the resident loader (``swalab.distributed``): every rank draws the
 same permutation and item seeds from ``(seed, epoch)`` and takes its own ``batch_size`` slice of every global
 batch of ``batch_size * world_size`` items, so the ranks together decode and train on exactly the batches of
-one process, each item once, with the same crops.
-"""
+one process, each item once, with the same crops."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .fingerprint import records_files
+from .fingerprint import _class_folders, _files, records_files
 from .folder import IMAGE_EXTENSIONS
 from .loader import check_shard, epoch_generator
 from .splits import TEST_SUBSET_SEED, check_size, hold_out, subset_indices
@@ -59,14 +58,13 @@ def list_imagenet_split(split_dir: str | Path) -> list[tuple[str, int]]:
 
     Raises ``FileNotFoundError`` for a missing split and ``ValueError`` for a class folder whose name
     is not an ImageNet-1k wnid, a class folder without images, or a split without any images; each
-    message names the folder concerned.
-    """
+    message names the folder concerned."""
     split_dir = Path(split_dir)
     if not split_dir.is_dir():
         raise FileNotFoundError(f"{split_dir} does not exist: an ImageNet folder holds train/<wnid>/* and "
                                 f"val/<wnid>/* (wnids like n01440764)")
     index = imagenet_wnid_index()
-    folders = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+    folders = _class_folders(split_dir)
     unknown = [f for f in folders if f not in index]
     if unknown:
         raise ValueError(f"{split_dir} has class folders that are not ImageNet-1k wnids: {unknown[:10]}"
@@ -75,8 +73,7 @@ def list_imagenet_split(split_dir: str | Path) -> list[tuple[str, int]]:
     pairs: list[tuple[str, int]] = []
     for wnid in folders:
         class_dir = split_dir / wnid
-        names = sorted(e.name for e in os.scandir(class_dir) if not e.name.startswith(".")
-                       and e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file())
+        names = [e.name for e in _files(class_dir, IMAGE_EXTENSIONS)]
         if not names:
             raise ValueError(f"class folder {class_dir} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
         prefix = os.path.join(class_dir, "")
@@ -91,8 +88,7 @@ class ImageFolderSplit(Dataset):
 
     Items are addressed by index, or by ``(index, seed)`` as :class:`SeededSampler` yields them: the
     seed then fixes every random choice the transform makes (Python's ``random`` and torch's CPU RNG,
-    which timm's and torchvision's transforms use), without disturbing the caller's RNG state.
-    """
+    which timm's and torchvision's transforms use), without disturbing the caller's RNG state."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], transform=None):
         self.samples = list(samples)
@@ -168,8 +164,7 @@ def load_imagenet(root: str | Path, train_size: int | None = None, seed: int = 0
 
     The caps: ``swalab.data``'s module doc, but ``train_size`` keeps a plain random subset (chosen by ``seed``)
     and both subsets stay in folder order; the ImageNet ``val/`` folder is the test split (``test_size``), and
-    ``val_size`` is held out of ``train/``. ``cache_dir`` caches the files' digests.
-    """
+    ``val_size`` is held out of ``train/``. ``cache_dir`` caches the files' digests."""
     root = Path(root)
     train = list_imagenet_split(root / TRAIN_SPLIT)
     test = list_imagenet_split(root / EVAL_SPLIT)
@@ -204,8 +199,7 @@ def imagenet_transforms(model_name: str | None, image_size: int | None = None, m
     Values left ``None`` come from ``model_name``'s pretrained config (timm's defaults when the name is
     ``None`` or has none): input size, interpolation, ``crop_pct``, mean and std. ``image_size`` sets
     both the training crop and the evaluation crop (the resize before the centre crop is
-    ``image_size / crop_pct``), e.g. 128 for quick CPU runs. ``flip``: random horizontal flips in training.
-    """
+    ``image_size / crop_pct``), e.g. 128 for quick CPU runs. ``flip``: random horizontal flips in training."""
     from timm.data import create_transform, resolve_data_config
     from timm.models import get_pretrained_cfg
 
@@ -231,8 +225,7 @@ class SeededSampler(Sampler):
     ``shuffle=False`` keeps the stored order (evaluation). ``set_epoch(e)`` chooses the epoch the next
     pass uses, as with ``DistributedSampler``; a pass without it advances the epoch by one. With ``world_size > 1``
     it yields only ``rank``'s slices: of every run of ``batch_size * world_size`` items of the pass, the
-    ``batch_size`` items from position ``rank * batch_size`` (a last incomplete global batch is dropped).
-    """
+    ``batch_size`` items from position ``rank * batch_size`` (a last incomplete global batch is dropped)."""
 
     def __init__(self, n: int, seed: int, shuffle: bool, batch_size: int = 1, rank: int = 0, world_size: int = 1):
         self.n, self.seed, self.shuffle, self.epoch = int(n), int(seed), bool(shuffle), 0
@@ -270,8 +263,7 @@ class StreamLoader:
     ``persistent_workers`` (the default with workers), so an epoch does not pay their start-up again.
 
     ``rank, world_size``: data-parallel training; ``batch_size`` is then this rank's share of the global batch
-    (module doc: the ranks' batches together are one process's, item for item). Training only.
-    """
+    (module doc: the ranks' batches together are one process's, item for item). Training only."""
 
     def __init__(self, split: ImageFolderSplit, batch_size: int, train: bool, seed: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = True, drop_last: bool | None = None,

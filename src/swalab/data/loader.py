@@ -11,8 +11,7 @@ data, or richer augmentation (RandAugment, mixup), use a ``torch.utils.data.Data
 Reproducibility: every random choice of an epoch (order, crop offsets, flips) is drawn on the CPU from a
 generator seeded by ``(seed, epoch)`` only, then moved to the device. The batches therefore do not depend
 on the device, on earlier epochs, or on how many batches of the previous epoch were consumed; a run
-resumed at an epoch boundary (``set_epoch(e)``) sees exactly the batches of an uninterrupted run.
-"""
+resumed at an epoch boundary (``set_epoch(e)``) sees exactly the batches of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -29,17 +28,15 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """A CPU generator whose state depends only on ``(seed, epoch)``.
 
     The two numbers are mixed with numpy's ``SeedSequence`` rather than added, so that nearby pairs
-    (seed 1 epoch 0 versus seed 0 epoch 1) give unrelated streams.
-    """
+    (seed 1 epoch 0 versus seed 0 epoch 1) give unrelated streams."""
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be non-negative integers, got seed={seed!r}, epoch={epoch!r}")
     hi, lo = np.random.SeedSequence([int(seed), int(epoch)]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed((int(hi) << 32) | int(lo))
 
 
-def _draw_crop_flip(
-    n: int, max_y: int, max_x: int, flip: bool, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _draw_crop_flip(n: int, max_y: int, max_x: int, flip: bool,
+                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     device = generator.device if generator is not None else torch.device("cpu")
     offsets_y = torch.randint(0, max_y + 1, (n,), generator=generator, device=device)
     offsets_x = torch.randint(0, max_x + 1, (n,), generator=generator, device=device)
@@ -50,19 +47,12 @@ def _draw_crop_flip(
     return offsets_y, offsets_x, flipped
 
 
-def _gather_windows(
-    source: torch.Tensor,
-    index: torch.Tensor,
-    offsets_y: torch.Tensor,
-    offsets_x: torch.Tensor,
-    flipped: torch.Tensor,
-    size: tuple[int, int],
-) -> torch.Tensor:
+def _gather_windows(source: torch.Tensor, index: torch.Tensor, offsets_y: torch.Tensor, offsets_x: torch.Tensor,
+                    flipped: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Windows ``source[index[b], :, oy[b]:oy[b]+H, ox[b]:ox[b]+W]``, mirrored where ``flipped[b]``.
 
     One advanced-indexing gather does crop, flip and batch selection together: the flip reverses the
-    column indices (``torch.where``) instead of moving pixels a second time.
-    """
+    column indices (``torch.where``) instead of moving pixels a second time."""
     h, w = size
     dev = source.device
     rows = offsets_y[:, None] + torch.arange(h, device=dev)  # [B, H]
@@ -72,12 +62,8 @@ def _gather_windows(
     return source[index[:, None, None, None], channels[None, :, None, None], rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def random_crop_flip(
-    padded: torch.Tensor,
-    size: tuple[int, int],
-    generator: torch.Generator | None,
-    flip: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_crop_flip(padded: torch.Tensor, size: tuple[int, int], generator: torch.Generator | None,
+                     flip: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random crop of ``size`` from each already-padded image, plus a random horizontal flip.
 
     With ``padded = F.pad(images, (p, p, p, p))`` this is torchvision's
@@ -95,8 +81,7 @@ def random_crop_flip(
     Returns:
         ``(crops, offsets_y, offsets_x, flipped)``: crops ``[B, C, H, W]``; the window corners in
         padded coordinates, each in ``[0, 2p]`` (the shift relative to the original image is
-        ``offset - p``); and a bool mask of the mirrored images. All on ``padded.device``.
-    """
+        ``offset - p``); and a bool mask of the mirrored images. All on ``padded.device``."""
     b, _, hp, wp = padded.shape
     h, w = size
     if h > hp or w > wp:
@@ -159,8 +144,7 @@ class ResidentLoader:
             batch. The batches are bit-identical either way (normalisation is elementwise, so it commutes
             with the crop/flip gather); per batch it saves the uint8->float pass and two arithmetic
             passes (bench/README.md). ``None``: on for CUDA, where memory is plentiful and the loader must
-            keep up with fast steps; off on CPU, where the step dominates and memory is shared.
-    """
+            keep up with fast steps; off on CPU, where the step dominates and memory is shared."""
 
     def __init__(self, split: DataSplit, batch_size: int, device: torch.device | str, mean: Sequence[float],
                  std: Sequence[float], train: bool, pad: int = 4, flip: bool = True, drop_last: bool | None = None,

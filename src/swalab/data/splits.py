@@ -3,8 +3,7 @@
 The resident data sets of swalab (CIFAR-10/100, the offline digits set, small image folders) are small
 enough to hold decoded in memory as one ``uint8`` tensor per split. Keeping them as plain tensors (rather
 than ``Dataset`` objects that decode per item) is what lets :class:`~swalab.data.loader.ResidentLoader`
-move a whole split to the GPU once and augment it with batched tensor ops.
-"""
+move a whole split to the GPU once and augment it with batched tensor ops."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ class DataSplit:
         labels: ``int64`` tensor ``[N]`` of class indices.
 
     The constructor checks dtypes and shapes so that a wrongly built split fails here, with a message
-    saying what is wrong, rather than deep inside a training step.
-    """
+    saying what is wrong, rather than deep inside a training step."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -83,8 +81,7 @@ class ImageData:
             hash, and one fingerprint), for the run's identity; ``None`` for data a loader cannot describe.
         cache_note: a line saying where the decoded images were cached, when this load wrote the cache.
         val: the validation split held out of the training images (``dataset.val_size``, :func:`hold_out`), or
-            ``None``; ``train`` then holds none of its images.
-    """
+            ``None``; ``train`` then holds none of its images."""
 
     name: str
     train: DataSplit
@@ -118,8 +115,7 @@ def check_size(size, key: str, available: int, what: str) -> int | None:
 
     Integers and integral floats (``500.0``) pass. ``True``, ``2.5``, ``"abc"`` and values outside the
     range raise ``ValueError`` naming ``key`` (e.g. ``dataset.test_size``) and, when out of range, how
-    many items ``what`` (the split, in words) holds.
-    """
+    many items ``what`` (the split, in words) holds."""
     if size is None:
         return None
     integral = isinstance(size, numbers.Integral) or (isinstance(size, float) and size.is_integer())
@@ -127,10 +123,8 @@ def check_size(size, key: str, available: int, what: str) -> int | None:
         raise ValueError(f"{key} must be an integer or null, got {size!r}")
     size = int(size)
     if size < 1 or size > available:
-        raise ValueError(
-            f"{key}={size} is out of range: {what} has {available} items; "
-            f"use a value in [1, {available}] or null for all of them"
-        )
+        raise ValueError(f"{key}={size} is out of range: {what} has {available} items; "
+                         f"use a value in [1, {available}] or null for all of them")
     return size
 
 
@@ -139,8 +133,7 @@ def subset_indices(labels: torch.Tensor, size: int | None, seed: int, key: str =
     """The sorted indices :func:`subset` keeps, or ``None`` when it keeps everything.
 
     Needs only the labels, so an image-folder loader can choose its files before decoding any of them
-    and decode only those (see :func:`swalab.data.folder.select_files`).
-    """
+    and decode only those (see :func:`swalab.data.folder.select_files`)."""
     size = check_size(size, key, len(labels), what)
     if size is None or size == len(labels):
         return None
@@ -153,8 +146,7 @@ def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[list[float],
 
     Use it to measure normalisation constants on the training images. The standard deviation is the
     population one (divided by the pixel count, numpy's default) over every pixel of every image. Sums
-    are exact integers accumulated ``chunk`` images at a time, so a large split needs no float copy.
-    """
+    are exact integers accumulated ``chunk`` images at a time, so a large split needs no float copy."""
     if images.dtype not in PIXEL_MAX or images.dim() != 4 or len(images) == 0:
         raise ValueError(f"channel_stats needs a non-empty uint8 or uint16 tensor [N, C, H, W], got {images.dtype} "
                          f"{tuple(images.shape)}")
@@ -177,8 +169,7 @@ def stratified_permutation(labels: torch.Tensor, seed: int) -> torch.Tensor:
     Each class is shuffled on its own; the element of within-class rank ``k`` (of ``n_c``) gets the key
     ``(k + u) / n_c`` with ``u`` uniform in [0, 1), and the permutation sorts by key. Any prefix of
     length ``m`` therefore holds about ``m * n_c / N`` items of class ``c`` (within one item), so a
-    small ``train_size`` keeps the class proportions of the full split instead of dropping rare classes.
-    """
+    small ``train_size`` keeps the class proportions of the full split instead of dropping rare classes."""
     y = labels.cpu().numpy()
     rng = np.random.default_rng(seed)
     keys = np.empty(len(y), dtype=np.float64)
@@ -204,8 +195,7 @@ def subset(split: DataSplit, size: int | None, seed: int, key: str = "dataset.tr
         key, what: the config key and the split named in error messages.
 
     Raises:
-        ValueError: if ``size`` is not an integer, not positive or exceeds ``len(split)``.
-    """
+        ValueError: if ``size`` is not an integer, not positive or exceeds ``len(split)``."""
     keep = subset_indices(split.labels, size, seed, key, what)
     if keep is None:
         return split
@@ -217,8 +207,7 @@ def cap_test_split(split: DataSplit, size: int | None) -> DataSplit:
 
     The seed is fixed (:data:`TEST_SUBSET_SEED`), never the run seed, so every seed of an experiment is
     scored on the same test images and their accuracies can be averaged and compared. ``None`` keeps the
-    whole split.
-    """
+    whole split."""
     return subset(split, size, TEST_SUBSET_SEED, key="dataset.test_size", what="the test split")
 
 
@@ -234,8 +223,7 @@ def val_count(val_size, available: int, key: str = VAL_KEY) -> int:
 
     Raises ``ValueError`` naming ``key`` for anything else (``True``, ``1.5``, NaN, a negative number) and when the
     split would hold no image or leave none to train on. The one check of ``dataset.val_size``: every loader calls
-    it (through :func:`hold_out`) before anything is written.
-    """
+    it (through :func:`hold_out`) before anything is written."""
     if val_size is None:
         return 0
     if isinstance(val_size, bool) or not isinstance(val_size, numbers.Real):
@@ -268,8 +256,7 @@ def hold_out(labels: torch.Tensor, val_size, classes: Sequence[str] | None = Non
     :data:`VAL_SPLIT_SEED`, never the run seed: its class proportions are the training split's, and every run of a
     data set, whatever its seed or method, holds out the same images. Needs only the labels, so an image folder
     chooses its files before decoding any. A split that would take every training image of a class is refused,
-    naming the classes (``classes`` gives their names) and ``key``.
-    """
+    naming the classes (``classes`` gives their names) and ``key``."""
     count = val_count(val_size, len(labels), key)
     if count == 0:
         return None

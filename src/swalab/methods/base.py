@@ -15,8 +15,7 @@ Hooks run in this order::
 
 A method's ``state_dict`` goes into every checkpoint, so resuming in the middle of averaging
 restores the average exactly. It holds weights and state; test-set predictions a method keeps (FGE's members)
-go to ``ctx.predictions`` once each, and the state names them (``swalab.checkpoint.PredictionFiles``).
-"""
+go to ``ctx.predictions`` once each, and the state names them (``swalab.checkpoint.PredictionFiles``)."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class TrainContext:
     both, so that its predictors can be scored and temperature-scaled on the validation split too. Scoring and BN
     updates run in float32 whatever the training precision. ``eval_split`` is the split per-epoch monitoring scores
     (``run.eval_split``: ``test`` or ``val``); ``log`` adds values to the current epoch's line of the run's history;
-    ``predictions`` keeps the predictions a method computed in files of their own, outside the checkpoints.
-    """
+    ``predictions`` keeps the predictions a method computed in files of their own, outside the checkpoints."""
 
     model: nn.Module
     device: torch.device
@@ -82,8 +80,7 @@ class Method:
     ``schedule`` is the base learning-rate schedule from ``conf/schedule``; methods that add a
     phase of their own (SWA, FGE) switch away from it at their start epoch. ``epochs`` is the run's
     length and ``budget`` its length in budgets, so the budget ``B = epochs / budget`` follows the
-    run: settings given as fractions of B (SWA's start, FGE's pretraining) scale with a short run.
-    """
+    run: settings given as fractions of B (SWA's start, FGE's pretraining) scale with a short run."""
 
     name = "method"
     # False for a method that trains nothing (Pretrained scores the weights it starts from): what only training reads
@@ -127,8 +124,7 @@ class Method:
 
         ``initialized`` says whether the run starts from trained weights (``model.init_from``,
         ``run.branch_from`` or a pretrained model). Called before anything is written, so a bad
-        value costs nothing. Subclasses call ``super().validate(initialized)`` first.
-        """
+        value costs nothing. Subclasses call ``super().validate(initialized)`` first."""
         if self.epochs == 0:
             raise ConfigError(f"trainer.epochs=0 trains nothing with method={self.name}: use method=pretrained to "
                               "score the starting weights, or train 1 epoch or more (trainer.epochs is method.budget "
@@ -168,8 +164,7 @@ class Method:
         A branch restores the trunk's weights, optimizer and RNG but starts this method's own state
         fresh, so it equals a straight-through run only up to the last epoch after which the method
         still holds no state. The default, 0, is the safe answer for a method that keeps state from
-        its first step (EMA); methods that keep none for a while say how long.
-        """
+        its first step (EMA); methods that keep none for a while say how long."""
         return 0
 
     # -- learning rate -------------------------------------------------------------------

@@ -11,8 +11,7 @@ frequent surprise for timm users, timm#188); ``warmup=true`` ramps the decay up 
 BatchNorm buffers (``bn``):
 * ``average``: running statistics are averaged like the weights (timm's default);
 * ``recompute``: buffers are copied from the live model during training and the EMA model's
-  statistics are recomputed with one pass over the training data before it is scored, as SWA does.
-"""
+  statistics are recomputed with one pass over the training data before it is scored, as SWA does."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class EmaTensors:
     ``torch._foreach_copy_`` of the rest (the integer ``num_batches_tracked``; with ``exclude_buffers`` every buffer,
     as timm's ``apply_update_no_buffers_``). The lists hold the tensors themselves, which loading a state dict or
     a checkpoint fills in place, so they stay valid for the life of the run (the trainer moves its model to its
-    device and layout before the method starts, never after).
-    """
+    device and layout before the method starts, never after)."""
 
     def __init__(self, ema: torch.nn.Module, model: torch.nn.Module, exclude_buffers: bool):
         if exclude_buffers:

@@ -14,8 +14,7 @@ curve against the number of members comes for free. They are written once, to a 
 are written to ``<run>/members/`` so the ensemble can be re-scored on other data later.
 
 The cycle must be an even number of epochs: members are collected at the end of the epoch that
-completes the first half of a cycle, as in the reference recipe.
-"""
+completes the first half of a cycle, as in the reference recipe."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ link approximation ``method.link`` (``probit``: Daxberger et al. 2021's default)
 fits temperatures; the chosen prior precision is recorded with the ``laplace`` predictor's metrics
 (``prior_precision``), and a choice at either end of the grid is said in run.log: the best prior may lie beyond it
 (at the top, the posterior is so narrow that the predictive is the MAP's), and ``method.prior_range`` widens it. The library (PyPI ``laplace-torch``, the extra ``swalab[laplace]``) is imported only here, when
-the method runs.
-"""
+the method runs."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ and ``method.budget`` say (an experiment may set them for its other methods), an
 weights through the same loaders and metrics (top-1, top-5, NLL, ECE) as the fine-tuned runs:
 ``python run.py experiment=table2_resnet50 method=pretrained``. The starting weights must be trained ones
 (``model.pretrained`` or ``model.init_from``): scoring a random initialisation is refused, since it is
-never what was meant.
-"""
+never what was meant."""
 
 from __future__ import annotations
 

@@ -30,8 +30,7 @@ epoch 161), so a short run scales it, or as an exact epoch (``start_epoch``); ei
 Before it the lr follows ``pre_schedule``: ``reference`` is the reference code's schedule (the
 paper's SGD shape over ``start_epoch`` epochs ending at ``lr``); ``base`` keeps the base schedule
 untouched, i.e. SWA branches off the SGD run "without modifying the learning rate schedule"
-(paper section 4.1).
-"""
+(paper section 4.1)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ average, as an SWA run of this config scores it) and ``sgd`` (the last iterate):
 SWAG together. Memory: the moments take ``(2 + rank)`` copies of the parameters, on
 ``moments_device`` (``cpu`` keeps WRN-28-10's 36.5M x 22 x 4 bytes = 3.2 GB off the GPU); a draw adds three
 vectors of the parameters' size (the variance, the noise, the draw), never a second copy of the deviations
-(``bench/swag_cost.py`` computes both per model).
-"""
+(``bench/swag_cost.py`` computes both per model)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ keeps its reference scheme (the choice is an argument here, not a copy of the lo
 * ``conv="xavier"``: Xavier-uniform with gain sqrt(2) (the reference WideResNet).
 
 Convolution biases start at 0, BatchNorm at weight 1 and bias 0; ``zero_linear_bias`` zeroes the
-classifier's bias too (the Linear weights keep PyTorch's default).
-"""
+classifier's bias too (the Linear weights keep PyTorch's default)."""
 
 from __future__ import annotations
 

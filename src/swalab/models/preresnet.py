@@ -22,8 +22,7 @@ Details follow the reference used by the SWA paper (PreResNet-110/164):
 Parameter counts (this implementation): PreResNet-110 1,146,842 / 1,169,972,
 PreResNet-164 1,703,258 / 1,726,388 (10 / 100 classes), matching the
 reference's 1.15M / 1.17M and 1.70M / 1.73M. PreResNet-20 (basic) has 0.27M.
-Global pooling is adaptive, so inputs smaller than 32x32 (e.g. 8x8) work.
-"""
+Global pooling is adaptive, so inputs smaller than 32x32 (e.g. 8x8) work."""
 
 from __future__ import annotations
 
@@ -99,23 +98,14 @@ class PreResNet(nn.Module):
             (47, 56, 65, ..., 110, ..., 164, ...; bottleneck units).
         num_classes: number of output logits.
         in_channels: channels of the input image.
-        base_width: width of the first stage (16 in the paper).
-    """
+        base_width: width of the first stage (16 in the paper)."""
 
-    def __init__(
-        self,
-        depth: int,
-        num_classes: int = 10,
-        in_channels: int = 3,
-        base_width: int = 16,
-    ) -> None:
+    def __init__(self, depth: int, num_classes: int = 10, in_channels: int = 3, base_width: int = 16) -> None:
         super().__init__()
         if not valid_preresnet_depth(depth):
-            raise ValueError(
-                f"PreResNet depth {depth} is invalid: depth < 44 must be 6n+2 with n >= 1 "
-                "(valid: 8, 14, 20, 26, 32, 38; basic blocks), depth >= 44 must be 9n+2 "
-                "(valid: 47, 56, 65, 74, 83, 92, 101, 110, ..., 164, ...; bottleneck blocks)"
-            )
+            raise ValueError(f"PreResNet depth {depth} is invalid: depth < 44 must be 6n+2 with n >= 1 "
+                             "(valid: 8, 14, 20, 26, 32, 38; basic blocks), depth >= 44 must be 9n+2 "
+                             "(valid: 47, 56, 65, 74, 83, 92, 101, 110, ..., 164, ...; bottleneck blocks)")
         if depth >= 44:
             block: type[PreActBasicBlock] | type[PreActBottleneck] = PreActBottleneck
             n = (depth - 2) // 9

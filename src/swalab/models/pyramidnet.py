@@ -21,13 +21,11 @@ as used by the SWA paper (PyramidNet-272, bottleneck, alpha = 200, CIFAR-100):
 Parameter count (this implementation), PyramidNet-272 alpha 200 bottleneck:
 26,288,692 (100 classes) / 26,210,842 (10 classes); the paper reports
 26.0M (this is 1.1% more; rounding the widths down instead would give
-26.12M, but the authors' PyTorch code rounds to nearest, which is kept here).
-"""
+26.12M, but the authors' PyTorch code rounds to nearest, which is kept here)."""
 
 from __future__ import annotations
 
 import itertools
-
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +39,10 @@ __all__ = ["PyramidNet", "PyramidBasicBlock", "PyramidBottleneck"]
 class _PyramidUnit(nn.Module):
     """Common shortcut of a pyramidal unit: avg-pool when strided, zero-pad channels."""
 
-    in_planes: int
-    out_planes: int
-    stride: int
-    residual: nn.Module
+    def __init__(self, in_planes: int, out_planes: int, stride: int, *layers: nn.Module) -> None:
+        super().__init__()
+        self.in_planes, self.out_planes, self.stride = in_planes, out_planes, stride
+        self.residual = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.residual(x)
@@ -64,16 +62,10 @@ class PyramidBasicBlock(_PyramidUnit):
     expansion = 1
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.in_planes, self.out_planes, self.stride = in_planes, planes * self.expansion, stride
-        self.residual = nn.Sequential(
-            nn.BatchNorm2d(in_planes),
-            nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-            nn.BatchNorm2d(planes),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
-            nn.BatchNorm2d(planes),
-        )
+        super().__init__(in_planes, planes * self.expansion, stride, nn.BatchNorm2d(in_planes),
+                         nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(planes), nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False), nn.BatchNorm2d(planes))
 
 
 class PyramidBottleneck(_PyramidUnit):
@@ -82,19 +74,13 @@ class PyramidBottleneck(_PyramidUnit):
     expansion = 4
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.in_planes, self.out_planes, self.stride = in_planes, planes * self.expansion, stride
-        self.residual = nn.Sequential(
-            nn.BatchNorm2d(in_planes),
-            nn.Conv2d(in_planes, planes, kernel_size=1, bias=False),
-            nn.BatchNorm2d(planes),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-            nn.BatchNorm2d(planes),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(planes, planes * self.expansion, kernel_size=1, bias=False),
-            nn.BatchNorm2d(planes * self.expansion),
-        )
+        super().__init__(in_planes, planes * self.expansion, stride, nn.BatchNorm2d(in_planes),
+                         nn.Conv2d(in_planes, planes, kernel_size=1, bias=False), nn.BatchNorm2d(planes),
+                         nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(planes), nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes * self.expansion, kernel_size=1, bias=False),
+                         nn.BatchNorm2d(planes * self.expansion))
 
 
 class PyramidNet(nn.Module):
@@ -106,29 +92,18 @@ class PyramidNet(nn.Module):
         alpha: total widening over the whole network.
         num_classes: number of output logits.
         bottleneck: bottleneck (True) or basic (False) units.
-        in_channels: channels of the input image.
-    """
+        in_channels: channels of the input image."""
 
-    def __init__(
-        self,
-        depth: int = 272,
-        alpha: int = 200,
-        num_classes: int = 10,
-        bottleneck: bool = True,
-        in_channels: int = 3,
-    ) -> None:
+    def __init__(self, depth: int = 272, alpha: int = 200, num_classes: int = 10, bottleneck: bool = True,
+                 in_channels: int = 3) -> None:
         super().__init__()
         divisor = 9 if bottleneck else 6
         if depth < divisor + 2 or (depth - 2) % divisor != 0:
             kind = "bottleneck" if bottleneck else "basic"
             examples = "11, 20, ..., 110, 164, 200, 236, 272" if bottleneck else "8, 14, 20, ..., 110"
-            raise ValueError(
-                f"PyramidNet depth {depth} is invalid for {kind} units: it must be "
-                f"{divisor}n+2 with n >= 1 (valid: {examples}, ...)"
-            )
-        block: type[PyramidBasicBlock] | type[PyramidBottleneck] = (
-            PyramidBottleneck if bottleneck else PyramidBasicBlock
-        )
+            raise ValueError(f"PyramidNet depth {depth} is invalid for {kind} units: it must be "
+                             f"{divisor}n+2 with n >= 1 (valid: {examples}, ...)")
+        block: type[PyramidBasicBlock | PyramidBottleneck] = PyramidBottleneck if bottleneck else PyramidBasicBlock
         n = (depth - 2) // divisor
         self.depth, self.alpha, self.blocks_per_stage = depth, alpha, n
         add_rate = alpha / (3 * n)
@@ -143,7 +118,6 @@ class PyramidNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
-        self.num_features = in_planes
         init_weights(self, conv="he", zero_linear_bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

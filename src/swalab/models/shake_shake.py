@@ -23,8 +23,7 @@ the Shake-Shake-26 2x64d network used for CIFAR-10 in the SWA paper:
 
 Parameter count (this implementation), Shake-Shake-26 2x64d: 11,653,978
 (10 classes) / 11,677,108 (100 classes); Gastaldi reports 11.7M and the SWA
-reference table about 11.6M.
-"""
+reference table about 11.6M."""
 
 from __future__ import annotations
 
@@ -60,8 +59,7 @@ def shake_shake(x1: torch.Tensor, x2: torch.Tensor, training: bool) -> torch.Ten
     """Mix two branch outputs with per-sample Shake-Shake coefficients.
 
     In training mode alpha (forward) and beta (backward) are drawn
-    independently from U(0, 1) for every sample; otherwise the mean 0.5 is used.
-    """
+    independently from U(0, 1) for every sample; otherwise the mean 0.5 is used."""
     if not training:
         return 0.5 * (x1 + x2)
     shape = (x1.shape[0],) + (1,) * (x1.dim() - 1)
@@ -71,14 +69,12 @@ def shake_shake(x1: torch.Tensor, x2: torch.Tensor, training: bool) -> torch.Ten
 
 
 def _branch(in_planes: int, planes: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.ReLU(inplace=False),
-        nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(planes),
-        nn.ReLU(inplace=True),
-        nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
-        nn.BatchNorm2d(planes),
-    )
+    return nn.Sequential(nn.ReLU(inplace=False),
+                         nn.Conv2d(in_planes, planes, kernel_size=3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(planes),
+                         nn.ReLU(inplace=True),
+                         nn.Conv2d(planes, planes, kernel_size=3, padding=1, bias=False),
+                         nn.BatchNorm2d(planes))
 
 
 class _ShiftedProjection(nn.Module):
@@ -125,22 +121,13 @@ class ShakeShake(nn.Module):
         depth: total depth, must be 6n+2 (8, 14, 20, 26, 32, ...).
         base_width: width of the first stage (64 for 2x64d).
         num_classes: number of output logits.
-        in_channels: channels of the input image.
-    """
+        in_channels: channels of the input image."""
 
-    def __init__(
-        self,
-        depth: int = 26,
-        base_width: int = 64,
-        num_classes: int = 10,
-        in_channels: int = 3,
-    ) -> None:
+    def __init__(self, depth: int = 26, base_width: int = 64, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__()
         if depth < 8 or (depth - 2) % 6 != 0:
-            raise ValueError(
-                f"ShakeShake depth {depth} is invalid: it must be 6n+2 with n >= 1 "
-                "(valid: 8, 14, 20, 26, 32, 38, ...)"
-            )
+            raise ValueError(f"ShakeShake depth {depth} is invalid: it must be 6n+2 with n >= 1 "
+                             "(valid: 8, 14, 20, 26, 32, 38, ...)")
         n = (depth - 2) // 6
         self.depth, self.base_width = depth, base_width
 

@@ -11,8 +11,7 @@ resizing and input-channel adaptation still apply). What goes wrong, and what th
 * no network and no file: names ``model.pretrained_file`` and ``HF_HUB_OFFLINE`` / the hub cache, at once (weights
   not in the cache are fetched only once their host answers; huggingface_hub's own retries take about 50 s);
 * a file made for another architecture: names the missing and unexpected keys (and shape mismatches);
-* a name timm does not know: suggests the closest names timm does know.
-"""
+* a name timm does not know: suggests the closest names timm does know."""
 
 from __future__ import annotations
 
@@ -126,8 +125,7 @@ def create_timm_model(model_name: str, pretrained: bool = False, pretrained_file
             re-initialised by timm, e.g. 10 classes for CIFAR-10 from ImageNet weights).
         pretrained_file: local weights file; implies ``pretrained``.
         num_classes, in_channels: the head size and the input channels.
-        kwargs: passed on to ``timm.create_model`` (e.g. ``drop_rate``).
-    """
+        kwargs: passed on to ``timm.create_model`` (e.g. ``drop_rate``)."""
     import timm
 
     check_model_name(model_name)

@@ -13,8 +13,7 @@ as in the SWA paper (Izmailov et al., UAI 2018) and its reference code:
   convolution biases zero (linear layers keep PyTorch's default init).
 
 Parameter count: 15,245,130 (10 classes) / 15,291,300 (100 classes), i.e. the
-15.25M / 15.29M of the reference.
-"""
+15.25M / 15.29M of the reference."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class VGG16(nn.Module):
 
     Args:
         num_classes: number of output logits.
-        in_channels: channels of the input image.
-    """
+        in_channels: channels of the input image."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__()
@@ -56,15 +54,9 @@ class VGG16(nn.Module):
                 layers.append(nn.ReLU(inplace=True))
                 channels = int(item)
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(
-            nn.Dropout(),
-            nn.Linear(512, 512),
-            nn.ReLU(inplace=True),
-            nn.Dropout(),
-            nn.Linear(512, 512),
-            nn.ReLU(inplace=True),
-            nn.Linear(512, num_classes),
-        )
+        self.classifier = nn.Sequential(nn.Dropout(), nn.Linear(512, 512), nn.ReLU(inplace=True),
+                                        nn.Dropout(), nn.Linear(512, 512), nn.ReLU(inplace=True),
+                                        nn.Linear(512, num_classes))
         init_weights(self, conv="he")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

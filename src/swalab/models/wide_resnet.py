@@ -18,8 +18,7 @@ WRN-28-10 has 36.49M / 36.55M parameters for 10 / 100 classes):
   bias 0, Linear default init with zero bias.
 
 Parameter count (this implementation), WRN-28-10: 36,489,290 (10 classes) /
-36,546,980 (100 classes).
-"""
+36,546,980 (100 classes)."""
 
 from __future__ import annotations
 
@@ -62,23 +61,14 @@ class WideResNet(nn.Module):
         widen_factor: width multiplier k.
         num_classes: number of output logits.
         dropout: dropout probability between the two convolutions of a unit.
-        in_channels: channels of the input image.
-    """
+        in_channels: channels of the input image."""
 
-    def __init__(
-        self,
-        depth: int = 28,
-        widen_factor: int = 10,
-        num_classes: int = 10,
-        dropout: float = 0.0,
-        in_channels: int = 3,
-    ) -> None:
+    def __init__(self, depth: int = 28, widen_factor: int = 10, num_classes: int = 10, dropout: float = 0.0,
+                 in_channels: int = 3) -> None:
         super().__init__()
         if depth < 10 or (depth - 4) % 6 != 0:
-            raise ValueError(
-                f"WideResNet depth {depth} is invalid: it must be 6n+4 with n >= 1 "
-                "(valid: 10, 16, 22, 28, 34, 40, ...)"
-            )
+            raise ValueError(f"WideResNet depth {depth} is invalid: it must be 6n+4 with n >= 1 "
+                             "(valid: 10, 16, 22, 28, 34, 40, ...)")
         if widen_factor < 1:
             raise ValueError(f"widen_factor must be >= 1, got {widen_factor}")
         n = (depth - 4) // 6

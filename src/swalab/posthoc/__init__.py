@@ -227,10 +227,6 @@ def start_weights(scored: Scored) -> tuple[State, str]:
 
 
 # -- scoring ----------------------------------------------------------------------------------------------------------
-def has_val(scored: Scored) -> bool:
-    return scored.val_loader is not None
-
-
 def model_of(scored: Scored, weights: State, source: str, recompute_bn: bool = True) -> torch.nn.Module:
     """The run's network with ``weights`` and its BatchNorm statistics recomputed over the run's training data
     (``recompute_bn=False``: those ``weights`` hold, e.g. WiSE-FT's interpolated statistics)."""
@@ -327,7 +323,7 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
             raise PosthocError(f"--soup {kind}: a soup is uniform or greedy")
     needs_val = ["--select val"] * (request.select == "val") + ["--soup greedy"] * ("greedy" in request.soup)
     for scored in runs:
-        if needs_val and not has_val(scored):
+        if needs_val and scored.val_loader is None:
             raise PosthocError(f"{needs_val[0]} chooses on the validation split, and {scored.run.path} has none: "
                                "train with dataset.val_size=<images or a fraction>")
     if request.soup:
@@ -434,8 +430,7 @@ def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
                {"rebuild": f"--soup greedy --by {request.by}", "rebuild_runs": others}, read)
 
 
-def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto",
-                    say: Callable[[str], None] = print) -> list[Result]:
+def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto") -> list[Result]:
     """Open every run, check the request, build every average, score and write it (module doc)."""
     runs = [score_run(d, device=device) for d in run_dirs]
     check_request(request, runs)
@@ -452,7 +447,7 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
         results.append(Result(label, family, knob, scored.run.path, out["metrics"], built_from, path))
         m = out["metrics"][label]
         val = f", val acc {m['val']['acc']:.2f} nll {m['val']['nll']:.4f}" if "val" in m else ""
-        say(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
+        print(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
 
     for scored in runs:
         for item in per_run(scored, request):

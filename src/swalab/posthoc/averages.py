@@ -2,8 +2,7 @@
 
 Every function takes weights in training order and returns one state dict: floating tensors combined (summed in
 float64, returned in the inputs' dtype), other tensors (BatchNorm's ``num_batches_tracked``) taken from the last
-input. The BatchNorm statistics of any result belong to no network that ran: ``swalab.posthoc`` recomputes them.
-"""
+input. The BatchNorm statistics of any result belong to no network that ran: ``swalab.posthoc`` recomputes them."""
 
 from __future__ import annotations
 

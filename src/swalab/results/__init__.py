@@ -5,5 +5,4 @@
   (``write``), figures (``plots``) and the W&B Report (``wandb_report``);
 * ``compare``: ``python -m swalab.results.compare``, every predictor of some runs scored again, and the
   paper's section 3.5 numbers (``diagnostics``);
-* ``row``: ``python -m swalab.results.row``, one Table 1 row per seed off a shared SGD trunk.
-"""
+* ``row``: ``python -m swalab.results.row``, one Table 1 row per seed off a shared SGD trunk."""

@@ -15,8 +15,7 @@ Each run's predictors are rebuilt from its directory (``swalab.results.runs.open
 It prints accuracy, mean NLL and ECE per predictor, then the section 3.5 numbers: the mean L2
 distance of class probabilities and the label agreement between consecutive FGE members, and
 between every single model (``swa``, ``fge_avg``) and each FGE ensemble scored on the same test
-labels. With ``--out`` everything is also written there as JSON (nothing is written without it).
-"""
+labels. With ``--out`` everything is also written there as JSON (nothing is written without it)."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ from swalab.results.diagnostics import section35
 from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_probs, metrics_table, predict_log_probs,
                              recompute_bn)
 from swalab.results.runs import Run, open_run
-from swalab.cli import output_file
+from swalab.cli import output_file, run_command
 from swalab.config import ConfigError
 from swalab.identity import label_of
 from swalab.train.build import build_val_loader, load_into
@@ -230,6 +229,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.results.compare")

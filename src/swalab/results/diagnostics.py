@@ -10,8 +10,7 @@ weights) on the test set of PreResNet-164 / CIFAR-100 with two numbers per pair 
 
 Small distances and high agreement between SWA and the ensemble are the paper's evidence that
 averaging weights approximates averaging predictions. Everything here is a pure function of
-probability tensors ``[N, C]``, so it applies to cached FGE members as well as to live models.
-"""
+probability tensors ``[N, C]``, so it applies to cached FGE members as well as to live models."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ def consecutive_members(member_probs: Sequence[torch.Tensor]) -> dict:
     """Diagnostics of every consecutive pair of ensemble members (k, k + 1), plus a summary.
 
     ``mean_l2`` averages the pairs' distances (the paper's 0.126); ``max_agreement`` is the highest
-    agreement of any pair (the paper: "not greater than 87.33%"), ``mean_agreement`` their mean.
-    """
+    agreement of any pair (the paper: "not greater than 87.33%"), ``mean_agreement`` their mean."""
     if len(member_probs) < 2:
         raise ValueError(f"consecutive-member diagnostics need at least 2 members, got {len(member_probs)}")
     pairs = [{"members": [k + 1, k + 2], **pair_diagnostics(a, b)}
@@ -70,8 +68,7 @@ def section35(member_probs: Sequence[torch.Tensor], single: dict[str, torch.Tens
     """All section 3.5 numbers for one FGE run and any single models to hold against its ensemble.
 
     ``single`` maps a name (``"swa"``, ``"fge_avg"`` ...) to that model's test probabilities.
-    Returns ``{"consecutive": consecutive_members(...) or None, "vs_ensemble": {name: pair}}``.
-    """
+    Returns ``{"consecutive": consecutive_members(...) or None, "vs_ensemble": {name: pair}}``."""
     ens = ensemble_mean(member_probs)
     return {"members": len(member_probs),
             "consecutive": consecutive_members(member_probs) if len(member_probs) >= 2 else None,
@@ -106,8 +103,7 @@ def section35_of(row: Row, kin: Sequence[Row] = ()) -> dict[str, dict]:
 
     ``{fge column label: {"consecutive_l2": [...], "max_agreement": [...], "vs": {swa column label:
     {"l2": [...], "agreement": [...]}}, "other_budget": {swa column label: B in epochs}, "budget": B}}``, one value
-    per seed.
-    """
+    per seed."""
     from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
     from swalab.rundir import RunDir
 

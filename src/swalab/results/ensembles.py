@@ -12,8 +12,7 @@ What is never ensembled: runs of other configs (a cell holds one identity minus 
 images (the seeds' labels must be equal), a cell of one seed, and the ``+ts`` columns: a temperature for an ensemble
 of seeds would have to be fitted on the ensemble's own validation log-probabilities, which runs do not keep.
 An ensemble that cannot be formed says why. The log-probabilities are stored as float16 (about 3 significant digits
-each, a small probability kept as such rather than rounded to 0); the ensemble's metrics come from them.
-"""
+each, a small probability kept as such rather than rounded to 0); the ensemble's metrics come from them."""
 
 from __future__ import annotations
 

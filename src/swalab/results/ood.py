@@ -19,8 +19,7 @@ OOD sets (all made from files on this machine, none downloaded):
 * ``folder:<dir>``: every image file under ``<dir>`` (any depth; e.g. Imagenette), converted to the run's channels and
   resized to its image size (a box filter: 32x32 Imagenette), the first as many as the run's test split in sorted order;
 * ``other-classes``: the test images of the classes a run trained without (``dataset.classes``, split-class CIFAR-10
-  as in the SWAG paper); made from the run's own data by ``swalab.results.score``.
-"""
+  as in the SWAG paper); made from the run's own data by ``swalab.results.score``."""
 
 from __future__ import annotations
 

@@ -17,10 +17,6 @@ from swalab import style
 from swalab.results.table import Entry, Row, Table
 
 
-def _pyplot():
-    return style.pyplot()
-
-
 def _finish(plt, fig, path: Path) -> None:
     """Save ``path`` (PNG) and the same figure as PDF beside it (``swalab.style.finish``)."""
     style.finish(plt, fig, path)
@@ -113,7 +109,7 @@ def plot_test_error(table: Table, path: Path) -> bool:
               for curves in [test_error_curves(row)] if any(len(points) > 1 for points, *_ in curves)]
     if not panels:  # a run scored only at its end (run.eval_every=0) has a point, not a curve
         return False
-    plt = _pyplot()
+    plt = style.pyplot()
     fig, axes = style.panels(plt, len(panels))
     for ax, (row, curves) in zip(axes, panels):
         groups = len({group for *_, group in curves})
@@ -236,7 +232,7 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
     rows = [r for r in table.rows if any(ensemble_curve(c, cell) for c, cell in r.cells.items())]
     if not rows:
         return False
-    plt = _pyplot()
+    plt = style.pyplot()
     import textwrap
 
     fig, axes = style.panels(plt, len(rows))
@@ -319,7 +315,7 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
     rows = [r for r in table.rows if any(run.reliability for run in r.runs()) and reliability_columns(r, methods)]
     if not rows:
         return False
-    plt = _pyplot()
+    plt = style.pyplot()
     entries = max(len(reliability_columns(r, methods)) for r in rows) + 1  # legend lines beneath the panels
     across = min(len(rows), style.ACROSS)
     lines = -(-len(rows) // across)

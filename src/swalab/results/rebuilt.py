@@ -13,8 +13,7 @@ run's BN-update data, as the run did, and every sample is then scored on each te
 (``method=laplace``): the fit is deterministic given the run's weights and data (the Kronecker factors summed over
 the run's training loader at its epoch-0 order, the prior precision by the same grid search on its validation
 split), so it is fitted again, as the run fitted it, and agrees with the run's own ``laplace`` on its test split up
-to float summation order.
-"""
+to float summation order."""
 
 from __future__ import annotations
 

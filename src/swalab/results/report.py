@@ -39,8 +39,7 @@ Writes to ``--out`` (default ``report/``):
 ``--paper`` prints the paper's Table 1/2 numbers beside ours; ``--wandb`` also builds a W&B Report
 (``swalab.results.wandb_report``: numeric Table 1, test error against epoch, the FGE curve with SWA, each panel
 linked to its training runs), saved online with ``--wandb-mode online``, else written as a spec
-(``wandb_report.json``) with the one command that publishes it later.
-"""
+(``wandb_report.json``) with the one command that publishes it later."""
 
 from __future__ import annotations
 
@@ -141,8 +140,7 @@ def report(roots: Sequence[str | Path], out: str | Path, paper: bool = False, wa
     ``wandb_mode`` (``online`` | ``offline``) also builds the W&B Report (``swalab.results.wandb_report``); its
     project and entity default to the runs' own. ``reliability`` names the methods whose columns the reliability
     diagrams draw (``swalab.results.plots.reliability_columns``); ``roc_scores`` the OOD scores of the ROC curves
-    (``swalab.results.shift_plots``).
-    """
+    (``swalab.results.shift_plots``)."""
     out = output_folder(out, "--out")
     missing = [str(r) for r in roots if not Path(r).exists()]
     if missing:

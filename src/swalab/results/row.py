@@ -24,8 +24,7 @@ re-launched with the same command. The run directories are the ones ``run.py`` w
 ``<paths.output_dir>/rows/<dataset>_<model>_<trunk config>_seed<N>.json`` maps each Table 1 column to the run
 (relative to the output directory, so the record moves with it) and predictor that hold it, and keeps
 what its last launch trained and how long that took (``launch``). The report reads the runs'
-``metrics.json`` and, for the row's wall time, their ``history.jsonl`` (``row_cost``).
-"""
+``metrics.json`` and, for the row's wall time, their ``history.jsonl`` (``row_cost``)."""
 
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.cli import Terminated
+from swalab.cli import Terminated, run_command
 from swalab.config import ConfigError
 from swalab.methods import SWAG, column_rank, columns_of
 from swalab.results.table import title_of
@@ -138,8 +137,7 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     SWA: each branches off the trunk as late as its lr agrees with the trunk's (``Method.last_branch_epoch``; a
     method that keeps state from its first step, as EMA, trains straight through) and fills the columns it declares
     (``Method.columns``). ``swag`` trains the run of the largest SWA budget as SWAG (``method=swag``: SWA's training,
-    SWA's predictors and SWAG's), branched off the trunk where SWA's would be.
-    """
+    SWA's predictors and SWAG's), branched off the trunk where SWA's would be."""
     keys = _row_overrides(extra)
     base = [f"dataset={dataset}", f"model={model}", f"seed={seed}", *extra]
     trunk_ov = [*base, "method=sgd"]
@@ -314,8 +312,7 @@ def row_cost(record: dict) -> dict | None:
     pass; start-up and the final scoring are not counted). The runs' own records make the figure the same
     however many launches the row took and whichever were killed. The naive estimate trains every column
     straight through (its epochs from the column's predictor in ``metrics.json``) at the row's mean seconds
-    per epoch. None when a column's run is missing or the row trained nothing.
-    """
+    per epoch. None when a column's run is missing or the row trained nothing."""
     root = Path(record["root"]) if record.get("root") else None
     epochs, seconds = 0, 0.0
     for job in record["jobs"]:
@@ -402,8 +399,6 @@ def run_rows(args: argparse.Namespace, extra: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     run_command(main, prog="swalab.results.row",
                 interrupted="the finished jobs are kept and the running one paused as run.py pauses (a checkpoint "
                             "at its step); the same command continues the row")

@@ -13,8 +13,7 @@ trained with.
     data = run.data()                                    # the run's ImageData (optionally capped)
     model = run.model(data)                              # a fresh network of the run's architecture
     model.load_state_dict(run.weights("swa"))            # the SWA average, BN statistics as they were scored
-    load_weights("<run dir>@30")                         # or any weight spec (see load_weights)
-"""
+    load_weights("<run dir>@30")                         # or any weight spec (see load_weights)"""
 
 from __future__ import annotations
 
@@ -405,8 +404,7 @@ def load_weights(spec: str) -> dict[str, torch.Tensor]:
     * ``<run dir>`` or ``<run dir>:sgd``: the live weights at the end of the run (for a SWA run, the last SGD
       iterate); ``<run dir>:swa`` (or ``:ema``): a method's own weights;
     * ``<run dir>@<epoch>``: a checkpoint kept with ``run.save_at`` (or one of the newest two);
-    * a ``.pt`` file: a swalab checkpoint, a ``final.pt`` (live weights) or a plain state dict.
-    """
+    * a ``.pt`` file: a swalab checkpoint, a ``final.pt`` (live weights) or a plain state dict."""
     spec = str(spec)
     head, _, method = spec.partition(":")
     path = Path(head.split("@")[0])

@@ -35,8 +35,7 @@ removed first), and ``<run>/scores/`` is locked while a command scores the run (
 every run given is checked before any is scored. A set whose record an earlier command wrote from the same files of
 the run (fingerprinted: ``final.pt``, ``metrics.json``, members, checkpoints), the same number of SWAG samples drawn and the
 same images is kept, not scored again (``--again`` scores it again): the same command started again after an interruption
-or a time limit goes on where the first stopped, and one run trained again is scored anew.
-"""
+or a time limit goes on where the first stopped, and one run trained again is scored anew."""
 
 from __future__ import annotations
 
@@ -51,6 +50,7 @@ import torch
 
 from swalab.calibration import scaled, scaled_name
 from swalab.checkpoint import atomic_save
+from swalab.cli import run_command
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
@@ -360,8 +360,6 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     # every set written before is whole, the one being written has no record
     run_command(main, prog="swalab.results.score",
                 interrupted="each set's record is whole (this command's or an earlier one's) or absent; the same "

@@ -16,8 +16,7 @@ its cell:
   from the per-image scores kept beside the OOD record (``swalab.results.ood.PER_IMAGE_FILE``); over several seeds
   the mean true positive rate at each false positive rate (vertical averaging, Fawcett 2006). The legend gives the
   AUROC of ``metrics.json`` (from full-precision scores; mean ± std over seeds). An OOD record scored before the
-  per-image scores were kept draws no curve, and :func:`roc_missing` says so in one line.
-"""
+  per-image scores were kept draws no curve, and :func:`roc_missing` says so in one line."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ corruptions scored there, then mean ± std over the cell's seeds, as Ovadia et a
   probabilities in ``scores/<set>/predictions.pt``, as ``swalab.results.ensembles`` forms it on the clean set: SGD x3
   a deep ensemble, SWAG x3 MultiSWAG), then the mean over corruptions per severity; ``+ts`` columns are not ensembled.
 * **Out-of-distribution detection**: AUROC of the maximum-softmax-probability score per OOD set, mean ± std over
-  seeds.
-"""
+  seeds."""
 
 from __future__ import annotations
 

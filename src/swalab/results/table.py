@@ -16,8 +16,7 @@
   columns of the earlier budget marks, without a name being parsed. A predictor at its fitted
   temperature (``swa+ts``, runs with a validation split) is a column of its own beside its predictor's;
   a SWAG run fills the SWA columns too where no SWA run does (``Method.stands_in``). Columns stand in the order
-  the methods declare (``swalab.methods.column_rank``), a method of one's own after the built-in ones.
-"""
+  the methods declare (``swalab.methods.column_rank``), a method of one's own after the built-in ones."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ exactly its training runs; the report run's set is filtered to that run's id.
 Online, the report is saved and its URL printed. Offline, or when saving fails (no API key, no
 network), the report's full spec (the view W&B stores, as JSON) goes to ``<out>/wandb_report.json``
 with the offline runs it needs; ``python -m swalab.results.wandb_report publish <out>/wandb_report.json``
-uploads those runs (``wandb sync``) and saves the report.
-"""
+uploads those runs (``wandb sync``) and saves the report."""
 
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from swalab.cli import run_command
 from swalab.results.plots import scored_during_training
 from swalab.evaluate import reported_metrics
 from swalab.results.table import Row, Table, mean_std
@@ -184,8 +184,7 @@ def build_report(table: Table, *, project: str, entity: str | None, report_run: 
     """The W&B Report (a ``wandb_workspaces.reports.v2.Report``) of ``table`` (module doc); builds offline.
 
     ``report_run``: the id of the ``job_type=report`` run that logs :func:`numeric_tables` and
-    :func:`fge_against_swa`; ``paper``: ``swalab/paper_tables.json``, for the paper's rows.
-    """
+    :func:`fge_against_swa`; ``paper``: ``swalab/paper_tables.json``, for the paper's rows."""
     from wandb_workspaces import expr
 
     wr = workspaces()
@@ -412,6 +411,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from swalab.cli import run_command
-
     sys.exit(run_command(main, prog="swalab.results.wandb_report"))

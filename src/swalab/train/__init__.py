@@ -26,8 +26,7 @@ The run directory::
     wandb/           W&B's own files (offline-run-* for a later ``wandb sync``)
 
 Re-running the same command lands in the same directory: a finished run is skipped, an
-interrupted one resumes from its newest good checkpoint.
-"""
+interrupted one resumes from its newest good checkpoint."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Sequenc
 
     ``run_dir`` places the run (default: ``run.dir``, else the name made from the config); see
     :func:`prepare` for ``overrides`` and ``choices``. Raises what stopped the run: a refusal, a pause, or the error
-    that failed it once training had started (``execute`` wraps that one in :class:`TrainingFailed`).
-    """
+    that failed it once training had started (``execute`` wraps that one in :class:`TrainingFailed`)."""
     try:
         return execute(prepare(cfg, run_dir, overrides, choices))
     except TrainingFailed as failed:

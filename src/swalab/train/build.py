@@ -2,8 +2,7 @@
 
 Only the ``swalab.train`` package reads the config; what it builds here takes explicit arguments from
 then on (the trainer, the methods, the loaders). Each builder names the config key a bad value came
-from (``swalab.config.build``).
-"""
+from (``swalab.config.build``)."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
     """Weights to start from: ``<run dir>`` (a finished run's last weights: its ``final.pt``), ``<run dir>@<epoch>`` (that epoch's
     checkpoint, finished or not), a swalab checkpoint, or a plain state dict file.
 
-    Returns the state dict and a lineage record naming where it came from.
-    """
+    Returns the state dict and a lineage record naming where it came from."""
     path, sep, epoch = str(spec).rpartition("@")
     if not sep or not epoch.isdigit():  # no epoch given: the whole spec is the path
         path, epoch = str(spec), ""
@@ -220,8 +218,7 @@ def build_stream_loaders(cfg: DictConfig, data, device: torch.device):
     Transforms follow the pretrained config of the timm model being trained (``model.arch.model_name``);
     the BN-update loader reads a fixed seeded ``trainer.bn_update_fraction`` of the training set. Data-parallel,
     each rank's training loader yields its slice of every global batch of ``trainer.batch_size`` (the rule of the
-    resident loader); the test and BN-update loaders are whole, and scoring shards their batches.
-    """
+    resident loader); the test and BN-update loaders are whole, and scoring shards their batches."""
     from swalab.data.imagenet import StreamLoader, bn_subset_indices
 
     train_tf, test_tf = stream_transforms(cfg)

@@ -12,8 +12,7 @@ run's last record.
 
 An error before training starts is a refusal (nothing written) and is raised as it is; an error once training has
 started is recorded in ``status.json`` and raised as :class:`TrainingFailed`, so that a caller (``run.py``) tells the
-two apart by type. A pause (:class:`swalab.pausing.Preempted`, Ctrl-C) is raised as it is.
-"""
+two apart by type. A pause (:class:`swalab.pausing.Preempted`, Ctrl-C) is raised as it is."""
 
 from __future__ import annotations
 
@@ -219,8 +218,7 @@ def wandb_run(plan: RunPlan) -> dict | None:
     one the first time), its name, group, job type and tags; None unless ``logger`` is W&B.
 
     ``logger.name``, ``logger.group`` and ``logger.job_type`` replace the computed ones when set;
-    ``logger.tags`` come before the computed tags.
-    """
+    ``logger.tags`` come before the computed tags."""
     cfg = plan.cfg
     target = cfg.logger.get("_target_")
     if not target or not issubclass(get_class(str(target)), WandbTracker):

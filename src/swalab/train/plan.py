@@ -3,8 +3,7 @@
 :func:`prepare` checks the config (types, ranges, keys nothing reads, the device, the method's own
 checks), computes the run's identity (``swalab.identity``) and its directory, and looks at what that
 directory holds: a finished run of the same identity is skipped, a run of another identity is refused
-with the keys that differ.
-"""
+with the keys that differ."""
 
 from __future__ import annotations
 
@@ -175,8 +174,7 @@ def validate(cfg: DictConfig):
 
     The config's own keys (``check_config``, the trainer and run groups' by their classes), the device, the optimizer and the loss, and the schedule and method,
     which check their own arguments when built and their combination in ``validate``. A refusal names the key the
-    user sets (:func:`in_user_keys`), not the key that reads it.
-    """
+    user sets (:func:`in_user_keys`), not the key that reads it."""
     with named_as_typed(cfg):
         check_recipe_read(cfg)
         check_config(cfg, settings_problems(cfg))
@@ -324,8 +322,7 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     chosen option (``run.py`` passes Hydra's); they name the run directory and let keys added with
     ``+`` be checked. Without them the directory name carries the identity's hash instead.
     ``grid`` is the record directory of the grid launch running this job (``outputs/grids/<date_time>``):
-    its name tags the W&B run.
-    """
+    its name tags the W&B run."""
     if overrides is not None:
         check_overrides(overrides, list(choices or {}))
     method = validate(cfg)

@@ -1,7 +1,6 @@
 """What a run records besides its names and atomic writes (``swalab.rundir``): seeds, ``git.json`` and
 ``environment.json`` entries, ``data.json``'s facts, ``predictions.pt``, the temp files a kill leaves behind, and
-the ``<type>: <first line>`` form of an error that ``status.json`` and a grid's summary keep.
-"""
+the ``<type>: <first line>`` form of an error that ``status.json`` and a grid's summary keep."""
 
 from __future__ import annotations
 

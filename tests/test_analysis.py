@@ -23,6 +23,7 @@ from swalab.results.runs import Run, load_weights, open_run
 from swalab.analysis.plane import Plane
 from swalab.analysis.weights import ParamSpace, random_unit_directions
 from swalab.checkpoint import save_checkpoint
+from swalab.config import ConfigError
 from swalab.evaluate import predict_logits
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -280,7 +281,7 @@ def test_weight_specs_pick_live_swa_and_epoch_weights(tmp_path):
     assert torch.equal(load_weights(f"{run_dir}:sgd")["0.weight"], states["sgd"]["0.weight"])
     assert torch.equal(load_weights(f"{run_dir}:swa")["0.weight"], states["swa"]["0.weight"])
     assert torch.equal(load_weights(f"{run_dir}@3")["0.weight"], states["swa"]["0.weight"])
-    with pytest.raises(KeyError, match="ema"):
+    with pytest.raises(ConfigError, match="ema"):
         load_weights(f"{run_dir}:ema")
 
 
@@ -410,3 +411,74 @@ def test_a_segment_between_runs_of_two_architectures_is_one_line_naming_the_solu
     assert exit_.value.code == 2 and err == [
         f"[swalab.analysis] --sgd {other}: parameter 4.weight has shape [10, 200] there but [10, 144] in this network "
         f"(1 of 6 parameters differ): weights of another architecture; every solution must be a network of --run {run_dir}"]
+
+
+def analysis_error(capsys, *argv: str) -> str:
+    """What ``python -m swalab.analysis ARGV`` says when it refuses: exit 2 and one line on stderr."""
+    from swalab.analysis.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_an_analysis_refuses_what_the_user_typed_in_one_line_naming_it(tmp_path, capsys):
+    """Other settings over an earlier --out, subsets larger than the splits, a run without SWA weights, ':swa' on a
+    file, an epoch not kept and a one-point grid: each one line (exit 2) naming what was typed, never a traceback."""
+    states = bn_states()
+    mid = {name: value.clone() for name, value in states["swa"].items()}
+    mid["1.weight"] = mid["1.weight"] + 0.1
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: mid})
+    plane_args = ["plane", "--w1", f"{run_dir}@1", "--w2", f"{run_dir}:swa", "--w3", str(run_dir), "--quiet",
+                  "--out", str(tmp_path / "plane"), "--train-size", "50", "--test-size", "50"]
+    plane.main(plane_args[1:] + ["--grid", "2"])
+    said = analysis_error(capsys, *plane_args, "--grid", "3")
+    assert "holds results for other settings (grid: 2 there, 3 now" in said and "another --out" in said
+    said = analysis_error(capsys, *plane_args[:-4], "--train-size", "5000", "--grid", "2")
+    assert said.startswith("[swalab.analysis] --train-size=5000 is out of range: the training split has 300 items")
+    said = analysis_error(capsys, *plane_args[:6], f"{run_dir}@1", *plane_args[7:], "--grid", "2")
+    assert said == "[swalab.analysis] --w1, --w2 and --w3 lie on one line: they do not define a plane; name other weights"
+    torch.save({"model": states["sgd"], "methods": {}}, run_dir / "final.pt")  # as an SGD or FGE run leaves it
+    said = analysis_error(capsys, "segment", "--run", str(run_dir), "--out", str(tmp_path / "seg"), "--quiet")
+    assert f"{run_dir}: final.pt of this" in said and "not 'swa': name a run of method swa" in said
+    said = analysis_error(capsys, *plane_args[:4], f"{run_dir}/final.pt:swa", *plane_args[5:], "--grid", "2")
+    assert "':swa' only applies to a run directory" in said
+    said = analysis_error(capsys, "plane", "--w1", f"{run_dir}@7", *plane_args[3:], "--grid", "2")
+    assert said.startswith(f"[swalab.analysis] {run_dir}@7: no checkpoint of epoch 7") and "init_from" not in said
+    with pytest.raises(SystemExit) as done:
+        plane.main(plane_args[1:-4] + ["--out", str(tmp_path / "one"), "--grid", "1"])
+    assert done.value.code == 2 and "--grid 1: a surface needs at least 2 points" in capsys.readouterr().err
+    assert not (tmp_path / "one").exists() and not (tmp_path / "seg").exists()
+
+
+def test_a_point_cut_short_while_written_is_evaluated_again_and_ctrl_c_says_what_is_kept(tmp_path, capsys,
+                                                                                           monkeypatch):
+    from swalab.analysis.__main__ import main
+    from swalab.analysis.probe import Probe
+
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states)
+    args = ["--run", str(run_dir), "--points", "3", "--out", str(tmp_path / "seg"), "--quiet", "--no-bn-update"]
+    first = segment.main(args)
+    log = tmp_path / "seg" / "segment.jsonl"
+    whole = log.read_text()
+    log.write_text(whole[:-30])  # killed while it wrote the last point
+    again = segment.main(args)
+    assert again["evaluated"] == 1 and log.read_text() == whole
+    np.testing.assert_allclose(again["values"]["train_loss"], first["values"]["train_loss"])
+
+    calls = []
+    def interrupted(self, vector, buffers=None):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return {"train_loss": 1.0, "train_ce": 1.0, "train_err": 0.0, "test_loss": 1.0, "test_err": 0.0}
+    monkeypatch.setattr(Probe, "__call__", interrupted)
+    with pytest.raises(SystemExit) as done:
+        main(["segment"] + args[:4] + ["--out", str(tmp_path / "other"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 130 and err == ["[swalab.analysis] interrupted: the points evaluated so far are kept in "
+                                              "--out; the same command again evaluates only the others"]
+    assert len((tmp_path / "other" / "segment.jsonl").read_text().splitlines()) == 1 + 1

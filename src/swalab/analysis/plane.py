@@ -29,6 +29,7 @@ import torch
 
 from swalab.analysis import plots
 from swalab.checkpoint import CheckpointStore
+from swalab.config import ConfigError
 from swalab.analysis.loading import add_common_arguments, load_weights, open_study, run_of
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 
@@ -42,12 +43,12 @@ class Plane:
         u = w2 - w1
         du = float(u.norm())
         if du == 0:
-            raise ValueError("w1 and w2 are the same weights: they do not define a direction")
+            raise ConfigError("--w1 and --w2 are the same weights: they do not define a direction; name other weights")
         d3 = w3 - w1
         v = d3 - (d3 @ u) / (du ** 2) * u
         dv = float(v.norm())
         if dv <= 1e-12 * max(du, float(d3.norm())):
-            raise ValueError("w1, w2 and w3 lie on one line: they do not define a plane")
+            raise ConfigError("--w1, --w2 and --w3 lie on one line: they do not define a plane; name other weights")
         self.origin, self.u_hat, self.v_hat = w1, u / du, v / dv
 
     def point(self, x: float, y: float) -> torch.Tensor:
@@ -119,7 +120,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--span-trajectory", action="store_true",
                    help="widen the grid to cover the projected trajectory too (default: the marked points only)")
     add_common_arguments(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.grid < 2:
+        p.error(f"--grid {args.grid}: a surface needs at least 2 points per axis")
+    return args
 
 
 def _label(spec: str) -> str:

@@ -439,7 +439,8 @@ def test_an_analysis_refuses_what_the_user_typed_in_one_line_naming_it(tmp_path,
     said = analysis_error(capsys, *plane_args[:-4], "--train-size", "5000", "--grid", "2")
     assert said.startswith("[swalab.analysis] --train-size=5000 is out of range: the training split has 300 items")
     said = analysis_error(capsys, *plane_args[:6], f"{run_dir}@1", *plane_args[7:], "--grid", "2")
-    assert said == "[swalab.analysis] --w1, --w2 and --w3 lie on one line: they do not define a plane; name other weights"
+    assert said == ("[swalab.analysis] --w1, --w2 and --w3 lie on one line: they do not define a plane; "
+                    "name other weights")
     torch.save({"model": states["sgd"], "methods": {}}, run_dir / "final.pt")  # as an SGD or FGE run leaves it
     said = analysis_error(capsys, "segment", "--run", str(run_dir), "--out", str(tmp_path / "seg"), "--quiet")
     assert f"{run_dir}: final.pt of this" in said and "not 'swa': name a run of method swa" in said
@@ -482,3 +483,27 @@ def test_a_point_cut_short_while_written_is_evaluated_again_and_ctrl_c_says_what
     assert done.value.code == 130 and err == ["[swalab.analysis] interrupted: the points evaluated so far are kept in "
                                               "--out; the same command again evaluates only the others"]
     assert len((tmp_path / "other" / "segment.jsonl").read_text().splitlines()) == 1 + 1
+
+
+def test_a_flat_plane_figure_keeps_its_colour_bar_ticks_its_labels_and_the_trajectory_readable(tmp_path, monkeypatch):
+    """A plane 6 wide and 1 high (the usual shape: w1 -> w2 long, w3 close to that line): the colour bar's tick labels
+    do not overlap, a point's label at the right edge stays left of the colour bar, and the trajectory, partly outside
+    the grid (on white), is not drawn in white."""
+    from swalab.analysis import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("fig", fig))
+    xs, ys = np.linspace(-1, 5, 7), np.linspace(-0.2, 0.8, 7)
+    z = np.exp(-xs)[None, :] + ys[:, None] ** 2
+    plots.plane_figure(tmp_path / "plane.png", xs, ys, {"train loss": z},
+                       {"w1": (0.0, 0.0), "SGD (epoch 9)": (4.6, 0.7)}, {"trajectory": np.array([[0.0, 0.0], [2.0, -0.5], [3.0, -0.4]])})
+    fig = drawn["fig"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax, bar = fig.axes[0], fig.axes[1]
+    ticks = sorted((label.get_window_extent(renderer) for label in bar.get_yticklabels() if label.get_text()),
+                   key=lambda box: box.y0)
+    assert len(ticks) >= 2 and all(low.y1 <= high.y0 for low, high in zip(ticks, ticks[1:]))
+    right_label = [text for text in ax.texts if text.get_text() == "SGD (epoch 9)"][0]
+    assert right_label.get_window_extent(renderer).x1 <= bar.get_window_extent(renderer).x0
+    assert ax.get_lines()[0].get_color() not in ("white", "w", "#ffffff")

@@ -47,15 +47,18 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
         ax.contour(xs, ys, z, levels=_levels(z), colors="k", linewidths=0.3, alpha=0.5)
         ax.set_aspect("equal")
         # a colour bar as tall as the (equal-aspect, often wide) axes, not as the figure
-        fig.colorbar(cf, cax=make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08), format="%.3g")
+        bar = fig.colorbar(cf, cax=make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08), format="%.3g")
+        fits = max(2, int(4.4 * aspect / 0.22))  # tick labels a flat panel's bar holds without overlapping
+        bar.set_ticks(cf.levels[::-(-len(cf.levels) // fits)])
         for name, xy in (trajectory or {}).items():
             xy = np.asarray(xy)
-            if len(xy):
-                ax.plot(xy[:, 0], xy[:, 1], "o:", color="white", markersize=3, linewidth=0.8, label=name)
+            if len(xy):  # red: seen on every colour of the map and on the white beyond the grid
+                ax.plot(xy[:, 0], xy[:, 1], "o:", color="tab:red", markersize=3, linewidth=0.8, label=name)
         for name, (x, y) in points.items():
             ax.plot([x], [y], "kx", markersize=9, markeredgewidth=2)
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
-                        bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
+            right = x > (xs[0] + xs[-1]) / 2  # labels of the right half to the left: clear of the colour bar
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(-5 if right else 5, 5), fontsize=9,
+                        ha="right" if right else "left", bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
         ax.set_title(label)
         ax.set_xlabel("x (along w2 - w1)")
         ax.set_ylabel("y")

@@ -203,6 +203,25 @@ def test_weights_file_of_another_architecture_names_missing_and_unexpected_keys(
         create_timm_model("test_resnet", pretrained_file=str(tmp_path / "absent.pth"))
 
 
+def test_a_cut_short_or_foreign_weights_file_is_refused_naming_model_pretrained_file(tmp_path):
+    """A copy cut short (a transfer that stopped), a file that is not weights and a folder: each refused naming
+    model.pretrained_file and the file, with what to do, never torch's own advice to load with weights_only=False."""
+    whole = tmp_path / "whole.pth"
+    torch.save(create_timm_model("test_resnet").state_dict(), whole)
+    cut = tmp_path / "cut.pth"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    text = tmp_path / "text.pth"
+    text.write_text("not weights\n")
+    for path in (cut, text):
+        with pytest.raises(PretrainedWeightsError) as refused:
+            create_timm_model("test_resnet", pretrained_file=str(path))
+        said = str(refused.value)
+        assert said.startswith(f"model.pretrained_file={path}: cannot read a state dict from it (")
+        assert said.endswith("copy the weights again") and "weights_only=False" not in said
+    with pytest.raises(FileNotFoundError, match="model.pretrained_file=.*: a folder, not a weights file"):
+        create_timm_model("test_resnet", pretrained_file=str(tmp_path))
+
+
 def test_no_network_and_no_file_names_the_fixes(monkeypatch, tmp_path):
     import huggingface_hub.constants as hub
 

@@ -507,3 +507,20 @@ def test_a_flat_plane_figure_keeps_its_colour_bar_ticks_its_labels_and_the_traje
     right_label = [text for text in ax.texts if text.get_text() == "SGD (epoch 9)"][0]
     assert right_label.get_window_extent(renderer).x1 <= bar.get_window_extent(renderer).x0
     assert ax.get_lines()[0].get_color() not in ("white", "w", "#ffffff")
+
+
+def test_the_analyses_name_their_own_flags_in_refusals(tmp_path, capsys, monkeypatch):
+    """--device cuda without a GPU names --device (not the training setting run.device); --point without NAME= and a
+    ray of no direction are refused before any work."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, bn_states())
+    said = analysis_error(capsys, "segment", "--run", str(run_dir), "--device", "cuda", "--out", str(tmp_path / "s"))
+    assert said == "[swalab.analysis] --device=cuda but no CUDA device is visible; use --device=auto or cpu"
+    with pytest.raises(SystemExit) as done:
+        plane.main(["--w1", f"{run_dir}:swa", "--w2", str(run_dir), "--w3", str(run_dir), "--point", str(run_dir),
+                    "--out", str(tmp_path / "p")])
+    assert done.value.code == 2 and f"--point {run_dir}: give NAME=SPEC" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        rays.main(["--run", str(run_dir), "--directions", "0", "--out", str(tmp_path / "r")])
+    assert done.value.code == 2 and "a ray needs at least 1 direction and 2 points" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in ("s", "p", "r"))

@@ -91,7 +91,7 @@ def open_study(run_dir: str | Path, args) -> Study:
 
     output_folder(args.out, "--out")
     run = open_run(run_dir)
-    device = select_device(args.device)
+    device = select_device(args.device, "--device")
     data = analysis_data(run, device, args.train_size, args.test_size, seed=args.seed)
     model = run.model().to(device)
     bn_update = has_batchnorm(model) if args.bn_update is None else bool(args.bn_update)

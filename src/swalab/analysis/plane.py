@@ -123,6 +123,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.grid < 2:
         p.error(f"--grid {args.grid}: a surface needs at least 2 points per axis")
+    for item in args.point:
+        if not item.partition("=")[2]:
+            p.error(f"--point {item}: give NAME=SPEC, e.g. --point SWA=<run dir>:swa")
     return args
 
 

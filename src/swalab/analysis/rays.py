@@ -61,7 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="largest t (default: 0.5 x ||w_SWA||)")
     p.add_argument("--points", type=int, default=11, help="distances from 0 to --max-distance")
     add_common_arguments(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.directions < 1 or args.points < 2:
+        p.error(f"--directions {args.directions} --points {args.points}: a ray needs at least 1 direction and 2 points")
+    return args
 
 
 def main(argv=None) -> dict:

@@ -496,7 +496,8 @@ def test_a_flat_plane_figure_keeps_its_colour_bar_ticks_its_labels_and_the_traje
     xs, ys = np.linspace(-1, 5, 7), np.linspace(-0.2, 0.8, 7)
     z = np.exp(-xs)[None, :] + ys[:, None] ** 2
     plots.plane_figure(tmp_path / "plane.png", xs, ys, {"train loss": z},
-                       {"w1": (0.0, 0.0), "SGD (epoch 9)": (4.6, 0.7)}, {"trajectory": np.array([[0.0, 0.0], [2.0, -0.5], [3.0, -0.4]])})
+                       {"w1": (0.0, 0.0), "SGD (epoch 9)": (4.6, 0.7)},
+                       {"trajectory": np.array([[0.0, 0.0], [2.0, -0.5], [3.0, -0.4]])})
     fig = drawn["fig"]
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -524,3 +525,19 @@ def test_the_analyses_name_their_own_flags_in_refusals(tmp_path, capsys, monkeyp
         rays.main(["--run", str(run_dir), "--directions", "0", "--out", str(tmp_path / "r")])
     assert done.value.code == 2 and "a ray needs at least 1 direction and 2 points" in capsys.readouterr().err
     assert not any((tmp_path / name).exists() for name in ("s", "p", "r"))
+
+
+def test_the_same_analysis_typed_from_another_folder_resumes_instead_of_refusing(tmp_path, monkeypatch):
+    """The log records the weights relative to --out: the same run and --out typed from the run's own folder (or as
+    ./run/) are the same settings, so nothing already evaluated is evaluated again."""
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, bn_states())
+    monkeypatch.chdir(tmp_path)
+    first = segment.main(["--run", "run", "--points", "3", "--out", "seg", "--quiet", "--no-bn-update"])
+    assert first["evaluated"] == 5
+    monkeypatch.chdir(run_dir)
+    again = segment.main(["--run", ".", "--points", "3", "--out", "../seg/", "--quiet", "--no-bn-update"])
+    assert again["evaluated"] == 0
+    monkeypatch.chdir(tmp_path)
+    third = segment.main(["--run", "./run/", "--points", "3", "--out", "seg", "--quiet", "--no-bn-update"])
+    assert third["evaluated"] == 0
+    assert str(tmp_path) not in (tmp_path / "seg" / "segment.jsonl").read_text()  # no machine path in the log

@@ -10,6 +10,7 @@ and the settings recorded with each result log.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,13 @@ def analysis_data(run: Run, device: torch.device, train_size: int | None = None,
                         test_size=len(data.test))
 
 
+def relative_spec(spec: str, folder: Path) -> str:
+    """A weight spec (``<path>[@epoch][:name]``) with its path relative to ``folder``."""
+    head, colon, name = str(spec).partition(":")
+    path, at, epoch = head.rpartition("@") if "@" in head else (head, "", "")
+    return f"{os.path.relpath(Path(path).resolve(), Path(folder).resolve())}{at}{epoch}{colon}{name}"
+
+
 @dataclass
 class Study:
     """One analysis of one run: its network, the network's parameter space, the data, and the shared options."""
@@ -67,11 +75,13 @@ class Study:
     device: torch.device
     seed: int
 
-    def settings(self, **own) -> dict:
-        """A result log's settings: the command's own plus what every analysis records (so a resumed log
-        refuses to mix points computed on other data or with another BN handling)."""
-        return {**own, "train_size": self.data.train_size, "test_size": self.data.test_size,
-                "bn_update": self.bn_update, "seed": self.seed}
+    def settings(self, weights: dict[str, str], out: Path, **own) -> dict:
+        """A result log's settings: the weight specs (their paths relative to ``out``, so that the same weights typed
+        from another folder, or as ``./run/``, are the same setting), the command's own, and what every analysis
+        records (so a resumed log refuses to mix points computed on other data or with another BN handling)."""
+        return {**{name: relative_spec(spec, out) for name, spec in weights.items()}, **own,
+                "train_size": self.data.train_size, "test_size": self.data.test_size, "bn_update": self.bn_update,
+                "seed": self.seed}
 
     def probe(self, buffers: dict[str, torch.Tensor]) -> Probe:
         """Metrics at any parameter vector, with ``buffers`` (BN statistics) unless they are recomputed."""

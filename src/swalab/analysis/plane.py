@@ -156,9 +156,9 @@ def main(argv=None) -> dict:
     xs, ys = grid_axes([(x, y) for x, y, _ in spanned], args.grid, args.margin)
 
     out = Path(args.out)
-    log = ResultLog(out / "plane.jsonl", study.settings(w1=args.w1, w2=args.w2, w3=args.w3, grid=args.grid,
-                                                         margin=args.margin, x=[float(xs[0]), float(xs[-1])],
-                                                         y=[float(ys[0]), float(ys[-1])]))
+    weights = dict(w1=args.w1, w2=args.w2, w3=args.w3)
+    extent = dict(x=[float(xs[0]), float(xs[-1])], y=[float(ys[0]), float(ys[-1])])
+    log = ResultLog(out / "plane.jsonl", study.settings(weights, out, grid=args.grid, margin=args.margin, **extent))
     probe = study.probe(space.buffers(states[0]))
     surfaces = evaluate_grid(plane, xs, ys, probe, log, progress=not args.quiet)
 

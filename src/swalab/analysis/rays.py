@@ -76,8 +76,8 @@ def main(argv=None) -> dict:
     directions = random_unit_directions(study.space.dim, args.directions, args.seed)
 
     out = Path(args.out)
-    log = ResultLog(out / "rays.jsonl", study.settings(**specs, directions=args.directions, max_distance=max_distance,
-                                                        points=args.points))
+    log = ResultLog(out / "rays.jsonl", study.settings(specs, out, directions=args.directions,
+                                                        max_distance=max_distance, points=args.points))
     probe = study.probe(starts["swa"][1])
     curves = evaluate_rays(starts, directions, distances, probe, log, progress=not args.quiet)
     save_arrays(out / "rays.npz", distances=distances,

@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
     ts = segment_ts(args.t_min, args.t_max, args.points)
 
     out = Path(args.out)
-    log = ResultLog(out / "segment.jsonl", study.settings(**specs, t_min=args.t_min, t_max=args.t_max,
+    log = ResultLog(out / "segment.jsonl", study.settings(specs, out, t_min=args.t_min, t_max=args.t_max,
                                                           points=args.points))
     probe = study.probe(swa[1])
     values = evaluate_segment(swa, sgd, ts, probe, log, progress=not args.quiet)

@@ -541,3 +541,17 @@ def test_the_same_analysis_typed_from_another_folder_resumes_instead_of_refusing
     third = segment.main(["--run", "./run/", "--points", "3", "--out", "seg", "--quiet", "--no-bn-update"])
     assert third["evaluated"] == 0
     assert str(tmp_path) not in (tmp_path / "seg" / "segment.jsonl").read_text()  # no machine path in the log
+
+
+def test_a_run_on_an_image_folder_is_analysed_with_the_channels_its_images_have(tmp_path):
+    """dataset=folder leaves dataset.channels null in the config (the images say it): the analysis builds the network
+    for the run's data, as training did, instead of failing in the first convolution."""
+    from conftest import train_on_one_thread
+    from test_folder_data import write_folder
+
+    root = write_folder(tmp_path / "data", ["a", "b", "c"], n_train=6, n_test=3, size=(8, 8), grey=True)
+    run_dir = train_on_one_thread(tmp_path / "run", "dataset=folder", f"dataset.root={root}", "method=swa",
+                                  "trainer.epochs=2", "trainer.batch_size=6", "model.swa.start_epoch=1",
+                                  "model.arch.depth=8", f"run.cache_dir={tmp_path / 'cache'}")
+    result = segment.main(["--run", str(run_dir), "--points", "3", "--out", str(tmp_path / "seg"), "--quiet"])
+    assert result["evaluated"] == 5 and np.isfinite(result["values"]["train_loss"]).all()

@@ -103,7 +103,7 @@ def open_study(run_dir: str | Path, args) -> Study:
     run = open_run(run_dir)
     device = select_device(args.device, "--device")
     data = analysis_data(run, device, args.train_size, args.test_size, seed=args.seed)
-    model = run.model().to(device)
+    model = run.model(run.data()).to(device)  # the data's channels and classes: a folder's config may leave them null
     bn_update = has_batchnorm(model) if args.bn_update is None else bool(args.bn_update)
     return Study(run=run, model=model, space=ParamSpace.of(model), data=data, bn_update=bn_update, device=device,
                  seed=args.seed)

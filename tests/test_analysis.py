@@ -543,7 +543,7 @@ def test_the_same_analysis_typed_from_another_folder_resumes_instead_of_refusing
     assert str(tmp_path) not in (tmp_path / "seg" / "segment.jsonl").read_text()  # no machine path in the log
 
 
-def test_a_run_on_an_image_folder_is_analysed_with_the_channels_its_images_have(tmp_path):
+def test_a_run_on_an_image_folder_is_analysed_with_the_channels_its_images_have(tmp_path, capsys):
     """dataset=folder leaves dataset.channels null in the config (the images say it): the analysis builds the network
     for the run's data, as training did, instead of failing in the first convolution."""
     from conftest import train_on_one_thread
@@ -555,3 +555,7 @@ def test_a_run_on_an_image_folder_is_analysed_with_the_channels_its_images_have(
                                   "model.arch.depth=8", f"run.cache_dir={tmp_path / 'cache'}")
     result = segment.main(["--run", str(run_dir), "--points", "3", "--out", str(tmp_path / "seg"), "--quiet"])
     assert result["evaluated"] == 5 and np.isfinite(result["values"]["train_loss"]).all()
+    root.rename(tmp_path / "moved")  # the data moved (or the run was made on another machine)
+    said = analysis_error(capsys, "segment", "--run", str(run_dir), "--out", str(tmp_path / "seg2"), "--quiet")
+    assert said.startswith(f"[swalab.analysis] {run_dir}: its data is not at dataset.root={root} (")
+    assert said.endswith(f"put it back there, or write where it is now as dataset.root in {run_dir / 'config.yaml'}")

@@ -290,7 +290,12 @@ class Run:
 
     @cached_property
     def _own_data(self) -> ImageData:
-        data, then = build(self.cfg.dataset.source, "dataset.source"), self.identity.get(DATA_FINGERPRINT)
+        try:
+            data, then = build(self.cfg.dataset.source, "dataset.source"), self.identity.get(DATA_FINGERPRINT)
+        except FileNotFoundError as exc:  # data moved, or a run made on another machine
+            raise FileNotFoundError(f"{self.path}: its data is not at dataset.root={self.get('dataset.root')} "
+                                    f"({str(exc).strip().splitlines()[0]}): put it back there, or write where it is "
+                                    f"now as dataset.root in {self.path / RunDir.CONFIG}") from None
         record = getattr(data, "record", None)
         if then is not None and record is not None and record["fingerprint"] != then:
             what = changes((read_json(self.path / RunDir.DATA) or {}).get("record") or {}, record)

@@ -308,3 +308,18 @@ def test_tf_efficientnet_lite0_weights_reach_their_published_accuracy_on_imagene
         predicted = torch.cat([model(x).argmax(1) for x, _ in loader])
     top1 = 100.0 * predicted.eq(split.labels).float().mean().item()
     assert top1 == pytest.approx(76.4, abs=1.5)
+
+
+def test_an_analysis_subset_of_an_imagenet_run_takes_files_from_its_folder(make_cfg, tiny_imagenet, tmp_path):
+    """--train-size / --test-size of the analyses cut an ImageNet-style run's splits, read from disk on demand, as
+    they cut a resident one (they failed: the split has no image tensor to index)."""
+    from swalab.data.imagenet import ImageFolderSplit
+    from swalab.results.runs import Run
+
+    weights = tmp_path / "weights.pth"
+    torch.save(create_timm_model("test_resnet").state_dict(), weights)
+    run_dir = tmp_path / "run"
+    train(tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={weights}", "method=pretrained"), run_dir=run_dir)
+    data = Run(run_dir).data(train_size=6, test_size=4)
+    assert isinstance(data.train, ImageFolderSplit) and len(data.train) == 6 and len(data.test) == 4
+    assert sorted(data.train.labels.tolist()) == sorted(Run(run_dir).data().train.labels.tolist()[::3])  # 2 a class

@@ -559,3 +559,25 @@ def test_a_run_on_an_image_folder_is_analysed_with_the_channels_its_images_have(
     said = analysis_error(capsys, "segment", "--run", str(run_dir), "--out", str(tmp_path / "seg2"), "--quiet")
     assert said.startswith(f"[swalab.analysis] {run_dir}: its data is not at dataset.root={root} (")
     assert said.endswith(f"put it back there, or write where it is now as dataset.root in {run_dir / 'config.yaml'}")
+
+
+def test_a_loss_with_a_large_l2_term_reads_on_the_axes_and_colour_bar_as_it_is(tmp_path, monkeypatch):
+    """AdamW's weight decay 0.05 puts the train loss (CE + L2) near 3639.5 with changes in the second decimal: the
+    segment's axis shows 3639.55, not 0.55 under '+3.639e3', and the plane's colour bar ticks differ from each
+    other (not 3.64e+03 at each)."""
+    from swalab.analysis import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    distances = np.linspace(-0.06, 0.12, 5)
+    plots.segment_figure(tmp_path / "s.png", distances, 3639.7 - 2 * distances, np.full(5, 40.0), 0.06)
+    xs, ys = np.linspace(0, 1, 5), np.linspace(0, 1, 5)
+    plots.plane_figure(tmp_path / "p.png", xs, ys, {"train loss": 3639.45 + 0.3 * np.add.outer(ys, xs)},
+                       {"w1": (0.0, 0.0)})
+    for fig in drawn:
+        fig.canvas.draw()
+    loss_axis = drawn[0].axes[0]
+    assert loss_axis.yaxis.get_offset_text().get_text() == ""
+    assert all(label.get_text().startswith("3639.") for label in loss_axis.get_yticklabels() if label.get_text())
+    ticks = [label.get_text() for label in drawn[1].axes[1].get_yticklabels() if label.get_text()]
+    assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks

@@ -30,6 +30,14 @@ def _levels(values: np.ndarray, count: int = 20) -> np.ndarray:
     return levels if len(levels) > 1 else np.array([finite.min(), finite.min() + 1e-9])
 
 
+def _digits(values: np.ndarray) -> str:
+    """``%.Ng`` with enough digits to tell neighbouring ``values`` apart: a loss of 3639.45 .. 3639.73 (the L2 term
+    of a large weight decay) is not ``3.64e+03`` at every tick."""
+    values = np.unique(np.asarray(values, dtype=float))
+    step = np.diff(values).min() if len(values) > 1 else 1.0
+    return f"%.{max(3, int(np.ceil(np.log10(max(np.abs(values).max(), step) / step))) + 1)}g"
+
+
 def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dict[str, np.ndarray],
                  points: dict[str, tuple[float, float]], trajectory: dict[str, np.ndarray] | None = None,
                  title: str = "") -> Path:
@@ -47,7 +55,8 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
         ax.contour(xs, ys, z, levels=_levels(z), colors="k", linewidths=0.3, alpha=0.5)
         ax.set_aspect("equal")
         # a colour bar as tall as the (equal-aspect, often wide) axes, not as the figure
-        bar = fig.colorbar(cf, cax=make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08), format="%.3g")
+        bar = fig.colorbar(cf, cax=make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08),
+                           format=_digits(cf.levels))
         fits = max(2, int(4.4 * aspect / 0.22))  # tick labels a flat panel's bar holds without overlapping
         bar.set_ticks(cf.levels[::-(-len(cf.levels) // fits)])
         for name, xy in (trajectory or {}).items():
@@ -88,6 +97,7 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
                         label=start.upper() if i == 0 else None)
         ax.set_xlabel("distance along a random unit direction")
         ax.set_ylabel(label)
+        ax.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "+3.639e3" above the axis
         ax.legend()
         ax.grid(alpha=0.3)
     if title:
@@ -106,6 +116,8 @@ def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarr
     other = ax.twinx()
     other.plot(distances, test_err, color="tab:red", marker=".", label="test error")
     other.set_ylabel("test error (%)", color="tab:red")
+    for axis in (ax, other):
+        axis.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "+3.639e3" above the axis
     for x, name in [(0.0, "SWA"), (sgd_distance, "SGD")]:
         ax.axvline(x, color="k", linestyle="--", linewidth=0.8)
         ax.annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), textcoords="offset points",

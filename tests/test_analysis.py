@@ -581,3 +581,19 @@ def test_a_loss_with_a_large_l2_term_reads_on_the_axes_and_colour_bar_as_it_is(t
     assert all(label.get_text().startswith("3639.") for label in loss_axis.get_yticklabels() if label.get_text())
     ticks = [label.get_text() for label in drawn[1].axes[1].get_yticklabels() if label.get_text()]
     assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks
+
+
+def test_a_plane_through_weights_of_another_architecture_is_one_line_naming_the_flag(tmp_path, capsys):
+    states = bn_states()
+    mid = {name: value.clone() for name, value in states["swa"].items()}
+    mid["1.weight"] = mid["1.weight"] + 0.1
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: mid})
+    wider = {name: (torch.zeros(10, 200) if name == "4.weight" else value) for name, value in states["sgd"].items()}
+    other = fake_run(tmp_path / "other", SMALL_BN, 1e-3, {"sgd": wider, "swa": wider})
+    common = ["plane", "--w1", f"{run_dir}:swa", "--w2", str(run_dir), "--out", str(tmp_path / "p"), "--quiet"]
+    said = analysis_error(capsys, *common, "--w3", str(other))
+    assert said.startswith(f"[swalab.analysis] --w3 {other}: parameter 4.weight has shape [10, 200] there")
+    assert said.endswith(f"every solution must be a network of {run_dir} (the run of --w1)")
+    said = analysis_error(capsys, *common, "--w3", f"{run_dir}@1", "--point", f"X={other}")
+    assert said.startswith(f"[swalab.analysis] --point X={other}: parameter 4.weight")
+    assert not (tmp_path / "p").exists()

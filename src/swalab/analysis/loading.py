@@ -23,7 +23,7 @@ from swalab.results.runs import Run, load_weights, open_run, run_of
 from swalab.distributed import select_device
 
 __all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",
-           "add_solution_arguments", "load_solutions"]
+           "add_solution_arguments", "load_solutions", "flat"]
 
 
 @dataclass
@@ -140,9 +140,14 @@ def load_solutions(args, space) -> tuple[dict[str, str], dict[str, tuple[torch.T
     solutions = {}
     for name, spec in specs.items():
         state = load_weights(spec)
-        try:
-            solutions[name] = (space.flatten(state), space.buffers(state))
-        except (KeyError, ValueError) as exc:
-            raise ConfigError(f"--{name} {spec}: {exc.args[0]}; every solution must be a network of "
-                              f"--run {args.run}") from None
+        solutions[name] = (flat(space, state, f"--{name} {spec}", f"--run {args.run}"), space.buffers(state))
     return specs, solutions
+
+
+def flat(space, state: dict, given: str, run: str) -> torch.Tensor:
+    """``state``'s parameters as ``space``'s vector; weights of another network refused naming where they were
+    ``given`` (``--w2 <spec>``) and the ``run`` whose network it must be."""
+    try:
+        return space.flatten(state)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{given}: {exc.args[0]}; every solution must be a network of {run}") from None

@@ -30,7 +30,7 @@ import torch
 from swalab.analysis import plots
 from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError
-from swalab.analysis.loading import add_common_arguments, load_weights, open_study, run_of
+from swalab.analysis.loading import add_common_arguments, flat, load_weights, open_study, run_of
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 
 METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
@@ -141,16 +141,18 @@ def main(argv=None) -> dict:
     study = open_study(run_dir, args)
     space = study.space
     states = [load_weights(s) for s in (args.w1, args.w2, args.w3)]
-    w = [space.flatten(s) for s in states]
+    network = f"--run {run_dir}" if args.run else f"{run_dir} (the run of --w1)"
+    w = [flat(space, state, f"--w{i} {spec}", network)
+         for i, (state, spec) in enumerate(zip(states, (args.w1, args.w2, args.w3)), 1)]
     plane = Plane(*w)
     labels = args.labels or [_label(s) for s in (args.w1, args.w2, args.w3)]
     points = {name: plane.coordinates(v) for name, v in zip(labels, w)}
     for item in args.point:
         name, _, spec = item.partition("=")
-        points[name] = plane.coordinates(space.flatten(load_weights(spec)))
+        points[name] = plane.coordinates(flat(space, load_weights(spec), f"--point {item}", network))
     trajectory = []
     if args.trajectory:
-        trajectory = [(epoch, plane.coordinates(space.flatten(load_weights(p))))
+        trajectory = [(epoch, plane.coordinates(flat(space, load_weights(p), f"--trajectory {p}", network)))
                       for epoch, p in trajectory_specs(args.trajectory)]
     spanned = list(points.values()) + ([c for _, c in trajectory] if args.span_trajectory else [])
     xs, ys = grid_axes([(x, y) for x, y, _ in spanned], args.grid, args.margin)

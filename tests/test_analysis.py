@@ -597,3 +597,20 @@ def test_a_plane_through_weights_of_another_architecture_is_one_line_naming_the_
     said = analysis_error(capsys, *common, "--w3", f"{run_dir}@1", "--point", f"X={other}")
     assert said.startswith(f"[swalab.analysis] --point X={other}: parameter 4.weight")
     assert not (tmp_path / "p").exists()
+
+
+def test_the_segment_and_rays_figures_name_the_weights_given_instead_of_swa(tmp_path, monkeypatch):
+    """--swa <run>@1 (or <run>:ema) is not SWA: the figures say 'epoch 1' where they said SWA."""
+    from swalab.analysis import plots
+
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: states["swa"]})
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    given = ["--run", str(run_dir), "--swa", f"{run_dir}@1", "--quiet", "--no-bn-update"]
+    segment.main(given + ["--points", "3", "--out", str(tmp_path / "s")])
+    rays.main(given + ["--directions", "1", "--points", "2", "--out", str(tmp_path / "r")])
+    ax = drawn[0].axes[0]
+    assert ": epoch 1 to SGD" in ax.get_title() and ax.get_xlabel() == "signed distance from epoch 1 (towards SGD)"
+    assert [t.get_text() for t in ax.texts] == ["epoch 1", "SGD"]
+    assert [t.get_text() for t in drawn[1].axes[0].get_legend().get_texts()] == ["epoch 1", "SGD"]

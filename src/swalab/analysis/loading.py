@@ -23,7 +23,8 @@ from swalab.results.runs import Run, load_weights, open_run, run_of
 from swalab.distributed import select_device
 
 __all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",
-           "add_solution_arguments", "load_solutions", "flat"]
+           "add_solution_arguments", "load_solutions", "flat",
+           "solution_names"]
 
 
 @dataclass
@@ -142,6 +143,21 @@ def load_solutions(args, space) -> tuple[dict[str, str], dict[str, tuple[torch.T
         state = load_weights(spec)
         solutions[name] = (flat(space, state, f"--{name} {spec}", f"--run {args.run}"), space.buffers(state))
     return specs, solutions
+
+
+def solution_names(args) -> dict[str, str]:
+    """What the figures call the two solutions: SWA and SGD, or what ``--swa`` / ``--sgd`` named instead (``EMA`` for
+    ``<run>:ema``, ``epoch 12`` for ``<run>@12``, a weights file by its name)."""
+    def name(spec: str | None, default: str) -> str:
+        if spec is None:
+            return default
+        head, _, method = str(spec).partition(":")
+        if method:
+            return method.upper()
+        if "@" in head:
+            return f"epoch {head.rpartition('@')[2]}"
+        return default if Path(head).is_dir() else Path(head).name
+    return {"swa": name(args.swa, "SWA"), "sgd": name(args.sgd, "SGD")}
 
 
 def flat(space, state: dict, given: str, run: str) -> torch.Tensor:

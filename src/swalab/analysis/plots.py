@@ -80,7 +80,7 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
 
 
 def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[str, np.ndarray]],
-                title: str = "") -> Path:
+                title: str = "", names: dict[str, str] | None = None) -> Path:
     """Train loss and test error against distance along random rays (paper Fig. 4).
 
     ``curves[start][metric]`` is ``[directions, len(distances)]``; each start (``swa``, ``sgd``) gets
@@ -94,7 +94,7 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
             colour = colours.get(start, None)
             for i, row in enumerate(values):
                 ax.plot(distances, row, color=colour, alpha=0.6, linewidth=1,
-                        label=start.upper() if i == 0 else None)
+                        label=(names or {}).get(start, start.upper()) if i == 0 else None)
         ax.set_xlabel("distance along a random unit direction")
         ax.set_ylabel(label)
         ax.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "+3.639e3" above the axis
@@ -107,18 +107,18 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
 
 
 def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarray, test_err: np.ndarray,
-                   sgd_distance: float, title: str = "") -> Path:
+                   sgd_distance: float, title: str = "", names: tuple[str, str] = ("SWA", "SGD")) -> Path:
     """Train loss (left axis) and test error (right axis) along the SWA-SGD line (paper Fig. 5)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     ax.plot(distances, train_loss, color="tab:blue", marker=".", label="train loss")
-    ax.set_xlabel("signed distance from SWA (towards SGD)")
+    ax.set_xlabel(f"signed distance from {names[0]} (towards {names[1]})")
     ax.set_ylabel("train loss (CE + L2)", color="tab:blue")
     other = ax.twinx()
     other.plot(distances, test_err, color="tab:red", marker=".", label="test error")
     other.set_ylabel("test error (%)", color="tab:red")
     for axis in (ax, other):
         axis.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "+3.639e3" above the axis
-    for x, name in [(0.0, "SWA"), (sgd_distance, "SGD")]:
+    for x, name in [(0.0, names[0]), (sgd_distance, names[1])]:
         ax.axvline(x, color="k", linestyle="--", linewidth=0.8)
         ax.annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), textcoords="offset points",
                     xytext=(3, -12), fontsize=9)

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
+from swalab.analysis.loading import (add_common_arguments, add_solution_arguments, load_solutions, open_study,
+                                     solution_names)
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.analysis.weights import random_unit_directions
@@ -83,7 +84,7 @@ def main(argv=None) -> dict:
     save_arrays(out / "rays.npz", distances=distances,
              **{f"{name}_{m}": curves[name][m] for name in curves for m in METRICS})
     title = f"{study.describe()}: {args.directions} random directions"
-    plots.rays_figure(out / "rays.png", distances, curves, title=title)
+    plots.rays_figure(out / "rays.png", distances, curves, title=title, names=solution_names(args))
     print(f"[rays] wrote {out / 'rays.npz'} and {out / 'rays.png'} ({probe.calls} points evaluated now)")
     return {"distances": distances, "curves": curves, "evaluated": probe.calls}
 

@@ -23,6 +23,7 @@ from swalab.results.runs import Run, load_weights, open_run
 from swalab.analysis.plane import Plane
 from swalab.analysis.weights import ParamSpace, random_unit_directions
 from swalab.checkpoint import save_checkpoint
+from swalab.config import ConfigError
 from swalab.evaluate import predict_logits
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -280,7 +281,7 @@ def test_weight_specs_pick_live_swa_and_epoch_weights(tmp_path):
     assert torch.equal(load_weights(f"{run_dir}:sgd")["0.weight"], states["sgd"]["0.weight"])
     assert torch.equal(load_weights(f"{run_dir}:swa")["0.weight"], states["swa"]["0.weight"])
     assert torch.equal(load_weights(f"{run_dir}@3")["0.weight"], states["swa"]["0.weight"])
-    with pytest.raises(KeyError, match="ema"):
+    with pytest.raises(ConfigError, match="ema"):
         load_weights(f"{run_dir}:ema")
 
 
@@ -410,3 +411,206 @@ def test_a_segment_between_runs_of_two_architectures_is_one_line_naming_the_solu
     assert exit_.value.code == 2 and err == [
         f"[swalab.analysis] --sgd {other}: parameter 4.weight has shape [10, 200] there but [10, 144] in this network "
         f"(1 of 6 parameters differ): weights of another architecture; every solution must be a network of --run {run_dir}"]
+
+
+def analysis_error(capsys, *argv: str) -> str:
+    """What ``python -m swalab.analysis ARGV`` says when it refuses: exit 2 and one line on stderr."""
+    from swalab.analysis.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_an_analysis_refuses_what_the_user_typed_in_one_line_naming_it(tmp_path, capsys):
+    """Other settings over an earlier --out, subsets larger than the splits, a run without SWA weights, ':swa' on a
+    file, an epoch not kept and a one-point grid: each one line (exit 2) naming what was typed, never a traceback."""
+    states = bn_states()
+    mid = {name: value.clone() for name, value in states["swa"].items()}
+    mid["1.weight"] = mid["1.weight"] + 0.1
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: mid})
+    plane_args = ["plane", "--w1", f"{run_dir}@1", "--w2", f"{run_dir}:swa", "--w3", str(run_dir), "--quiet",
+                  "--out", str(tmp_path / "plane"), "--train-size", "50", "--test-size", "50"]
+    plane.main(plane_args[1:] + ["--grid", "2"])
+    said = analysis_error(capsys, *plane_args, "--grid", "3")
+    assert "holds results for other settings (grid: 2 there, 3 now" in said and "another --out" in said
+    said = analysis_error(capsys, *plane_args[:-4], "--train-size", "5000", "--grid", "2")
+    assert said.startswith("[swalab.analysis] --train-size=5000 is out of range: the training split has 300 items")
+    said = analysis_error(capsys, *plane_args[:6], f"{run_dir}@1", *plane_args[7:], "--grid", "2")
+    assert said == ("[swalab.analysis] --w1, --w2 and --w3 lie on one line: they do not define a plane; "
+                    "name other weights")
+    torch.save({"model": states["sgd"], "methods": {}}, run_dir / "final.pt")  # as an SGD or FGE run leaves it
+    said = analysis_error(capsys, "segment", "--run", str(run_dir), "--out", str(tmp_path / "seg"), "--quiet")
+    assert f"{run_dir}: final.pt of this" in said and "not 'swa': name a run of method swa" in said
+    said = analysis_error(capsys, *plane_args[:4], f"{run_dir}/final.pt:swa", *plane_args[5:], "--grid", "2")
+    assert "':swa' only applies to a run directory" in said
+    said = analysis_error(capsys, "plane", "--w1", f"{run_dir}@7", *plane_args[3:], "--grid", "2")
+    assert said.startswith(f"[swalab.analysis] {run_dir}@7: no checkpoint of epoch 7") and "init_from" not in said
+    with pytest.raises(SystemExit) as done:
+        plane.main(plane_args[1:-4] + ["--out", str(tmp_path / "one"), "--grid", "1"])
+    assert done.value.code == 2 and "--grid 1: a surface needs at least 2 points" in capsys.readouterr().err
+    assert not (tmp_path / "one").exists() and not (tmp_path / "seg").exists()
+
+
+def test_a_point_cut_short_while_written_is_evaluated_again_and_ctrl_c_says_what_is_kept(tmp_path, capsys,
+                                                                                           monkeypatch):
+    from swalab.analysis.__main__ import main
+    from swalab.analysis.probe import Probe
+
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states)
+    args = ["--run", str(run_dir), "--points", "3", "--out", str(tmp_path / "seg"), "--quiet", "--no-bn-update"]
+    first = segment.main(args)
+    log = tmp_path / "seg" / "segment.jsonl"
+    whole = log.read_text()
+    log.write_text(whole[:-30])  # killed while it wrote the last point
+    again = segment.main(args)
+    assert again["evaluated"] == 1 and log.read_text() == whole
+    np.testing.assert_allclose(again["values"]["train_loss"], first["values"]["train_loss"])
+
+    calls = []
+    def interrupted(self, vector, buffers=None):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return {"train_loss": 1.0, "train_ce": 1.0, "train_err": 0.0, "test_loss": 1.0, "test_err": 0.0}
+    monkeypatch.setattr(Probe, "__call__", interrupted)
+    with pytest.raises(SystemExit) as done:
+        main(["segment"] + args[:4] + ["--out", str(tmp_path / "other"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 130 and err == ["[swalab.analysis] interrupted: the points evaluated so far are kept in "
+                                              "--out; the same command again evaluates only the others"]
+    assert len((tmp_path / "other" / "segment.jsonl").read_text().splitlines()) == 1 + 1
+
+
+def test_a_flat_plane_figure_keeps_its_colour_bar_ticks_its_labels_and_the_trajectory_readable(tmp_path, monkeypatch):
+    """A plane 6 wide and 1 high (the usual shape: w1 -> w2 long, w3 close to that line): the colour bar's tick labels
+    do not overlap, a point's label at the right edge stays left of the colour bar, and the trajectory, partly outside
+    the grid (on white), is not drawn in white."""
+    from swalab.analysis import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("fig", fig))
+    xs, ys = np.linspace(-1, 5, 7), np.linspace(-0.2, 0.8, 7)
+    z = np.exp(-xs)[None, :] + ys[:, None] ** 2
+    plots.plane_figure(tmp_path / "plane.png", xs, ys, {"train loss": z},
+                       {"w1": (0.0, 0.0), "SGD (epoch 9)": (4.6, 0.7)},
+                       {"trajectory": np.array([[0.0, 0.0], [2.0, -0.5], [3.0, -0.4]])})
+    fig = drawn["fig"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax, bar = fig.axes[0], fig.axes[1]
+    ticks = sorted((label.get_window_extent(renderer) for label in bar.get_yticklabels() if label.get_text()),
+                   key=lambda box: box.y0)
+    assert len(ticks) >= 2 and all(low.y1 <= high.y0 for low, high in zip(ticks, ticks[1:]))
+    right_label = [text for text in ax.texts if text.get_text() == "SGD (epoch 9)"][0]
+    assert right_label.get_window_extent(renderer).x1 <= bar.get_window_extent(renderer).x0
+    assert ax.get_lines()[0].get_color() not in ("white", "w", "#ffffff")
+
+
+def test_the_analyses_name_their_own_flags_in_refusals(tmp_path, capsys, monkeypatch):
+    """--device cuda without a GPU names --device (not the training setting run.device); --point without NAME= and a
+    ray of no direction are refused before any work."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, bn_states())
+    said = analysis_error(capsys, "segment", "--run", str(run_dir), "--device", "cuda", "--out", str(tmp_path / "s"))
+    assert said == "[swalab.analysis] --device=cuda but no CUDA device is visible; use --device=auto or cpu"
+    with pytest.raises(SystemExit) as done:
+        plane.main(["--w1", f"{run_dir}:swa", "--w2", str(run_dir), "--w3", str(run_dir), "--point", str(run_dir),
+                    "--out", str(tmp_path / "p")])
+    assert done.value.code == 2 and f"--point {run_dir}: give NAME=SPEC" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        rays.main(["--run", str(run_dir), "--directions", "0", "--out", str(tmp_path / "r")])
+    assert done.value.code == 2 and "a ray needs at least 1 direction and 2 points" in capsys.readouterr().err
+    assert not any((tmp_path / name).exists() for name in ("s", "p", "r"))
+
+
+def test_the_same_analysis_typed_from_another_folder_resumes_instead_of_refusing(tmp_path, monkeypatch):
+    """The log records the weights relative to --out: the same run and --out typed from the run's own folder (or as
+    ./run/) are the same settings, so nothing already evaluated is evaluated again."""
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, bn_states())
+    monkeypatch.chdir(tmp_path)
+    first = segment.main(["--run", "run", "--points", "3", "--out", "seg", "--quiet", "--no-bn-update"])
+    assert first["evaluated"] == 5
+    monkeypatch.chdir(run_dir)
+    again = segment.main(["--run", ".", "--points", "3", "--out", "../seg/", "--quiet", "--no-bn-update"])
+    assert again["evaluated"] == 0
+    monkeypatch.chdir(tmp_path)
+    third = segment.main(["--run", "./run/", "--points", "3", "--out", "seg", "--quiet", "--no-bn-update"])
+    assert third["evaluated"] == 0
+    assert str(tmp_path) not in (tmp_path / "seg" / "segment.jsonl").read_text()  # no machine path in the log
+
+
+def test_a_run_on_an_image_folder_is_analysed_with_the_channels_its_images_have(tmp_path, capsys):
+    """dataset=folder leaves dataset.channels null in the config (the images say it): the analysis builds the network
+    for the run's data, as training did, instead of failing in the first convolution."""
+    from conftest import train_on_one_thread
+    from test_folder_data import write_folder
+
+    root = write_folder(tmp_path / "data", ["a", "b", "c"], n_train=6, n_test=3, size=(8, 8), grey=True)
+    run_dir = train_on_one_thread(tmp_path / "run", "dataset=folder", f"dataset.root={root}", "method=swa",
+                                  "trainer.epochs=2", "trainer.batch_size=6", "model.swa.start_epoch=1",
+                                  "model.arch.depth=8", f"run.cache_dir={tmp_path / 'cache'}")
+    result = segment.main(["--run", str(run_dir), "--points", "3", "--out", str(tmp_path / "seg"), "--quiet"])
+    assert result["evaluated"] == 5 and np.isfinite(result["values"]["train_loss"]).all()
+    root.rename(tmp_path / "moved")  # the data moved (or the run was made on another machine)
+    said = analysis_error(capsys, "segment", "--run", str(run_dir), "--out", str(tmp_path / "seg2"), "--quiet")
+    assert said.startswith(f"[swalab.analysis] {run_dir}: its data is not at dataset.root={root} (")
+    assert said.endswith(f"put it back there, or write where it is now as dataset.root in {run_dir / 'config.yaml'}")
+
+
+def test_a_loss_with_a_large_l2_term_reads_on_the_axes_and_colour_bar_as_it_is(tmp_path, monkeypatch):
+    """AdamW's weight decay 0.05 puts the train loss (CE + L2) near 3639.5 with changes in the second decimal: the
+    segment's axis shows 3639.55, not 0.55 under '+3.639e3', and the plane's colour bar ticks differ from each
+    other (not 3.64e+03 at each)."""
+    from swalab.analysis import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    distances = np.linspace(-0.06, 0.12, 5)
+    plots.segment_figure(tmp_path / "s.png", distances, 3639.7 - 2 * distances, np.full(5, 40.0), 0.06)
+    xs, ys = np.linspace(0, 1, 5), np.linspace(0, 1, 5)
+    plots.plane_figure(tmp_path / "p.png", xs, ys, {"train loss": 3639.45 + 0.3 * np.add.outer(ys, xs)},
+                       {"w1": (0.0, 0.0)})
+    for fig in drawn:
+        fig.canvas.draw()
+    loss_axis = drawn[0].axes[0]
+    assert loss_axis.yaxis.get_offset_text().get_text() == ""
+    assert all(label.get_text().startswith("3639.") for label in loss_axis.get_yticklabels() if label.get_text())
+    ticks = [label.get_text() for label in drawn[1].axes[1].get_yticklabels() if label.get_text()]
+    assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks
+
+
+def test_a_plane_through_weights_of_another_architecture_is_one_line_naming_the_flag(tmp_path, capsys):
+    states = bn_states()
+    mid = {name: value.clone() for name, value in states["swa"].items()}
+    mid["1.weight"] = mid["1.weight"] + 0.1
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: mid})
+    wider = {name: (torch.zeros(10, 200) if name == "4.weight" else value) for name, value in states["sgd"].items()}
+    other = fake_run(tmp_path / "other", SMALL_BN, 1e-3, {"sgd": wider, "swa": wider})
+    common = ["plane", "--w1", f"{run_dir}:swa", "--w2", str(run_dir), "--out", str(tmp_path / "p"), "--quiet"]
+    said = analysis_error(capsys, *common, "--w3", str(other))
+    assert said.startswith(f"[swalab.analysis] --w3 {other}: parameter 4.weight has shape [10, 200] there")
+    assert said.endswith(f"every solution must be a network of {run_dir} (the run of --w1)")
+    said = analysis_error(capsys, *common, "--w3", f"{run_dir}@1", "--point", f"X={other}")
+    assert said.startswith(f"[swalab.analysis] --point X={other}: parameter 4.weight")
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_segment_and_rays_figures_name_the_weights_given_instead_of_swa(tmp_path, monkeypatch):
+    """--swa <run>@1 (or <run>:ema) is not SWA: the figures say 'epoch 1' where they said SWA."""
+    from swalab.analysis import plots
+
+    states = bn_states()
+    run_dir = fake_run(tmp_path / "run", SMALL_BN, 1e-3, states, checkpoints={1: states["swa"]})
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    given = ["--run", str(run_dir), "--swa", f"{run_dir}@1", "--quiet", "--no-bn-update"]
+    segment.main(given + ["--points", "3", "--out", str(tmp_path / "s")])
+    rays.main(given + ["--directions", "1", "--points", "2", "--out", str(tmp_path / "r")])
+    ax = drawn[0].axes[0]
+    assert ": epoch 1 to SGD" in ax.get_title() and ax.get_xlabel() == "signed distance from epoch 1 (towards SGD)"
+    assert [t.get_text() for t in ax.texts] == ["epoch 1", "SGD"]
+    assert [t.get_text() for t in drawn[1].axes[0].get_legend().get_texts()] == ["epoch 1", "SGD"]

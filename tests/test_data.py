@@ -579,3 +579,15 @@ def test_real_cifar10_jpeg_folder_subset(cifar10_jpg):
     assert torch.bincount(train.labels, minlength=10).tolist() == [20] * 10
     mean = train.images.float().mean(dim=(0, 2, 3)) / 255
     assert ((mean > 0.3) & (mean < 0.65)).all(), mean  # real photos, not blank or garbage
+
+
+def test_a_num_classes_other_than_the_data_says_the_value_to_set(make_cfg, tmp_path):
+    """dataset.num_classes=5 on the 10 digit classes: refused before anything is written, saying what to set."""
+    from swalab.config import ConfigError
+    from swalab.train import train
+
+    cfg = make_cfg("method=sgd", "trainer.epochs=1", "dataset.num_classes=5", "run.device=cpu")
+    with pytest.raises(ConfigError, match=r"dataset.num_classes=5 but the data at dataset.root has 10 classes "
+                                          r"\(outputs of the model's head\): set dataset.num_classes=10$"):
+        train(cfg, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

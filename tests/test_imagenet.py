@@ -203,6 +203,25 @@ def test_weights_file_of_another_architecture_names_missing_and_unexpected_keys(
         create_timm_model("test_resnet", pretrained_file=str(tmp_path / "absent.pth"))
 
 
+def test_a_cut_short_or_foreign_weights_file_is_refused_naming_model_pretrained_file(tmp_path):
+    """A copy cut short (a transfer that stopped), a file that is not weights and a folder: each refused naming
+    model.pretrained_file and the file, with what to do, never torch's own advice to load with weights_only=False."""
+    whole = tmp_path / "whole.pth"
+    torch.save(create_timm_model("test_resnet").state_dict(), whole)
+    cut = tmp_path / "cut.pth"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    text = tmp_path / "text.pth"
+    text.write_text("not weights\n")
+    for path in (cut, text):
+        with pytest.raises(PretrainedWeightsError) as refused:
+            create_timm_model("test_resnet", pretrained_file=str(path))
+        said = str(refused.value)
+        assert said.startswith(f"model.pretrained_file={path}: cannot read a state dict from it (")
+        assert said.endswith("copy the weights again") and "weights_only=False" not in said
+    with pytest.raises(FileNotFoundError, match="model.pretrained_file=.*: a folder, not a weights file"):
+        create_timm_model("test_resnet", pretrained_file=str(tmp_path))
+
+
 def test_no_network_and_no_file_names_the_fixes(monkeypatch, tmp_path):
     import huggingface_hub.constants as hub
 
@@ -289,3 +308,18 @@ def test_tf_efficientnet_lite0_weights_reach_their_published_accuracy_on_imagene
         predicted = torch.cat([model(x).argmax(1) for x, _ in loader])
     top1 = 100.0 * predicted.eq(split.labels).float().mean().item()
     assert top1 == pytest.approx(76.4, abs=1.5)
+
+
+def test_an_analysis_subset_of_an_imagenet_run_takes_files_from_its_folder(make_cfg, tiny_imagenet, tmp_path):
+    """--train-size / --test-size of the analyses cut an ImageNet-style run's splits, read from disk on demand, as
+    they cut a resident one (they failed: the split has no image tensor to index)."""
+    from swalab.data.imagenet import ImageFolderSplit
+    from swalab.results.runs import Run
+
+    weights = tmp_path / "weights.pth"
+    torch.save(create_timm_model("test_resnet").state_dict(), weights)
+    run_dir = tmp_path / "run"
+    train(tiny_run(make_cfg, tiny_imagenet, f"model.pretrained_file={weights}", "method=pretrained"), run_dir=run_dir)
+    data = Run(run_dir).data(train_size=6, test_size=4)
+    assert isinstance(data.train, ImageFolderSplit) and len(data.train) == 6 and len(data.test) == 4
+    assert sorted(data.train.labels.tolist()) == sorted(Run(run_dir).data().train.labels.tolist()[::3])  # 2 a class

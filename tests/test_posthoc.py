@@ -406,6 +406,22 @@ def test_wiseft_is_refused_for_a_timm_run_whose_head_was_initialised_at_random(m
         main([str(tuned), "--wiseft", "0.5"])
 
 
+def test_wiseft_is_refused_for_a_timm_run_on_an_image_folder_with_a_random_head(make_cfg, tmp_path):
+    """dataset=folder leaves dataset.num_classes null (the folders say it): the start is built for the run's 3 classes,
+    so the refusal comes, not a shape mismatch in the middle of the interpolation."""
+    from test_folder_data import write_folder
+
+    weights = tmp_path / "weights.pth"
+    torch.save(create_timm_model("test_resnet").state_dict(), weights)
+    root = write_folder(tmp_path / "data", ["a", "b", "c"], n_train=6, n_test=3, size=(8, 8))
+    tuned = tmp_path / "folder"
+    train(make_cfg("dataset=folder", f"dataset.root={root}", f"run.cache_dir={tmp_path / 'cache'}", "model=timm",
+                   "model.name=test_resnet", f"model.pretrained_file={weights}", "method=sgd", "trainer.epochs=1",
+                   "trainer.batch_size=6", "run.eval_every=0"), run_dir=tuned)
+    with pytest.raises(PosthocError, match="--wiseft: .*head of 1000 classes re-initialised at random for 3"):
+        main([str(tuned), "--wiseft", "0.5"])
+
+
 # -- an average is what it was built from; the figure draws every average of the run ---------------------------------
 
 @pytest.fixture

@@ -178,3 +178,18 @@ def test_a_column_label_says_it_is_temperature_scaled():
     assert Column("swag_diag+ts", 1.5, 45).label == "SWAG-diag+ts 1.5B (45 ep)"
     assert sorted([Column("swa+ts", 1.0, 30), Column("swa", 1.25, 38), Column("swa", 1.0, 30)],
                   key=lambda c: c.order) == [Column("swa", 1.0, 30), Column("swa+ts", 1.0, 30), Column("swa", 1.25, 38)]
+
+
+def test_a_column_and_its_temperature_scaled_twin_are_told_apart_in_the_reliability_diagram(uncertainty_grid, tmp_path,
+                                                                                            monkeypatch):
+    """SWA and SWA+ts share SWA's colour: the +ts curve is dashed (and its share of images too), so the two curves
+    and their legend lines differ."""
+    figures, real = {}, plots._finish
+    monkeypatch.setattr(plots, "_finish", lambda plt, fig, path: (figures.setdefault(path.name, fig),
+                                                                  real(plt, fig, path)))
+    report([uncertainty_grid], tmp_path / "out", reliability=["swa", "swa+ts"])
+    panel = figures["reliability.png"].axes[0]
+    drawn = {line.get_label().split(" (n=")[0]: line for line in panel.get_lines() if "(n=" in line.get_label()}
+    assert set(drawn) == {"SWA 1.5B (6 ep)", "SWA+ts 1.5B (6 ep)"}
+    swa, scaled = drawn["SWA 1.5B (6 ep)"], drawn["SWA+ts 1.5B (6 ep)"]
+    assert swa.get_color() == scaled.get_color() and swa.get_linestyle() == "-" and scaled.get_linestyle() == "--"

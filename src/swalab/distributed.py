@@ -284,12 +284,13 @@ def barrier() -> None:
         dist.barrier(group=_control_group())
 
 
-def select_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present, else CPU; ``cuda`` without a GPU is a clear error."""
+def select_device(name: str, key: str = "run.device") -> torch.device:
+    """``auto`` picks CUDA when present, else CPU; ``cuda`` without a GPU is a clear error, naming ``key`` (the
+    setting or flag the device was given by)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name != "cpu" and not name.startswith("cuda"):
-        raise ConfigError(f"run.device={name!r} must be auto, cpu or cuda[:N]")
+        raise ConfigError(f"{key}={name!r} must be auto, cpu or cuda[:N]")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"run.device={name} but no CUDA device is visible; use run.device=auto or cpu")
+        raise ConfigError(f"{key}={name} but no CUDA device is visible; use {key}=auto or cpu")
     return torch.device(name)

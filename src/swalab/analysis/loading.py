@@ -9,6 +9,7 @@ and the settings recorded with each result log."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from swalab.results.runs import Run, load_weights, open_run, run_of
 from swalab.distributed import select_device
 
 __all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",
-           "add_solution_arguments", "load_solutions"]
+           "add_solution_arguments", "load_solutions", "flat",
+           "solution_names"]
 
 
 @dataclass
@@ -53,6 +55,13 @@ def analysis_data(run: Run, device: torch.device, train_size: int | None = None,
                         test_size=len(data.test))
 
 
+def relative_spec(spec: str, folder: Path) -> str:
+    """A weight spec (``<path>[@epoch][:name]``) with its path relative to ``folder``."""
+    head, colon, name = str(spec).partition(":")
+    path, at, epoch = head.rpartition("@") if "@" in head else (head, "", "")
+    return f"{os.path.relpath(Path(path).resolve(), Path(folder).resolve())}{at}{epoch}{colon}{name}"
+
+
 @dataclass
 class Study:
     """One analysis of one run: its network, the network's parameter space, the data, and the shared options."""
@@ -65,11 +74,13 @@ class Study:
     device: torch.device
     seed: int
 
-    def settings(self, **own) -> dict:
-        """A result log's settings: the command's own plus what every analysis records (so a resumed log
-        refuses to mix points computed on other data or with another BN handling)."""
-        return {**own, "train_size": self.data.train_size, "test_size": self.data.test_size,
-                "bn_update": self.bn_update, "seed": self.seed}
+    def settings(self, weights: dict[str, str], out: Path, **own) -> dict:
+        """A result log's settings: the weight specs (their paths relative to ``out``, so that the same weights typed
+        from another folder, or as ``./run/``, are the same setting), the command's own, and what every analysis
+        records (so a resumed log refuses to mix points computed on other data or with another BN handling)."""
+        return {**{name: relative_spec(spec, out) for name, spec in weights.items()}, **own,
+                "train_size": self.data.train_size, "test_size": self.data.test_size, "bn_update": self.bn_update,
+                "seed": self.seed}
 
     def probe(self, buffers: dict[str, torch.Tensor]) -> Probe:
         """Metrics at any parameter vector, with ``buffers`` (BN statistics) unless they are recomputed."""
@@ -89,9 +100,9 @@ def open_study(run_dir: str | Path, args) -> Study:
 
     output_folder(args.out, "--out")
     run = open_run(run_dir)
-    device = select_device(args.device)
+    device = select_device(args.device, "--device")
     data = analysis_data(run, device, args.train_size, args.test_size, seed=args.seed)
-    model = run.model().to(device)
+    model = run.model(run.data()).to(device)  # the data's channels and classes: a folder's config may leave them null
     bn_update = has_batchnorm(model) if args.bn_update is None else bool(args.bn_update)
     return Study(run=run, model=model, space=ParamSpace.of(model), data=data, bn_update=bn_update, device=device,
                  seed=args.seed)
@@ -128,9 +139,29 @@ def load_solutions(args, space) -> tuple[dict[str, str], dict[str, tuple[torch.T
     solutions = {}
     for name, spec in specs.items():
         state = load_weights(spec)
-        try:
-            solutions[name] = (space.flatten(state), space.buffers(state))
-        except (KeyError, ValueError) as exc:
-            raise ConfigError(f"--{name} {spec}: {exc.args[0]}; every solution must be a network of "
-                              f"--run {args.run}") from None
+        solutions[name] = (flat(space, state, f"--{name} {spec}", f"--run {args.run}"), space.buffers(state))
     return specs, solutions
+
+
+def solution_names(args) -> dict[str, str]:
+    """What the figures call the two solutions: SWA and SGD, or what ``--swa`` / ``--sgd`` named instead (``EMA`` for
+    ``<run>:ema``, ``epoch 12`` for ``<run>@12``, a weights file by its name)."""
+    def name(spec: str | None, default: str) -> str:
+        if spec is None:
+            return default
+        head, _, method = str(spec).partition(":")
+        if method:
+            return method.upper()
+        if "@" in head:
+            return f"epoch {head.rpartition('@')[2]}"
+        return default if Path(head).is_dir() else Path(head).name
+    return {"swa": name(args.swa, "SWA"), "sgd": name(args.sgd, "SGD")}
+
+
+def flat(space, state: dict, given: str, run: str) -> torch.Tensor:
+    """``state``'s parameters as ``space``'s vector; weights of another network refused naming where they were
+    ``given`` (``--w2 <spec>``) and the ``run`` whose network it must be."""
+    try:
+        return space.flatten(state)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{given}: {exc.args[0]}; every solution must be a network of {run}") from None

@@ -28,7 +28,8 @@ import torch
 
 from swalab.analysis import plots
 from swalab.checkpoint import CheckpointStore
-from swalab.analysis.loading import add_common_arguments, load_weights, open_study, run_of
+from swalab.config import ConfigError
+from swalab.analysis.loading import add_common_arguments, flat, load_weights, open_study, run_of
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.cli import run_command
 
@@ -42,12 +43,12 @@ class Plane:
         u = w2 - w1
         du = float(u.norm())
         if du == 0:
-            raise ValueError("w1 and w2 are the same weights: they do not define a direction")
+            raise ConfigError("--w1 and --w2 are the same weights: they do not define a direction; name other weights")
         d3 = w3 - w1
         v = d3 - (d3 @ u) / (du ** 2) * u
         dv = float(v.norm())
         if dv <= 1e-12 * max(du, float(d3.norm())):
-            raise ValueError("w1, w2 and w3 lie on one line: they do not define a plane")
+            raise ConfigError("--w1, --w2 and --w3 lie on one line: they do not define a plane; name other weights")
         self.origin, self.u_hat, self.v_hat = w1, u / du, v / dv
 
     def point(self, x: float, y: float) -> torch.Tensor:
@@ -119,7 +120,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--span-trajectory", action="store_true",
                    help="widen the grid to cover the projected trajectory too (default: the marked points only)")
     add_common_arguments(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.grid < 2:
+        p.error(f"--grid {args.grid}: a surface needs at least 2 points per axis")
+    for item in args.point:
+        if not item.partition("=")[2]:
+            p.error(f"--point {item}: give NAME=SPEC, e.g. --point SWA=<run dir>:swa")
+    return args
 
 
 def _label(spec: str) -> str:
@@ -134,24 +141,26 @@ def main(argv=None) -> dict:
     study = open_study(run_dir, args)
     space = study.space
     states = [load_weights(s) for s in (args.w1, args.w2, args.w3)]
-    w = [space.flatten(s) for s in states]
+    network = f"--run {run_dir}" if args.run else f"{run_dir} (the run of --w1)"
+    w = [flat(space, state, f"--w{i} {spec}", network)
+         for i, (state, spec) in enumerate(zip(states, (args.w1, args.w2, args.w3)), 1)]
     plane = Plane(*w)
     labels = args.labels or [_label(s) for s in (args.w1, args.w2, args.w3)]
     points = {name: plane.coordinates(v) for name, v in zip(labels, w)}
     for item in args.point:
         name, _, spec = item.partition("=")
-        points[name] = plane.coordinates(space.flatten(load_weights(spec)))
+        points[name] = plane.coordinates(flat(space, load_weights(spec), f"--point {item}", network))
     trajectory = []
     if args.trajectory:
-        trajectory = [(epoch, plane.coordinates(space.flatten(load_weights(p))))
+        trajectory = [(epoch, plane.coordinates(flat(space, load_weights(p), f"--trajectory {p}", network)))
                       for epoch, p in trajectory_specs(args.trajectory)]
     spanned = list(points.values()) + ([c for _, c in trajectory] if args.span_trajectory else [])
     xs, ys = grid_axes([(x, y) for x, y, _ in spanned], args.grid, args.margin)
 
     out = Path(args.out)
-    log = ResultLog(out / "plane.jsonl", study.settings(w1=args.w1, w2=args.w2, w3=args.w3, grid=args.grid,
-                                                         margin=args.margin, x=[float(xs[0]), float(xs[-1])],
-                                                         y=[float(ys[0]), float(ys[-1])]))
+    weights = dict(w1=args.w1, w2=args.w2, w3=args.w3)
+    extent = dict(x=[float(xs[0]), float(xs[-1])], y=[float(ys[0]), float(ys[-1])])
+    log = ResultLog(out / "plane.jsonl", study.settings(weights, out, grid=args.grid, margin=args.margin, **extent))
     probe = study.probe(space.buffers(states[0]))
     surfaces = evaluate_grid(plane, xs, ys, probe, log, progress=not args.quiet)
 

@@ -29,6 +29,14 @@ def _levels(values: np.ndarray, count: int = 20) -> np.ndarray:
     return levels if len(levels) > 1 else np.array([finite.min(), finite.min() + 1e-9])
 
 
+def _digits(values: np.ndarray) -> str:
+    """``%.Ng`` with enough digits to tell neighbouring ``values`` apart: a loss of 3639.45 .. 3639.73 (the L2 term
+    of a large weight decay) is not ``3.64e+03`` at every tick."""
+    values = np.unique(np.asarray(values, dtype=float))
+    step = np.diff(values).min() if len(values) > 1 else 1.0
+    return f"%.{max(3, int(np.ceil(np.log10(max(np.abs(values).max(), step) / step))) + 1)}g"
+
+
 def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dict[str, np.ndarray],
                  points: dict[str, tuple[float, float]], trajectory: dict[str, np.ndarray] | None = None,
                  title: str = "") -> Path:
@@ -45,15 +53,19 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
         ax.contour(xs, ys, z, levels=_levels(z), colors="k", linewidths=0.3, alpha=0.5)
         ax.set_aspect("equal")
         # a colour bar as tall as the (equal-aspect, often wide) axes, not as the figure
-        fig.colorbar(cf, cax=make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08), format="%.3g")
+        bar = fig.colorbar(cf, cax=make_axes_locatable(ax).append_axes("right", size="4%", pad=0.08),
+                           format=_digits(cf.levels))
+        fits = max(2, int(4.4 * aspect / 0.22))  # tick labels a flat panel's bar holds without overlapping
+        bar.set_ticks(cf.levels[::-(-len(cf.levels) // fits)])
         for name, xy in (trajectory or {}).items():
             xy = np.asarray(xy)
-            if len(xy):
-                ax.plot(xy[:, 0], xy[:, 1], "o:", color="white", markersize=3, linewidth=0.8, label=name)
+            if len(xy):  # red: seen on every colour of the map and on the white beyond the grid
+                ax.plot(xy[:, 0], xy[:, 1], "o:", color="tab:red", markersize=3, linewidth=0.8, label=name)
         for name, (x, y) in points.items():
             ax.plot([x], [y], "kx", markersize=9, markeredgewidth=2)
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9,
-                        bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
+            right = x > (xs[0] + xs[-1]) / 2  # labels of the right half to the left: clear of the colour bar
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(-5 if right else 5, 5), fontsize=9,
+                        ha="right" if right else "left", bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
         ax.set_title(label)
         ax.set_xlabel("x (along w2 - w1)")
         ax.set_ylabel("y")
@@ -66,7 +78,7 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
 
 
 def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[str, np.ndarray]],
-                title: str = "") -> Path:
+                title: str = "", names: dict[str, str] | None = None) -> Path:
     """Train loss and test error against distance along random rays (paper Fig. 4).
 
     ``curves[start][metric]`` is ``[directions, len(distances)]``; each start (``swa``, ``sgd``) gets
@@ -79,9 +91,10 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
             colour = colours.get(start, None)
             for i, row in enumerate(values):
                 ax.plot(distances, row, color=colour, alpha=0.6, linewidth=1,
-                        label=start.upper() if i == 0 else None)
+                        label=(names or {}).get(start, start.upper()) if i == 0 else None)
         ax.set_xlabel("distance along a random unit direction")
         ax.set_ylabel(label)
+        ax.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "+3.639e3" above the axis
         ax.legend()
         ax.grid(alpha=0.3)
     if title:
@@ -91,16 +104,18 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
 
 
 def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarray, test_err: np.ndarray,
-                   sgd_distance: float, title: str = "") -> Path:
+                   sgd_distance: float, title: str = "", names: tuple[str, str] = ("SWA", "SGD")) -> Path:
     """Train loss (left axis) and test error (right axis) along the SWA-SGD line (paper Fig. 5)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     ax.plot(distances, train_loss, color="tab:blue", marker=".", label="train loss")
-    ax.set_xlabel("signed distance from SWA (towards SGD)")
+    ax.set_xlabel(f"signed distance from {names[0]} (towards {names[1]})")
     ax.set_ylabel("train loss (CE + L2)", color="tab:blue")
     other = ax.twinx()
     other.plot(distances, test_err, color="tab:red", marker=".", label="test error")
     other.set_ylabel("test error (%)", color="tab:red")
-    for x, name in [(0.0, "SWA"), (sgd_distance, "SGD")]:
+    for axis in (ax, other):
+        axis.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "+3.639e3" above the axis
+    for x, name in [(0.0, names[0]), (sgd_distance, names[1])]:
         ax.axvline(x, color="k", linestyle="--", linewidth=0.8)
         ax.annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), textcoords="offset points",
                     xytext=(3, -12), fontsize=9)

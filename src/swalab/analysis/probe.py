@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swalab.config import ConfigError
 from swalab.evaluate import predict_logits, recompute_bn
 from swalab.rundir import atomic_write
 from swalab.analysis.weights import ParamSpace, squared_norm
@@ -66,6 +67,24 @@ def save_arrays(path: str | Path, **arrays) -> Path:
     return atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
+def _read_lines(path: Path) -> list[dict]:
+    """The JSON lines of ``path``. A last line cut short (the process killed while it wrote that point) is dropped
+    from the file, so that the point is evaluated again; a damaged line before it is refused."""
+    text = path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n < len(lines):
+                raise ConfigError(f"{path} line {n} is damaged: use another --out directory, or delete the file "
+                                  "to start afresh") from None
+    if len(rows) < len(lines) or not text.endswith("\n"):
+        atomic_write(path, lambda f: f.write("".join(json.dumps(row) + "\n" for row in rows).encode()))
+    return rows
+
+
 class ResultLog:
     """Append-only JSON lines: a header ``{"settings": ...}``, then one ``{"key": ..., ...}`` per point."""
 
@@ -74,11 +93,14 @@ class ResultLog:
         self.rows: dict[str, dict] = {}
         settings = json.loads(json.dumps(settings))  # normalise tuples, numpy scalars
         if self.path.exists() and self.path.stat().st_size:
-            lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            lines = _read_lines(self.path)
             stored = lines[0].get("settings") if lines else None
             if stored != settings:
-                raise ValueError(f"{self.path} holds results for other settings:\n  stored {stored}\n  asked  "
-                                 f"{settings}\nUse another --out directory (or delete the file) to start afresh")
+                differ = "; ".join(f"{k}: {(stored or {}).get(k)!r} there, {settings.get(k)!r} now"
+                                   for k in sorted(set(stored or {}) | set(settings))
+                                   if (stored or {}).get(k) != settings.get(k))
+                raise ConfigError(f"{self.path} holds results for other settings ({differ}): use another --out "
+                                  "directory, or delete the file to start afresh")
             self.rows = {row["key"]: row for row in lines[1:] if "key" in row}
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)

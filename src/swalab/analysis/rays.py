@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
+from swalab.analysis.loading import (add_common_arguments, add_solution_arguments, load_solutions, open_study,
+                                     solution_names)
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.analysis.weights import random_unit_directions
@@ -61,7 +62,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="largest t (default: 0.5 x ||w_SWA||)")
     p.add_argument("--points", type=int, default=11, help="distances from 0 to --max-distance")
     add_common_arguments(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.directions < 1 or args.points < 2:
+        p.error(f"--directions {args.directions} --points {args.points}: a ray needs at least 1 direction and 2 points")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -73,14 +77,14 @@ def main(argv=None) -> dict:
     directions = random_unit_directions(study.space.dim, args.directions, args.seed)
 
     out = Path(args.out)
-    log = ResultLog(out / "rays.jsonl", study.settings(**specs, directions=args.directions, max_distance=max_distance,
-                                                        points=args.points))
+    log = ResultLog(out / "rays.jsonl", study.settings(specs, out, directions=args.directions,
+                                                        max_distance=max_distance, points=args.points))
     probe = study.probe(starts["swa"][1])
     curves = evaluate_rays(starts, directions, distances, probe, log, progress=not args.quiet)
     save_arrays(out / "rays.npz", distances=distances,
              **{f"{name}_{m}": curves[name][m] for name in curves for m in METRICS})
     title = f"{study.describe()}: {args.directions} random directions"
-    plots.rays_figure(out / "rays.png", distances, curves, title=title)
+    plots.rays_figure(out / "rays.png", distances, curves, title=title, names=solution_names(args))
     print(f"[rays] wrote {out / 'rays.npz'} and {out / 'rays.png'} ({probe.calls} points evaluated now)")
     return {"distances": distances, "curves": curves, "evaluated": probe.calls}
 

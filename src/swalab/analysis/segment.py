@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from swalab.analysis import plots
-from swalab.analysis.loading import add_common_arguments, add_solution_arguments, load_solutions, open_study
+from swalab.analysis.loading import (add_common_arguments, add_solution_arguments, load_solutions, open_study,
+                                     solution_names)
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.cli import run_command
@@ -74,15 +75,16 @@ def main(argv=None) -> dict:
     ts = segment_ts(args.t_min, args.t_max, args.points)
 
     out = Path(args.out)
-    log = ResultLog(out / "segment.jsonl", study.settings(**specs, t_min=args.t_min, t_max=args.t_max,
+    log = ResultLog(out / "segment.jsonl", study.settings(specs, out, t_min=args.t_min, t_max=args.t_max,
                                                           points=args.points))
     probe = study.probe(swa[1])
     values = evaluate_segment(swa, sgd, ts, probe, log, progress=not args.quiet)
     distances = ts * length
     save_arrays(out / "segment.npz", t=ts, distance=distances, sgd_distance=length, **values)
-    title = study.describe().replace(" (", ": SWA to SGD\n(", 1)
+    names = solution_names(args)
+    title = study.describe().replace(" (", f": {names['swa']} to {names['sgd']}\n(", 1)
     plots.segment_figure(out / "segment.png", distances, values["train_loss"], values["test_err"], length,
-                         title=title)
+                         title=title, names=(names["swa"], names["sgd"]))
     print(f"[segment] ||w_SGD - w_SWA|| = {length:.4f}; wrote {out / 'segment.npz'} and {out / 'segment.png'} "
           f"({probe.calls} points evaluated now)")
     return {"t": ts, "distance": distances, "length": length, "values": values, "evaluated": probe.calls}

@@ -199,6 +199,8 @@ def subset(split: DataSplit, size: int | None, seed: int, key: str = "dataset.tr
     keep = subset_indices(split.labels, size, seed, key, what)
     if keep is None:
         return split
+    if hasattr(split, "subset"):  # a split read from disk on demand (ImageNet's ImageFolderSplit): its own subset
+        return split.subset(keep.tolist())
     return DataSplit(images=split.images[keep], labels=split.labels[keep])
 
 

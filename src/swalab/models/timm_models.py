@@ -95,8 +95,10 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         return load_state_dict(str(path), use_ema=False)
     except Exception as exc:
+        first = str(exc).split(". ")[0].strip()  # torch's advice after it (weights_only=False) is not the user's
         raise PretrainedWeightsError(f"model.pretrained_file={path}: cannot read a state dict from it "
-                                     f"({type(exc).__name__}: {exc})") from exc
+                                     f"({type(exc).__name__}: {first}): a damaged or cut-short copy, or not a "
+                                     "weights file; copy the weights again") from exc
 
 
 def describe_mismatch(model: nn.Module, state: dict[str, torch.Tensor], limit: int = 8) -> str:
@@ -132,13 +134,15 @@ def create_timm_model(model_name: str, pretrained: bool = False, pretrained_file
     if pretrained_file:
         path = Path(pretrained_file)
         if not path.is_file():
-            raise FileNotFoundError(f"model.pretrained_file={pretrained_file}: no such file")
+            raise FileNotFoundError(f"model.pretrained_file={pretrained_file}: "
+                                    f"{'a folder, not a weights file' if path.is_dir() else 'no such file'}")
         overlay = dict(file=str(path))
         try:
             return timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay=overlay,
                                      num_classes=num_classes, in_chans=in_channels, **kwargs)
-        except RuntimeError as exc:
-            if "state_dict" not in str(exc):
+        except Exception as exc:
+            if not isinstance(exc, RuntimeError) or "state_dict" not in str(exc):
+                read_state_dict(path)  # a file torch cannot read is refused naming model.pretrained_file
                 raise
             model = timm.create_model(model_name, pretrained=False, in_chans=in_channels, **kwargs)
             raise PretrainedWeightsError(

@@ -215,7 +215,7 @@ def start_weights(scored: Scored) -> tuple[State, str]:
         raise PosthocError(f"--wiseft: {scored.run.path} started from no weights (model.init_from is null and "
                            "model.pretrained false): WiSE-FT interpolates between the weights a fine-tune started "
                            "from and its final ones")
-    model = scored.run.model()
+    model = scored.run.model(scored.run.data())  # the head the run had (a folder's config leaves num_classes null)
     weights_classes = (getattr(model, "pretrained_cfg", None) or {}).get("num_classes")
     classes = getattr(model, "num_classes", weights_classes)
     if weights_classes and classes != weights_classes:

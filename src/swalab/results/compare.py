@@ -93,7 +93,7 @@ def score_run(run_dir: str | Path, device: str = "auto") -> Scored:
     """Open ``run_dir`` for scoring: the live weights loaded, the loaders on ``device`` (the validation split's too,
     when the run has one)."""
     run = finished_run(run_dir)
-    dev = select_device(device)
+    dev = select_device(device, "--device")
     data = run.data()
     _, test_loader, bn_loader = run.loaders(data, dev)
     model = run.model(data)

@@ -340,7 +340,8 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]
             tail = "".join(f", {name} {statistics.fmean(cell.values(metric)):.3f}"
                            for metric, name in (("ece", "ECE"), ("brier", "Brier")) if cell.values(metric))
-            ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], "-o", ms=4, color=color,
+            dashes = "--" if column.scaled else "-"  # SWA+ts has SWA's colour: dashed, it stays apart from it
+            ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], dashes, marker="o", ms=4, color=color,
                     clip_on=not dense, label=f"{column.label} (n={len(cell.entries)}{tail})")
             # unclipped, a bin at accuracy 0 or 1 is drawn whole; an empty line unclipped would stretch the panel's
             # extent over the whole figure (tight_layout then gives up)
@@ -348,7 +349,7 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
                 ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color,
                         clip_on=False)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
-            hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4)
+            hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4, ls=dashes)
         ax.set(ylabel="accuracy", xlim=(0, 1), ylim=(-0.03, 1.03))  # a bin at accuracy 0 or 1 is drawn whole
         ax.tick_params(labelbottom=False)  # the confidence axis is read beneath, on the share of images
         ax.grid(alpha=0.3)

@@ -33,7 +33,7 @@ from swalab.config import ConfigError, build
 from swalab.data import ImageData, subset
 from swalab.data.classes import ClassesError, keep_classes, other_classes
 from swalab.data.fingerprint import changes
-from swalab.data.splits import DataSplit, cap_test_split
+from swalab.data.splits import TEST_SUBSET_SEED, DataSplit
 from swalab.identity import DATA_FINGERPRINT, counted, identity_of, method_class_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
@@ -289,7 +289,12 @@ class Run:
 
     @cached_property
     def _own_data(self) -> ImageData:
-        data, then = build(self.cfg.dataset.source, "dataset.source"), self.identity.get(DATA_FINGERPRINT)
+        try:
+            data, then = build(self.cfg.dataset.source, "dataset.source"), self.identity.get(DATA_FINGERPRINT)
+        except FileNotFoundError as exc:  # data moved, or a run made on another machine
+            raise FileNotFoundError(f"{self.path}: its data is not at dataset.root={self.get('dataset.root')} "
+                                    f"({str(exc).strip().splitlines()[0]}): put it back there, or write where it is "
+                                    f"now as dataset.root in {self.path / RunDir.CONFIG}") from None
         record = getattr(data, "record", None)
         if then is not None and record is not None and record["fingerprint"] != then:
             what = changes((read_json(self.path / RunDir.DATA) or {}).get("record") or {}, record)
@@ -303,8 +308,12 @@ class Run:
         (seed 0, as ``dataset.test_size`` caps it), for analyses that cannot afford the whole splits. Read once per
         ``Run`` (its splits are shared: derive new ones, never change them in place)."""
         data = self._whole_data
-        train = subset(data.train, train_size, seed) if train_size else data.train
-        test = cap_test_split(data.test, test_size) if test_size else data.test
+        try:  # the analyses' flags, named as typed
+            train = data.train if train_size is None else subset(data.train, train_size, seed, "--train-size")
+            test = data.test if test_size is None else subset(data.test, test_size, TEST_SUBSET_SEED, "--test-size",
+                                                              "the test split")
+        except ValueError as exc:
+            raise ConfigError(str(exc).replace(" or null for all of them", "; leave it out for all of them")) from None
         return dataclasses.replace(data, train=train, test=test)
 
     def other_classes_test(self) -> DataSplit:
@@ -340,8 +349,9 @@ class Run:
             return state["model"]
         methods = state.get("methods") or {}
         if name not in methods:
-            raise KeyError(f"{self.path}: {RunDir.FINAL} holds weights of {sorted(methods)} besides the live model, "
-                           f"not {name!r}")
+            raise ConfigError(f"{self.path}: {RunDir.FINAL} of this {self.method} run holds weights of "
+                              f"{sorted(methods)} besides the live model, not {name!r}: name a run of method {name} "
+                              "(or these weights as <run dir>, <run dir>@<epoch> or a .pt file)")
         return methods[name]
 
     def method_weights(self) -> list[str]:
@@ -411,6 +421,7 @@ def load_weights(spec: str) -> dict[str, torch.Tensor]:
     if path.is_dir() and "@" not in head:
         return Run(path).weights(method or "live")
     if method:
-        raise ValueError(f"{spec}: ':{method}' only applies to a run directory")
-    state, _ = load_init_weights(head)
+        raise ConfigError(f"{spec}: ':{method}' only applies to a run directory; name the run directory holding "
+                          f"{head}, as <run dir>:{method}")
+    state, _ = load_init_weights(head, key="")
     return state

@@ -67,11 +67,11 @@ def data_files_record(cfg: DictConfig) -> dict | None:
     return recorder(**args)
 
 
-def load_init_weights(spec: str) -> tuple[dict, dict]:
+def load_init_weights(spec: str, key: str = "model.init_from=") -> tuple[dict, dict]:
     """Weights to start from: ``<run dir>`` (a finished run's last weights: its ``final.pt``), ``<run dir>@<epoch>`` (that epoch's
     checkpoint, finished or not), a swalab checkpoint, or a plain state dict file.
 
-    Returns the state dict and a lineage record naming where it came from."""
+    Returns the state dict and a lineage record naming where it came from. Errors name the spec as ``key`` + spec."""
     path, sep, epoch = str(spec).rpartition("@")
     if not sep or not epoch.isdigit():  # no epoch given: the whole spec is the path
         path, epoch = str(spec), ""
@@ -81,25 +81,25 @@ def load_init_weights(spec: str) -> tuple[dict, dict]:
         if epoch:
             found = store.find(int(epoch))
             if found is None:
-                raise FileNotFoundError(f"model.init_from={spec}: no checkpoint of epoch {epoch} in {store.dir} "
+                raise FileNotFoundError(f"{key}{spec}: no checkpoint of epoch {epoch} in {store.dir} "
                                         f"(keep it with run.save_at=[{epoch}] in the parent run)")
             state = read_checkpoint(found)
         else:
             why = unfinished(path)
             if why is not None:
-                raise FileNotFoundError(f"model.init_from={spec}: {why}")
+                raise FileNotFoundError(f"{key}{spec}: {why}")
             final = path / RunDir.FINAL  # a finished run keeps no resume checkpoint (run.keep_finished_checkpoints)
             if final.is_file():
-                state = read_torch_file(final, f"model.init_from={spec}")
+                state = read_torch_file(final, f"{key}{spec}")
                 return state["model"], {"parent": str(path), "checkpoint": str(final), "epoch": state["epoch"]}
             state = store.latest()
             if state is None:
-                raise FileNotFoundError(f"model.init_from={spec}: {store.dir} holds no checkpoint")
+                raise FileNotFoundError(f"{key}{spec}: {store.dir} holds no checkpoint")
             found = Path(state["path"])
         return state["model"], {"parent": str(path), "checkpoint": str(found), "epoch": state["epoch"]}
     if not path.exists():
-        raise FileNotFoundError(f"model.init_from={spec}: no such file or run directory")
-    state = read_torch_file(path, f"model.init_from={spec}")
+        raise FileNotFoundError(f"{key}{spec}: no such file or run directory")
+    state = read_torch_file(path, f"{key}{spec}")
     if isinstance(state, dict) and state.get("format") == "swalab-checkpoint":
         return state["model"], {"parent": str(path.parent.parent), "checkpoint": str(path), "epoch": state["epoch"]}
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):

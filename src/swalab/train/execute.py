@@ -82,7 +82,8 @@ def build_run(plan: RunPlan) -> Built:
     data = build(cfg.dataset.source, "dataset.source", **given_record(cfg, plan.data_record))
     expected = cfg.dataset.get("num_classes")
     if expected is not None and data.num_classes != expected:
-        raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes")
+        raise ConfigError(f"dataset.num_classes={expected} but the data at dataset.root has {data.num_classes} classes "
+                          f"(outputs of the model's head): set dataset.num_classes={data.num_classes}")
     data = keep_classes(data, cfg.dataset.get("classes"))
     if plan.data_record is None and getattr(data, "record", None) is not None:  # downloaded just now
         plan = replace(plan, data_record=data.record,

@@ -354,13 +354,14 @@ def metrics_table(metrics: dict[str, dict]) -> str:
 
 
 def mean_loss_and_accuracy(model: nn.Module, loader: Iterable, device: torch.device,
+                           loss_fn: Callable = F.cross_entropy,
                            labels: torch.Tensor | None = None) -> tuple[float, float]:
     """Mean loss and accuracy (%) of one network, used for the per-epoch test columns.
 
     Pass ``labels`` when they are already known, to spare a second pass over the loader."""
     logits = predict_logits(model, loader, device)
     labels = labels_of(loader) if labels is None else labels
-    return float(F.cross_entropy(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())
+    return float(loss_fn(logits, labels)), 100.0 * float(logits.argmax(1).eq(labels).float().mean())
 
 
 # -- the end of a run: every predictor scored the same way -----------------------------------------------------------

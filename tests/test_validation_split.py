@@ -213,3 +213,15 @@ def test_a_split_of_a_split_is_a_data_split():
     split = DataSplit(images=torch.zeros(10, 1, 2, 2, dtype=torch.uint8), labels=torch.arange(10) % 2)
     train, val = split_off_val(split, 4)
     assert isinstance(train, DataSplit) and isinstance(val, DataSplit) and len(train) == 6
+
+
+def test_a_split_that_would_empty_a_class_names_the_largest_that_leaves_each_class_a_training_image():
+    labels = torch.tensor([0] * 20 + [1] * 5 + [2] * 9)
+    refusal = r"leaving it nothing to train on: lower dataset.val_size to \d+ or less"
+    with pytest.raises(ValueError, match=refusal) as refused:
+        hold_out(labels, 33)
+    most = int(re.search(r"to (\d+) or less", str(refused.value)).group(1))
+    train, val = hold_out(labels, most)  # the largest named is taken: every class keeps a training image
+    assert len(val) == most and set(labels[train].tolist()) == {0, 1, 2}
+    with pytest.raises(ValueError, match="leaving it nothing to train on"):
+        hold_out(labels, most + 1)

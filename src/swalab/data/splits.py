@@ -268,8 +268,11 @@ def hold_out(labels: torch.Tensor, val_size, classes: Sequence[str] | None = Non
     emptied = sorted(set(labels.tolist()) - set(labels[train].tolist()))
     if emptied:
         names = [classes[c] if classes is not None and c < len(classes) else str(c) for c in emptied]
+        ordered = labels[order]  # the split is a prefix of this order: it must stop before a class's last image
+        most = min(int((ordered == c).nonzero()[-1]) for c in ordered.unique().tolist())
         raise ValueError(f"{key}={val_size!r} would hold out every training image of class {', '.join(names[:10])}"
-                         f"{' ...' if len(names) > 10 else ''}, leaving it nothing to train on: lower {key}")
+                         f"{' ...' if len(names) > 10 else ''}, leaving it nothing to train on: lower {key} to "
+                         f"{most} or less")
     return train, val
 
 

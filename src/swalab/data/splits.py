@@ -115,7 +115,8 @@ def check_size(size, key: str, available: int, what: str) -> int | None:
 
     Integers and integral floats (``500.0``) pass. ``True``, ``2.5``, ``"abc"`` and values outside the
     range raise ``ValueError`` naming ``key`` (e.g. ``dataset.test_size``) and, when out of range, how
-    many items ``what`` (the split, in words) holds."""
+    many items ``what`` (the split, in words) holds. A command's flag (``--test-size``) is left out for all items,
+    where a config key is null."""
     if size is None:
         return None
     integral = isinstance(size, numbers.Integral) or (isinstance(size, float) and size.is_integer())
@@ -123,8 +124,9 @@ def check_size(size, key: str, available: int, what: str) -> int | None:
         raise ValueError(f"{key} must be an integer or null, got {size!r}")
     size = int(size)
     if size < 1 or size > available:
+        every = "; leave it out" if key.startswith("--") else " or null"
         raise ValueError(f"{key}={size} is out of range: {what} has {available} items; "
-                         f"use a value in [1, {available}] or null for all of them")
+                         f"use a value in [1, {available}]{every} for all of them")
     return size
 
 
@@ -204,13 +206,13 @@ def subset(split: DataSplit, size: int | None, seed: int, key: str = "dataset.tr
     return DataSplit(images=split.images[keep], labels=split.labels[keep])
 
 
-def cap_test_split(split: DataSplit, size: int | None) -> DataSplit:
-    """Cap a test split at ``size`` items (``dataset.test_size``): a class-stratified subset, seed 0.
+def cap_test_split(split: DataSplit, size: int | None, key: str = "dataset.test_size") -> DataSplit:
+    """Cap a test split at ``size`` items (``dataset.test_size``, or ``key``): a class-stratified subset, seed 0.
 
     The seed is fixed (:data:`TEST_SUBSET_SEED`), never the run seed, so every seed of an experiment is
     scored on the same test images and their accuracies can be averaged and compared. ``None`` keeps the
     whole split."""
-    return subset(split, size, TEST_SUBSET_SEED, key="dataset.test_size", what="the test split")
+    return subset(split, size, TEST_SUBSET_SEED, key=key, what="the test split")
 
 
 

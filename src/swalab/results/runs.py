@@ -33,7 +33,7 @@ from swalab.config import ConfigError, build
 from swalab.data import ImageData, subset
 from swalab.data.classes import ClassesError, keep_classes, other_classes
 from swalab.data.fingerprint import changes
-from swalab.data.splits import TEST_SUBSET_SEED, DataSplit
+from swalab.data.splits import DataSplit, cap_test_split
 from swalab.identity import DATA_FINGERPRINT, counted, identity_of, method_class_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
 from swalab.train.build import build_loaders, build_model, load_init_weights
@@ -310,10 +310,9 @@ class Run:
         data = self._whole_data
         try:  # the analyses' flags, named as typed
             train = data.train if train_size is None else subset(data.train, train_size, seed, "--train-size")
-            test = data.test if test_size is None else subset(data.test, test_size, TEST_SUBSET_SEED, "--test-size",
-                                                              "the test split")
+            test = cap_test_split(data.test, test_size, "--test-size")
         except ValueError as exc:
-            raise ConfigError(str(exc).replace(" or null for all of them", "; leave it out for all of them")) from None
+            raise ConfigError(str(exc)) from None
         return dataclasses.replace(data, train=train, test=test)
 
     def other_classes_test(self) -> DataSplit:

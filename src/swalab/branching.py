@@ -32,7 +32,7 @@ from pathlib import Path
 
 from swalab.checkpoint import CheckpointStore, read_checkpoint
 from swalab.identity import differences, method_part
-from swalab.rundir import RunDir
+from swalab.rundir import RunDir, WeightSpec
 
 
 class BranchError(ValueError):
@@ -41,10 +41,10 @@ class BranchError(ValueError):
 
 def parse_spec(spec: str) -> tuple[Path, int]:
     """``<run dir>@<epoch>`` -> (run dir, epoch). The epoch is required: a branch point is explicit."""
-    path, sep, epoch = str(spec).rpartition("@")
-    if not sep or not epoch.isdigit():
+    weights = WeightSpec.parse(spec)
+    if weights.epoch is None or weights.name:
         raise BranchError(f"run.branch_from={spec!r} must be <run dir>@<epoch>, e.g. outputs/.../seed0@112")
-    return Path(path), int(epoch)
+    return weights.path, weights.epoch
 
 
 def find_checkpoint(run_dir: Path, epoch: int) -> Path:

@@ -62,7 +62,7 @@ from typing import Any
 
 from swalab.compat import RECIPE_BLOCKS, RETIRED_KEYS, SHORT_NAMES_SINCE, upgraded, upgraded_config
 from swalab.data.fingerprint import weights_fingerprint
-from swalab.rundir import RunDir
+from swalab.rundir import RunDir, WeightSpec
 
 # Where a key is declared says whether it counts: the groups of what a run computes, and the groups of how and
 # where it runs (the run group: device, progress, checkpoints, caches, workers; the logger, the paths, Hydra's own),
@@ -179,10 +179,8 @@ def source_run(spec: str, seed: Any = None) -> str | None:
     it recorded (:func:`recorded_identity`, under today's names), with ``-seed<k>`` when its seed ``k`` is not
     ``seed`` (this run's) and ``@<epoch>`` when one is picked (module doc: why). None when ``spec`` names no
     directory with a readable identity (the value then stays as it is)."""
-    path, sep, epoch = spec.rpartition("@")
-    if not sep or not epoch.isdigit():  # no epoch picked: the whole spec is the path
-        path, epoch = spec, ""
-    where = Path(path)
+    weights = WeightSpec.parse(spec)
+    where, epoch = weights.path, weights.epoch
     if not where.is_dir():
         return None
     key = where.resolve()
@@ -198,7 +196,7 @@ def source_run(spec: str, seed: Any = None) -> str | None:
     value = SOURCE_PREFIX + group_hash(source)
     if source.get("seed") != seed:
         value += f"-seed{_safe(str(source.get('seed')))[0]}"
-    return value + (f"@{int(epoch)}" if epoch else "")
+    return value + (f"@{epoch}" if epoch is not None else "")
 
 
 def identity_of(resolved: Mapping[str, Any], data_fingerprint: str | None = None) -> dict[str, Any]:

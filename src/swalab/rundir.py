@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -105,6 +107,41 @@ class RunDir:
         if not isinstance(metrics, dict) or not any(isinstance(m, dict) and "acc" in m for m in metrics.values()):
             raise DamagedRecord(f"{path} holds no predictor's metrics")
         return metrics
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """Weights as every command names them: ``<path>[@<epoch>][:<name>]``.
+
+    ``path`` is a run directory or a weights file; ``@<epoch>`` (digits) picks the checkpoint kept after that epoch;
+    ``:<name>`` (a word: ``swa``, ``ema``, ``sgd``, ``live``) a method's own weights in a finished run's ``final.pt``.
+    Both are read from the end of the spec, so a path may hold ``@`` or ``:`` elsewhere (``runs/lr@0.1/seed0@30``
+    is epoch 30 of ``runs/lr@0.1/seed0``). One parser, so that ``model.init_from``, ``run.branch_from``, the
+    analyses and post-hoc averaging read one spec the same way."""
+
+    path: Path
+    epoch: int | None = None
+    name: str = ""
+
+    _NAME = re.compile(r":([A-Za-z_]\w*)$")
+    _EPOCH = re.compile(r"@(\d+)$")
+
+    @classmethod
+    def parse(cls, spec: str | Path) -> WeightSpec:
+        text = str(spec)
+        named = cls._NAME.search(text)
+        name = named.group(1) if named else ""
+        text = text[:named.start()] if named else text
+        at = cls._EPOCH.search(text)
+        return cls(Path(text[:at.start()] if at else text), int(at.group(1)) if at else None, name)
+
+    def suffix(self) -> str:
+        """``@<epoch>:<name>``, each part only when given."""
+        return (f"@{self.epoch}" if self.epoch is not None else "") + (f":{self.name}" if self.name else "")
+
+    def relative_to(self, folder: Path) -> str:
+        """The spec with its path relative to ``folder``: the same weights typed from another folder read alike."""
+        return os.path.relpath(self.path.resolve(), Path(folder).resolve()) + self.suffix()
 
 
 def earlier_format(what: str, run_dir: str | Path) -> str:

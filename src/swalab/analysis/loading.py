@@ -9,7 +9,6 @@ and the settings recorded with each result log."""
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from swalab.analysis.weights import ParamSpace, has_batchnorm
 from swalab.config import ConfigError
 from swalab.results.runs import Run, load_weights, open_run, run_of
 from swalab.distributed import select_device
+from swalab.rundir import WeightSpec
 
 __all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",
            "add_solution_arguments", "load_solutions", "flat",
@@ -57,9 +57,7 @@ def analysis_data(run: Run, device: torch.device, train_size: int | None = None,
 
 def relative_spec(spec: str, folder: Path) -> str:
     """A weight spec (``<path>[@epoch][:name]``) with its path relative to ``folder``."""
-    head, colon, name = str(spec).partition(":")
-    path, at, epoch = head.rpartition("@") if "@" in head else (head, "", "")
-    return f"{os.path.relpath(Path(path).resolve(), Path(folder).resolve())}{at}{epoch}{colon}{name}"
+    return WeightSpec.parse(spec).relative_to(folder)
 
 
 @dataclass
@@ -149,12 +147,12 @@ def solution_names(args) -> dict[str, str]:
     def name(spec: str | None, default: str) -> str:
         if spec is None:
             return default
-        head, _, method = str(spec).partition(":")
-        if method:
-            return method.upper()
-        if "@" in head:
-            return f"epoch {head.rpartition('@')[2]}"
-        return default if Path(head).is_dir() else Path(head).name
+        weights = WeightSpec.parse(spec)
+        if weights.name:
+            return weights.name.upper()
+        if weights.epoch is not None:
+            return f"epoch {weights.epoch}"
+        return default if weights.path.is_dir() else weights.path.name
     return {"swa": name(args.swa, "SWA"), "sgd": name(args.sgd, "SGD")}
 
 

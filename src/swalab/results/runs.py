@@ -40,7 +40,7 @@ from swalab.train.build import build_loaders, build_model, load_init_weights
 from swalab.train.build import unfinished
 from swalab.runlock import gone_holder
 from swalab.runstatus import RunStatus
-from swalab.rundir import DamagedRecord, RunDir, changed_files, read_json
+from swalab.rundir import DamagedRecord, RunDir, WeightSpec, changed_files, read_json
 
 class Run:
     """One run directory (see the module doc). Build it with :func:`open_run` to score it again, or
@@ -398,7 +398,7 @@ def run_dirs(roots: Iterable[str | Path]) -> list[Path]:
 
 def run_of(spec: str) -> Path | None:
     """The run directory a weight spec points into, if any (to find the config and data)."""
-    path = Path(str(spec).split("@")[0].split(":")[0])
+    path = WeightSpec.parse(spec).path
     if path.is_dir():
         return path
     for parent in path.parents:  # <run>/final.pt, <run>/checkpoints/[saved/]epochNNNN.pt
@@ -414,13 +414,12 @@ def load_weights(spec: str) -> dict[str, torch.Tensor]:
       iterate); ``<run dir>:swa`` (or ``:ema``): a method's own weights;
     * ``<run dir>@<epoch>``: a checkpoint kept with ``run.save_at`` (or one of the newest two);
     * a ``.pt`` file: a swalab checkpoint, a ``final.pt`` (live weights) or a plain state dict."""
-    spec = str(spec)
-    head, _, method = spec.partition(":")
-    path = Path(head.split("@")[0])
-    if path.is_dir() and "@" not in head:
-        return Run(path).weights(method or "live")
-    if method:
-        raise ConfigError(f"{spec}: ':{method}' only applies to a run directory; name the run directory holding "
-                          f"{head}, as <run dir>:{method}")
-    state, _ = load_init_weights(head, key="")
+    weights = WeightSpec.parse(spec)
+    if weights.path.is_dir() and weights.epoch is None:
+        return Run(weights.path).weights(weights.name or "live")
+    if weights.name:
+        head = str(spec)[:-len(weights.name) - 1]
+        raise ConfigError(f"{spec}: ':{weights.name}' only applies to a run directory; name the run directory "
+                          f"holding {head}, as <run dir>:{weights.name}")
+    state, _ = load_init_weights(str(spec), key="")
     return state

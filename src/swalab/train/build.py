@@ -23,7 +23,7 @@ from swalab.losses import LossSpec
 from swalab.optim import OptimizerSpec
 from swalab.runlock import gone_holder
 from swalab.runstatus import STOPPED_STATES, RunStatus
-from swalab.rundir import DamagedRecord, RunDir
+from swalab.rundir import DamagedRecord, RunDir, WeightSpec
 from swalab.settings import GROUPS, InvalidSettings, TrainerOptions
 
 
@@ -72,14 +72,15 @@ def load_init_weights(spec: str, key: str = "model.init_from=") -> tuple[dict, d
     checkpoint, finished or not), a swalab checkpoint, or a plain state dict file.
 
     Returns the state dict and a lineage record naming where it came from. Errors name the spec as ``key`` + spec."""
-    path, sep, epoch = str(spec).rpartition("@")
-    if not sep or not epoch.isdigit():  # no epoch given: the whole spec is the path
-        path, epoch = str(spec), ""
-    path = Path(path)
+    weights = WeightSpec.parse(spec)
+    path, epoch = weights.path, weights.epoch
+    if weights.name:
+        raise ConfigError(f"{key}{spec}: ':{weights.name}' is not read here; give the run directory (its last "
+                          "weights), <run dir>@<epoch> or a weights file")
     if path.is_dir():
         store = CheckpointStore(path)
-        if epoch:
-            found = store.find(int(epoch))
+        if epoch is not None:
+            found = store.find(epoch)
             if found is None:
                 raise FileNotFoundError(f"{key}{spec}: no checkpoint of epoch {epoch} in {store.dir} "
                                         f"(keep it with run.save_at=[{epoch}] in the parent run)")

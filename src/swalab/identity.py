@@ -181,7 +181,7 @@ def source_run(spec: str, seed: Any = None) -> str | None:
     directory with a readable identity (the value then stays as it is)."""
     weights = WeightSpec.parse(spec)
     where, epoch = weights.path, weights.epoch
-    if not where.is_dir():
+    if not where.is_dir() or weights.name:  # a method's weights: refused when read (model.init_from takes none)
         return None
     key = where.resolve()
     if key in _READING:

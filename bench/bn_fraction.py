@@ -30,7 +30,8 @@ from _common import machine_info, pick_device, sync, write_result  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from swalab.evaluate import metrics_from_log_probs, predict_log_probs, recompute_bn  # noqa: E402
-from swalab.results.runs import load_weights, open_run  # noqa: E402
+from swalab.results.runs import open_run  # noqa: E402
+from swalab.runweights import load_weights  # noqa: E402
 from swalab.train.build import build_loaders  # noqa: E402
 
 

@@ -19,7 +19,8 @@ from torch.optim.swa_utils import update_bn
 
 from swalab.analysis import curves, plane, rays, segment
 from swalab.analysis.loading import analysis_data
-from swalab.results.runs import Run, load_weights, open_run
+from swalab.results.runs import Run, open_run
+from swalab.runweights import load_weights
 from swalab.analysis.plane import Plane
 from swalab.analysis.weights import ParamSpace, random_unit_directions
 from swalab.checkpoint import save_checkpoint

@@ -12,7 +12,8 @@ import torch
 
 from swalab.results.compare import compare, main, score_run
 from swalab.evaluate import metrics_from_log_probs
-from swalab.results.runs import load_weights, open_run
+from swalab.results.runs import open_run
+from swalab.runweights import load_weights
 
 TINY = ["dataset.train_size=64", "trainer.batch_size=32", "run.eval_every=0", "trainer.epochs=6"]
 

@@ -37,7 +37,7 @@ from swalab.checkpoint import CheckpointError, CheckpointStore, checkpoint_paths
 from swalab.config import ConfigError
 from swalab.data.cache import CACHE_FORMAT_VERSION, cache_path, load_cache
 from swalab.train import train
-from swalab.train.build import load_init_weights
+from swalab.runweights import load_init_weights
 from swalab.pausing import PREEMPTED_EXIT_CODE, Preempted
 from swalab.step import NonFiniteLossError
 
@@ -186,7 +186,7 @@ def test_a_run_killed_mid_training_reads_stopped_not_running_and_says_how_to_con
     dead process, so a report, compare and init_from say the run stopped and that its command continues it."""
     from swalab.results.report import report
     from swalab.results.runs import Run
-    from swalab.train.build import unfinished
+    from swalab.runweights import unfinished
 
     run = tmp_path / "out" / "run"
     killed = run_cli(run, fault="train_step:6")

@@ -355,7 +355,7 @@ def test_hydra_run_dir_is_refused_naming_run_dir(tmp_path):
 
 def test_an_unfinished_run_is_never_started_from_or_scored_as_if_finished(tmp_path, make_cfg):
     from swalab.results.compare import score_run
-    from swalab.results.runs import load_weights
+    from swalab.runweights import load_weights
 
     parent = tmp_path / "parent"
     train(make_cfg(*TINY, "method=sgd", "run.save_at=[1]", "run.keep_finished_checkpoints=true"), run_dir=parent)

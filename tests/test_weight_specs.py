@@ -1,6 +1,6 @@
 """One reading of a weight spec, ``<path>[@<epoch>][:<name>]``, for every command that takes one: the epoch and the name
 are read from the end, so a run directory whose path holds ``@`` or ``:`` (a grid's ``lr@0.1`` folder) is named the
-same way to ``model.init_from``, ``run.branch_from``, the analyses and ``results.runs.load_weights``."""
+same way to ``model.init_from``, ``run.branch_from``, the analyses and ``runweights.load_weights``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from conftest import train_on_one_thread
 from swalab.analysis.loading import relative_spec
 from swalab.branching import BranchError, parse_spec
 from swalab.config import ConfigError
-from swalab.results.runs import load_weights, run_of
 from swalab.rundir import WeightSpec
-from swalab.train.build import load_init_weights
+from swalab.runweights import load_init_weights, load_weights, run_of
 
 TINY = ["dataset.train_size=64", "trainer.batch_size=32", "trainer.epochs=2", "model.arch.depth=8",
         "run.eval_every=0", "method=sgd", "run.save_at=[1]"]

@@ -175,7 +175,7 @@ _READING: set[Path] = set()  # the source runs being read now: a loop of directo
 
 def source_run(spec: str, seed: Any = None) -> str | None:
     """What a run directory named by ``model.init_from`` (``<dir>``, or ``<dir>@<epoch>`` as
-    ``swalab.train.build.load_init_weights`` reads it) counts as: its source run, ``run-<group hash>`` of the identity
+    ``swalab.runweights.load_init_weights`` reads it) counts as: its source run, ``run-<group hash>`` of the identity
     it recorded (:func:`recorded_identity`, under today's names), with ``-seed<k>`` when its seed ``k`` is not
     ``seed`` (this run's) and ``@<epoch>`` when one is picked (module doc: why). None when ``spec`` names no
     directory with a readable identity (the value then stays as it is)."""

@@ -2,7 +2,7 @@
 
 Used by every analysis command. The run is opened with :func:`swalab.results.runs.open_run` (the one owner of
 run directories), which rebuilds the model and the data exactly as the run trained them; weight specs
-(``<run dir>[:swa]``, ``<run dir>@<epoch>``, a ``.pt`` file) are read by :func:`swalab.results.runs.load_weights`.
+(``<run dir>[:swa]``, ``<run dir>@<epoch>``, a ``.pt`` file) are read by :func:`swalab.runweights.load_weights`.
 A :class:`Study` gathers what every command shares: the options, the loaders, a :class:`Probe` factory
 and the settings recorded with each result log."""
 
@@ -17,11 +17,12 @@ import torch
 from swalab.analysis.probe import Probe
 from swalab.analysis.weights import ParamSpace, has_batchnorm
 from swalab.config import ConfigError
-from swalab.results.runs import Run, load_weights, open_run, run_of
+from swalab.results.runs import Run, open_run
 from swalab.distributed import select_device
 from swalab.rundir import WeightSpec
+from swalab.runweights import load_weights
 
-__all__ = ["AnalysisData", "Study", "open_study", "load_weights", "run_of", "add_common_arguments",
+__all__ = ["AnalysisData", "Study", "open_study", "add_common_arguments",
            "add_solution_arguments", "load_solutions", "flat",
            "solution_names"]
 

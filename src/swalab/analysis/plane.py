@@ -29,9 +29,10 @@ import torch
 from swalab.analysis import plots
 from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError
-from swalab.analysis.loading import add_common_arguments, flat, load_weights, open_study, run_of
+from swalab.analysis.loading import add_common_arguments, flat, open_study
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.cli import run_command
+from swalab.runweights import load_weights, run_of
 
 METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
 

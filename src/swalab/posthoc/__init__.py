@@ -49,7 +49,7 @@ from swalab.powerema import check_widths, coefficients, gamma_of, label_of, prof
 from swalab.results.compare import Scored, score_run
 from swalab.results.runs import Run
 from swalab.snapshots import Snapshot, snapshots_of
-from swalab.train.build import load_init_weights
+from swalab.runweights import load_init_weights
 from swalab.rundir import RunDir, file_fingerprint, write_record
 from swalab.train.records import save_predictions
 

@@ -39,7 +39,7 @@ from swalab.config import ConfigError
 from swalab.identity import label_of
 from swalab.train.build import build_val_loader, load_into
 from swalab.rundir import write_text
-from swalab.train.build import unfinished
+from swalab.runweights import unfinished
 from swalab.distributed import select_device
 
 SINGLE_MODELS = ("swa", "fge_avg")  # predictors held against an FGE ensemble

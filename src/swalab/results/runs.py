@@ -13,7 +13,7 @@ trained with.
     data = run.data()                                    # the run's ImageData (optionally capped)
     model = run.model(data)                              # a fresh network of the run's architecture
     model.load_state_dict(run.weights("swa"))            # the SWA average, BN statistics as they were scored
-    load_weights("<run dir>@30")                         # or any weight spec (see load_weights)"""
+    swalab.runweights.load_weights("<run dir>@30")       # or any weight spec"""
 
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ from swalab.data.fingerprint import changes
 from swalab.data.splits import DataSplit, cap_test_split
 from swalab.identity import DATA_FINGERPRINT, counted, identity_of, method_class_of, stored_identity
 from swalab.methods.fge import MEMBER_PROBS_FILE, member_log_probs_of
-from swalab.train.build import build_loaders, build_model, load_init_weights
-from swalab.train.build import unfinished
+from swalab.train.build import build_loaders, build_model
 from swalab.runlock import gone_holder
 from swalab.runstatus import RunStatus
-from swalab.rundir import DamagedRecord, RunDir, WeightSpec, changed_files, read_json
+from swalab.rundir import DamagedRecord, RunDir, changed_files, read_json
+from swalab.runweights import final_weights
 
 class Run:
     """One run directory (see the module doc). Build it with :func:`open_run` to score it again, or
@@ -333,25 +333,8 @@ class Run:
         return build_loaders(cfg, data, device)
 
     def weights(self, name: str = "live") -> dict[str, torch.Tensor]:
-        """A state dict of the finished run from ``final.pt``: ``live`` (or ``sgd``: the last iterate) or a
-        method's own weights (``swa``, ``ema``). A run that has not finished has no final weights: its
-        checkpoints are read by epoch (``load_weights("<run dir>@<epoch>")``), never taken for its end."""
-        why = unfinished(self.path)
-        if why is not None:
-            raise FileNotFoundError(why)
-        final = self.path / RunDir.FINAL
-        if not final.exists():
-            raise FileNotFoundError(f"{self.path} has finished but holds no {RunDir.FINAL}: re-score it by moving its "
-                                    "metrics.json away and re-running its command")
-        state = read_torch_file(final)
-        if name in ("live", "sgd", "model"):
-            return state["model"]
-        methods = state.get("methods") or {}
-        if name not in methods:
-            raise ConfigError(f"{self.path}: {RunDir.FINAL} of this {self.method} run holds weights of "
-                              f"{sorted(methods)} besides the live model, not {name!r}: name a run of method {name} "
-                              "(or these weights as <run dir>, <run dir>@<epoch> or a .pt file)")
-        return methods[name]
+        """A state dict of the finished run from ``final.pt`` (:func:`swalab.runweights.final_weights`)."""
+        return final_weights(self.path, name, self.method)
 
     def method_weights(self) -> list[str]:
         """The names of the method's own weights in ``final.pt`` (``["swa"]``, ``["ema"]`` or none)."""
@@ -396,30 +379,3 @@ def run_dirs(roots: Iterable[str | Path]) -> list[Path]:
     return sorted(p for p in found if p.exists())
 
 
-def run_of(spec: str) -> Path | None:
-    """The run directory a weight spec points into, if any (to find the config and data)."""
-    path = WeightSpec.parse(spec).path
-    if path.is_dir():
-        return path
-    for parent in path.parents:  # <run>/final.pt, <run>/checkpoints/[saved/]epochNNNN.pt
-        if (parent / RunDir.CONFIG).exists():
-            return parent
-    return None
-
-
-def load_weights(spec: str) -> dict[str, torch.Tensor]:
-    """The state dict a weight spec names:
-
-    * ``<run dir>`` or ``<run dir>:sgd``: the live weights at the end of the run (for a SWA run, the last SGD
-      iterate); ``<run dir>:swa`` (or ``:ema``): a method's own weights;
-    * ``<run dir>@<epoch>``: a checkpoint kept with ``run.save_at`` (or one of the newest two);
-    * a ``.pt`` file: a swalab checkpoint, a ``final.pt`` (live weights) or a plain state dict."""
-    weights = WeightSpec.parse(spec)
-    if weights.path.is_dir() and weights.epoch is None:
-        return Run(weights.path).weights(weights.name or "live")
-    if weights.name:
-        head = str(spec)[:-len(weights.name) - 1]
-        raise ConfigError(f"{spec}: ':{weights.name}' only applies to a run directory; name the run directory "
-                          f"holding {head}, as <run dir>:{weights.name}")
-    state, _ = load_init_weights(str(spec), key="")
-    return state

@@ -16,42 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from swalab import distributed
 from swalab.branching import check_branch, load_branch_state, read_lineage
-from swalab.checkpoint import CheckpointError, CheckpointStore, read_checkpoint, read_torch_file
+from swalab.checkpoint import CheckpointError, CheckpointStore
 from swalab.config import ConfigError, build, is_number
 from swalab.data import ResidentLoader, subset
 from swalab.losses import LossSpec
 from swalab.optim import OptimizerSpec
-from swalab.runlock import gone_holder
-from swalab.runstatus import STOPPED_STATES, RunStatus
-from swalab.rundir import DamagedRecord, RunDir, WeightSpec
+from swalab.runweights import load_init_weights
 from swalab.settings import GROUPS, InvalidSettings, TrainerOptions
-
-
-def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
-    """Why ``run_dir`` cannot stand for its final weights, or None when it has finished: a run still training
-    (or stopped) has only intermediate checkpoints, which are never taken for its end without an explicit
-    ``@<epoch>``. ``epoch_pick``: whether the caller takes ``<run dir>@<epoch>`` (``model.init_from`` does; compare,
-    which scores a run's own predictors, does not), and so whether the message offers it."""
-    try:
-        if RunDir(run_dir).final_metrics() is not None:
-            return None
-    except DamagedRecord as exc:
-        return f"{exc}; re-run its command to score it again"
-    kept = CheckpointStore(run_dir).kept()
-    newest = kept[-1][0] if kept else None
-    trainer = (RunDir(run_dir).config() or {}).get("trainer", {})
-    epochs = trainer.get("epochs") if isinstance(trainer, dict) else None
-    where = f"its newest kept checkpoint is epoch {newest}" if newest is not None else "it has no checkpoint yet"
-    total = f" of {epochs}" if epochs is not None and newest is not None else ""
-    pick = f"name an epoch explicitly (<run dir>@{newest}) or " if newest is not None and epoch_pick else ""
-    status = RunDir(run_dir).status()
-    if status == RunStatus.RUNNING and gone_holder(run_dir) is not None:
-        why = "no process trains it"
-    elif status in STOPPED_STATES:
-        why = f"it stopped: {status}"
-    else:  # training now, or as far as can be told from here
-        return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
-    return f"{run_dir} has not finished ({where}{total}; {why}): {pick}re-run its own command to finish it"
 
 
 def data_files_record(cfg: DictConfig) -> dict | None:
@@ -65,47 +36,6 @@ def data_files_record(cfg: DictConfig) -> dict | None:
         return None
     args = {k: v for k, v in OmegaConf.to_container(cfg.dataset.source, resolve=True).items() if k != "_target_"}
     return recorder(**args)
-
-
-def load_init_weights(spec: str, key: str = "model.init_from=") -> tuple[dict, dict]:
-    """Weights to start from: ``<run dir>`` (a finished run's last weights: its ``final.pt``), ``<run dir>@<epoch>`` (that epoch's
-    checkpoint, finished or not), a swalab checkpoint, or a plain state dict file.
-
-    Returns the state dict and a lineage record naming where it came from. Errors name the spec as ``key`` + spec."""
-    weights = WeightSpec.parse(spec)
-    path, epoch = weights.path, weights.epoch
-    if weights.name:
-        raise ConfigError(f"{key}{spec}: ':{weights.name}' is not read here; give the run directory (its last "
-                          "weights), <run dir>@<epoch> or a weights file")
-    if path.is_dir():
-        store = CheckpointStore(path)
-        if epoch is not None:
-            found = store.find(epoch)
-            if found is None:
-                raise FileNotFoundError(f"{key}{spec}: no checkpoint of epoch {epoch} in {store.dir} "
-                                        f"(keep it with run.save_at=[{epoch}] in the parent run)")
-            state = read_checkpoint(found)
-        else:
-            why = unfinished(path)
-            if why is not None:
-                raise FileNotFoundError(f"{key}{spec}: {why}")
-            final = path / RunDir.FINAL  # a finished run keeps no resume checkpoint (run.keep_finished_checkpoints)
-            if final.is_file():
-                state = read_torch_file(final, f"{key}{spec}")
-                return state["model"], {"parent": str(path), "checkpoint": str(final), "epoch": state["epoch"]}
-            state = store.latest()
-            if state is None:
-                raise FileNotFoundError(f"{key}{spec}: {store.dir} holds no checkpoint")
-            found = Path(state["path"])
-        return state["model"], {"parent": str(path), "checkpoint": str(found), "epoch": state["epoch"]}
-    if not path.exists():
-        raise FileNotFoundError(f"{key}{spec}: no such file or run directory")
-    state = read_torch_file(path, f"{key}{spec}")
-    if isinstance(state, dict) and state.get("format") == "swalab-checkpoint":
-        return state["model"], {"parent": str(path.parent.parent), "checkpoint": str(path), "epoch": state["epoch"]}
-    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-        state = state["model"]
-    return state, {"parent": None, "checkpoint": str(path), "epoch": None}
 
 
 class StartKind(Enum):

@@ -170,6 +170,16 @@ def test_a_setting_every_method_of_a_row_shares_labels_the_row_and_keeps_sgd_and
                                                  "93.00 (n=1) |"]
 
 
+def test_a_row_of_runs_launched_by_an_experiment_names_the_experiment_whose_settings_are_its_defaults(tmp_path):
+    root = tmp_path / "g"
+    for method, metrics, budget in (("sgd", {"sgd": m(90.0)}, 1.0), ("swa", {"swa": m(93.0)}, 1.5)):
+        run = with_apart(make_run(root, method, 0, metrics, budget=budget, extra={"optimizer": {"name": "adamw"}}),
+                         {"optimizer": "adamw"})  # set by the experiment: apart from the primary config's choice
+        (run / "overrides.yaml").write_text(yaml.safe_dump([f"method={method}", "experiment=my_recipe"]))
+    report([root], tmp_path / "out")
+    assert row_names(tmp_path / "out") == ["cifar10 / preresnet20 · experiment=my_recipe, optimizer=adamw"]
+
+
 def test_a_setting_typed_under_method_sets_its_run_apart(tmp_path):
     root = tmp_path / "g"
     with_apart(make_run(root, "ema", 0, {"ema": m(91.0)}), {})

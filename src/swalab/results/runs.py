@@ -84,6 +84,20 @@ class Run:
         return counted(apart) if isinstance(apart, dict) else None
 
     @cached_property
+    def experiment(self) -> str | None:
+        """The ``experiment=`` the run was launched with (its ``overrides.yaml``), or None. An experiment's own
+        settings are its defaults, so :attr:`apart` leaves them out; a report's row names the experiment instead."""
+        try:
+            typed = OmegaConf.load(self.path / RunDir.OVERRIDES)
+        except (OSError, ValueError):
+            return None
+        for item in typed if OmegaConf.is_list(typed) else ():
+            key, _, value = str(item).lstrip("+").partition("=")
+            if key == "experiment" and value:
+                return value
+        return None
+
+    @cached_property
     def _status(self) -> dict:
         return read_json(self.path / RunDir.STATUS) or {}
 

@@ -301,7 +301,8 @@ def shared_settings(run: Run) -> dict | None:
     branch runs on is not its row's); None without a record."""
     if run.apart is None:
         return None
-    return {k: v for k, v in run.apart.items() if not method_part(k)}
+    experiment = {"experiment": run.experiment} if run.experiment else {}  # its own settings are no override
+    return {**experiment, **{k: v for k, v in run.apart.items() if not method_part(k)}}
 
 
 def _first_written(entries: Sequence[Entry]) -> float:

@@ -1,6 +1,6 @@
 """Measure one Table 1 row trained branched (one SGD trunk, SWA and FGE branches) against naively.
 
-    python bench/row_branched_vs_naive.py --train-size 2000 --budget 8 --seed 0 --out /tmp/rowbench
+    python bench/row_branched_vs_naive.py --train-per-class 100 --test-per-class 100 --budget 8 --seed 0 --out /tmp/rowbench
 
 Runs ``python -m swalab.results.row`` twice on the CIFAR-10 JPEG copy (PreResNet-20, CPU), branched and
 with ``--naive`` (five runs trained straight through), each in its own output directory, and

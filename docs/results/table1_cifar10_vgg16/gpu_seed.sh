@@ -3,7 +3,7 @@
 #
 #   docs/results/table1_cifar10_vgg16/gpu_seed.sh <seed> <data folder> <packed output folder>
 #
-# Trains the row with the paper's recipe unchanged (B = 200; SWA branched off the SGD trunk at epoch 161, scored at
+# Trains the row with the paper's recipe unchanged (B = 200; SWA branched off the SGD trunk at epoch 160, averaging from 161, scored at
 # 1, 1.25 and 1.5 B; FGE branched at 0.8 B), on all 50,000 training images of the JPEG copy, in
 # /tmp/table1 (override with SWALAB_TABLE1_RUNS). Checkpoints go every 25 epochs (run.checkpoint_every: how a run
 # runs, not what it computes; the branch points are kept for good by the row itself). About 6.5 minutes on an H200

@@ -85,7 +85,7 @@ def test_loggers_instantiate(make_cfg, tmp_path):
 
 
 def test_paper_recipes_reach_the_config(make_cfg):
-    """Per-model values from reference.md section 2, and the per-(dataset, model) specialisation."""
+    """Per-model values of the paper and its reference code, and the per-(dataset, model) specialisation."""
     wrn = make_cfg("method=swa", "model=wrn28_10", "dataset=cifar100", "method.budget=1.5")
     assert (wrn.trainer.epochs, build_method(wrn, 300).start_epoch, wrn.model.swa.lr, wrn.schedule.lr) == (300, 161, 0.05, 0.1)
     assert wrn.optimizer.weight_decay == 5e-4 and wrn.trainer.batch_size == 128 and wrn.optimizer.momentum == 0.9
@@ -96,7 +96,7 @@ def test_paper_recipes_reach_the_config(make_cfg):
     assert list(vgg.model.mean) == [0.485, 0.456, 0.406]
     fge = make_cfg("model=preresnet164", "method=fge", "dataset=cifar100")
     assert (fge.trainer.epochs, build_method(fge, 150).pretrain_epochs, fge.model.fge.cycle_epochs) == (150, 120, 2)
-    swa = make_cfg("model=preresnet164", "method=swa", "dataset=cifar10")  # reference.md section 2: 126 of 225
+    swa = make_cfg("model=preresnet164", "method=swa", "dataset=cifar10")  # the reference code: 126 of 225
     assert (swa.trainer.epochs, build_method(swa, 225).start_epoch) == (225, 126)
 
 

@@ -86,7 +86,7 @@ def test_table1_experiment_sweeps_sgd_fge_swa_at_the_papers_budgets(experiment):
         budgets[method] = job.trainer.epochs / job.model.budget_epochs
         if method == "swa":
             assert list(m.score_at_budgets) == [1.0, 1.25]
-            assert m.start_epoch == {"vgg16": 161, "wrn28_10": 161, "preresnet164": 126}[model]  # reference.md 2
+            assert m.start_epoch == {"vgg16": 161, "wrn28_10": 161, "preresnet164": 126}[model]  # the reference code
     assert budgets == {"sgd": 1.0, "fge": 1.0, "swa": 1.5}
 
 

@@ -1,4 +1,4 @@
-"""Every learning-rate formula against shared/reference.md section 1, at many points.
+"""Every learning-rate formula against the paper's and its reference code's, at many points.
 
 The expected values are written out independently of ``swalab.schedules`` (straight from the
 formulas in the reference), including the cycle boundaries where off-by-one errors hide.
@@ -30,7 +30,7 @@ from swalab.schedules import (
 
 
 def reference_schedule(epoch, lr_init, swa_lr, swa_start, epochs, swa=True):
-    """timgaripov/swa train.py ``schedule(epoch)``, transcribed from reference.md."""
+    """timgaripov/swa train.py ``schedule(epoch)``, transcribed."""
     t = epoch / (swa_start if swa else epochs)
     r = swa_lr / lr_init if swa else 0.01
     if t <= 0.5:

@@ -12,7 +12,7 @@ change a softmax). For a predictor that averages probabilities (the FGE ensemble
 an SWA average scored at a budget mark) the temperature acts on the *average*: ``p_T ∝ (mean_i p_i)^(1/T)``, one
 ``T`` for the ensemble as a whole, fitted on the ensemble's own validation log-probabilities. That is well
 defined whatever the members are, ``T = 1`` gives the ensemble back exactly, and it is the calibration a user of
-the ensemble's output can apply (reference.md section 8: "for an ensemble, fit on its mean log-probabilities").
+the ensemble's output can apply: one temperature, fitted on the ensemble's mean log-probabilities.
 
 How ``T`` is fitted: the mean NLL of ``softmax(log p / T)`` on the validation split, minimised over ``log T``
 in [log 0.01, log 100] by Brent's bounded search (``scipy.optimize.minimize_scalar``), in float64. The NLL is

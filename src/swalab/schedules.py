@@ -1,7 +1,8 @@
 """Learning-rate schedules as pure functions of training progress.
 
-Every formula here is written out in ``shared/reference.md`` section 1 and is tested
-alone against it. Two layers:
+Every formula here is the paper's (Izmailov et al. 2018, section 3 and its appendix) or its reference code's
+(``schedule(epoch)`` of the authors' ``train.py``, FGE's cyclic lr, Shake-Shake's cosine cycle), and is tested
+alone against a transcription of it. Two layers:
 
 * plain functions (``paper_sgd_factor``, ``cyclic_swa_lr``, ``fge_cyclic_lr`` ...) that take
   numbers and return numbers, one per formula;

@@ -230,8 +230,26 @@ def test_the_report_shows_a_runs_scores_on_other_data_and_its_ood_detection(swa_
     report([swa_run.parent], tmp_path / "out")
     table = (tmp_path / "out" / "table.md").read_text()
     assert "## Scored on other data (python -m swalab.results.score)" in table
-    assert "| swa/seed0 | cifar10c-contrast-2 | swa |" in table
-    assert "## Out-of-distribution detection" in table and "| swa/seed0 | ood-noise-gaussian | swa | msp |" in table
+    run = "| digits / preresnet20 · SWA 1.5B (4 ep) · seed 0 |"  # its row, column and seed: no two runs alike
+    assert f"{run} cifar10c-contrast-2 | swa |" in table
+    assert "## Out-of-distribution detection" in table and f"{run} ood-noise-gaussian | swa | msp |" in table
+
+
+def test_the_reports_tables_of_scores_count_a_run_found_in_two_folders_once(swa_run, tmp_path):
+    """The same run in two folders given to the report is counted once in its table ("repeats ... counted once"),
+    and so in the tables of scores on other data: each scored set once, not once per copy."""
+    import shutil
+
+    from swalab.results.report import report
+
+    main([str(swa_run), "--data", "cifar10c:contrast:2", "--ood", "noise:gaussian", "--device", "cpu"])
+    copy = tmp_path / "copy" / "swa"
+    shutil.copytree(swa_run, copy)
+    report([swa_run.parent, copy.parent], tmp_path / "out")
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "counted once" in table
+    assert len([line for line in table.splitlines() if "| cifar10c-contrast-2 | swa |" in line]) == 1
+    assert len([line for line in table.splitlines() if "| ood-noise-gaussian | swa | msp |" in line]) == 1
 
 
 # -- a set scored before is kept; a score record is whole or absent; one score of a run at a time ----------------------

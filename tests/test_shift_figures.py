@@ -219,3 +219,21 @@ def test_kept_scores_read_back_as_they_were_to_float16(tmp_path):
     back = ood.read_kept_scores(tmp_path / ood.PER_IMAGE_FILE)
     assert torch.allclose(back["swa"]["msp"][0], ins.float(), atol=1e-3) and back["swa"]["msp"][1].shape == (20,)
     assert ood.read_kept_scores(tmp_path / "absent.pt") is None
+
+
+def test_no_roc_curve_averages_seeds_scored_on_other_images(tmp_path, figures):
+    """A folder that changed between two score commands: the seeds' records of one name hold other images. The
+    summary table refuses to average them (test_shift_summary); the figure draws no mean curve of them either."""
+    shifted(tmp_path / "g")
+    for seed, fingerprint in ((0, "before"), (1, "after")):
+        for path in (tmp_path / "g").rglob(f"seed{seed}/scores/ood-noise-gaussian/metrics.json"):
+            record = json.loads(path.read_text())
+            record["data"]["fingerprint"] = fingerprint
+            path.write_text(json.dumps(record))
+    assert shift_plots.plot_ood_roc(table_of(tmp_path / "g"), tmp_path / "ood_roc.png")
+    for ax in figures[-1].axes:
+        labels = [line.get_label() for line in ax.get_lines()][1:]
+        if "gaussian" in ax.get_title():
+            assert labels == [], labels
+        else:  # the folder's records hold the same images: averaged as before
+            assert len(labels) == 4 and all("(n=2)" in label for label in labels), labels

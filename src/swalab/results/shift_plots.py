@@ -224,10 +224,20 @@ def mean_roc(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, n
     return np.concatenate([[0.0], ROC_GRID]), np.concatenate([[0.0], np.mean(tprs, axis=0)])
 
 
+def other_images(cell: Cell, name: str) -> bool:
+    """Whether the cell's seeds were scored against other images under the one name ``name`` (a folder that changed
+    between two score commands: the records' image fingerprints differ), so that no mean of them is one set's."""
+    found = {((e.run.scores.get(name) or {}).get("data") or {}).get("fingerprint") for e in cell.entries}
+    return len(found - {None}) > 1
+
+
 def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
                ) -> dict[str, tuple[np.ndarray, np.ndarray, list[float], int]]:
     """``{score: (fpr, tpr, [AUROC per seed], seeds drawn)}`` of a cell's predictor against the OOD set ``name``, for
-    each of ``scores`` stored, over the seeds whose per-image scores were kept."""
+    each of ``scores`` stored, over the seeds whose per-image scores were kept; none where the seeds were scored on
+    other images (:func:`other_images`: the report's summary says so)."""
+    if other_images(cell, name):
+        return {}
     curves: dict[str, list] = defaultdict(list)
     aurocs: dict[str, list[float]] = defaultdict(list)
     for e in cell.entries:

@@ -40,7 +40,6 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from swalab.checkpoint import read_torch_file
 from swalab.config import ConfigError
 from swalab.evaluate import ModelPredictor, labels_of, metrics_from_log_probs, score_predictors
 from swalab.identity import differences, group_hash
@@ -164,14 +163,14 @@ class PowerSnapshot:
     sigma_rels: dict[str, float]
 
     def averages(self) -> dict[str, State]:
-        return read_torch_file(self.snapshot.path, weights_only=True)["powerema"]["averages"]
+        return self.snapshot.read()["powerema"]["averages"]
 
 
 def power_snapshots(run_dir: Path) -> list[PowerSnapshot]:
     """The run's snapshots that hold power EMAs, in training order (read memory-mapped: only ``t`` is touched)."""
     out = []
     for s in snapshots_of(run_dir):
-        power = read_torch_file(s.path, weights_only=True, mmap=True).get("powerema")
+        power = s.read(mmap=True).get("powerema")
         if power is not None:
             out.append(PowerSnapshot(s, int(power["t"]), {k: float(v) for k, v in power["sigma_rels"].items()}))
     return out

@@ -143,6 +143,19 @@ def test_an_average_of_a_run_that_wrote_no_snapshots_is_refused_naming_run_snaps
     assert not (run_without_snapshots / "posthoc").exists()
 
 
+def test_an_average_of_a_run_whose_snapshots_were_removed_says_so_not_that_it_wrote_none(swa_run, tmp_path):
+    """A run trained with run.snapshots=1 whose snapshots/ was removed (or not copied with it): the refusal says so
+    and how to go on; telling to train with run.snapshots=1, as for a run that wrote none, would be untrue."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(swa_run, copy, ignore=shutil.ignore_patterns("snapshots", "posthoc"))
+    with pytest.raises(PosthocError, match=rf"^--lawa 2: {re.escape(str(copy))} was trained with run.snapshots=1, but "
+                                           r"its snapshots/ holds none now \(removed or not copied\): put them back"):
+        main([str(copy), "--lawa", "2"])
+    assert not (copy / "posthoc").exists()
+
+
 def test_the_ema_over_snapshots_is_the_recurrence_at_each_snapshot():
     states = [{"w": torch.tensor([float(i)]), "n": torch.tensor(i)} for i in range(1, 4)]
     expected = 0.5 * (0.5 * 1 + 0.5 * 2) + 0.5 * 3

@@ -47,7 +47,7 @@ from swalab.posthoc.averages import State, combination, ema_of, greedy_soup, int
 from swalab.powerema import check_widths, coefficients, gamma_of, label_of, profile_error
 from swalab.results.compare import Scored, score_run
 from swalab.results.runs import Run
-from swalab.snapshots import Snapshot, snapshots_of
+from swalab.snapshots import Snapshot, per_epoch, snapshots_of
 from swalab.train.build import load_init_weights
 from swalab.rundir import RunDir, file_fingerprint, write_record
 from swalab.train.records import save_predictions
@@ -99,9 +99,16 @@ def points_of(scored: Scored) -> list[Point]:
     return points
 
 
-def check_averaged(points: Sequence[Point], option: str, run: Path) -> None:
+def check_averaged(points: Sequence[Point], option: str, run: Path, snapshots: float | None = None,
+                   epochs: int = 0) -> None:
     """Refuse ``option`` (``--ema 0.5``) for a run whose only weights are its final ones (it wrote no snapshots, or
-    none before its last epoch): what it would build is those weights under an average's label."""
+    none before its last epoch): what it would build is those weights under an average's label. A run trained with
+    ``run.snapshots`` (``snapshots``) every ``epochs`` reached whose ``snapshots/`` is empty lost them since."""
+    every, _ = per_epoch(snapshots)
+    if len(points) < 2 and every and every <= epochs and not snapshots_of(run):
+        raise PosthocError(f"{option}: {run} was trained with run.snapshots={snapshots:g}, but its "
+                           f"{RunDir.SNAPSHOTS}/ holds none now (removed or not copied): put them back in "
+                           f"{Path(run) / RunDir.SNAPSHOTS} to average them")
     if len(points) < 2:
         raise PosthocError(f"{option}: {run} holds its final weights only (no snapshot before them: it was trained "
                            "without run.snapshots, or with snapshots further apart than the run), so there is nothing "
@@ -345,7 +352,8 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
         asked = [*(f"--swa {w}" for w in request.swa), *(f"--lawa {k}" for k in request.lawa),
                  *(f"--ema {d:g}" for d in request.ema)]
         if asked:  # the first is named: every one of them averages the run's snapshots
-            check_averaged(points, asked[0], scored.run.path)
+            check_averaged(points, asked[0], scored.run.path, scored.run.get("run.snapshots"),
+                           int(scored.run.get("trainer.epochs")))
         for w in request.swa:
             swa_window(points, w)
         for k in request.lawa:

@@ -358,6 +358,31 @@ def test_the_figure_draws_each_family_against_its_knob_with_the_online_marks_and
     assert list(ring.get_xdata()) == [0.10] and list(ring.get_ydata()) == [pytest.approx(0.29)]
 
 
+def test_marks_of_two_runs_of_one_method_and_seed_are_told_apart_in_the_legend_and_the_colour(monkeypatch, tmp_path):
+    """--mark <fine-tune> <its start>: both are 'sgd run, seed 0'. Each keeps its line, named by what sets it apart
+    (one name for both kept only the last, and the legend said nothing of which), in shades of SGD's colour."""
+    from test_report import m as metrics, make_run, with_apart
+
+    from swalab import style
+    from swalab.posthoc import figure
+
+    start = with_apart(make_run(tmp_path, "sgd", 0, {"sgd": metrics(74.0)}, name="start"), {"trainer.epochs": 4})
+    tuned = with_apart(make_run(tmp_path, "sgd", 0, {"sgd": metrics(86.0)}, name="tuned",
+                                extra={"model": {"init_from": "run-abc", "lr": 0.01}}),
+                       {"model.init_from": "run-abc", "model.lr": 0.01, "trainer.epochs": 4})
+    online = online_of([str(tuned), str(start)])
+    assert online == {"sgd (sgd run, seed 0, model.init_from=run-abc, model.lr=0.01)": metrics(86.0),
+                      "sgd (sgd run, seed 0, model.init_from, model.lr at the defaults)": metrics(74.0)}
+    drawn = {}
+    monkeypatch.setattr(figure.style, "finish", lambda plt, fig, path: drawn.setdefault("fig", fig))
+    results = [type("R", (), {"family": "ema", "knob": k, "label": f"ema{k}", "built_from": [], "run": tmp_path,
+                              "metrics": {f"ema{k}": metrics(80.0)}})() for k in (0.5, 0.9)]
+    assert figure.plot(results, online, tmp_path / "f.png")
+    marks = [line for line in drawn["fig"].axes[0].get_lines() if line.get_label().startswith("online")]
+    assert len(marks) == 2 and len({line.get_color() for line in marks}) == 2
+    assert {style.to_hex(line.get_color()) for line in marks} == {style.color_of("sgd"), style.color_of("sgd", 2)}
+
+
 def test_a_swa_window_ending_before_the_last_snapshot_is_drawn_apart_from_the_curve_named(monkeypatch, tmp_path):
     """swa[25:30] (an online budget mark's window) starts where swa[25:45] does: on the curve against the start it would
     read as the same knob; it is drawn apart, with its label beside it."""

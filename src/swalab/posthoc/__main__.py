@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swalab.cli import output_file, run_command
+from swalab.identity import label_of
 from swalab.posthoc import FOLDER, Request, build_and_score, earlier_results, select
 from swalab.posthoc.figure import ONLINE, plot
 from swalab.results.compare import finished_run
@@ -46,14 +47,34 @@ def parser() -> argparse.ArgumentParser:
 
 def online_of(run_dirs: Sequence[str]) -> dict[str, dict]:
     """``{"swa (swa run, seed 0)": metrics}``: the online SGD, SWA and EMA predictors the runs scored (their
-    metrics.json), and the pretrained weights a ``method=pretrained`` run scored."""
+    metrics.json), and the pretrained weights a ``method=pretrained`` run scored; two runs of one method and seed
+    (a fine-tune and its start) named by what sets them apart (:func:`told_apart`)."""
+    runs = list({Path(d).resolve(): Run(d) for d in run_dirs}.values())
     out = {}
-    for d in run_dirs:
-        run = Run(d)
+    for run in runs:
+        apart = told_apart(run, runs)
         for name in ONLINE:
             if name in run.metrics and (name != "sgd" or run.method == "sgd"):  # a SWA run's sgd is its last iterate
-                out[f"{name} ({run.method} run, seed {run.seed})"] = run.metrics[name]
+                out[f"{name} ({run.method} run, seed {run.seed}{apart})"] = run.metrics[name]
     return out
+
+
+def told_apart(run: Run, runs: Sequence[Run]) -> str:
+    """``, model.lr=0.01``: the settings (as typed) that set ``run`` apart from the other ``runs`` of its method and
+    seed, so that no two marks of the figure read alike; empty when no other is of its method and seed."""
+    twins = [other for other in runs if other is not run and (other.method, other.seed) == (run.method, run.seed)]
+    if not twins:
+        return ""
+    mine = run.apart or {}
+    differing = ({k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k)}
+                 for theirs in (other.apart or {} for other in twins))
+    keys = sorted(set().union(*differing))
+    if not keys:  # one config in two output folders
+        return f", {run.path}"
+    set_here = [k for k in keys if k in mine]
+    at_defaults = [k for k in keys if k not in mine]
+    return ", " + ", ".join([*([label_of(mine, set_here)] if set_here else []),
+                             *([f"{', '.join(at_defaults)} at the defaults"] if at_defaults else [])])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -205,6 +205,16 @@ def test_a_soup_given_one_run_twice_is_refused_naming_the_run(swa_run):
         main([str(swa_run), str(swa_run / "."), "--soup", "uniform"])
 
 
+def test_a_run_given_twice_under_two_spellings_is_averaged_once_not_refused_as_held_by_another_process(swa_run,
+                                                                                                     capsys):
+    """``<run>`` and ``<run>/.`` are one run: its posthoc/ was locked twice by the one command, which then refused
+    itself as 'another process'; given twice under one spelling, every average was built twice."""
+    for twice in ([str(swa_run), f"{swa_run}/."], [str(swa_run), str(swa_run)]):
+        main([*twice, "--lawa", "2"])
+        built = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[swalab.posthoc] lawa2 ")]
+        assert len(built) == 1, built
+
+
 def test_a_soup_of_runs_of_other_configs_is_refused(swa_run, tmp_path):
     other = tmp_path / "other"
     train(make_cfg(*SNAPSHOTS, "trainer.batch_size=32"), run_dir=other)

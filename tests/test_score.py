@@ -252,6 +252,13 @@ def test_the_reports_tables_of_scores_count_a_run_found_in_two_folders_once(swa_
     assert len([line for line in table.splitlines() if "| ood-noise-gaussian | swa | msp |" in line]) == 1
 
 
+def test_a_run_given_twice_under_two_spellings_is_scored_once_not_refused_as_held_by_another_process(swa_run,
+                                                                                                    capsys):
+    result = main([str(swa_run), f"{swa_run}/.", "--data", "test", "--device", "cpu"])
+    assert list(result) == [str(swa_run)]
+    assert capsys.readouterr().out.count("swa/seed0 on test") == 1
+
+
 # -- a set scored before is kept; a score record is whole or absent; one score of a run at a time ----------------------
 
 def test_a_set_scored_before_from_the_same_weights_and_images_is_kept_and_again_scores_it_anew(swa_run, capsys):

@@ -456,7 +456,10 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
         val = f", val acc {m['val']['acc']:.2f} nll {m['val']['nll']:.4f}" if "val" in m else ""
         print(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
 
+    once: dict[Path, Scored] = {}  # a run given twice (under two spellings) is averaged once
     for scored in runs:
+        once.setdefault(scored.run.path.resolve(), scored)
+    for scored in once.values():
         for item in per_run(scored, request):
             add(scored, *item)
     ordered = soup_order(runs) if request.soup else []

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from swalab.cli import output_file, run_command
+from swalab.cli import each_once, output_file, run_command
 from swalab.identity import label_of
 from swalab.posthoc import FOLDER, Request, build_and_score, earlier_results, select
 from swalab.posthoc.figure import ONLINE, plot
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for run_dir in args.runs:  # every run checked before its posthoc/ is locked (and made)
         finished_run(run_dir)
-    with held_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "averaged"):
+    with held_folders([Path(run_dir) / FOLDER for run_dir in each_once(args.runs)], "averaged"):
         return build_score_and_draw(args, request, figure)
 
 
@@ -96,7 +96,7 @@ def build_score_and_draw(args: argparse.Namespace, request: Request, figure: Pat
     """Build and score the averages asked, choose on validation, draw the figure (:func:`main`'s work, with every
     run's ``posthoc/`` held)."""
     results = build_and_score(args.runs, request, device=args.device)
-    for run_dir in dict.fromkeys(args.runs):
+    for run_dir in each_once(args.runs):
         for line in Run(run_dir).posthoc_notes():  # earlier averages the run's files no longer match
             print(f"[swalab.posthoc] {line}")
     earlier = earlier_results(results)  # still current: drawn beside this call's, and compared by --select

@@ -50,7 +50,7 @@ import torch
 
 from swalab.calibration import scaled, scaled_name
 from swalab.checkpoint import atomic_save
-from swalab.cli import run_command
+from swalab.cli import each_once, run_command
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             raise ScoreError(str(err)) from None
     for run_dir in args.runs:  # every run checked before any is scored
         finished_run(run_dir)
-    with held_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "scored"):
+    with held_folders([Path(run_dir) / FOLDER for run_dir in each_once(args.runs)], "scored"):
         return score_runs(args, specs)
 
 
@@ -316,7 +316,7 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
     an earlier command scored from the same weights and images is kept (:func:`earlier_record`) unless
     ``args.again``."""
     results = {}
-    for run_dir in dict.fromkeys(args.runs):
+    for run_dir in each_once(args.runs):
         scored = score_run(run_dir, device=args.device)
         inputs = scoring_inputs(scored.run.path, samples_drawn(scored.run, args.swag_samples))
         # built on first use, once: a command that keeps every set fits no posterior again

@@ -393,6 +393,17 @@ def test_marks_of_two_runs_of_one_method_and_seed_are_told_apart_in_the_legend_a
     assert {style.to_hex(line.get_color()) for line in marks} == {style.color_of("sgd"), style.color_of("sgd", 2)}
 
 
+def test_a_mark_the_figure_cannot_draw_is_refused_naming_it_before_anything_is_built(swa_run, tmp_path):
+    """--mark <a typo>, or a run that has not finished: the figure drew no line for it and nothing said so."""
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.yaml").write_text((swa_run / "config.yaml").read_text())
+    for mark, why in ((tmp_path / "no-such-run", "is not a swalab run directory"), (unfinished, "has not finished")):
+        with pytest.raises(ConfigError, match=rf"^--mark: {re.escape(str(mark))} {why}"):
+            main([str(swa_run), "--ema", "0.55", "--mark", str(mark)])
+    assert not (swa_run / "posthoc" / "ema0.55").exists()
+
+
 def test_a_swa_window_ending_before_the_last_snapshot_is_drawn_apart_from_the_curve_named(monkeypatch, tmp_path):
     """swa[25:30] (an online budget mark's window) starts where swa[25:45] does: on the curve against the start it would
     read as the same knob; it is drawn apart, with its label beside it."""

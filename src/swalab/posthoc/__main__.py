@@ -10,7 +10,7 @@ from typing import Sequence
 
 from swalab.cli import each_once, output_file, run_command
 from swalab.identity import label_of
-from swalab.posthoc import FOLDER, Request, build_and_score, earlier_results, select
+from swalab.posthoc import FOLDER, PosthocError, Request, build_and_score, earlier_results, select
 from swalab.posthoc.figure import ONLINE, plot
 from swalab.results.compare import finished_run
 from swalab.results.runs import Run
@@ -77,6 +77,19 @@ def told_apart(run: Run, runs: Sequence[Run]) -> str:
                              *([f"{', '.join(at_defaults)} at the defaults"] if at_defaults else [])])
 
 
+def check_marks(run_dirs: Sequence[str]) -> None:
+    """Refuse, before anything is built, a ``--mark`` the figure could not draw (no run there, one not finished, one
+    that scored none of :data:`ONLINE`): it drew no line for it, and said nothing."""
+    for run_dir in run_dirs:
+        try:
+            finished_run(run_dir)
+        except FileNotFoundError as exc:
+            raise PosthocError(f"--mark: {exc}") from None
+        if not online_of([run_dir]):
+            raise PosthocError(f"--mark: {run_dir} scored none of the predictors the figure marks "
+                               f"({', '.join(ONLINE)}: an SGD, SWA, EMA or pretrained run's); leave it out")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     figure = output_file(args.figure or Path(args.runs[0]) / FOLDER / "posthoc.png", "--figure")
@@ -88,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for run_dir in args.runs:  # every run checked before its posthoc/ is locked (and made)
         finished_run(run_dir)
+    check_marks(args.mark)
     with held_folders([Path(run_dir) / FOLDER for run_dir in each_once(args.runs)], "averaged"):
         return build_score_and_draw(args, request, figure)
 

@@ -215,6 +215,14 @@ def test_a_run_given_twice_under_two_spellings_is_averaged_once_not_refused_as_h
         assert len(built) == 1, built
 
 
+def test_an_average_asked_twice_in_one_call_is_built_once(swa_run, capsys):
+    """--lawa 2 2, --ema 0.5 0.50, and --swa 2:4 2: of a run of 4 epochs (one window, one label): each built, printed
+    and drawn once."""
+    main([str(swa_run), "--lawa", "2", "2", "--ema", "0.5", "0.50", "--swa", "2:4", "2:"])
+    built = [line.split()[1] for line in capsys.readouterr().out.splitlines() if " test acc " in line]
+    assert sorted(built) == ["ema0.5", "lawa2", "swa[2:4]"]
+
+
 def test_a_soup_of_runs_of_other_configs_is_refused(swa_run, tmp_path):
     other = tmp_path / "other"
     train(make_cfg(*SNAPSHOTS, "trainer.batch_size=32"), run_dir=other)

@@ -385,17 +385,20 @@ def check_soup(kind: str, runs: Sequence[Scored]) -> None:
 
 def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
     """``(label, family, knob, weights, built from[, what metrics.json says of it])`` of every average of one run
-    that ``request`` asks for."""
+    that ``request`` asks for, each once (``--lawa 2 2``, ``--swa 4:6 4:`` of a run of 6 epochs: one average)."""
     points = points_of(scored)
+    windows: dict[str, tuple[str, list[Point]]] = {}
     for w in request.swa:
         label, inside = swa_window(points, w)
+        windows.setdefault(label, (w, inside))
+    for label, (w, inside) in windows.items():
         yield (label, "swa", inside[0].position, mean_of(p.read() for p in inside), [p.name for p in inside],
                {"rebuild": f"--swa {w}"})
-    for k in request.lawa:
+    for k in dict.fromkeys(request.lawa):
         label, inside = last_k(points, k)
         yield (label, "lawa", float(k), mean_of(p.read() for p in inside), [p.name for p in inside],
                {"rebuild": f"--lawa {k}"})
-    for d in request.ema:
+    for d in dict.fromkeys(request.ema):
         yield (f"ema{d:g}", "ema", d, ema_of((p.read() for p in points), d), [p.name for p in points],
                {"rebuild": f"--ema {d:g}"})
     found = check_powerema(scored, request.powerema) if request.powerema else []
@@ -404,9 +407,9 @@ def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
         yield label, "powerema", s, weights, built_from, {"powerema": info, "rebuild": f"--powerema {s:g}"}
     if request.wiseft:
         (start, source), final = start_weights(scored), scored.run.weights("live")
-        for mode in request.wiseft_bn:
+        for mode in dict.fromkeys(request.wiseft_bn):
             family, suffix, bn = WISEFT_BN[mode]
-            for a in request.wiseft:
+            for a in dict.fromkeys(request.wiseft):
                 yield (f"wiseft{a:g}{suffix}", family, a, interpolate(start, final, a), [source, RunDir.FINAL],
                        {"bn": bn, "rebuild": f"--wiseft {a:g} --wiseft-bn {mode}"})
 

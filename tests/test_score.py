@@ -259,6 +259,16 @@ def test_a_run_given_twice_under_two_spellings_is_scored_once_not_refused_as_hel
     assert capsys.readouterr().out.count("swa/seed0 on test") == 1
 
 
+def test_a_set_asked_twice_in_one_command_is_scored_and_shown_once(swa_run, capsys):
+    """cifar10c:contrast:4 given with cifar10c:contrast (which holds it), an OOD set given twice: each once."""
+    result = main([str(swa_run), "--data", "cifar10c:contrast:4", "--data", "cifar10c:contrast", "--ood",
+                   "noise:uniform", "--ood", "noise:uniform", "--device", "cpu"])[str(swa_run)]
+    assert [r["data"]["name"] for r in result["records"]] == ["cifar10c-contrast-4", *(f"cifar10c-contrast-{s}"
+                                                                                     for s in (1, 2, 3, 5))]
+    assert len(result["ood"]) == 1
+    assert capsys.readouterr().out.count("against ood-noise-uniform") == 1
+
+
 # -- a set scored before is kept; a score record is whole or absent; one score of a run at a time ----------------------
 
 def test_a_set_scored_before_from_the_same_weights_and_images_is_kept_and_again_scores_it_anew(swa_run, capsys):

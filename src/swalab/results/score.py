@@ -275,16 +275,26 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ScoreError(f"--swag-samples {args.swag_samples}: give 1 or more")
     if not args.data and not args.ood:
         raise ScoreError("give --data <spec> (another test set) or --ood <spec> (OOD detection), or both")
-    specs = [d for spec in args.data for d in parse_data(spec)]  # every spec checked before any run is opened
+    specs = distinct_sets([d for spec in args.data for d in parse_data(spec)], lambda d: d.name)  # checked first
     for spec in args.ood:
         try:
             ood.check_spec(spec)
         except ood.OODError as err:
             raise ScoreError(str(err)) from None
+    args.ood = distinct_sets(args.ood, ood.spec_name)
     for run_dir in args.runs:  # every run checked before any is scored
         finished_run(run_dir)
     with held_folders([Path(run_dir) / FOLDER for run_dir in each_once(args.runs)], "scored"):
         return score_runs(args, specs)
+
+
+def distinct_sets(specs: Sequence, name: Callable) -> list:
+    """``specs`` with each set once, the first asked of each ``name`` (``cifar10c:fog:3`` and ``cifar10c:fog`` both ask
+    for cifar10c-fog-3; ``folder:x`` and ``folder:./x`` are one OOD set): a set asked twice is scored and shown once."""
+    found: dict = {}
+    for spec in specs:
+        found.setdefault(name(spec), spec)
+    return list(found.values())
 
 
 def scoring_inputs(run_dir: Path, swag_samples: int | None) -> dict:

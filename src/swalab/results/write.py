@@ -391,7 +391,7 @@ def other_data_markdown(table: Table) -> list[str]:
     """The runs of the table scored again on other data (``python -m swalab.results.score``, ``<run>/scores/*``): one
     table of the test sets (corrupted ones included) and one of the OOD sets; nothing when no run has been."""
     tested, detected = [], []
-    for run, label in sorted(table_runs(table).items(), key=lambda item: item[1]):
+    for run, label in table_runs(table).items():  # in the table's order: row, column, seed
         for name, record in run.scores.items():
             for predictor, m in record["predictors"].items():
                 if "acc" in m:

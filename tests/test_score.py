@@ -256,7 +256,8 @@ def test_a_run_given_twice_under_two_spellings_is_scored_once_not_refused_as_hel
                                                                                                     capsys):
     result = main([str(swa_run), f"{swa_run}/.", "--data", "test", "--device", "cpu"])
     assert list(result) == [str(swa_run)]
-    assert capsys.readouterr().out.count("swa/seed0 on test") == 1
+    out = capsys.readouterr().out  # scored now or kept from an earlier test: its table once either way
+    assert out.count("swa/seed0 on test (") == 1 and out.count("swa/seed0 on test: kept") <= 1
 
 
 def test_a_set_asked_twice_in_one_command_is_scored_and_shown_once(swa_run, capsys):
@@ -266,7 +267,8 @@ def test_a_set_asked_twice_in_one_command_is_scored_and_shown_once(swa_run, caps
     assert [r["data"]["name"] for r in result["records"]] == ["cifar10c-contrast-4", *(f"cifar10c-contrast-{s}"
                                                                                      for s in (1, 2, 3, 5))]
     assert len(result["ood"]) == 1
-    assert capsys.readouterr().out.count("against ood-noise-uniform") == 1
+    out = capsys.readouterr().out  # scored now or kept from an earlier test: its table once either way
+    assert out.count("split against ood-noise-uniform (") == 1 and out.count("against ood-noise-uniform: kept") <= 1
 
 
 # -- a set scored before is kept; a score record is whole or absent; one score of a run at a time ----------------------

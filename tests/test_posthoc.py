@@ -143,6 +143,19 @@ def test_an_average_of_a_run_that_wrote_no_snapshots_is_refused_naming_run_snaps
     assert not (run_without_snapshots / "posthoc").exists()
 
 
+def test_an_average_of_a_run_whose_snapshots_were_removed_says_so_not_that_it_wrote_none(swa_run, tmp_path):
+    """A run trained with run.snapshots=1 whose snapshots/ was removed (or not copied with it): the refusal says so
+    and how to go on; telling to train with run.snapshots=1, as for a run that wrote none, would be untrue."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(swa_run, copy, ignore=shutil.ignore_patterns("snapshots", "posthoc"))
+    with pytest.raises(PosthocError, match=rf"^--lawa 2: {re.escape(str(copy))} was trained with run.snapshots=1, but "
+                                           r"its snapshots/ holds none now \(removed or not copied\): put them back"):
+        main([str(copy), "--lawa", "2"])
+    assert not (copy / "posthoc").exists()
+
+
 def test_the_ema_over_snapshots_is_the_recurrence_at_each_snapshot():
     states = [{"w": torch.tensor([float(i)]), "n": torch.tensor(i)} for i in range(1, 4)]
     expected = 0.5 * (0.5 * 1 + 0.5 * 2) + 0.5 * 3
@@ -190,6 +203,24 @@ def test_the_same_soup_asked_with_its_runs_in_another_order_is_written_once_unde
 def test_a_soup_given_one_run_twice_is_refused_naming_the_run(swa_run):
     with pytest.raises(PosthocError, match="--soup: .* given twice"):
         main([str(swa_run), str(swa_run / "."), "--soup", "uniform"])
+
+
+def test_a_run_given_twice_under_two_spellings_is_averaged_once_not_refused_as_held_by_another_process(swa_run,
+                                                                                                     capsys):
+    """``<run>`` and ``<run>/.`` are one run: its posthoc/ was locked twice by the one command, which then refused
+    itself as 'another process'; given twice under one spelling, every average was built twice."""
+    for twice in ([str(swa_run), f"{swa_run}/."], [str(swa_run), str(swa_run)]):
+        main([*twice, "--lawa", "2"])
+        built = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[swalab.posthoc] lawa2 ")]
+        assert len(built) == 1, built
+
+
+def test_an_average_asked_twice_in_one_call_is_built_once(swa_run, capsys):
+    """--lawa 2 2, --ema 0.5 0.50, and --swa 2:4 2: of a run of 4 epochs (one window, one label): each built, printed
+    and drawn once."""
+    main([str(swa_run), "--lawa", "2", "2", "--ema", "0.5", "0.50", "--swa", "2:4", "2:"])
+    built = [line.split()[1] for line in capsys.readouterr().out.splitlines() if " test acc " in line]
+    assert sorted(built) == ["ema0.5", "lawa2", "swa[2:4]"]
 
 
 def test_a_soup_of_runs_of_other_configs_is_refused(swa_run, tmp_path):
@@ -318,7 +349,7 @@ def test_the_power_ema_is_scored_and_labelled_with_its_width(power_runs):
 def test_a_power_ema_of_a_run_that_tracked_none_or_of_a_width_out_of_range_is_refused(swa_run, power_runs):
     with pytest.raises(PosthocError, match=r"--powerema 0.1: .* tracked no power EMA; train with run.powerema"):
         main([str(swa_run), "--powerema", "0.1"])
-    with pytest.raises(PosthocError, match=r"--powerema=\[0.5\]: width 0.5 is out of range"):
+    with pytest.raises(PosthocError, match=r"^--powerema 0.5: width 0.5 is out of range; .* e.g. --powerema 0.05 0.1 "):
         main([str(power_runs[0]), "--powerema", "0.5"])
 
 
@@ -343,6 +374,42 @@ def test_the_figure_draws_each_family_against_its_knob_with_the_online_marks_and
             "online sgd (sgd run, seed 0), test"} <= set(labels)
     ring = nll.get_lines()[2]
     assert list(ring.get_xdata()) == [0.10] and list(ring.get_ydata()) == [pytest.approx(0.29)]
+
+
+def test_marks_of_two_runs_of_one_method_and_seed_are_told_apart_in_the_legend_and_the_colour(monkeypatch, tmp_path):
+    """--mark <fine-tune> <its start>: both are 'sgd run, seed 0'. Each keeps its line, named by what sets it apart
+    (one name for both kept only the last, and the legend said nothing of which), in shades of SGD's colour."""
+    from test_report import m as metrics, make_run, with_apart
+
+    from swalab import style
+    from swalab.posthoc import figure
+
+    start = with_apart(make_run(tmp_path, "sgd", 0, {"sgd": metrics(74.0)}, name="start"), {"trainer.epochs": 4})
+    tuned = with_apart(make_run(tmp_path, "sgd", 0, {"sgd": metrics(86.0)}, name="tuned",
+                                extra={"model": {"init_from": "run-abc", "lr": 0.01}}),
+                       {"model.init_from": "run-abc", "model.lr": 0.01, "trainer.epochs": 4})
+    online = online_of([str(tuned), str(start)])
+    assert online == {"sgd (sgd run, seed 0, model.init_from=run-abc, model.lr=0.01)": metrics(86.0),
+                      "sgd (sgd run, seed 0, model.init_from, model.lr at the defaults)": metrics(74.0)}
+    drawn = {}
+    monkeypatch.setattr(figure.style, "finish", lambda plt, fig, path: drawn.setdefault("fig", fig))
+    results = [type("R", (), {"family": "ema", "knob": k, "label": f"ema{k}", "built_from": [], "run": tmp_path,
+                              "metrics": {f"ema{k}": metrics(80.0)}})() for k in (0.5, 0.9)]
+    assert figure.plot(results, online, tmp_path / "f.png")
+    marks = [line for line in drawn["fig"].axes[0].get_lines() if line.get_label().startswith("online")]
+    assert len(marks) == 2 and len({line.get_color() for line in marks}) == 2
+    assert {style.to_hex(line.get_color()) for line in marks} == {style.color_of("sgd"), style.color_of("sgd", 2)}
+
+
+def test_a_mark_the_figure_cannot_draw_is_refused_naming_it_before_anything_is_built(swa_run, tmp_path):
+    """--mark <a typo>, or a run that has not finished: the figure drew no line for it and nothing said so."""
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.yaml").write_text((swa_run / "config.yaml").read_text())
+    for mark, why in ((tmp_path / "no-such-run", "is not a swalab run directory"), (unfinished, "has not finished")):
+        with pytest.raises(ConfigError, match=rf"^--mark: {re.escape(str(mark))} {why}"):
+            main([str(swa_run), "--ema", "0.55", "--mark", str(mark)])
+    assert not (swa_run / "posthoc" / "ema0.55").exists()
 
 
 def test_a_swa_window_ending_before_the_last_snapshot_is_drawn_apart_from_the_curve_named(monkeypatch, tmp_path):

@@ -175,3 +175,13 @@ def test_a_run_killed_and_resumed_continues_its_power_emas_bit_for_bit(tmp_path)
         assert pa["t"] == pb["t"]
         for label in pb["averages"]:
             assert all(torch.equal(pa["averages"][label][k], pb["averages"][label][k]) for k in pb["averages"][label])
+
+
+def test_a_width_refused_on_the_command_line_is_shown_and_fixed_as_the_command_line_takes_it():
+    """posthoc's --powerema takes widths apart (--powerema 0.05 0.1): its refusal must not show run.powerema's yaml
+    list (--powerema=[0.05,0.10] is no value argparse takes); run.powerema's keeps the yaml spelling."""
+    with pytest.raises(ConfigError, match=r"^--powerema 0.5 0.05: width 0.5 is out of range; give relative widths "
+                                          r"sigma_rel in \(0, 0.3003\], e.g. --powerema 0.05 0.1 \(the paper's\)$"):
+        check_widths([0.5, 0.05], key="--powerema")
+    with pytest.raises(ConfigError, match=r"^run.powerema=\[0.5\]: .* e.g. run.powerema=\[0.05,0.10\]"):
+        check_widths([0.5])

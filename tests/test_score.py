@@ -230,8 +230,45 @@ def test_the_report_shows_a_runs_scores_on_other_data_and_its_ood_detection(swa_
     report([swa_run.parent], tmp_path / "out")
     table = (tmp_path / "out" / "table.md").read_text()
     assert "## Scored on other data (python -m swalab.results.score)" in table
-    assert "| swa/seed0 | cifar10c-contrast-2 | swa |" in table
-    assert "## Out-of-distribution detection" in table and "| swa/seed0 | ood-noise-gaussian | swa | msp |" in table
+    run = "| digits / preresnet20 · SWA 1.5B (4 ep) · seed 0 |"  # its row, column and seed: no two runs alike
+    assert f"{run} cifar10c-contrast-2 | swa |" in table
+    assert "## Out-of-distribution detection" in table and f"{run} ood-noise-gaussian | swa | msp |" in table
+
+
+def test_the_reports_tables_of_scores_count_a_run_found_in_two_folders_once(swa_run, tmp_path):
+    """The same run in two folders given to the report is counted once in its table ("repeats ... counted once"),
+    and so in the tables of scores on other data: each scored set once, not once per copy."""
+    import shutil
+
+    from swalab.results.report import report
+
+    main([str(swa_run), "--data", "cifar10c:contrast:2", "--ood", "noise:gaussian", "--device", "cpu"])
+    copy = tmp_path / "copy" / "swa"
+    shutil.copytree(swa_run, copy)
+    report([swa_run.parent, copy.parent], tmp_path / "out")
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "counted once" in table
+    assert len([line for line in table.splitlines() if "| cifar10c-contrast-2 | swa |" in line]) == 1
+    assert len([line for line in table.splitlines() if "| ood-noise-gaussian | swa | msp |" in line]) == 1
+
+
+def test_a_run_given_twice_under_two_spellings_is_scored_once_not_refused_as_held_by_another_process(swa_run,
+                                                                                                    capsys):
+    result = main([str(swa_run), f"{swa_run}/.", "--data", "test", "--device", "cpu"])
+    assert list(result) == [str(swa_run)]
+    out = capsys.readouterr().out  # scored now or kept from an earlier test: its table once either way
+    assert out.count("swa/seed0 on test (") == 1 and out.count("swa/seed0 on test: kept") <= 1
+
+
+def test_a_set_asked_twice_in_one_command_is_scored_and_shown_once(swa_run, capsys):
+    """cifar10c:contrast:4 given with cifar10c:contrast (which holds it), an OOD set given twice: each once."""
+    result = main([str(swa_run), "--data", "cifar10c:contrast:4", "--data", "cifar10c:contrast", "--ood",
+                   "noise:uniform", "--ood", "noise:uniform", "--device", "cpu"])[str(swa_run)]
+    assert [r["data"]["name"] for r in result["records"]] == ["cifar10c-contrast-4", *(f"cifar10c-contrast-{s}"
+                                                                                     for s in (1, 2, 3, 5))]
+    assert len(result["ood"]) == 1
+    out = capsys.readouterr().out  # scored now or kept from an earlier test: its table once either way
+    assert out.count("split against ood-noise-uniform (") == 1 and out.count("against ood-noise-uniform: kept") <= 1
 
 
 # -- a set scored before is kept; a score record is whole or absent; one score of a run at a time ----------------------

@@ -100,6 +100,28 @@ def test_the_corruption_figure_has_an_accuracy_and_an_ece_panel_per_row_and_noth
     assert not overlapping(fig), overlapping(fig)[:5]
 
 
+def test_a_box_of_one_corruption_still_shows_whose_it_is_in_its_colour(tmp_path, figures):
+    """One corruption scored: each box has no height and its black median was all there was to see, the same for
+    every predictor; the value is marked in its predictor's colour, as the legend says."""
+    import shutil
+
+    shifted(tmp_path / "g")
+    for folder in (tmp_path / "g").rglob("scores/cifar10c-*"):
+        if not folder.name.startswith("cifar10c-contrast-"):
+            shutil.rmtree(folder)
+    assert shift_plots.plot_shift_corruptions(table_of(tmp_path / "g"), tmp_path / "shift_corruptions.png")
+    acc = figures[-1].axes[0]
+    colours = {style.to_hex(c) for c in (style.color_of("sgd"), style.color_of("sgd", 1), style.color_of("swa"),
+                                          style.color_of("swa", 1))}
+    marked = [line for line in acc.get_lines() if line.get_marker() == "s" and len(line.get_xdata()) == 5]
+    assert {style.to_hex(line.get_color()) for line in marked} == colours
+    sgd = next(line for line in marked if style.to_hex(line.get_color()) == style.color_of("sgd"))
+    assert list(sgd.get_ydata()) == pytest.approx([statistics.fmean(corrupted_acc("sgd", seed, "contrast", s)
+                                                                    for seed in (0, 1)) for s in range(1, 6)])
+    legend = " ".join(t.get_text() for t in figures[-1].axes[1].get_legend().get_texts()).replace("\n", " ")
+    assert "a square in its colour: one corruption" in legend
+
+
 def test_a_box_is_over_the_corruptions_each_first_averaged_over_seeds(tmp_path):
     shifted(tmp_path / "g")
     row = table_of(tmp_path / "g").rows[0]
@@ -219,3 +241,21 @@ def test_kept_scores_read_back_as_they_were_to_float16(tmp_path):
     back = ood.read_kept_scores(tmp_path / ood.PER_IMAGE_FILE)
     assert torch.allclose(back["swa"]["msp"][0], ins.float(), atol=1e-3) and back["swa"]["msp"][1].shape == (20,)
     assert ood.read_kept_scores(tmp_path / "absent.pt") is None
+
+
+def test_no_roc_curve_averages_seeds_scored_on_other_images(tmp_path, figures):
+    """A folder that changed between two score commands: the seeds' records of one name hold other images. The
+    summary table refuses to average them (test_shift_summary); the figure draws no mean curve of them either."""
+    shifted(tmp_path / "g")
+    for seed, fingerprint in ((0, "before"), (1, "after")):
+        for path in (tmp_path / "g").rglob(f"seed{seed}/scores/ood-noise-gaussian/metrics.json"):
+            record = json.loads(path.read_text())
+            record["data"]["fingerprint"] = fingerprint
+            path.write_text(json.dumps(record))
+    assert shift_plots.plot_ood_roc(table_of(tmp_path / "g"), tmp_path / "ood_roc.png")
+    for ax in figures[-1].axes:
+        labels = [line.get_label() for line in ax.get_lines()][1:]
+        if "gaussian" in ax.get_title():
+            assert labels == [], labels
+        else:  # the folder's records hold the same images: averaged as before
+            assert len(labels) == 4 and all("(n=2)" in label for label in labels), labels

@@ -93,3 +93,24 @@ def test_a_run_killed_and_resumed_writes_each_snapshot_once_with_the_weights_of_
     for a, b in zip(snapshots_of(killed), snapshots_of(straight)):
         wa, wb = a.weights(), b.weights()
         assert all(torch.equal(wa[k], wb[k]) for k in wb), a.path.name
+
+
+@pytest.mark.parametrize("damage", ["cut short", "not torch's"])
+def test_a_damaged_snapshot_is_named_in_one_line_with_what_to_do(tmp_path, damage):
+    """A snapshot is written whole, so one that cannot be read was damaged since (a copy cut short, a full disk): the
+    refusal says so and how to go on (move it aside: the averages then use the others), not only the loader's
+    error."""
+    from swalab.checkpoint import CheckpointError, atomic_save
+
+    folder = tmp_path / "snapshots"
+    folder.mkdir()
+    atomic_save({"epoch": 3, "step": 0, "steps_per_epoch": 5, "model": {"w": torch.ones(1000)}}, folder / "epoch0003.pt")
+    path = folder / "epoch0003.pt"
+    path.write_bytes(path.read_bytes()[:600] if damage == "cut short" else b"garbage")
+    (snapshot,) = snapshots_of(tmp_path)
+    for read in (snapshot.weights, snapshot.steps_per_epoch):
+        with pytest.raises(CheckpointError) as refused:
+            read()
+        said = str(refused.value)
+        assert "\n" not in said and said.startswith(f"{path}: cannot read it")
+        assert said.endswith(f"move it out of {folder} to average the other snapshots without it"), said

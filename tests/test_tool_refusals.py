@@ -204,3 +204,20 @@ def test_the_analysis_commands_check_their_out_path_before_any_work_as_the_other
     args = ([str(finished_run)] if command == "curves" else ["--run", str(finished_run)])
     err = refused(capsys, main, [*args, "--out", str(blocking / "out")], prog="swalab.analysis")
     assert "--out" in err and "which is a file" in err
+
+
+def test_method_laplace_without_laplace_torch_is_refused_in_one_line_before_anything_is_written(monkeypatch):
+    """laplace-torch is an extra: without it, method=laplace (and a re-fit by results.score) says which package to
+    install, as a refusal of the config, not an ImportError's traceback once the data were loaded."""
+    import sys
+
+    from swalab.config import ConfigError
+    from swalab.methods.laplace import fit_laplace
+    from swalab.train import validate
+
+    monkeypatch.setitem(sys.modules, "laplace", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=r"^method=laplace needs PyPI's laplace-torch, which is not installed: "
+                                          r"pip install 'swalab\[laplace\]'$"):
+        validate(compose_run("method=laplace", "model.init_from=some-run", "dataset.val_size=20"))
+    with pytest.raises(ConfigError, match=r"pip install 'swalab\[laplace\]'"):
+        fit_laplace(None, [], [])

@@ -118,6 +118,16 @@ def one_line(message: str) -> str:
     return lines[0] if lines else ""
 
 
+def each_once(paths: Sequence[str]) -> list[str]:
+    """``paths`` (run directories given to a command) with each directory once, under the first spelling given: one
+    typed twice, or as ``out/run`` and ``./out/run/``, is one run, worked on and locked once (locked twice, the
+    command would refuse itself as another process holding it)."""
+    seen: dict[Path, str] = {}
+    for path in paths:
+        seen.setdefault(Path(path).resolve(), path)
+    return list(seen.values())
+
+
 def output_folder(path: str | Path, flag: str) -> Path:
     """``path`` as a folder a command may write into (``--out``), checked before any work: refused, naming the flag,
     when it is a file or lies below one."""

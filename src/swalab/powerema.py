@@ -78,8 +78,13 @@ def label_of(sigma_rel: float) -> str:
 
 
 def check_widths(widths: Sequence[float] | None, key: str = "run.powerema") -> tuple[float, ...]:
-    """``widths`` as distinct floats in (0, SIGMA_REL_MAX], or ``ConfigError`` naming ``key``."""
-    fix = f"give relative widths sigma_rel in (0, {SIGMA_REL_MAX}], e.g. {key}=[0.05,0.10] (the paper's)"
+    """``widths`` as distinct floats in (0, SIGMA_REL_MAX], or ``ConfigError`` naming ``key`` as it is typed: a
+    config key as a yaml list (``run.powerema=[0.05,0.10]``), a command-line option (``--powerema``) as widths
+    apart (``--powerema 0.05 0.1``)."""
+    typed = ((lambda ws: f"{key} {' '.join(f'{w:g}' for w in ws)}") if key.startswith("--")
+             else (lambda ws: f"{key}={list(ws)}"))
+    example = typed([0.05, 0.10]) if key.startswith("--") else f"{key}=[0.05,0.10]"
+    fix = f"give relative widths sigma_rel in (0, {SIGMA_REL_MAX}], e.g. {example} (the paper's)"
     try:
         values = tuple(float(w) for w in (widths or ()))
     except (TypeError, ValueError):
@@ -87,7 +92,7 @@ def check_widths(widths: Sequence[float] | None, key: str = "run.powerema") -> t
     bad = [w for w in values if not 0 < w <= SIGMA_REL_MAX]
     if bad or len(set(values)) != len(values):
         why = f"width {bad[0]!r} is out of range" if bad else "a width is repeated"
-        raise ConfigError(f"{key}={list(values)}: {why}; {fix}")
+        raise ConfigError(f"{typed(values)}: {why}; {fix}")
     return values
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from swalab.checkpoint import atomic_save, checkpoint_name, read_torch_file
+from swalab.checkpoint import CheckpointError, atomic_save, checkpoint_name, read_torch_file
 from swalab.config import ConfigError
 from swalab.powerema import PowerEMA
 from swalab.rundir import RunDir
@@ -132,11 +132,21 @@ class Snapshot:
         """Its place in training, in epochs (2.5: half way through epoch 3)."""
         return self.epoch + (self.step / steps_per_epoch if self.step else 0.0)
 
+    def read(self, mmap: bool = False) -> dict:
+        """The file's contents, or ``CheckpointError`` in one line: a snapshot is written whole, so one that cannot
+        be read was damaged since (a copy cut short, a full disk), and the line says how to average without it."""
+        try:
+            return read_torch_file(self.path, weights_only=True, mmap=mmap)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; the snapshot was damaged after it was written (a copy cut short, a full "
+                                  f"disk): move it out of {self.path.parent} to average the other snapshots without "
+                                  "it") from None
+
     def weights(self) -> dict[str, torch.Tensor]:
-        return read_torch_file(self.path, weights_only=True)["model"]
+        return self.read()["model"]
 
     def steps_per_epoch(self) -> int:
-        return int(read_torch_file(self.path, weights_only=True)["steps_per_epoch"])
+        return int(self.read()["steps_per_epoch"])
 
 
 def snapshots_of(run_dir: str | Path) -> list[Snapshot]:

@@ -14,6 +14,7 @@ the method runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from typing import Iterable, Sequence
 
@@ -48,12 +49,21 @@ def count(loader: Iterable) -> int:
     return len(labels) if labels is not None else sum(len(y) for _, y in loader)
 
 
+def require_laplace_torch() -> None:
+    """Refuse ``method=laplace`` in one line when laplace-torch is not installed (an extra): when the method is built,
+    before a run writes anything, and before ``results.score`` fits a run's posterior again."""
+    if importlib.util.find_spec("laplace") is None:
+        raise ConfigError("method=laplace needs PyPI's laplace-torch, which is not installed: "
+                          "pip install 'swalab[laplace]'")
+
+
 def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str = "kron", link: str = "probit",
                 grid_size: int = 100, prior_precision: Sequence[float] | None = None,
                 prior_range: Sequence[float] = LOG_PRIOR_RANGE):
     """laplace-torch's last-layer Laplace of ``model`` fitted on ``train``, its prior precision chosen on ``val`` (a
     grid search: ``grid_size`` passes over the validation split, log-spaced over 10^``prior_range``), or
     ``prior_precision`` when one was chosen before. A choice at an end of the grid is logged (:func:`at_grid_edge`)."""
+    require_laplace_torch()
     from laplace import Laplace
 
     model.eval()
@@ -124,6 +134,7 @@ class LaplaceMethod(Pretrained):
                  hessian: str = "kron", link: str = "probit", grid_size: int = 100,
                  prior_range: Sequence[float] = LOG_PRIOR_RANGE):
         super().__init__(schedule, 0, budget, name)
+        require_laplace_torch()
         if hessian not in HESSIANS:
             raise ConfigError(f"method.hessian={hessian}: give one of {', '.join(HESSIANS)}")
         if link not in LINKS:

@@ -40,7 +40,6 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from swalab.checkpoint import read_torch_file
 from swalab.config import ConfigError
 from swalab.evaluate import ModelPredictor, labels_of, metrics_from_log_probs, score_predictors
 from swalab.identity import differences, group_hash
@@ -48,7 +47,7 @@ from swalab.posthoc.averages import State, combination, ema_of, greedy_soup, int
 from swalab.powerema import check_widths, coefficients, gamma_of, label_of, profile_error
 from swalab.results.compare import Scored, score_run
 from swalab.results.runs import Run
-from swalab.snapshots import Snapshot, snapshots_of
+from swalab.snapshots import Snapshot, per_epoch, snapshots_of
 from swalab.runweights import load_init_weights
 from swalab.rundir import RunDir, file_fingerprint, write_record
 from swalab.train.records import save_predictions
@@ -100,9 +99,16 @@ def points_of(scored: Scored) -> list[Point]:
     return points
 
 
-def check_averaged(points: Sequence[Point], option: str, run: Path) -> None:
+def check_averaged(points: Sequence[Point], option: str, run: Path, snapshots: float | None = None,
+                   epochs: int = 0) -> None:
     """Refuse ``option`` (``--ema 0.5``) for a run whose only weights are its final ones (it wrote no snapshots, or
-    none before its last epoch): what it would build is those weights under an average's label."""
+    none before its last epoch): what it would build is those weights under an average's label. A run trained with
+    ``run.snapshots`` (``snapshots``) every ``epochs`` reached whose ``snapshots/`` is empty lost them since."""
+    every, _ = per_epoch(snapshots)
+    if len(points) < 2 and every and every <= epochs and not snapshots_of(run):
+        raise PosthocError(f"{option}: {run} was trained with run.snapshots={snapshots:g}, but its "
+                           f"{RunDir.SNAPSHOTS}/ holds none now (removed or not copied): put them back in "
+                           f"{Path(run) / RunDir.SNAPSHOTS} to average them")
     if len(points) < 2:
         raise PosthocError(f"{option}: {run} holds its final weights only (no snapshot before them: it was trained "
                            "without run.snapshots, or with snapshots further apart than the run), so there is nothing "
@@ -164,14 +170,14 @@ class PowerSnapshot:
     sigma_rels: dict[str, float]
 
     def averages(self) -> dict[str, State]:
-        return read_torch_file(self.snapshot.path, weights_only=True)["powerema"]["averages"]
+        return self.snapshot.read()["powerema"]["averages"]
 
 
 def power_snapshots(run_dir: Path) -> list[PowerSnapshot]:
     """The run's snapshots that hold power EMAs, in training order (read memory-mapped: only ``t`` is touched)."""
     out = []
     for s in snapshots_of(run_dir):
-        power = read_torch_file(s.path, weights_only=True, mmap=True).get("powerema")
+        power = s.read(mmap=True).get("powerema")
         if power is not None:
             out.append(PowerSnapshot(s, int(power["t"]), {k: float(v) for k, v in power["sigma_rels"].items()}))
     return out
@@ -346,7 +352,8 @@ def check_request(request: Request, runs: Sequence[Scored]) -> None:
         asked = [*(f"--swa {w}" for w in request.swa), *(f"--lawa {k}" for k in request.lawa),
                  *(f"--ema {d:g}" for d in request.ema)]
         if asked:  # the first is named: every one of them averages the run's snapshots
-            check_averaged(points, asked[0], scored.run.path)
+            check_averaged(points, asked[0], scored.run.path, scored.run.get("run.snapshots"),
+                           int(scored.run.get("trainer.epochs")))
         for w in request.swa:
             swa_window(points, w)
         for k in request.lawa:
@@ -378,17 +385,20 @@ def check_soup(kind: str, runs: Sequence[Scored]) -> None:
 
 def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
     """``(label, family, knob, weights, built from[, what metrics.json says of it])`` of every average of one run
-    that ``request`` asks for."""
+    that ``request`` asks for, each once (``--lawa 2 2``, ``--swa 4:6 4:`` of a run of 6 epochs: one average)."""
     points = points_of(scored)
+    windows: dict[str, tuple[str, list[Point]]] = {}
     for w in request.swa:
         label, inside = swa_window(points, w)
+        windows.setdefault(label, (w, inside))
+    for label, (w, inside) in windows.items():
         yield (label, "swa", inside[0].position, mean_of(p.read() for p in inside), [p.name for p in inside],
                {"rebuild": f"--swa {w}"})
-    for k in request.lawa:
+    for k in dict.fromkeys(request.lawa):
         label, inside = last_k(points, k)
         yield (label, "lawa", float(k), mean_of(p.read() for p in inside), [p.name for p in inside],
                {"rebuild": f"--lawa {k}"})
-    for d in request.ema:
+    for d in dict.fromkeys(request.ema):
         yield (f"ema{d:g}", "ema", d, ema_of((p.read() for p in points), d), [p.name for p in points],
                {"rebuild": f"--ema {d:g}"})
     found = check_powerema(scored, request.powerema) if request.powerema else []
@@ -397,9 +407,9 @@ def per_run(scored: Scored, request: Request) -> Iterator[tuple]:
         yield label, "powerema", s, weights, built_from, {"powerema": info, "rebuild": f"--powerema {s:g}"}
     if request.wiseft:
         (start, source), final = start_weights(scored), scored.run.weights("live")
-        for mode in request.wiseft_bn:
+        for mode in dict.fromkeys(request.wiseft_bn):
             family, suffix, bn = WISEFT_BN[mode]
-            for a in request.wiseft:
+            for a in dict.fromkeys(request.wiseft):
                 yield (f"wiseft{a:g}{suffix}", family, a, interpolate(start, final, a), [source, RunDir.FINAL],
                        {"bn": bn, "rebuild": f"--wiseft {a:g} --wiseft-bn {mode}"})
 
@@ -449,7 +459,10 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
         val = f", val acc {m['val']['acc']:.2f} nll {m['val']['nll']:.4f}" if "val" in m else ""
         print(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
 
+    once: dict[Path, Scored] = {}  # a run given twice (under two spellings) is averaged once
     for scored in runs:
+        once.setdefault(scored.run.path.resolve(), scored)
+    for scored in once.values():
         for item in per_run(scored, request):
             add(scored, *item)
     ordered = soup_order(runs) if request.soup else []

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from swalab.cli import output_file, run_command
-from swalab.posthoc import FOLDER, Request, build_and_score, earlier_results, select
+from swalab.cli import each_once, output_file, run_command
+from swalab.identity import label_of
+from swalab.posthoc import FOLDER, PosthocError, Request, build_and_score, earlier_results, select
 from swalab.posthoc.figure import ONLINE, plot
 from swalab.results.compare import finished_run
 from swalab.results.runs import Run
@@ -46,14 +47,47 @@ def parser() -> argparse.ArgumentParser:
 
 def online_of(run_dirs: Sequence[str]) -> dict[str, dict]:
     """``{"swa (swa run, seed 0)": metrics}``: the online SGD, SWA and EMA predictors the runs scored (their
-    metrics.json), and the pretrained weights a ``method=pretrained`` run scored."""
+    metrics.json), and the pretrained weights a ``method=pretrained`` run scored; two runs of one method and seed
+    (a fine-tune and its start) named by what sets them apart (:func:`told_apart`)."""
+    runs = list({Path(d).resolve(): Run(d) for d in run_dirs}.values())
     out = {}
-    for d in run_dirs:
-        run = Run(d)
+    for run in runs:
+        apart = told_apart(run, runs)
         for name in ONLINE:
             if name in run.metrics and (name != "sgd" or run.method == "sgd"):  # a SWA run's sgd is its last iterate
-                out[f"{name} ({run.method} run, seed {run.seed})"] = run.metrics[name]
+                out[f"{name} ({run.method} run, seed {run.seed}{apart})"] = run.metrics[name]
     return out
+
+
+def told_apart(run: Run, runs: Sequence[Run]) -> str:
+    """``, model.lr=0.01``: the settings (as typed) that set ``run`` apart from the other ``runs`` of its method and
+    seed, so that no two marks of the figure read alike; empty when no other is of its method and seed."""
+    twins = [other for other in runs if other is not run and (other.method, other.seed) == (run.method, run.seed)]
+    if not twins:
+        return ""
+    mine = run.apart or {}
+    differing = ({k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k)}
+                 for theirs in (other.apart or {} for other in twins))
+    keys = sorted(set().union(*differing))
+    if not keys:  # one config in two output folders
+        return f", {run.path}"
+    set_here = [k for k in keys if k in mine]
+    at_defaults = [k for k in keys if k not in mine]
+    return ", " + ", ".join([*([label_of(mine, set_here)] if set_here else []),
+                             *([f"{', '.join(at_defaults)} at the defaults"] if at_defaults else [])])
+
+
+def check_marks(run_dirs: Sequence[str]) -> None:
+    """Refuse, before anything is built, a ``--mark`` the figure could not draw (no run there, one not finished, one
+    that scored none of :data:`ONLINE`): it drew no line for it, and said nothing."""
+    for run_dir in run_dirs:
+        try:
+            finished_run(run_dir)
+        except FileNotFoundError as exc:
+            raise PosthocError(f"--mark: {exc}") from None
+        if not online_of([run_dir]):
+            raise PosthocError(f"--mark: {run_dir} scored none of the predictors the figure marks "
+                               f"({', '.join(ONLINE)}: an SGD, SWA, EMA or pretrained run's); leave it out")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for run_dir in args.runs:  # every run checked before its posthoc/ is locked (and made)
         finished_run(run_dir)
-    with held_folders([Path(run_dir) / FOLDER for run_dir in dict.fromkeys(args.runs)], "averaged"):
+    check_marks(args.mark)
+    with held_folders([Path(run_dir) / FOLDER for run_dir in each_once(args.runs)], "averaged"):
         return build_score_and_draw(args, request, figure)
 
 
@@ -75,7 +110,7 @@ def build_score_and_draw(args: argparse.Namespace, request: Request, figure: Pat
     """Build and score the averages asked, choose on validation, draw the figure (:func:`main`'s work, with every
     run's ``posthoc/`` held)."""
     results = build_and_score(args.runs, request, device=args.device)
-    for run_dir in dict.fromkeys(args.runs):
+    for run_dir in each_once(args.runs):
         for line in Run(run_dir).posthoc_notes():  # earlier averages the run's files no longer match
             print(f"[swalab.posthoc] {line}")
     earlier = earlier_results(results)  # still current: drawn beside this call's, and compared by --select

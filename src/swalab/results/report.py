@@ -95,7 +95,7 @@ def write_report(work: Path, roots: Sequence[str | Path], runs, table: Table, no
                  reliability: Sequence[str] | None = None, roc_scores: Sequence[str] = DEFAULT_ROC_SCORES) -> dict:
     """Write every file of the report of ``runs`` (some of them finished) but W&B's into ``work``; return their
     names."""
-    other = [*corruption_markdown(table), *ood_markdown(table), *other_data_markdown([r for r in runs if r.finished])]
+    other = [*corruption_markdown(table), *ood_markdown(table), *other_data_markdown(table)]
     (work / "table.md").write_text(to_markdown(table, load_paper_tables() if paper else None, costs, ensembles)
                                    + ("\n" + "\n".join(other) if other else "")
                                    + ("\n## Not in the table\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"

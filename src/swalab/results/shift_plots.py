@@ -137,6 +137,10 @@ def _boxes(ax, values: dict[int, list[float]], offset: float, width: float, colo
                    whiskerprops={"color": color, "lw": 0.9}, capprops={"color": color, "lw": 0.9},
                    medianprops={"color": "black", "lw": 1.1},  # the median read on a light box too
                    flierprops={"marker": "o", "ms": 2.5, "mfc": "none", "mec": color, "mew": 0.7})
+    single = [s for s in shown if len(values[s]) == 1]  # a box of no height: its black median says not whose it is
+    if single:
+        ax.plot([s + offset for s in single], [values[s][0] for s in single], "s", ls="none", ms=4, color=color,
+                zorder=3)
     if values.get(CLEAN):
         ax.plot([CLEAN + offset], values[CLEAN], "D", ms=4.5, color=color)
 
@@ -149,9 +153,10 @@ def _corruption_legend(columns, colours, counts: set[int]) -> list:
     handles = [Patch(facecolor=style.to_hex(c) + "4d", edgecolor=c, label=f"{column.label} (n={len(cell.entries)} "
                      f"seed{'s' if len(cell.entries) > 1 else ''})") for (column, cell), c in zip(columns, colours)]
     many = f"{min(counts)}" + (f" to {max(counts)}" if len(counts) > 1 else "")
+    one = "; a square in its colour: one corruption" if 1 in counts else ""
     handles.append(Line2D([], [], ls="none", marker="s", mfc="none", mec="grey", label=textwrap.fill(
-        f"box: the {many} corruptions at a severity, each the mean over seeds (black: the median; quartiles, "
-        "whiskers to 1.5 IQR, circles beyond)", LEGEND_CHARS)))
+        f"box: the {many} corruption{'' if counts == {1} else 's'} at a severity, each the mean over seeds (black: "
+        f"the median; quartiles, whiskers to 1.5 IQR, circles beyond{one})", LEGEND_CHARS)))
     handles.append(Line2D([], [], ls="none", marker="D", ms=4.5, color="grey",
                           label=textwrap.fill("clean: the uncorrupted test set (mean over seeds)", LEGEND_CHARS)))
     return handles
@@ -224,10 +229,20 @@ def mean_roc(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, n
     return np.concatenate([[0.0], ROC_GRID]), np.concatenate([[0.0], np.mean(tprs, axis=0)])
 
 
+def other_images(cell: Cell, name: str) -> bool:
+    """Whether the cell's seeds were scored against other images under the one name ``name`` (a folder that changed
+    between two score commands: the records' image fingerprints differ), so that no mean of them is one set's."""
+    found = {((e.run.scores.get(name) or {}).get("data") or {}).get("fingerprint") for e in cell.entries}
+    return len(found - {None}) > 1
+
+
 def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
                ) -> dict[str, tuple[np.ndarray, np.ndarray, list[float], int]]:
     """``{score: (fpr, tpr, [AUROC per seed], seeds drawn)}`` of a cell's predictor against the OOD set ``name``, for
-    each of ``scores`` stored, over the seeds whose per-image scores were kept."""
+    each of ``scores`` stored, over the seeds whose per-image scores were kept; none where the seeds were scored on
+    other images (:func:`other_images`: the report's summary says so)."""
+    if other_images(cell, name):
+        return {}
     curves: dict[str, list] = defaultdict(list)
     aurocs: dict[str, list[float]] = defaultdict(list)
     for e in cell.entries:

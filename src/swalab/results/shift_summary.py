@@ -27,7 +27,7 @@ import torch
 from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_metrics
 from swalab.results.ensembles import saved_log_probs
 from swalab.results.shift_plots import (CORRUPTED, OOD, SEVERITIES, clean_metrics, common_sets, corrupted_records,
-                                        shared_sets)
+                                        other_images, shared_sets)
 from swalab.results.table import Cell, Column, Table, markdown_table, mean_pm
 from swalab.rundir import RunDir
 
@@ -170,17 +170,15 @@ def ood_markdown(table: Table) -> list[str]:
     lines, apart = [], []
     for row, column, cell in _columns(table):
         per_set: dict[str, list[float]] = defaultdict(list)
-        images: dict[str, set] = defaultdict(set)  # the fingerprints of the OOD images each seed was scored on
         for entry in cell.entries:
             for name, record in entry.run.scores.items():
                 found = (record.get("predictors") or {}).get(entry.predictor) or {}
                 if name.startswith(OOD) and "msp" in found:
                     per_set[name[len(OOD):]].append(float(found["msp"]["auroc"]))
-                    images[name[len(OOD):]].add((record.get("data") or {}).get("fingerprint"))
         for name, values in sorted(per_set.items()):
             if len(values) != len(cell.entries):
                 continue
-            if len(images[name] - {None}) > 1:  # a folder changed between two score commands: other sets, one name
+            if other_images(cell, OOD + name):  # a folder changed between two score commands: other sets, one name
                 apart.append(f"- {_name(row, column)}: {name}: its seeds were scored on other images (the folder "
                              "changed between the score commands): not averaged; score every seed again with the same "
                              "--ood")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swalab.evaluate import AT_BOUND, reported_metrics
-from swalab.identity import group_hash
+from swalab.identity import group_hash, identity_hash
 from swalab.results.diagnostics import section35_of
 from swalab.results.runs import Run
 from swalab.results.table import (Table, budget_epochs_of, fmt_cell, markdown_table, mean_pm, mean_std,
@@ -369,18 +369,36 @@ def write_runs_csv(runs: Sequence[Run], path: Path, roots: Sequence[str | Path] 
                              group_hash(r.identity), *accs, (r.error or "").splitlines()[0] if r.error else ""])
 
 
-def other_data_markdown(runs: Sequence[Run]) -> list[str]:
-    """The runs scored again on other data (``python -m swalab.results.score``, ``<run>/scores/*``): one table of the
-    test sets (corrupted ones included) and one of the OOD sets; nothing when no run has been."""
+def table_runs(table: Table) -> dict[Run, str]:
+    """``{run: label}`` of every run the table counts, a run found twice (in two folders) once, as ``build_table``
+    counts it, each labelled by its row, its own column and its seed (``digits / preresnet20 · SWA 1.5B (6 ep) ·
+    seed 0``): two configs of one method are never two rows of one name."""
+    out: dict[Run, str] = {}
+    seen: set[str] = set()
+    columns = [(row, column) for row in table.rows
+               for column in sorted(row.cells, key=lambda c: (c.posthoc, c.scaled, c.order))]
+    for own in (True, False):  # its own predictor's column first (swa of a SWA run), else any of its columns
+        for row, column in columns:
+            for entry in row.cells[column].entries:
+                run = entry.run
+                if (not own or entry.predictor == run.method) and identity_hash(run.identity) not in seen:
+                    seen.add(identity_hash(run.identity))
+                    out[run] = f"{row.name} · {table.header(column)} · seed {run.seed}"
+    return out
+
+
+def other_data_markdown(table: Table) -> list[str]:
+    """The runs of the table scored again on other data (``python -m swalab.results.score``, ``<run>/scores/*``): one
+    table of the test sets (corrupted ones included) and one of the OOD sets; nothing when no run has been."""
     tested, detected = [], []
-    for run in runs:
+    for run, label in table_runs(table).items():  # in the table's order: row, column, seed
         for name, record in run.scores.items():
             for predictor, m in record["predictors"].items():
                 if "acc" in m:
-                    tested.append([run.label, name, predictor, f"{m['acc']:.2f}", f"{m['nll']:.4f}", f"{m['ece']:.4f}",
+                    tested.append([label, name, predictor, f"{m['acc']:.2f}", f"{m['nll']:.4f}", f"{m['ece']:.4f}",
                                    f"{m['ece_mass20']:.4f}" if "ece_mass20" in m else "–", f"{m['brier']:.4f}"])
                 else:
-                    detected += [[run.label, name, predictor, score, f"{d['auroc']:.4f}", f"{d['aupr']:.4f}",
+                    detected += [[label, name, predictor, score, f"{d['auroc']:.4f}", f"{d['aupr']:.4f}",
                                   f"{d['fpr95']:.4f}"] for score, d in m.items()]
     out = []
     if tested:

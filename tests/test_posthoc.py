@@ -516,6 +516,16 @@ def drawn_labels(monkeypatch) -> dict:
     return drawn
 
 
+def test_an_average_whose_snapshots_were_removed_after_it_was_built_stays_in_the_report(copied_run, tmp_path):
+    import shutil
+
+    main([str(copied_run), "--lawa", "2"])
+    shutil.rmtree(copied_run / "snapshots")  # disk freed once the averages are built
+    found = report([copied_run], tmp_path / "after")
+    table, _, notes = (tmp_path / "after" / "table.md").read_text().partition("## Not in the table")
+    assert "lawa2" in {c.method for c in found["table"].columns} and "stale" not in notes
+
+
 def test_an_average_whose_snapshots_changed_after_it_was_built_is_left_out_of_the_report_naming_the_command_that_rebuilds_it(
         copied_run, tmp_path, monkeypatch, capsys):
     import shutil

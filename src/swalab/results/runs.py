@@ -171,12 +171,15 @@ class Run:
     @cached_property
     def posthoc_changed(self) -> dict[Path, list[str]]:
         """``{folder: files}`` of the post-hoc averages whose files (snapshots, ``final.pt``, a soup's other runs'
-        ``final.pt``; ``sources`` in its ``metrics.json``) are gone or hold other weights now than when it was built
-        (the run trained again, a snapshot rewritten): ``swalab.rundir.changed_files``."""
+        ``final.pt``; ``sources`` in its ``metrics.json``) hold other weights now than when it was built (the run
+        trained again, a snapshot rewritten): ``swalab.rundir.changed_files``. A file that is gone says nothing, as
+        for :meth:`score_notes`: snapshots removed to save disk once the averages are built leave them in the report
+        (training again rewrites ``final.pt``, which is checked whenever it is there)."""
         out = {}
         for folder, by_label in self._posthoc_records.items():
             sources = next((m["sources"] for m in by_label.values() if isinstance(m.get("sources"), dict)), None)
-            changed = changed_files(self.path, sources) if sources is not None else []
+            changed = [name for name in changed_files(self.path, sources) if (self.path / name).exists()] \
+                if sources is not None else []
             if changed:
                 out[folder] = changed
         return out

@@ -226,6 +226,8 @@ def file_fingerprint(path: Path) -> str | None:
 
 
 def changed_files(run_dir: Path, fingerprints: dict[str, str]) -> list[str]:
-    """The files of ``fingerprints`` (``{path relative to run_dir: file_fingerprint}``) that are gone or hold
-    something else now."""
-    return [name for name, was in fingerprints.items() if file_fingerprint(Path(run_dir) / name) != was]
+    """The files of ``fingerprints`` (``{path relative to run_dir: file_fingerprint}``) that hold something else now.
+    A file that is gone says nothing: a record built from it (a post-hoc average, scores on other data) stays valid
+    when snapshots or checkpoints are removed to free disk; training again rewrites ``final.pt``, which is there."""
+    now = {name: file_fingerprint(Path(run_dir) / name) for name in fingerprints}
+    return [name for name, was in fingerprints.items() if now[name] is not None and now[name] != was]

@@ -178,8 +178,7 @@ class Run:
         out = {}
         for folder, by_label in self._posthoc_records.items():
             sources = next((m["sources"] for m in by_label.values() if isinstance(m.get("sources"), dict)), None)
-            changed = [name for name in changed_files(self.path, sources) if (self.path / name).exists()] \
-                if sources is not None else []
+            changed = changed_files(self.path, sources) if sources is not None else []
             if changed:
                 out[folder] = changed
         return out
@@ -240,8 +239,7 @@ class Run:
             found = read_json(path)
             if isinstance(found, dict) and isinstance(found.get("predictors"), dict):
                 files = (found.get("inputs") or {}).get("files")  # none in a record of an earlier swalab
-                changed = [name for name in changed_files(self.path, files) if (self.path / name).exists()] \
-                    if isinstance(files, dict) else []  # a file gone (records copied without weights) says nothing
+                changed = changed_files(self.path, files) if isinstance(files, dict) else []
                 out.append((path.parent.name, found, changed))
         return out
 

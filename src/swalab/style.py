@@ -3,7 +3,7 @@
 
 * a method has one colour in every figure (:data:`METHOD_COLORS`): SWA is the same green in the test-error curves,
   the FGE curve and the reliability diagrams; what differs within a method (its budgets, other settings) is a
-  shade of that colour;
+  shade of that colour, with a marker or dash of its own (shades alone are not told apart);
 * an axis is linear unless its values span an order of magnitude (:func:`wants_log`); epochs and member counts
   are whole numbers (:func:`whole_ticks`); an axis has at least three ticks;
 * panels wrap into a grid (:func:`panels`, at most :data:`ACROSS` to a row) whatever the number of configs, each

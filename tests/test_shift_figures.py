@@ -111,6 +111,20 @@ def test_a_box_is_over_the_corruptions_each_first_averaged_over_seeds(tmp_path):
                                        for c in CORRUPTIONS)
 
 
+def test_sets_scored_for_some_predictors_only_are_named_in_the_legend_not_silently_dropped(tmp_path, figures):
+    """Every box of a severity is over the corruptions every predictor was scored on; a severity scored for SGD only
+    (or more corruptions of it) then draws nothing of them, and the legend says what it left out."""
+    shifted(tmp_path / "g", seeds=(0,))
+    for record in (tmp_path / "g").rglob("scores/cifar10c-*/metrics.json"):
+        if "/swa/" in str(record) and (record.parent.name.endswith("-3") or record.parent.name == "cifar10c-fog-5"):
+            record.unlink()
+            record.parent.rmdir()
+    assert shift_plots.plot_shift_corruptions(table_of(tmp_path / "g"), tmp_path / "shift_corruptions.png")
+    legend = next(ax.get_legend() for ax in figures[-1].axes if ax.get_legend())
+    said = " ".join(t.get_text().replace("\n", " ") for t in legend.get_texts())
+    assert "not drawn: 3 corruptions at severity 3, 1 at severity 5" in said, said
+
+
 def test_the_clean_severity_falls_back_on_the_runs_own_metrics_without_scores_test(tmp_path):
     shifted(tmp_path / "g", seeds=(0,))
     for test in (tmp_path / "g").rglob("scores/test/metrics.json"):

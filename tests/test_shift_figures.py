@@ -156,6 +156,19 @@ def test_the_roc_figure_has_a_panel_per_ood_set_a_curve_per_predictor_and_score_
     assert not overlapping(fig), overlapping(fig)[:5]
 
 
+def test_a_roc_curve_after_temperature_scaling_differs_from_its_predictors_in_more_than_a_shade(tmp_path, figures):
+    """SGD and SGD+ts (SWA and SWA+ts) are two shades of one colour and, for one score, one line style: the committed
+    GPU figure's SGD and SGD+ts curves were told apart by shade alone. The second column of a method has markers."""
+    shifted(tmp_path / "g")
+    assert shift_plots.plot_ood_roc(table_of(tmp_path / "g"), tmp_path / "ood_roc.png")
+    legend = figures[-1].axes[0].get_legend()
+    drawn = {t.get_text().split(" · ")[0]: h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    for method in ("SGD", "SWA"):
+        plain = next(h for k, h in drawn.items() if k.startswith(f"{method} "))
+        scaled = next(h for k, h in drawn.items() if k.startswith(f"{method}+ts"))
+        assert (plain.get_marker(), plain.get_linestyle()) != (scaled.get_marker(), scaled.get_linestyle()), method
+
+
 def test_the_legends_auroc_is_the_mean_over_seeds_of_the_records(tmp_path, figures):
     shifted(tmp_path / "g")
     table = table_of(tmp_path / "g")

@@ -26,6 +26,9 @@ OTHER_COLORS = ("#e377c2", "#17becf", "#bcbd22")  # a method of one's own, chose
 ACROSS = 3          # panels to a row: three 5-inch panels are a page's width at legible text
 PANEL = (5.0, 3.8)  # a panel's width and height in inches
 BAND = "band: lowest to highest seed"  # what a band over seeds is, said in the legend
+#: marker of a method's k-th column in a panel (SWA 1B, 1.25B, 1.5B; SGD and SGD+ts): shades of one colour alone are
+#: not told apart (nor in a grey print)
+SHADE_MARKERS = "osD^"
 
 
 def pyplot():

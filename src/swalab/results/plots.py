@@ -46,9 +46,8 @@ DASHES = [(5, 2), (2, 1.5), (7, 2, 1.5, 2), (1, 1.5), (4, 1.5, 1.5, 1.5, 1.5, 1.
 BAND_ALPHA = 0.07  # a seed band's fill: bands of several curves laid over each other keep their own colours
 
 
-#: marker of a method's k-th column in a reliability panel, and dash of the k-th SWA line of an FGE panel: SWA 1B,
-#: 1.25B and 1.5B are shades of one green, which alone do not tell them apart (nor in a grey print)
-SHADE_MARKERS = "osD^"
+#: dash of the k-th SWA line of an FGE panel (a reliability panel's columns: ``style.SHADE_MARKERS``): SWA 1B, 1.25B
+#: and 1.5B are shades of one green, which alone do not tell them apart (nor in a grey print)
 SHADE_DASHES = ["--", (0, (1.5, 1.5)), (0, (7, 2, 1.5, 2)), (0, (3, 1))]
 
 
@@ -342,7 +341,7 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             if not total:
                 continue
             color = style.color_of(column.method, shades[column.method])
-            marker = SHADE_MARKERS[shades[column.method] % len(SHADE_MARKERS)]  # SWA 1B beside 1.5B: not shade alone
+            marker = style.SHADE_MARKERS[shades[column.method] % len(style.SHADE_MARKERS)]  # not a shade alone
             shades[column.method] += 1
             dense = [b for b in bins if b["count"] >= SPARSE * total]
             sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]

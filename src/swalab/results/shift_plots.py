@@ -264,13 +264,17 @@ def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
     """One row's ROC panel against one OOD set: a curve per predictor and score, the diagonal, the legend beneath."""
     ax.plot([0, 1], [0, 1], color="grey", lw=0.9, ls=(0, (1, 2)), label="chance (AUROC 0.5)")
     columns = [c for c in sorted(row.cells, key=lambda c: c.order)]
-    seeds = 1
+    seeds, shades = 1, defaultdict(int)
     for column, color in zip(columns, _colours(columns)):
         cell = row.cells[column]
+        k = shades[column.base]  # SGD+ts beside SGD: a lighter shade and, not to rest on the shade alone, markers
+        shades[column.base] += 1
+        marks = {"marker": style.SHADE_MARKERS[k % len(style.SHADE_MARKERS)], "markevery": 0.1, "ms": 4,
+                 "mfc": "none"} if k else {}
         for score, (fpr, tpr, aurocs, n) in roc_curves(cell, name, read, scores).items():
             line_style, said = ROC_SCORES[score]
-            ax.plot(fpr, tpr, ls=line_style, lw=1.3, color=color, label=f"{column.label} · {said}: "
-                                                                       f"AUROC {mean_pm(aurocs, 3)} (n={n})")
+            ax.plot(fpr, tpr, ls=line_style, lw=1.3, color=color, **marks,
+                    label=f"{column.label} · {said}: AUROC {mean_pm(aurocs, 3)} (n={n})")
             seeds = max(seeds, n)
     ax.set(xlim=(-0.01, 1.01), ylim=(-0.01, 1.01),
            xlabel="false positive rate\n(in-distribution test images flagged)",

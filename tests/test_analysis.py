@@ -486,6 +486,22 @@ def test_a_point_cut_short_while_written_is_evaluated_again_and_ctrl_c_says_what
     assert len((tmp_path / "other" / "segment.jsonl").read_text().splitlines()) == 1 + 1
 
 
+def test_the_planes_axes_name_the_weights_that_span_them_and_their_unit(tmp_path, monkeypatch):
+    """The axes read 'x (along w2 - w1)' and 'y', while the figure names the weights SGD epoch 24, SWA, ...: a reader
+    could not tell which points span the plane, nor that a unit is a Euclidean distance between weight vectors. The
+    first three points are w1, w2, w3 (``plane.main``)."""
+    from swalab.analysis import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("fig", fig))
+    xs, ys = np.linspace(-1, 5, 7), np.linspace(-0.2, 1.5, 7)
+    plots.plane_figure(tmp_path / "plane.png", xs, ys, {"train loss": np.add.outer(ys, xs)},
+                       {"epoch 24": (0.0, 0.0), "SWA": (3.4, 0.0), "epoch 30": (1.8, 1.4), "other": (2.0, 0.5)})
+    ax = drawn["fig"].axes[0]
+    assert ax.get_xlabel() == "x: along SWA - epoch 24 (L2 distance of weights)", ax.get_xlabel()
+    assert ax.get_ylabel().replace("\n", " ") == "y: towards epoch 30 (\u22a5 x)", ax.get_ylabel()
+
+
 def test_a_flat_plane_figure_keeps_its_colour_bar_ticks_its_labels_and_the_trajectory_readable(tmp_path, monkeypatch):
     """A plane 6 wide and 1 high (the usual shape: w1 -> w2 long, w3 close to that line): the colour bar's tick labels
     do not overlap, a point's label at the right edge stays left of the colour bar, and the trajectory, partly outside

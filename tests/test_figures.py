@@ -155,6 +155,21 @@ def test_a_method_keeps_its_colour_in_every_figure(tmp_path, figures):
     assert not any(colours[a] & colours[b] for a in colours for b in colours if a != b)
 
 
+def test_a_methods_budgets_in_one_panel_differ_in_more_than_a_shade(tmp_path, figures):
+    """SWA 1B beside SWA 1.5B (and 1.25B) are shades of one green, which a reader (or a grey print) cannot tell
+    apart: in the reliability diagram each has its own marker, in the FGE curve each SWA line its own dash."""
+    configs(tmp_path / "g", 1)
+    table = build_table([Run(p) for p in run_dirs([tmp_path / "g"])])
+    plots.plot_reliability(table, tmp_path / "reliability.png")
+    swa = [line for line in figures[-1].axes[0].get_lines() if line.get_label().startswith("SWA ")]
+    assert len(swa) == 2 and swa[0].get_marker() != swa[1].get_marker(), [l.get_marker() for l in swa]
+    plots.plot_fge_curve(table, tmp_path / "fge_curve.png")
+    legend = figures[-1].axes[0].get_legend()  # its handles are the lines drawn: the legend tells them apart too
+    swa = [h for t, h in zip(legend.get_texts(), legend.legend_handles) if t.get_text().startswith("SWA ")]
+    dashes = [(h.get_linestyle(), h._dash_pattern) for h in swa]  # "--" names every dash pattern; its lengths differ
+    assert len(swa) == 2 and dashes[0] != dashes[1], dashes
+
+
 def test_test_error_is_linear_over_a_narrow_range_with_whole_epochs_and_its_bands_named(tmp_path, figures):
     configs(tmp_path / "g", 1)
     table = build_table([Run(p) for p in run_dirs([tmp_path / "g"])])

@@ -133,6 +133,20 @@ def test_a_box_is_over_the_corruptions_each_first_averaged_over_seeds(tmp_path):
                                        for c in CORRUPTIONS)
 
 
+def test_sets_scored_for_some_predictors_only_are_named_in_the_legend_not_silently_dropped(tmp_path, figures):
+    """Every box of a severity is over the corruptions every predictor was scored on; a severity scored for SGD only
+    (or more corruptions of it) then draws nothing of them, and the legend says what it left out."""
+    shifted(tmp_path / "g", seeds=(0,))
+    for record in (tmp_path / "g").rglob("scores/cifar10c-*/metrics.json"):
+        if "/swa/" in str(record) and (record.parent.name.endswith("-3") or record.parent.name == "cifar10c-fog-5"):
+            record.unlink()
+            record.parent.rmdir()
+    assert shift_plots.plot_shift_corruptions(table_of(tmp_path / "g"), tmp_path / "shift_corruptions.png")
+    legend = next(ax.get_legend() for ax in figures[-1].axes if ax.get_legend())
+    said = " ".join(t.get_text().replace("\n", " ") for t in legend.get_texts())
+    assert "not drawn: 3 corruptions at severity 3, 1 at severity 5" in said, said
+
+
 def test_the_clean_severity_falls_back_on_the_runs_own_metrics_without_scores_test(tmp_path):
     shifted(tmp_path / "g", seeds=(0,))
     for test in (tmp_path / "g").rglob("scores/test/metrics.json"):
@@ -162,6 +176,19 @@ def test_the_roc_figure_has_a_panel_per_ood_set_a_curve_per_predictor_and_score_
         assert ax.get_xlabel().startswith("false positive rate") and ax.get_ylabel().startswith("true positive rate")
     assert legends_off_axes(fig)
     assert not overlapping(fig), overlapping(fig)[:5]
+
+
+def test_a_roc_curve_after_temperature_scaling_differs_from_its_predictors_in_more_than_a_shade(tmp_path, figures):
+    """SGD and SGD+ts (SWA and SWA+ts) are two shades of one colour and, for one score, one line style: the committed
+    GPU figure's SGD and SGD+ts curves were told apart by shade alone. The second column of a method has markers."""
+    shifted(tmp_path / "g")
+    assert shift_plots.plot_ood_roc(table_of(tmp_path / "g"), tmp_path / "ood_roc.png")
+    legend = figures[-1].axes[0].get_legend()
+    drawn = {t.get_text().split(" · ")[0]: h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    for method in ("SGD", "SWA"):
+        plain = next(h for k, h in drawn.items() if k.startswith(f"{method} "))
+        scaled = next(h for k, h in drawn.items() if k.startswith(f"{method}+ts"))
+        assert (plain.get_marker(), plain.get_linestyle()) != (scaled.get_marker(), scaled.get_linestyle()), method
 
 
 def test_the_legends_auroc_is_the_mean_over_seeds_of_the_records(tmp_path, figures):

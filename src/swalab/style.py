@@ -3,7 +3,7 @@
 
 * a method has one colour in every figure (:data:`METHOD_COLORS`): SWA is the same green in the test-error curves,
   the FGE curve and the reliability diagrams; what differs within a method (its budgets, other settings) is a
-  shade of that colour;
+  shade of that colour, with a marker or dash of its own (shades alone are not told apart);
 * an axis is linear unless its values span an order of magnitude (:func:`wants_log`); epochs and member counts
   are whole numbers (:func:`whole_ticks`); an axis has at least three ticks;
 * panels wrap into a grid (:func:`panels`, at most :data:`ACROSS` to a row) whatever the number of configs, each
@@ -26,6 +26,9 @@ OTHER_COLORS = ("#e377c2", "#17becf", "#bcbd22")  # a method of one's own, chose
 ACROSS = 3          # panels to a row: three 5-inch panels are a page's width at legible text
 PANEL = (5.0, 3.8)  # a panel's width and height in inches
 BAND = "band: lowest to highest seed"  # what a band over seeds is, said in the legend
+#: marker of a method's k-th column in a panel (SWA 1B, 1.25B, 1.5B; SGD and SGD+ts): shades of one colour alone are
+#: not told apart (nor in a grey print)
+SHADE_MARKERS = "osD^"
 
 
 def pyplot():

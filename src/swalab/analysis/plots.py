@@ -37,15 +37,28 @@ def _digits(values: np.ndarray) -> str:
     return f"%.{max(3, int(np.ceil(np.log10(max(np.abs(values).max(), step) / step))) + 1)}g"
 
 
+def plane_axis_labels(names: list[str], height: float = 4.4) -> tuple[str, str]:
+    """The plane's axes named by the weights spanning them (``names``: w1, w2, w3 first, as ``plane.main`` gives them),
+    so that a reader sees which points set the plane and that a unit is a Euclidean distance between weights; the y
+    label wrapped to a panel ``height`` inches high (a flat plane's panels are low)."""
+    import textwrap
+
+    x = f"x: along {names[1]} - {names[0]} (L2 distance of weights)" if len(names) > 1 else "x (along w2 - w1)"
+    y = f"y: towards {names[2]} (\u22a5 x)" if len(names) > 2 else "y"
+    return x, "\n".join(textwrap.wrap(y, max(18, int(height * 9)), break_long_words=False))
+
+
 def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dict[str, np.ndarray],
                  points: dict[str, tuple[float, float]], trajectory: dict[str, np.ndarray] | None = None,
                  title: str = "") -> Path:
     """Filled contours of each surface (``{label: [len(ys), len(xs)]}``) over the plane's grid.
 
-    ``points`` (the three defining weights, and any others named) are black crosses with labels;
+    ``points`` (the three defining weights first, then any others named) are black crosses with labels, the first
+    three naming the axes (:func:`plane_axis_labels`);
     ``trajectory`` maps a name to ``[k, 2]`` projected coordinates, drawn as a dotted path."""
     n = len(surfaces)
     aspect = float(np.ptp(ys) / np.ptp(xs)) if np.ptp(xs) > 0 else 1.0
+    axis_labels = plane_axis_labels(list(points), float(np.clip(4.4 * aspect, 1.4, 5.6)))
     height = float(np.clip(4.4 * aspect + 1.4, 2.8, 7.0))  # equal-aspect panels: size the figure to them
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, height), squeeze=False)
     for ax, (label, z) in zip(axes[0], surfaces.items()):
@@ -67,8 +80,7 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(-5 if right else 5, 5), fontsize=9,
                         ha="right" if right else "left", bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
         ax.set_title(label)
-        ax.set_xlabel("x (along w2 - w1)")
-        ax.set_ylabel("y")
+        ax.set(xlabel=axis_labels[0], ylabel=axis_labels[1])
         if trajectory:
             ax.legend(loc="lower right", fontsize=7)
     if title:

@@ -46,6 +46,11 @@ DASHES = [(5, 2), (2, 1.5), (7, 2, 1.5, 2), (1, 1.5), (4, 1.5, 1.5, 1.5, 1.5, 1.
 BAND_ALPHA = 0.07  # a seed band's fill: bands of several curves laid over each other keep their own colours
 
 
+#: dash of the k-th SWA line of an FGE panel (a reliability panel's columns: ``style.SHADE_MARKERS``): SWA 1B, 1.25B
+#: and 1.5B are shades of one green, which alone do not tell them apart (nor in a grey print)
+SHADE_DASHES = ["--", (0, (1.5, 1.5)), (0, (7, 2, 1.5, 2)), (0, (3, 1))]
+
+
 MARKS = 20  # markers on a curve at most: one per epoch of a 300-epoch run hides the line under them
 
 
@@ -224,7 +229,7 @@ def _draw_fge_curves(ax, row: Row) -> tuple[list, int]:
 def plot_fge_curve(table: Table, path: Path) -> bool:
     """FGE ensemble accuracy against the number of members (whole numbers), the mean over seeds with an error bar
     from the lowest to the highest seed; each SWA column of the FGE's budget B as a line (dashed: the mean, a light
-    band: lowest to highest seed), by the rule of section 3.5 (:func:`swalab.results.diagnostics.same_budget`):
+    band: lowest to highest seed; each its own shade and dash), by the rule of section 3.5 (:func:`swalab.results.diagnostics.same_budget`):
     SWA trained at another B is not drawn, and the legend says which B they had. An FGE of one member has no curve
     (:func:`ensemble_curve`); a report of such FGE runs only has no FGE figure."""
     from swalab.results.diagnostics import same_budget
@@ -245,7 +250,7 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
         for i, (column, cell, tail) in enumerate(drawn):
             values = cell.values("acc")
             color = style.color_of("swa", i)
-            ax.axhline(statistics.fmean(values), color=color, ls="--",
+            ax.axhline(statistics.fmean(values), color=color, ls=SHADE_DASHES[i % len(SHADE_DASHES)],
                        label=f"{column.label} average{tail} (n={len(cell.entries)}"
                              f"{', ' + style.BAND if len(values) > 1 else ''})")
             if len(values) > 1:
@@ -309,7 +314,8 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
     """Reliability diagrams, one panel per row: accuracy against mean confidence per bin (bins pooled over seeds,
     weighted by their counts), the legend giving each column's ECE and Brier score (means over seeds); bins holding
     under 1% of the images hollow and left out of the line, so a handful of images cannot make it jump; beneath,
-    the share of images in each bin, and beneath that the legend, outside the axes (no bin is hidden behind it). A
+    the share of images in each bin, and beneath that the legend (a method's second and third columns, a lighter
+    shade of its colour, each with a marker of its own), outside the axes (no bin is hidden behind it). A
     bin at accuracy 0 or 1 is drawn whole (the axis is padded, markers are not clipped). ``methods`` chooses the
     columns (:func:`reliability_columns`): ``sgd swa swag fge`` draws SGD, SWA, SWAG and FGE in one figure."""
     rows = [r for r in table.rows if any(run.reliability for run in r.runs()) and reliability_columns(r, methods)]
@@ -335,18 +341,19 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
             if not total:
                 continue
             color = style.color_of(column.method, shades[column.method])
+            marker = style.SHADE_MARKERS[shades[column.method] % len(style.SHADE_MARKERS)]  # not a shade alone
             shades[column.method] += 1
             dense = [b for b in bins if b["count"] >= SPARSE * total]
             sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]
             tail = "".join(f", {name} {statistics.fmean(cell.values(metric)):.3f}"
                            for metric, name in (("ece", "ECE"), ("brier", "Brier")) if cell.values(metric))
             dashes = "--" if column.scaled else "-"  # SWA+ts has SWA's colour: dashed, it stays apart from it
-            ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], dashes, marker="o", ms=4, color=color,
+            ax.plot([b["conf"] for b in dense], [b["acc"] for b in dense], dashes, marker=marker, ms=4, color=color,
                     clip_on=not dense, label=f"{column.label} (n={len(cell.entries)}{tail})")
             # unclipped, a bin at accuracy 0 or 1 is drawn whole; an empty line unclipped would stretch the panel's
             # extent over the whole figure (tight_layout then gives up)
             if sparse:
-                ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], "o", ms=4, mfc="none", color=color,
+                ax.plot([b["conf"] for b in sparse], [b["acc"] for b in sparse], marker, ms=4, mfc="none", color=color,
                         clip_on=False)
             edges = [bins[0]["lo"], *(b["hi"] for b in bins)]
             hist.stairs([max(b["count"] / total, 1e-4) for b in bins], edges, color=color, baseline=1e-4, ls=dashes)

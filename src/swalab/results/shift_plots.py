@@ -7,7 +7,8 @@ its cell:
 
 * ``shift_corruptions.png``: per row, an accuracy panel and an ECE panel against severity (Ovadia et al. 2019, their
   figure 1): at each severity 1 to 5 a box per predictor over the corruptions every seed of every predictor of the
-  panel was scored on (the same corruptions in every box of a severity), each corruption's value first the mean over
+  panel was scored on (the same corruptions in every box of a severity; the legend counts those scored for some
+  predictors only, which no box holds), each corruption's value first the mean over
   the seeds; at "clean", the uncorrupted test set (``scores/test`` where the run was scored on it
   again, else the run's own ``metrics.json``: the same numbers), one marker.
 * ``ood_roc.png``: per row and OOD set, the ROC curve of each predictor and score (``msp``: 1 - the maximum softmax
@@ -89,6 +90,17 @@ def common_sets(cells: Sequence[Cell]) -> list[tuple[str, int]]:
     return sorted(sets or ())
 
 
+def left_out(cells: Sequence[Cell], common: Sequence[tuple[str, int]]) -> dict[int, int]:
+    """``{severity: corruptions}`` some predictor of a panel was scored on but not every one, which its boxes leave out
+    (a severity's boxes are over the same corruptions): the legend names them, so that a severity scored for some
+    predictors only (SWAG not scored at severity 3) is not read as never scored."""
+    scored = set().union(*(shared_sets(cell) for cell in cells))
+    counts: dict[int, int] = defaultdict(int)
+    for _, severity in scored - set(common):
+        counts[severity] += 1
+    return dict(sorted(counts.items()))
+
+
 def severity_values(cell: Cell, metric: str, sets: Sequence[tuple[str, int]] | None = None) -> dict[int, list[float]]:
     """``{severity: [one value per corruption]}`` of a cell over ``sets`` (default: those every seed of the cell was
     scored on), each value the mean over the seeds, and at :data:`CLEAN` the clean test set's (mean over seeds); empty
@@ -145,8 +157,9 @@ def _boxes(ax, values: dict[int, list[float]], offset: float, width: float, colo
         ax.plot([CLEAN + offset], values[CLEAN], "D", ms=4.5, color=color)
 
 
-def _corruption_legend(columns, colours, counts: set[int]) -> list:
-    """The legend of a corruption panel: a patch per predictor, then what a box and the clean marker are."""
+def _corruption_legend(columns, colours, counts: set[int], left: dict[int, int]) -> list:
+    """The legend of a corruption panel: a patch per predictor, then what a box and the clean marker are, and what
+    was scored but not drawn (``left``: :func:`left_out`)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -159,6 +172,10 @@ def _corruption_legend(columns, colours, counts: set[int]) -> list:
         f"the median; quartiles, whiskers to 1.5 IQR, circles beyond{one})", LEGEND_CHARS)))
     handles.append(Line2D([], [], ls="none", marker="D", ms=4.5, color="grey",
                           label=textwrap.fill("clean: the uncorrupted test set (mean over seeds)", LEGEND_CHARS)))
+    if left:
+        said = ", ".join(f"{n}{'' if k else ' corruptions'} at severity {s}" for k, (s, n) in enumerate(left.items()))
+        handles.append(Line2D([], [], ls="none", label=textwrap.fill(
+            f"not drawn: {said}, scored for some predictors only", LEGEND_CHARS)))
     return handles
 
 
@@ -178,7 +195,8 @@ def _corruption_panel(ax, columns, metric: str, label: str, legend: bool) -> Non
     style.enough_ticks(ax.yaxis)
     ax.grid(alpha=0.3, axis="y")
     if legend:
-        ax.legend(handles=_corruption_legend(columns, colours, counts or {0}), fontsize=7, frameon=False,
+        left = left_out([cell for _, cell in columns], common)
+        ax.legend(handles=_corruption_legend(columns, colours, counts or {0}, left), fontsize=7, frameon=False,
                   loc="upper left", bbox_to_anchor=(1.03, 1.0))
 
 
@@ -261,13 +279,17 @@ def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
     """One row's ROC panel against one OOD set: a curve per predictor and score, the diagonal, the legend beneath."""
     ax.plot([0, 1], [0, 1], color="grey", lw=0.9, ls=(0, (1, 2)), label="chance (AUROC 0.5)")
     columns = [c for c in sorted(row.cells, key=lambda c: c.order)]
-    seeds = 1
+    seeds, shades = 1, defaultdict(int)
     for column, color in zip(columns, _colours(columns)):
         cell = row.cells[column]
+        k = shades[column.base]  # SGD+ts beside SGD: a lighter shade and, not to rest on the shade alone, markers
+        shades[column.base] += 1
+        marks = {"marker": style.SHADE_MARKERS[k % len(style.SHADE_MARKERS)], "markevery": 0.1, "ms": 4,
+                 "mfc": "none"} if k else {}
         for score, (fpr, tpr, aurocs, n) in roc_curves(cell, name, read, scores).items():
             line_style, said = ROC_SCORES[score]
-            ax.plot(fpr, tpr, ls=line_style, lw=1.3, color=color, label=f"{column.label} · {said}: "
-                                                                       f"AUROC {mean_pm(aurocs, 3)} (n={n})")
+            ax.plot(fpr, tpr, ls=line_style, lw=1.3, color=color, **marks,
+                    label=f"{column.label} · {said}: AUROC {mean_pm(aurocs, 3)} (n={n})")
             seeds = max(seeds, n)
     ax.set(xlim=(-0.01, 1.01), ylim=(-0.01, 1.01),
            xlabel="false positive rate\n(in-distribution test images flagged)",

@@ -5,6 +5,7 @@ mutation testing of the module (docs/mutation.md): each fails on an edit of the 
 from __future__ import annotations
 
 import csv
+import json
 import os
 
 import pytest
@@ -178,6 +179,24 @@ def test_a_row_of_runs_launched_by_an_experiment_names_the_experiment_whose_sett
         (run / "overrides.yaml").write_text(yaml.safe_dump([f"method={method}", "experiment=my_recipe"]))
     report([root], tmp_path / "out")
     assert row_names(tmp_path / "out") == ["cifar10 / preresnet20 · experiment=my_recipe, optimizer=adamw"]
+
+
+def test_a_soup_of_several_seeds_is_paired_with_no_one_seeds_sgd_run(tmp_path):
+    """A soup is stored under its lowest seed's run, but it averages every seed: its seed-0 SGD run is no pair of it."""
+    root = tmp_path / "g"
+    make_run(root, "sgd", 0, {"sgd": m(90.0)})
+    swa = make_run(root, "swa", 0, {"swa": m(93.0)})
+    for folder, label, acc, runs in (("lawa2", "lawa2", 94.0, ["."]),
+                                     ("soup-uniform_3", "soup-uniform(3)", 95.0, [".", "../../x/seed1", "../../x/seed2"])):
+        (swa / "posthoc" / folder).mkdir(parents=True)
+        (swa / "posthoc" / folder / "metrics.json").write_text(json.dumps({label: {**m(acc), "rebuild_runs": runs}}))
+    report([root], tmp_path / "out")
+    paired = (tmp_path / "out" / "table.md").read_text().split(f"## {PAIRED}")[1].split("\n\n")[2]
+    header, _, line = paired.splitlines()
+    cells = dict(zip(header.strip("| ").split(" | "), line.strip("| ").split(" | ")))
+    lawa = next(k for k in cells if k.startswith("lawa2"))
+    soup = next(k for k in cells if k.startswith("soup-uniform(3)"))
+    assert cells[lawa].startswith("+4.00") and cells[soup] == "built from several runs: no seed to pair"
 
 
 def test_a_setting_typed_under_method_sets_its_run_apart(tmp_path):

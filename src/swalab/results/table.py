@@ -522,12 +522,18 @@ def sgd_baseline(row: Row, column: Column) -> Column | None:
     return min(candidates, key=lambda c: abs(c.epochs - b)) if candidates else None
 
 
+def of_several_runs(cell: Cell) -> bool:
+    """Whether the cell holds a post-hoc average of several runs (a soup of seeds, ``rebuild_runs`` in its record):
+    stored under one of them, it averages them all, so no one seed's SGD run pairs with it."""
+    return any(len(e.metrics.get("rebuild_runs") or ()) > 1 for e in cell.entries)
+
+
 def paired_differences(row: Row, metric: str = "acc") -> dict[Column, list[float]]:
     """Per seed, each column minus the row's SGD column of the same budget B (:func:`sgd_baseline`), over the
     seeds both hold; a column without such an SGD column is left out."""
     out = {}
     for column, cell in row.cells.items():
-        if column.method == "sgd" and column.budget == 1:
+        if column.method == "sgd" and column.budget == 1 or of_several_runs(cell):
             continue
         baseline = sgd_baseline(row, column)
         if baseline is None:

@@ -13,7 +13,7 @@ from swalab.identity import group_hash, identity_hash
 from swalab.results.diagnostics import section35_of
 from swalab.results.runs import Run
 from swalab.results.table import (Table, budget_epochs_of, fmt_cell, markdown_table, mean_pm, mean_std,
-                                  paired_differences, sgd_baseline)
+                                  of_several_runs, paired_differences, sgd_baseline)
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 
@@ -141,6 +141,8 @@ def diff_text(row, column, values) -> str:
         return "not run"
     if column.method == "sgd" and column.budget == 1:
         return "(the baseline)"
+    if of_several_runs(row.cells[column]):
+        return "built from several runs: no seed to pair"
     if sgd_baseline(row, column) is None:
         b = budget_epochs_of(column)
         return f"no SGD run of B = {b:.3g} ep" if b is not None else "nothing trained: no B to pair with SGD"

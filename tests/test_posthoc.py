@@ -433,6 +433,25 @@ def test_a_swa_window_ending_before_the_last_snapshot_is_drawn_apart_from_the_cu
     assert list(ring.get_ydata()) == [77.7]
 
 
+def test_the_uniform_and_the_greedy_soup_are_two_named_points_not_one_curve(monkeypatch, tmp_path):
+    """Against the ingredients kept, soup-uniform(3) (x = 3) and soup-greedy(3) that kept one (x = 1) were joined by
+    one line, as if one soup had been swept over its size, and nothing said which point was which."""
+    from swalab.posthoc import Result
+    from swalab.posthoc import figure
+
+    drawn = {}
+    monkeypatch.setattr(figure.style, "finish", lambda plt, fig, path: drawn.setdefault("fig", fig))
+    val = {"val": {"acc": 80.0, "nll": 0.5}}
+    results = [Result("soup-uniform(3)", "soup", 3.0, tmp_path, {"soup-uniform(3)": {"acc": 78.0, "nll": 0.6, **val}}),
+               Result("soup-greedy(3)", "soup", 1.0, tmp_path, {"soup-greedy(3)": {"acc": 77.0, "nll": 0.7, **val}})]
+    assert figure.plot(results, {}, tmp_path / "f.png")
+    acc = drawn["fig"].axes[0]
+    assert not any(len(line.get_xdata()) > 1 for line in acc.get_lines())
+    assert sorted(t.get_text() for t in acc.texts) == ["soup-greedy(3)", "soup-uniform(3)"]
+    assert [line.get_label() for line in acc.get_lines() if line.get_label().startswith("post-hoc")] == [
+        "post-hoc soup (named), test"]
+
+
 def test_wiseft_of_a_timm_fine_tune_starts_from_its_pretrained_weights(make_cfg, tiny_imagenet, tmp_path):
     """A timm network fine-tuned from its pretrained weights (model.pretrained_file here, the hub's alike) has no
     model.init_from: its start is the weights the network was built with, a 1000-way head included. With the BN

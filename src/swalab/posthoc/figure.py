@@ -19,12 +19,13 @@ METRIC_NAMES = {"acc": "accuracy (%)", "nll": "NLL (mean per image)"}
 
 
 def on_the_curve(results: Sequence) -> tuple[list, list]:
-    """The averages of one family drawn as its curve against the knob, and those drawn apart: SWA windows that end
-    before the last snapshot of the family's windows (``swa[25:30]``, an online budget mark's window) share a start
-    with the window to the end, so on one curve they would read as the same knob."""
+    """The averages of one family drawn as its curve against the knob, and those drawn apart, each named: SWA windows
+    that end before the last snapshot of the family's windows (``swa[25:30]``, an online budget mark's window) share a
+    start with the window to the end, so on one curve they would read as the same knob; and every soup, since the
+    uniform and the greedy soup are two recipes, not two points of one sweep."""
     windows = [r for r in results if r.family == "swa" and r.built_from]
     last = {run: max(r.built_from[-1] for r in windows if r.run == run) for run in {r.run for r in windows}}
-    apart = [r for r in windows if r.built_from[-1] != last[r.run]]
+    apart = [r for r in windows if r.built_from[-1] != last[r.run]] + [r for r in results if r.family == "soup"]
     return [r for r in results if r not in apart], apart
 
 
@@ -46,15 +47,17 @@ def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = ""
             ax = axes[2 * row + col]
             xs = [r.knob for r in mine]
             color = style.color_of("posthoc")
-            ax.plot(xs, [r.metrics[r.label][metric] for r in mine], "-o", ms=4, color=color,
-                    label=f"post-hoc {family}, test")
+            if mine:
+                ax.plot(xs, [r.metrics[r.label][metric] for r in mine], "-o", ms=4, color=color,
+                        label=f"post-hoc {family}, test")
             for r in apart:  # a SWA window ending before the last snapshot: no point of the curve, named beside it
                 ax.plot([r.knob], [r.metrics[r.label][metric]], "x", ms=6, color=color)
                 ax.annotate(r.label, (r.knob, r.metrics[r.label][metric]), xytext=(4, 2), textcoords="offset points",
                             fontsize=6, color=color)
             if apart:
-                ax.plot([], [], "x", color=color, label=f"post-hoc {family} ending earlier (named), test")
-            if all("val" in r.metrics[r.label] for r in mine):
+                ax.plot([], [], "x", color=color,
+                        label=f"post-hoc {family}{' ending earlier' if family == 'swa' else ''} (named), test")
+            if mine and all("val" in r.metrics[r.label] for r in mine):
                 ax.plot(xs, [r.metrics[r.label]["val"][metric] for r in mine], "--s", ms=4, mfc="none", color=color,
                         label=f"post-hoc {family}, validation")
             picked = [r for r in [*mine, *apart] if r.label in chosen]

@@ -564,3 +564,12 @@ def test_a_run_whose_image_folder_changed_since_is_refused_naming_what_changed_a
                                           r"now\): restore the images it was made on"):
         main([str(run), "--data", "test", "--device", "cpu"])
     assert not (run / "scores").exists()
+
+
+def test_a_predictor_and_its_temperature_scaled_twin_not_scored_for_one_reason_are_one_line():
+    from swalab.results.score import not_scored_lines
+
+    why = {"lawa2": "a post-hoc average", "lawa2+ts": "a post-hoc average", "swa@1.25": "a budget mark",
+           "fge+ts": "no members"}
+    assert not_scored_lines(why) == ["lawa2 (and lawa2+ts): a post-hoc average", "swa@1.25: a budget mark",
+                                     "fge+ts: no members"]

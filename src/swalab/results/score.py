@@ -48,7 +48,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from swalab.calibration import scaled, scaled_name
+from swalab.calibration import SUFFIX, scaled, scaled_name
 from swalab.checkpoint import atomic_save
 from swalab.cli import each_once, run_command
 from swalab.config import ConfigError
@@ -139,6 +139,18 @@ def not_rescorable(scored: Scored, names: Sequence[str], rebuilt: Rebuilt | None
         else:
             why[name] = "no weights of it in final.pt"
     return why
+
+
+def not_scored_lines(why: dict[str, str]) -> list[str]:
+    """``name: why`` per predictor that was not scored again, its ``+ts`` named with it when for the same reason (a
+    post-hoc average and its temperature-scaled twin are one line, not two)."""
+    out = []
+    for name, reason in why.items():
+        if name.endswith(SUFFIX) and why.get(name.removesuffix(SUFFIX)) == reason:
+            continue
+        also = f" (and {name}{SUFFIX})" if why.get(f"{name}{SUFFIX}") == reason else ""
+        out.append(f"{name}{also}: {reason}")
+    return out
 
 
 def predictions_on(scored: Scored, split: DataSplit, rebuilt: Rebuilt | None = None
@@ -344,8 +356,8 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
             records.append(record)
             print(f"{scored.label} on {spec.name} ({record['data']['images']} images):")
             print(metrics_table(record["predictors"]))
-            for name, why in record["not_scored"].items():
-                print(f"  not scored: {name}: {why}")
+            for line in not_scored_lines(record["not_scored"]):
+                print(f"  not scored: {line}")
         detections = []
         for spec in args.ood:
             outside = ood_images(scored, spec)

@@ -527,6 +527,26 @@ def test_a_flat_plane_figure_keeps_its_colour_bar_ticks_its_labels_and_the_traje
     assert ax.get_lines()[0].get_color() not in ("white", "w", "#ffffff")
 
 
+def test_labels_of_two_points_close_on_one_line_of_the_plane_do_not_cover_each_other(tmp_path, monkeypatch):
+    """The digits plane of docs/analysis.md: epoch 13 at (0, 0) and SWA at (0.69, 0), on each side of the grid's
+    middle, were labelled towards each other at one height, and SWA's box covered "epoch 13"."""
+    from swalab.analysis import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("fig", fig))
+    xs, ys = np.linspace(-0.32, 1.37, 11), np.linspace(-0.1, 0.48, 11)
+    trajectory = np.array([[-0.87, -0.28], [-0.29, -0.17], [-0.09, 0.0], [0.0, 0.0], [0.38, -0.17], [0.65, -0.17],
+                           [0.9, -0.01], [1.05, 0.37]])  # earlier epochs beyond the grid widen the axes
+    plots.plane_figure(tmp_path / "plane.png", xs, ys, {"train loss": np.add.outer(ys, xs)},
+                       {"epoch 13": (0.0, 0.0), "SWA": (0.69, 0.0), "SGD (epoch 24)": (1.05, 0.38)},
+                       {"trajectory": trajectory})
+    fig = drawn["fig"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_bbox_patch().get_window_extent(renderer) for t in fig.axes[0].texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
 def test_the_analyses_name_their_own_flags_in_refusals(tmp_path, capsys, monkeypatch):
     """--device cuda without a GPU names --device (not the training setting run.device); --point without NAME= and a
     ray of no direction are refused before any work."""
@@ -631,3 +651,17 @@ def test_the_segment_and_rays_figures_name_the_weights_given_instead_of_swa(tmp_
     assert ": epoch 1 to SGD" in ax.get_title() and ax.get_xlabel() == "signed distance from epoch 1 (towards SGD)"
     assert [t.get_text() for t in ax.texts] == ["epoch 1", "SGD"]
     assert [t.get_text() for t in drawn[1].axes[0].get_legend().get_texts()] == ["epoch 1", "SGD"]
+
+
+def test_a_result_log_reads_settings_a_few_ulps_apart_as_its_own_and_other_values_as_others(tmp_path):
+    """The plane's extent is computed from the weights: the same command at another thread count gave
+    x: [-0.31606413100667946, 1.3696112343622777] against [-0.3160641310066796, 1.3696112343622784], and was refused
+    as another analysis, so every point would have been computed again in another folder."""
+    from swalab.analysis.probe import ResultLog
+
+    log = tmp_path / "plane.jsonl"
+    ResultLog(log, {"x": [-0.31606413100667946, 1.3696112343622777], "grid": 11}).add("0,0", {"loss": 1.0})
+    again = ResultLog(log, {"x": [-0.3160641310066796, 1.3696112343622784], "grid": 11})
+    assert "0,0" in again
+    with pytest.raises(ConfigError, match="other settings"):
+        ResultLog(log, {"x": [-0.3161, 1.3696112343622784], "grid": 11})

@@ -76,9 +76,12 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
                 ax.plot(xy[:, 0], xy[:, 1], "o:", color="tab:red", markersize=3, linewidth=0.8, label=name)
         for name, (x, y) in points.items():
             ax.plot([x], [y], "kx", markersize=9, markeredgewidth=2)
-            right = x > (xs[0] + xs[-1]) / 2  # labels of the right half to the left: clear of the colour bar
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(-5 if right else 5, 5), fontsize=9,
-                        ha="right" if right else "left", bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
+            # labels of the right half above and to the left (clear of the colour bar), of the left half below and to
+            # the right: two points close on one line (w1 and SWA) are never labelled towards each other at one height
+            right = x > (xs[0] + xs[-1]) / 2
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(-5, 5) if right else (5, -5), fontsize=9,
+                        ha="right" if right else "left", va="bottom" if right else "top",
+                        bbox=dict(boxstyle="round,pad=0.2", fc="white", alpha=0.7))
         ax.set_title(label)
         ax.set(xlabel=axis_labels[0], ylabel=axis_labels[1])
         if trajectory:

@@ -14,6 +14,7 @@ with other settings is refused rather than mixing two surfaces in one file."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -85,6 +86,20 @@ def _read_lines(path: Path) -> list[dict]:
     return rows
 
 
+def same_setting(a, b) -> bool:
+    """Whether two settings of a result log are the same, floats to 1e-9 relative: the plane's extent is computed
+    from the weights, and the same command at another thread count sums them in another order (a few 1e-16 apart),
+    which must not make its own log read as another analysis's."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_setting(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_setting(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9,
+                                                                                            abs_tol=1e-12)
+    return a == b
+
+
 class ResultLog:
     """Append-only JSON lines: a header ``{"settings": ...}``, then one ``{"key": ..., ...}`` per point."""
 
@@ -95,10 +110,10 @@ class ResultLog:
         if self.path.exists() and self.path.stat().st_size:
             lines = _read_lines(self.path)
             stored = lines[0].get("settings") if lines else None
-            if stored != settings:
+            if not same_setting(stored, settings):
                 differ = "; ".join(f"{k}: {(stored or {}).get(k)!r} there, {settings.get(k)!r} now"
                                    for k in sorted(set(stored or {}) | set(settings))
-                                   if (stored or {}).get(k) != settings.get(k))
+                                   if not same_setting((stored or {}).get(k), settings.get(k)))
                 raise ConfigError(f"{self.path} holds results for other settings ({differ}): use another --out "
                                   "directory, or delete the file to start afresh")
             self.rows = {row["key"]: row for row in lines[1:] if "key" in row}

@@ -665,3 +665,22 @@ def test_a_result_log_reads_settings_a_few_ulps_apart_as_its_own_and_other_value
     assert "0,0" in again
     with pytest.raises(ConfigError, match="other settings"):
         ResultLog(log, {"x": [-0.3161, 1.3696112343622784], "grid": 11})
+
+
+def test_a_curves_figure_draws_sgd_and_swa_in_their_colours_on_a_log_axis_when_errors_span_decades(tmp_path,
+                                                                                                  monkeypatch):
+    """The digits curves drew the SWA average in orange (FGE's colour in every other figure) on a linear axis where
+    the averaging phase, 1% against 67% at epoch 1, was a flat line at the bottom."""
+    from swalab import style
+    from swalab.analysis import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("fig", fig))
+    epochs = np.arange(1, 7)
+    plots.curves_figure(tmp_path / "c.png", [("run: SGD iterate", epochs, np.array([67.0, 20, 5, 2, 1.2, 1.1])),
+                                             ("run: SWA average", epochs[3:], np.array([1.4, 1.0, 0.9]))])
+    ax = drawn["fig"].axes[0]
+    sgd, swa = ax.get_lines()
+    assert (sgd.get_color(), sgd.get_linestyle()) == (style.color_of("sgd"), "--")
+    assert (swa.get_color(), swa.get_linestyle()) == (style.color_of("swa"), "-")
+    assert ax.get_yscale() == "log" and "log" in ax.get_ylabel()

@@ -142,13 +142,22 @@ def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarr
 
 
 def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarray]], title: str = "") -> Path:
-    """Test error against epoch, one line per ``(label, epochs, values)`` (paper Figs. 6 and 7)."""
+    """Test error against epoch, one line per ``(label, epochs, values)`` (paper Figs. 6 and 7): SGD iterates dashed in
+    SGD's colour, SWA averages solid in SWA's (as in every swalab figure), a second run's in a lighter shade; a log
+    axis when the errors span more than a decade, so that the averaging phase is not a flat line at the bottom."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    shades: dict[str, int] = {}
     for label, epochs, values in curves:
-        ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if label.endswith(SGD_ITERATE) else "-")
+        kind = "sgd" if label.endswith(SGD_ITERATE) else "swa"
+        shades[kind] = shades.get(kind, -1) + 1
+        ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if kind == "sgd" else "-",
+                color=style.color_of(kind, 2 * shades[kind]))
     ax.set_xlabel("epoch")
     style.whole_ticks(ax.xaxis)
-    ax.set_ylabel("test error (%)")
+    errors = [v for _, _, values in curves for v in np.asarray(values, dtype=float) if v > 0]
+    if errors and max(errors) > 10 * min(errors):
+        ax.set_yscale("log")
+    ax.set_ylabel("test error (%)" + (", log scale" if ax.get_yscale() == "log" else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:

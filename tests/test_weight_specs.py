@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from conftest import train_on_one_thread
-from swalab.analysis.loading import relative_spec
 from swalab.branching import BranchError, parse_spec
 from swalab.config import ConfigError
 from swalab.rundir import WeightSpec
@@ -58,8 +57,8 @@ def test_a_run_whose_path_holds_at_and_colon_is_found_by_every_reader(run_with_a
 
 def test_an_analysis_log_stores_a_spec_with_at_in_its_path_relative_and_keeps_the_epoch(run_with_at_in_its_path):
     run = run_with_at_in_its_path
-    assert relative_spec(f"{run}@1:swa", run.parent) == "seed0@1:swa"
-    assert relative_spec(str(run), run.parent.parent) == "t:1/seed0"
+    assert WeightSpec.parse(f"{run}@1:swa").relative_to(run.parent) == "seed0@1:swa"
+    assert WeightSpec.parse(str(run)).relative_to(run.parent.parent) == "t:1/seed0"
 
 
 def test_a_method_name_where_init_from_reads_only_a_run_s_last_weights_is_refused_in_one_line(

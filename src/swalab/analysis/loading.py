@@ -56,11 +56,6 @@ def analysis_data(run: Run, device: torch.device, train_size: int | None = None,
                         test_size=len(data.test))
 
 
-def relative_spec(spec: str, folder: Path) -> str:
-    """A weight spec (``<path>[@epoch][:name]``) with its path relative to ``folder``."""
-    return WeightSpec.parse(spec).relative_to(folder)
-
-
 @dataclass
 class Study:
     """One analysis of one run: its network, the network's parameter space, the data, and the shared options."""
@@ -77,7 +72,7 @@ class Study:
         """A result log's settings: the weight specs (their paths relative to ``out``, so that the same weights typed
         from another folder, or as ``./run/``, are the same setting), the command's own, and what every analysis
         records (so a resumed log refuses to mix points computed on other data or with another BN handling)."""
-        return {**{name: relative_spec(spec, out) for name, spec in weights.items()}, **own,
+        return {**{name: WeightSpec.parse(spec).relative_to(out) for name, spec in weights.items()}, **own,
                 "train_size": self.data.train_size, "test_size": self.data.test_size, "bn_update": self.bn_update,
                 "seed": self.seed}
 

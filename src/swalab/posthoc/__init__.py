@@ -441,8 +441,13 @@ def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
 
 
 def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto") -> list[Result]:
-    """Open every run, check the request, build every average, score and write it (module doc)."""
-    runs = [score_run(d, device=device) for d in run_dirs]
+    """Open every run, check the request, build every average, score and write it (module doc). A run given twice
+    (under two spellings) is opened and averaged once; the soups' check still sees it twice and refuses it."""
+    opened: dict[Path, Scored] = {}
+    for d in run_dirs:
+        if Path(d).resolve() not in opened:
+            opened[Path(d).resolve()] = score_run(d, device=device)
+    runs = [opened[Path(d).resolve()] for d in run_dirs]
     check_request(request, runs)
     results: list[Result] = []
 
@@ -459,10 +464,7 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
         val = f", val acc {m['val']['acc']:.2f} nll {m['val']['nll']:.4f}" if "val" in m else ""
         print(f"[swalab.posthoc] {label:<18} test acc {m['acc']:.2f} nll {m['nll']:.4f}{val} -> {path}")
 
-    once: dict[Path, Scored] = {}  # a run given twice (under two spellings) is averaged once
-    for scored in runs:
-        once.setdefault(scored.run.path.resolve(), scored)
-    for scored in once.values():
+    for scored in opened.values():
         for item in per_run(scored, request):
             add(scored, *item)
     ordered = soup_order(runs) if request.soup else []

@@ -49,7 +49,7 @@ def online_of(run_dirs: Sequence[str]) -> dict[str, dict]:
     """``{"swa (swa run, seed 0)": metrics}``: the online SGD, SWA and EMA predictors the runs scored (their
     metrics.json), and the pretrained weights a ``method=pretrained`` run scored; two runs of one method and seed
     (a fine-tune and its start) named by what sets them apart (:func:`told_apart`)."""
-    runs = list({Path(d).resolve(): Run(d) for d in run_dirs}.values())
+    runs = [Run(d) for d in each_once(run_dirs)]
     out = {}
     for run in runs:
         apart = told_apart(run, runs)

@@ -118,14 +118,19 @@ def one_line(message: str) -> str:
     return lines[0] if lines else ""
 
 
+def first_of_each(items: Sequence, key: Callable) -> list:
+    """``items`` with one of each ``key``, the first given: what a command was asked twice it does once."""
+    seen: dict = {}
+    for item in items:
+        seen.setdefault(key(item), item)
+    return list(seen.values())
+
+
 def each_once(paths: Sequence[str]) -> list[str]:
     """``paths`` (run directories given to a command) with each directory once, under the first spelling given: one
     typed twice, or as ``out/run`` and ``./out/run/``, is one run, worked on and locked once (locked twice, the
     command would refuse itself as another process holding it)."""
-    seen: dict[Path, str] = {}
-    for path in paths:
-        seen.setdefault(Path(path).resolve(), path)
-    return list(seen.values())
+    return first_of_each(paths, lambda path: Path(path).resolve())
 
 
 def output_folder(path: str | Path, flag: str) -> Path:

@@ -50,7 +50,7 @@ import torch
 
 from swalab.calibration import SUFFIX, scaled, scaled_name
 from swalab.checkpoint import atomic_save
-from swalab.cli import each_once, run_command
+from swalab.cli import each_once, first_of_each, run_command
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
@@ -287,26 +287,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ScoreError(f"--swag-samples {args.swag_samples}: give 1 or more")
     if not args.data and not args.ood:
         raise ScoreError("give --data <spec> (another test set) or --ood <spec> (OOD detection), or both")
-    specs = distinct_sets([d for spec in args.data for d in parse_data(spec)], lambda d: d.name)  # checked first
+    # every spec checked first; a set asked twice (cifar10c:fog:3 and cifar10c:fog, folder:x and folder:./x) once
+    specs = first_of_each([d for spec in args.data for d in parse_data(spec)], lambda d: d.name)
     for spec in args.ood:
         try:
             ood.check_spec(spec)
         except ood.OODError as err:
             raise ScoreError(str(err)) from None
-    args.ood = distinct_sets(args.ood, ood.spec_name)
+    args.ood = first_of_each(args.ood, ood.spec_name)
     for run_dir in args.runs:  # every run checked before any is scored
         finished_run(run_dir)
     with held_folders([Path(run_dir) / FOLDER for run_dir in each_once(args.runs)], "scored"):
         return score_runs(args, specs)
-
-
-def distinct_sets(specs: Sequence, name: Callable) -> list:
-    """``specs`` with each set once, the first asked of each ``name`` (``cifar10c:fog:3`` and ``cifar10c:fog`` both ask
-    for cifar10c-fog-3; ``folder:x`` and ``folder:./x`` are one OOD set): a set asked twice is scored and shown once."""
-    found: dict = {}
-    for spec in specs:
-        found.setdefault(name(spec), spec)
-    return list(found.values())
 
 
 def scoring_inputs(run_dir: Path, swag_samples: int | None) -> dict:

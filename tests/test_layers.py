@@ -27,7 +27,7 @@ def lint_imports() -> str:
 def test_every_module_imports_only_from_the_layers_below_its_own():
     done = subprocess.run([lint_imports(), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "1 kept, 0 broken" in done.stdout
+    assert "2 kept, 0 broken" in done.stdout
 
 
 def import_circles() -> list[list[str]]:

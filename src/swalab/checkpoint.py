@@ -82,6 +82,21 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
                                    "paths.output_dir elsewhere) and re-launch the same command to continue") from None
 
 
+PREDICTIONS_MAX = 5_000_000  # numbers per predictor (test images x classes) kept in predictions.pt
+
+
+def save_predictions(log_probs: dict[str, torch.Tensor], labels: torch.Tensor, path: str | Path) -> None:
+    """``predictions.pt``: each predictor's test probabilities and log-probabilities (float16) and the labels, for
+    analyses that need no weights (the report's section 3.5 diagnostics, its ensembles of seeds). Training, a
+    post-hoc average and a score on other data write it alike. The log-probabilities keep a small probability that
+    float16 would round to 0 (an ensemble of seeds takes its NLL from them). Left out above ``PREDICTIONS_MAX``
+    numbers per predictor (ImageNet's 50,000 x 1,000 would be 100 MB a predictor)."""
+    kept = {name: p.float() for name, p in log_probs.items() if p.numel() <= PREDICTIONS_MAX}
+    if kept:
+        atomic_save({"probs": {name: p.exp().half() for name, p in kept.items()},
+                     "log_probs": {name: p.half() for name, p in kept.items()}, "labels": labels}, path)
+
+
 def checkpoint_paths(directory: str | Path) -> list[Path]:
     """Checkpoints in ``directory`` (``epochNNNN.pt``, ``epochNNNN_stepSSSSSS.pt``), newest first."""
     directory = Path(directory)

@@ -40,6 +40,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from swalab.checkpoint import save_predictions
 from swalab.config import ConfigError
 from swalab.evaluate import ModelPredictor, labels_of, metrics_from_log_probs, score_predictors
 from swalab.identity import differences, group_hash
@@ -50,7 +51,6 @@ from swalab.results.runs import Run
 from swalab.snapshots import Snapshot, per_epoch, snapshots_of
 from swalab.runweights import load_init_weights
 from swalab.rundir import RunDir, file_fingerprint, write_record
-from swalab.train.records import save_predictions
 
 FOLDER = RunDir.POSTHOC
 # --wiseft-bn: (family, label suffix, what metrics.json says of the BN statistics). Recomputed over the fine-tune's
@@ -274,8 +274,9 @@ def write_result(run: Path, label: str, scored_out: dict) -> Path:
     """``<run>/posthoc/<name>/``: ``predictions.pt``, then ``metrics.json`` (whole or absent:
     ``swalab.rundir.write_record``; the run's own records untouched)."""
     folder = Path(run) / FOLDER / folder_name(label)
+    evaluation = scored_out["evaluation"]
     write_record(folder, scored_out["metrics"],
-                 {RunDir.PREDICTIONS: lambda path: save_predictions(scored_out["evaluation"], path)})
+                 {RunDir.PREDICTIONS: lambda path: save_predictions(evaluation.log_probs, evaluation.labels, path)})
     return folder
 
 

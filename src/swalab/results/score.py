@@ -49,18 +49,17 @@ from typing import Callable, Sequence
 import torch
 
 from swalab.calibration import SUFFIX, scaled, scaled_name
-from swalab.checkpoint import atomic_save
+from swalab.checkpoint import atomic_save, save_predictions
 from swalab.cli import each_once, first_of_each, run_command
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
 from swalab.results import ood
-from swalab.evaluate import ECE_LEGEND, Evaluation, metrics_from_log_probs, metrics_table
+from swalab.evaluate import ECE_LEGEND, metrics_from_log_probs, metrics_table
 from swalab.results.compare import Scored, finished_run, run_predictions, score_run
 from swalab.results.rebuilt import Rebuilt, rebuild, samples_drawn
 from swalab.rundir import RunDir, file_fingerprint, read_json, write_json, write_record
 from swalab.runlock import held_folders
-from swalab.train.records import save_predictions
 
 FOLDER = RunDir.SCORES
 SUMMARY_FILE = "cifar10c-summary.json"
@@ -187,9 +186,8 @@ def score_on(scored: Scored, spec: DataSpec, rebuilt: Rebuilt | None = None,
                        **({"corruption": spec.corruption, "severity": spec.severity} if spec.corruption else {})},
               "ece_bins": ECE_LEGEND, "predictors": metrics, "not_scored": not_rescorable(scored, list(log_probs), rebuilt),
               **(rebuilt.record if rebuilt is not None else {}), **({"inputs": inputs} if inputs is not None else {})}
-    evaluation = Evaluation(metrics=metrics, reliability={}, log_probs=log_probs, labels=labels)
     write_record(scored.run.path / FOLDER / spec.name, record,
-                 {RunDir.PREDICTIONS: lambda path: save_predictions(evaluation, path)})
+                 {RunDir.PREDICTIONS: lambda path: save_predictions(log_probs, labels, path)})
     return record
 
 

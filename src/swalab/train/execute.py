@@ -26,7 +26,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from swalab import distributed, faults, slurm
-from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words
+from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words, save_predictions
 from swalab.cli import Terminated
 from swalab.config import ConfigError, build
 from swalab.data.classes import keep_classes
@@ -42,7 +42,7 @@ from swalab.train.build import (Start, StartKind, build_loaders, build_model, bu
 from swalab.train.plan import RunPlan, inspect_run_dir
 from swalab.rundir import RunDir, write_json, write_text
 from swalab.train.records import (append_environment, data_facts, environment_entry, git_info, make_durable, one_line,
-                                  remove_killed_writes, save_predictions, seed_everything)
+                                  remove_killed_writes, seed_everything)
 from swalab.pausing import Preempted
 from swalab.trainer import Trainer
 
@@ -335,7 +335,7 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
             tracker.final_checkpoint(run_dir / RunDir.FINAL)
             write_json(run_dir / RunDir.RELIABILITY, evaluation.reliability)
             if distributed.is_main():
-                save_predictions(evaluation, run_dir / RunDir.PREDICTIONS)
+                save_predictions(evaluation.log_probs, evaluation.labels, run_dir / RunDir.PREDICTIONS)
                 for name, obj in method.artifacts(trainer.ctx).items():
                     atomic_save(obj, run_dir / name)
             write_json(run_dir / RunDir.METRICS, metrics)  # last: from here on the run is finished (final_metrics)

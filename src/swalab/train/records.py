@@ -1,5 +1,5 @@
 """What a run records besides its names and atomic writes (``swalab.rundir``): seeds, ``git.json`` and
-``environment.json`` entries, ``data.json``'s facts, ``predictions.pt``, the temp files a kill leaves behind, and
+``environment.json`` entries, ``data.json``'s facts, the temp files a kill leaves behind, and
 the ``<type>: <first line>`` form of an error that ``status.json`` and a grid's summary keep."""
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ import numpy as np
 import torch
 
 from swalab.cli import message
-from swalab.checkpoint import atomic_save
 from swalab.data.splits import pixel_max
 from swalab.precision import training_dtype
 from swalab.rundir import RunDir, write_json
-
-PREDICTIONS_MAX = 5_000_000  # numbers per predictor (test images x classes) kept in predictions.pt
 
 
 def seed_everything(seed: int, rank: int = 0) -> None:
@@ -139,14 +136,3 @@ def one_line(exc: BaseException) -> str:
     if first.endswith(":") and len(text) > 1:
         first += " " + "; ".join(line.removeprefix("- ") for line in text[1:] if line.startswith("- "))
     return f"{type(exc).__name__}: {first}".rstrip(": ")
-
-
-def save_predictions(evaluation, path: Path) -> None:
-    """Each predictor's test probabilities and log-probabilities (float16) and the labels, for analyses that need no
-    weights (the report's section 3.5 diagnostics, its ensembles of seeds). The log-probabilities keep a small
-    probability that float16 would round to 0 (an ensemble of seeds takes its NLL from them). Left out above
-    ``PREDICTIONS_MAX`` numbers per predictor (ImageNet's 50,000 x 1,000 would be 100 MB a predictor)."""
-    kept = {name: p.float() for name, p in evaluation.log_probs.items() if p.numel() <= PREDICTIONS_MAX}
-    if kept:
-        atomic_save({"probs": {name: p.exp().half() for name, p in kept.items()},
-                     "log_probs": {name: p.half() for name, p in kept.items()}, "labels": evaluation.labels}, path)

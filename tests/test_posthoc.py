@@ -201,6 +201,18 @@ def test_the_same_soup_asked_with_its_runs_in_another_order_is_written_once_unde
     assert homes == [swa_run]  # one soup, not one per order (the report would count it as two seeds)
 
 
+def test_a_soup_leaves_no_posthoc_folder_in_the_runs_it_is_not_written_under(swa_run, swa_seed1, tmp_path):
+    """The soup is written under the lowest seed; the other run's posthoc/, made by its lock, held only .lock after."""
+    import shutil
+
+    runs = [tmp_path / run.name for run in (swa_run, swa_seed1)]
+    for run, copy in zip((swa_run, swa_seed1), runs):
+        shutil.copytree(run, copy, ignore=shutil.ignore_patterns("posthoc", "scores"))
+    main([*map(str, runs), "--soup", "uniform"])
+    assert (runs[0] / "posthoc" / "soup-uniform_2" / "metrics.json").exists()
+    assert not (runs[1] / "posthoc").exists()
+
+
 def test_a_soup_given_one_run_twice_is_refused_naming_the_run(swa_run):
     with pytest.raises(PosthocError, match="--soup: .* given twice"):
         main([str(swa_run), str(swa_run / "."), "--soup", "uniform"])

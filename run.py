@@ -26,8 +26,9 @@ import sys
 
 def interrupted_while_starting(signum, frame):
     """Ctrl-C while the imports below load (seconds on a busy machine): one line, not an import's traceback."""
-    print("[swalab] interrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr)
-    sys.exit(130)  # pausing.INTERRUPTED_EXIT_CODE, not imported yet
+    print("[swalab] interrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr, flush=True)
+    os._exit(130)  # pausing.INTERRUPTED_EXIT_CODE, not imported yet; SystemExit, like KeyboardInterrupt, may be
+    # caught by an import's bare ``except:`` (numpy's then fails to load twice), and the run would go on
 
 
 # (a process started with SIGINT ignored, as a shell's background job is, keeps ignoring it)

@@ -684,3 +684,19 @@ def test_a_curves_figure_draws_sgd_and_swa_in_their_colours_on_a_log_axis_when_e
     assert (sgd.get_color(), sgd.get_linestyle()) == (style.color_of("sgd"), "--")
     assert (swa.get_color(), swa.get_linestyle()) == (style.color_of("swa"), "-")
     assert ax.get_yscale() == "log" and "log" in ax.get_ylabel()
+
+
+@pytest.mark.parametrize("name", ["fig", "fig.v2"])
+def test_a_curves_figure_named_without_a_formats_suffix_is_refused_in_one_line_before_any_work(tmp_path, capsys, name):
+    """``--out fig`` wrote a PNG named ``fig``, ``--out fig.v2`` failed in matplotlib's traceback once drawn."""
+    from swalab.analysis.__main__ import main as analysis
+
+    run = tmp_path / "r" / "seed0"
+    run.mkdir(parents=True)
+    (run / "history.jsonl").write_text(json.dumps({"epoch": 1, "test_acc": 50.0}) + "\n")
+    with pytest.raises(SystemExit) as done:
+        analysis(["curves", str(run), "--out", str(tmp_path / name)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1, err
+    assert f"--out {tmp_path / name}: its suffix names no figure format" in err[0] and "fig.png" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]

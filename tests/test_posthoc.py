@@ -21,6 +21,7 @@ from swalab.posthoc.__main__ import main, online_of
 from swalab.posthoc.averages import ema_of, greedy_soup, interpolate, mean_of
 from swalab.results.compare import score_run
 from swalab.results.report import report
+from swalab.rundir import file_fingerprint
 from swalab.snapshots import snapshots_of
 from swalab.train import train
 from test_imagenet import tiny_imagenet, tiny_run  # noqa: F401 (a fixture)
@@ -200,6 +201,18 @@ def test_the_same_soup_asked_with_its_runs_in_another_order_is_written_once_unde
     assert homes == [swa_run]  # one soup, not one per order (the report would count it as two seeds)
 
 
+def test_a_soup_leaves_no_posthoc_folder_in_the_runs_it_is_not_written_under(swa_run, swa_seed1, tmp_path):
+    """The soup is written under the lowest seed; the other run's posthoc/, made by its lock, held only .lock after."""
+    import shutil
+
+    runs = [tmp_path / run.name for run in (swa_run, swa_seed1)]
+    for run, copy in zip((swa_run, swa_seed1), runs):
+        shutil.copytree(run, copy, ignore=shutil.ignore_patterns("posthoc", "scores"))
+    main([*map(str, runs), "--soup", "uniform"])
+    assert (runs[0] / "posthoc" / "soup-uniform_2" / "metrics.json").exists()
+    assert not (runs[1] / "posthoc").exists()
+
+
 def test_a_soup_given_one_run_twice_is_refused_naming_the_run(swa_run):
     with pytest.raises(PosthocError, match="--soup: .* given twice"):
         main([str(swa_run), str(swa_run / "."), "--soup", "uniform"])
@@ -218,7 +231,7 @@ def test_a_run_given_twice_under_two_spellings_is_averaged_once_not_refused_as_h
 def test_an_average_asked_twice_in_one_call_is_built_once(swa_run, capsys):
     """--lawa 2 2, --ema 0.5 0.50, and --swa 2:4 2: of a run of 4 epochs (one window, one label): each built, printed
     and drawn once."""
-    main([str(swa_run), "--lawa", "2", "2", "--ema", "0.5", "0.50", "--swa", "2:4", "2:"])
+    main([str(swa_run), "--lawa", "2", "2", "--ema", "0.5", "0.50", "--swa", "2:4", "2:", "--again"])  # not kept
     built = [line.split()[1] for line in capsys.readouterr().out.splitlines() if " test acc " in line]
     assert sorted(built) == ["ema0.5", "lawa2", "swa[2:4]"]
 
@@ -572,6 +585,31 @@ def test_an_average_whose_snapshots_changed_after_it_was_built_is_left_out_of_th
     report([copied_run], tmp_path / "rebuilt")
     table, _, notes = (tmp_path / "rebuilt" / "table.md").read_text().partition("## Not in the table")
     assert "lawa2" in table and "posthoc/lawa2" not in notes
+
+
+def test_an_average_asked_again_from_unchanged_files_is_kept_and_built_again_once_they_changed(copied_run, capsys):
+    import shutil
+
+    record = copied_run / "posthoc" / "lawa2" / "metrics.json"
+    main([str(copied_run), "--lawa", "2"])
+    built = record.stat().st_mtime_ns
+    capsys.readouterr()
+
+    main([str(copied_run), "--lawa", "2", "--ema", "0.5"])  # the same request again, and a new one
+    out = capsys.readouterr().out
+    kept = [line for line in out.splitlines() if "lawa2" in line]
+    assert len(kept) == 1 and "kept, built before from the same files (--again builds it again)" in kept[0], out
+    assert record.stat().st_mtime_ns == built and (copied_run / "posthoc" / "ema0.5" / "metrics.json").exists()
+
+    main([str(copied_run), "--lawa", "2", "--again"])  # asked to: built again
+    assert "kept" not in capsys.readouterr().out and record.stat().st_mtime_ns != built
+    built = record.stat().st_mtime_ns
+
+    shutil.copy(copied_run / "snapshots" / "epoch0003.pt", copied_run / "snapshots" / "epoch0004.pt")  # rewritten
+    main([str(copied_run), "--lawa", "2"])
+    assert "kept" not in capsys.readouterr().out and record.stat().st_mtime_ns != built
+    assert json.loads(record.read_text())["lawa2"]["sources"]["snapshots/epoch0004.pt"] == \
+        file_fingerprint(copied_run / "snapshots" / "epoch0003.pt")
 
 
 def test_a_second_posthoc_call_draws_the_averages_of_the_first_beside_its_own(copied_run, monkeypatch):

@@ -952,3 +952,23 @@ def test_ctrl_c_while_run_py_still_imports_is_one_line_exit_130_and_writes_nothi
     said = [line for line in rest.splitlines() if not line.startswith("import time:")]
     assert said == ["[swalab] interrupted (Ctrl-C) while starting: nothing was written"], said
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", [["run.py"], ["-m", "swalab.posthoc", "RUN", "--lawa", "2"],
+                                     ["-m", "swalab.results.score", "RUN", "--ood", "noise:gaussian"],
+                                     ["-m", "swalab.results.report", "RUN", "--out", "report"],
+                                     ["-m", "swalab.analysis", "curves", "RUN", "--out", "curves.png"]],
+                         ids=lambda command: command[0] if command[0] == "run.py" else command[1])
+def test_ctrl_c_while_a_command_still_imports_is_one_line_exit_130_and_writes_nothing(tmp_path, command):
+    """Ctrl-C while ``import swalab`` runs (``swalab.faults``' ``starting``: the imports of ``run.py`` and of every
+    ``python -m swalab.<tool>``, seconds on a busy machine): one line, exit 130, no import's traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    args = ([*command, *TINY, f"paths.output_dir={tmp_path / 'out'}"] if command == ["run.py"] else
+            [str(run) if arg == "RUN" else arg for arg in command])
+    env = {**os.environ, faults.ENV: "starting:1:INT"}
+    done = subprocess.run([PYTHON, *args], cwd=tmp_path if command[0] == "-m" else REPO, env=env, capture_output=True,
+                          text=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == ["[swalab] interrupted (Ctrl-C) while starting: nothing was written"], done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and list(run.iterdir()) == []

@@ -286,3 +286,21 @@ def test_no_roc_curve_averages_seeds_scored_on_other_images(tmp_path, figures):
             assert labels == [], labels
         else:  # the folder's records hold the same images: averaged as before
             assert len(labels) == 4 and all("(n=2)" in label for label in labels), labels
+
+
+def test_columns_scored_on_other_versions_of_one_ood_folder_are_drawn_in_a_panel_each_never_in_one(tmp_path, figures):
+    """The folder changed between the score commands of the SGD runs and of the SWA runs: each column's seeds agree,
+    the columns do not. A panel per version, its title naming the images, each with its own columns' curves."""
+    shifted(tmp_path / "g")
+    for method, fingerprint in (("sgd", "1111aaaa-before"), ("swa", "2222bbbb-after")):
+        for path in (tmp_path / "g").rglob("scores/ood-noise-gaussian/metrics.json"):
+            if Run(path.parents[2]).method == method:
+                record = json.loads(path.read_text())
+                record["data"]["fingerprint"] = fingerprint
+                path.write_text(json.dumps(record))
+    assert shift_plots.plot_ood_roc(table_of(tmp_path / "g"), tmp_path / "ood_roc.png")
+    drawn = {ax.get_title().replace("\n", " "): sorted(line.get_label().split()[0] for line in ax.get_lines()[1:])
+             for ax in figures[-1].axes}
+    assert drawn == {"OOD: noise:gaussian (40 test vs 30 OOD images), images 1111aaaa": ["SGD", "SGD+ts"],
+                     "OOD: noise:gaussian (40 test vs 30 OOD images), images 2222bbbb": ["SWA", "SWA+ts"],
+                     "OOD: folder imagenette/val (40 test vs 30 OOD images)": ["SGD", "SGD+ts", "SWA", "SWA+ts"]}, drawn

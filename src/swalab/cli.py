@@ -85,6 +85,10 @@ def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "
     """Call ``main(argv)`` and return what it returns; a user's error ends in one line on stderr and exit 2. With
     ``interrupted`` (what Ctrl-C leaves behind, for a command whose records are whole or absent), Ctrl-C ends in
     one line saying it, exit 130, and SIGTERM likewise, exit 143."""
+    import swalab
+
+    if signal.getsignal(signal.SIGINT) is swalab.interrupted_while_starting:  # started: Ctrl-C is the tool's now
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if interrupted is None:
             return main(argv)

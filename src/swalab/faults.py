@@ -17,7 +17,8 @@ At the ``n``-th hit of ``<point>`` in this process, the process sends itself ``<
 run's lock) until it gets ``SIGCONT``. ``slow`` sleeps ``<seconds>`` at every hit instead, while ``<file>`` exists when one is
 named: a run that lasts as long as a test needs in wall-clock time without using the CPU, and computes
 exactly what it would without the sleeps (the SLURM time-limit tests, ``tests/test_cluster_requeue.py``,
-remove the file once the job was requeued often enough). Points: ``run_start`` (the run's first line logged, its
+remove the file once the job was requeued often enough). Points: ``starting`` (``import swalab``: the imports of
+``run.py`` or ``python -m swalab.<tool>`` under way, nothing written), ``run_start`` (the run's first line logged, its
 tracker not yet made, no step taken), ``train_step`` (after an optimizer step),
 ``swa_average`` (after SWA folds a model into its average), ``bn_update`` (per batch of a BatchNorm
 re-estimation), ``checkpoint_write`` (temp file written, not yet renamed into place), ``final_record`` (``metrics.json``
@@ -38,7 +39,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 
 ENV = "SWALAB_FAULT"
-POINTS = ("run_start", "train_step", "swa_average", "bn_update", "checkpoint_write", "final_record", "record_commit",
+POINTS = ("starting", "run_start", "train_step", "swa_average", "bn_update", "checkpoint_write", "final_record", "record_commit",
           "folders_held")
 _hits: Counter[str] = Counter()
 

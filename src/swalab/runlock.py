@@ -187,8 +187,9 @@ def held_folders(folders, doing: str):
     ``posthoc/``) for a command that writes there, all or none: a second command at once on one of them is refused
     in one line naming the process that holds it (``<folder> is being <doing> by another process (PID ...)``), and
     one that cannot write there is told to give a writable copy (the command writes inside the run directory, so no
-    output setting helps). When the block does not finish (a refusal, an error, Ctrl-C), a folder a lock made and
-    nothing else was written to is removed again; otherwise the locks are released."""
+    output setting helps). When the block ends, finished or not (a refusal, an error, Ctrl-C), a folder a lock made
+    and nothing else was written to is removed again (the runs of a soup but the one it is written under), and the
+    locks are released."""
     locks: list[RunLock] = []
     try:
         for folder in folders:
@@ -203,9 +204,6 @@ def held_folders(folders, doing: str):
                                                  "directory; copy the run somewhere writable and give the copy") from None
         faults.hit("folders_held")  # test-only: a signal here finds the folders locked and nothing written
         yield locks
-    except BaseException:
+    finally:
         for lock in locks:
             lock.discard()
-        raise
-    for lock in locks:
-        lock.release()

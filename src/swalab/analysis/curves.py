@@ -16,9 +16,11 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from matplotlib.backend_bases import FigureCanvasBase
 
 from swalab.analysis import plots
 from swalab.cli import output_file, run_command
+from swalab.config import ConfigError
 from swalab.rundir import RunDir
 
 
@@ -63,9 +65,12 @@ def main(argv=None) -> list:
     p.add_argument("--labels", nargs="+", default=None, help="one label per run (default: from the paths)")
     p.add_argument("--only", choices=["swa", "sgd"], default=None, help="draw only the SWA or only the SGD curves")
     p.add_argument("--title", default="", help="figure title")
-    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--out", required=True, help="the figure to write, its format by its suffix (fig.png, fig.pdf)")
     args = p.parse_args(argv)
     output_file(args.out, "--out")  # checked before any work, as every tool checks where it writes
+    if Path(args.out).suffix[1:].lower() not in FigureCanvasBase.get_supported_filetypes():
+        raise ConfigError(f"--out {args.out}: its suffix names no figure format; end it in .png (or .pdf, .svg), "
+                          f"e.g. --out {Path(args.out).with_suffix('.png')}")
     if args.labels and len(args.labels) != len(args.runs):
         p.error(f"--labels needs one label per run ({len(args.runs)}), got {len(args.labels)}")
     labels = args.labels or [label_of(r) for r in args.runs]

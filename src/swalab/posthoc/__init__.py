@@ -26,6 +26,8 @@ the run has one), then written to ``<run>/posthoc/<name>/`` (``metrics.json``, `
 run of its lowest seed (whatever the order given: one soup, one place); the run's own records are never touched.
 ``metrics.json`` records a fingerprint of every file an average read (``sources``) and the options that build it again
 (``rebuild``): once the run's files change, the report leaves it out and says so (``swalab.results.runs.Run.posthoc``).
+An average asked again whose record is whole and whose files are unchanged is kept, not built again (``--again``
+builds it again): the same command started again after an interruption goes on where the first stopped.
 ``swalab.results.report`` shows them as predictors of their run. Choices (``--select``, the greedy soup) are made on the validation split only.
 """
 
@@ -50,7 +52,7 @@ from swalab.results.compare import Scored, score_run
 from swalab.results.runs import Run
 from swalab.snapshots import Snapshot, per_epoch, snapshots_of
 from swalab.runweights import load_init_weights
-from swalab.rundir import RunDir, file_fingerprint, write_record
+from swalab.rundir import RunDir, changed_files, file_fingerprint, read_json, write_record
 
 FOLDER = RunDir.POSTHOC
 # --wiseft-bn: (family, label suffix, what metrics.json says of the BN statistics). Recomputed over the fine-tune's
@@ -299,6 +301,21 @@ def fingerprints(run: Path, files: Sequence[Path]) -> dict[str, str | None]:
     return {os.path.relpath(f, run): file_fingerprint(f) for f in files}
 
 
+def earlier_average(run: Path, label: str, rebuild: dict, read: Sequence[Path]) -> dict | None:
+    """``label``'s record in ``<run>/posthoc/`` (``{label: metrics, label+ts: metrics}``) when an earlier call built it
+    with the same options (``rebuild``: the record's ``rebuild`` and ``rebuild_runs``) from the same files: those
+    ``read`` now, none of which changed since (``swalab.rundir.changed_files``); else None. A record is whole or
+    absent (its ``metrics.json`` is written last), so one that reads back is whole."""
+    record = read_json(Path(run) / FOLDER / folder_name(label) / RunDir.METRICS)
+    mine = record.get(label) if isinstance(record, dict) else None
+    sources = mine.get("sources") if isinstance(mine, dict) else None
+    if not isinstance(sources, dict) or any(mine.get(k) != v for k, v in rebuild.items()):
+        return None
+    if set(sources) != set(fingerprints(run, read)) or changed_files(run, sources):
+        return None
+    return record
+
+
 # -- the requests -----------------------------------------------------------------------------------------------------
 @dataclass
 class Request:
@@ -313,6 +330,7 @@ class Request:
     wiseft_bn: Sequence[str] = ("recompute",)
     select: str | None = None
     by: str = "nll"
+    again: bool = False
 
 
 def check_request(request: Request, runs: Sequence[Scored]) -> None:
@@ -433,12 +451,16 @@ def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
         yield (f"soup-uniform({len(runs)})", "soup", float(len(runs)), mean_of(finals), names,
                {"rebuild": "--soup uniform", "rebuild_runs": others}, read)
     if "greedy" in request.soup:
+        ranked = "" if request.by == "nll" else f"[by-{request.by}]"  # one ranked otherwise is another soup
+        label, rebuild = f"soup-greedy({len(runs)}){ranked}", {"rebuild": f"--soup greedy --by {request.by}",
+                                                                  "rebuild_runs": others}
+        if not request.again and earlier_average(home, label, rebuild, read) is not None:
+            yield label, "soup", math.nan, None, [], rebuild, read  # kept (build_and_score): no ranking again
+            return
         score_of = val_score(runs[0], request.by)
         order = sorted(range(len(runs)), key=lambda i: -score_of(finals[i]))
         soup, kept = greedy_soup([finals[i] for i in order], score_of)
-        ranked = "" if request.by == "nll" else f"[by-{request.by}]"  # one ranked otherwise is another soup
-        yield (f"soup-greedy({len(runs)}){ranked}", "soup", float(len(kept)), soup, [names[order[i]] for i in kept],
-               {"rebuild": f"--soup greedy --by {request.by}", "rebuild_runs": others}, read)
+        yield label, "soup", float(len(kept)), soup, [names[order[i]] for i in kept], rebuild, read
 
 
 def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto") -> list[Result]:
@@ -455,9 +477,19 @@ def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: st
     def add(scored: Scored, label: str, family: str, knob: float, weights: State, built_from: list[str],
             extra: dict | None = None, read: Sequence[Path] | None = None) -> None:
         run = scored.run.path
+        read = files_read(run, built_from) if read is None else read
+        rebuild = {"rebuild_runs": ["."], **{k: v for k, v in (extra or {}).items() if k.startswith("rebuild")}}
+        earlier = None if request.again else earlier_average(run, label, rebuild, read)
+        if earlier is not None:  # built before from the same files: the same average, scored the same
+            m, path = earlier[label], run / FOLDER / folder_name(label)
+            results.append(Result(label, family, float(m.get("knob", knob)), run, earlier,
+                                  list(m.get("built_from") or []), path))
+            print(f"[swalab.posthoc] {label:<18} kept, built before from the same files (--again builds it again) "
+                  f"-> {path}")
+            return
         described = {"posthoc": family, "knob": knob, "built_from": built_from,
                      "epoch": int(scored.run.get("trainer.epochs")), "rebuild_runs": ["."], **(extra or {}),
-                     "sources": fingerprints(run, files_read(run, built_from) if read is None else read)}
+                     "sources": fingerprints(run, read)}
         out = score(scored, label, weights, described, recompute_bn=described.get("bn") != "interpolated")
         path = write_result(scored.run.path, label, out)
         results.append(Result(label, family, knob, scored.run.path, out["metrics"], built_from, path))

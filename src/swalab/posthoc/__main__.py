@@ -41,6 +41,8 @@ def parser() -> argparse.ArgumentParser:
                    help="runs whose online SGD / SWA / EMA (or pretrained, of a method=pretrained run) the "
                         "figure marks (default: the runs given)")
     p.add_argument("--figure", default=None, help=f"the figure's file (default: <first run>/{FOLDER}/posthoc.png)")
+    p.add_argument("--again", action="store_true",
+                   help="build every average again, even one an earlier call built from the same files")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     return p
 
@@ -94,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     figure = output_file(args.figure or Path(args.runs[0]) / FOLDER / "posthoc.png", "--figure")
     request = Request(swa=args.swa, lawa=args.lawa, ema=args.ema, powerema=args.powerema, soup=args.soup,
-                      wiseft=args.wiseft, wiseft_bn=args.wiseft_bn, select=args.select, by=args.by)
+                      wiseft=args.wiseft, wiseft_bn=args.wiseft_bn, select=args.select, by=args.by, again=args.again)
     if not any((request.swa, request.lawa, request.ema, request.powerema, request.soup, request.wiseft)):
         print("[swalab.posthoc] nothing asked: give --swa, --lawa, --ema, --powerema, --soup or --wiseft",
               file=sys.stderr)

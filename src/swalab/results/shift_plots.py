@@ -16,7 +16,9 @@ its cell:
   ``--roc-scores``), OOD images the positives,
   from the per-image scores kept beside the OOD record (``swalab.results.ood.PER_IMAGE_FILE``); over several seeds
   the mean true positive rate at each false positive rate (vertical averaging, Fawcett 2006). The legend gives the
-  AUROC of ``metrics.json`` (from full-precision scores; mean ± std over seeds). An OOD record scored before the
+  AUROC of ``metrics.json`` (from full-precision scores; mean ± std over seeds). Columns scored on other versions of
+  one OOD folder (it changed between the score commands of their runs: the records' fingerprints) are drawn in a
+  panel per version, its title naming the images' fingerprint, never in one. An OOD record scored before the
   per-image scores were kept draws no curve, and :func:`roc_missing` says so in one line."""
 
 from __future__ import annotations
@@ -247,11 +249,31 @@ def mean_roc(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, n
     return np.concatenate([[0.0], ROC_GRID]), np.concatenate([[0.0], np.mean(tprs, axis=0)])
 
 
+def images_of(cell: Cell, name: str) -> set[str]:
+    """The fingerprints of the images the cell's seeds were scored against under the name ``name`` (their records'):
+    one, unless the folder changed between two score commands."""
+    return {((e.run.scores.get(name) or {}).get("data") or {}).get("fingerprint") for e in cell.entries} - {None}
+
+
 def other_images(cell: Cell, name: str) -> bool:
     """Whether the cell's seeds were scored against other images under the one name ``name`` (a folder that changed
     between two score commands: the records' image fingerprints differ), so that no mean of them is one set's."""
-    found = {((e.run.scores.get(name) or {}).get("data") or {}).get("fingerprint") for e in cell.entries}
-    return len(found - {None}) > 1
+    return len(images_of(cell, name)) > 1
+
+
+def image_versions(row: Row, name: str) -> list[str | None]:
+    """The versions of ``name``'s images the row's columns were scored against, a panel each (a folder that changed
+    between the score commands of other runs: no panel compares columns on other images); ``[None]``, one panel of
+    every column, where they agree (or recorded none)."""
+    found = dict.fromkeys(f for cell in row.cells.values() if not other_images(cell, name)
+                          for f in images_of(cell, name))
+    return list(found) if len(found) > 1 else [None]
+
+
+def panel_columns(row: Row, name: str, images: str | None) -> list[Column]:
+    """The row's columns in the panel of ``name``'s images ``images`` (:func:`image_versions`; None: every column)."""
+    return [c for c in sorted(row.cells, key=lambda c: c.order)
+            if images is None or images_of(row.cells[c], name) == {images}]
 
 
 def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
@@ -275,10 +297,11 @@ def roc_curves(cell: Cell, name: str, read: dict, scores=DEFAULT_ROC_SCORES,
             for score in ROC_SCORES if curves.get(score)}
 
 
-def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
-    """One row's ROC panel against one OOD set: a curve per predictor and score, the diagonal, the legend beneath."""
+def _roc_panel(ax, row: Row, name: str, images: str | None, read: dict, scores) -> None:
+    """One row's ROC panel against one OOD set (one version of its images): a curve per predictor and score, the
+    diagonal, the legend beneath."""
     ax.plot([0, 1], [0, 1], color="grey", lw=0.9, ls=(0, (1, 2)), label="chance (AUROC 0.5)")
-    columns = [c for c in sorted(row.cells, key=lambda c: c.order)]
+    columns = panel_columns(row, name, images)
     seeds, shades = 1, defaultdict(int)
     for column, color in zip(columns, _colours(columns)):
         cell = row.cells[column]
@@ -301,22 +324,26 @@ def _roc_panel(ax, row: Row, name: str, read: dict, scores) -> None:
                          title_fontsize=7)
 
 
-def ood_set_text(row: Row, name: str) -> str:
-    """The OOD set as a title shows it: its spec (a folder by its last two parts) and the images on each side."""
-    record = next(run.scores[name] for run in row.runs() if name in run.scores)
+def ood_set_text(row: Row, name: str, images: str | None = None) -> str:
+    """The OOD set as a title shows it: its spec (a folder by its last two parts) and the images on each side; the
+    start of their fingerprint where the row's columns were scored on other versions of them (``images``)."""
+    record = next(run.scores[name] for run in row.runs() if name in run.scores and
+                  (images is None or (run.scores[name].get("data") or {}).get("fingerprint") == images))
     data = record.get("data") or {}
     spec = str(data.get("spec") or name.removeprefix(OOD))
     if spec.startswith("folder:"):
         spec = "folder " + "/".join(Path(spec.removeprefix("folder:").rstrip("/")).parts[-2:])
     counts = (f" ({data['in_distribution']} test vs {data['out_of_distribution']} OOD images)"
               if "in_distribution" in data and "out_of_distribution" in data else "")
-    return f"OOD: {spec}{counts}"
+    return f"OOD: {spec}{counts}" + (f", images {images[:8]}" if images else "")
 
 
-def roc_panels(table: Table, read: dict) -> list[tuple[Row, str]]:
-    """``(row, OOD set)`` of every panel ``ood_roc.png`` draws: those with per-image scores of at least one run."""
-    return [(row, name) for row in table.rows for name in ood_names(row)
-            if any(kept_scores(run, name, read) for run in row.runs() if name in run.scores)]
+def roc_panels(table: Table, read: dict) -> list[tuple[Row, str, str | None]]:
+    """``(row, OOD set, its images)`` of every panel ``ood_roc.png`` draws: those with per-image scores of at least
+    one run, one per version of the set's images the row's columns were scored on (:func:`image_versions`)."""
+    return [(row, name, images) for row in table.rows for name in ood_names(row) for images in image_versions(row, name)
+            if any(kept_scores(e.run, name, read) for c in panel_columns(row, name, images)
+                   for e in row.cells[c].entries if name in e.run.scores)]
 
 
 def plot_ood_roc(table: Table, path: Path, scores=DEFAULT_ROC_SCORES) -> bool:
@@ -331,13 +358,15 @@ def plot_ood_roc(table: Table, path: Path, scores=DEFAULT_ROC_SCORES) -> bool:
     if not panels:
         return False
     plt = style.pyplot()
-    across = max(sum(1 for r, _ in panels if r is row) for row, _ in panels)
-    lines = max(sum(len(roc_curves(cell, name, read, scores)) for cell in row.cells.values()) for row, name in panels)
+    across = max(sum(1 for r, _, _ in panels if r is row) for row, _, _ in panels)
+    lines = max(sum(len(roc_curves(row.cells[c], name, read, scores)) for c in panel_columns(row, name, images))
+                for row, name, images in panels)
     fig, axes = style.panels(plt, len(panels), height=style.PANEL[0] + LEGEND_LINE * (lines + 3),
                              across=min(across, style.ACROSS))  # near square axes, and the legend beneath
-    shared, own = style.panel_titles([[*row.title_items, ood_set_text(row, name)] for row, name in panels])
-    for ax, (row, name), text in zip(axes, panels, own):
-        _roc_panel(ax, row, name, read, scores)
+    shared, own = style.panel_titles([[*row.title_items, ood_set_text(row, name, images)]
+                                      for row, name, images in panels])
+    for ax, (row, name, images), text in zip(axes, panels, own):
+        _roc_panel(ax, row, name, images, read, scores)
         style.title(ax, text)
     style.suptitle(fig, ", ".join(filter(None, [shared, "OOD detection (OOD images the positives)"])))
     style.finish(plt, fig, path)

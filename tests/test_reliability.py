@@ -972,3 +972,18 @@ def test_ctrl_c_while_a_command_still_imports_is_one_line_exit_130_and_writes_no
     assert done.returncode == 130, done.stderr
     assert done.stderr.splitlines() == ["[swalab] interrupted (Ctrl-C) while starting: nothing was written"], done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and list(run.iterdir()) == []
+
+
+def test_a_program_of_ones_own_run_with_dash_m_that_imports_swalab_keeps_its_own_ctrl_c(tmp_path):
+    """The one-line Ctrl-C of a tool that is still importing is installed for ``python -m swalab.<tool>`` alone: a
+    researcher's package started with ``python -m`` that imports swalab keeps Python's KeyboardInterrupt (its own
+    cleanup runs)."""
+    package = tmp_path / "theirs"
+    package.mkdir()
+    (package / "__init__.py").write_text("import swalab\n")
+    (package / "main.py").write_text("import signal\nprint(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(tmp_path)])}
+    done = subprocess.run([PYTHON, "-m", "theirs.main"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

@@ -14,9 +14,18 @@ def interrupted_while_starting(signum, frame):
     # caught by an import's bare ``except:``, and the tool would go on after this line
 
 
-# ``python -m`` imports a tool's package while sys.argv[0] is "-m" (runpy); a process started with SIGINT ignored (a
-# shell's background job) keeps ignoring it
-if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+def starting_a_tool() -> bool:
+    """Whether this import is ``python -m swalab.<tool>`` loading its package (runpy sets ``sys.argv[0]`` to "-m"
+    meanwhile): not a program of one's own run with ``-m`` that imports swalab, whose Ctrl-C stays its own."""
+    if sys.argv[:1] != ["-m"]:
+        return False
+    command = getattr(sys, "orig_argv", [])
+    after = command[command.index("-m") + 1:] if "-m" in command else []
+    return bool(after) and after[0].split(".")[0] == __name__
+
+
+# a process started with SIGINT ignored (a shell's background job) keeps ignoring it
+if starting_a_tool() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, interrupted_while_starting)
 
 from swalab import faults  # noqa: E402  (test-only: a Ctrl-C planned while starting)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import os
+import runpy
+import sys
 import re
 import shutil
 from pathlib import Path
@@ -221,3 +223,22 @@ def test_method_laplace_without_laplace_torch_is_refused_in_one_line_before_anyt
         validate(compose_run("method=laplace", "model.init_from=some-run", "dataset.val_size=20"))
     with pytest.raises(ConfigError, match=r"pip install 'swalab\[laplace\]'"):
         fit_laplace(None, [], [])
+
+
+@pytest.mark.parametrize("tool", ["swalab.upgrade", "swalab.results.report", "swalab.results.compare",
+                                  "swalab.results.score", "swalab.results.row", "swalab.results.wandb_report",
+                                  "swalab.posthoc", "swalab.analysis"])
+def test_every_tool_says_in_one_line_what_a_ctrl_c_leaves(tool, monkeypatch):
+    """Each ``python -m <tool>`` hands ``swalab.cli.run_command`` what a Ctrl-C or SIGTERM leaves behind, so it ends
+    in that one line (exit 130 / 143), not a KeyboardInterrupt traceback."""
+    import swalab.cli
+
+    told = {}
+    monkeypatch.setattr(swalab.cli, "run_command", lambda main, *args, **kwargs: told.update(kwargs) or 0)
+    monkeypatch.setattr(sys, "argv", [tool, "curves"] if tool == "swalab.analysis" else [tool])
+    try:
+        runpy.run_module(tool, run_name="__main__")
+    except SystemExit:  # sys.exit(run_command(...))
+        pass
+    assert isinstance(told.get("interrupted"), str) and told["interrupted"], told
+

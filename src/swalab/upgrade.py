@@ -425,4 +425,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_command(main, prog="swalab.upgrade"))
+    raise SystemExit(run_command(main, prog="swalab.upgrade",
+                                 interrupted="each run is changed whole or not yet; the same command again "
+                                             "finishes the rest"))

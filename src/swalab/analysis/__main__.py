@@ -30,8 +30,8 @@ def main(argv=None) -> None:
         if argv and not asked:
             print(f"\nunknown command {argv[0]!r}", file=sys.stderr)
         raise SystemExit(0 if asked else 2)
-    kept = None if argv[0] == "curves" else "the points evaluated so far are kept in --out; the same command again " \
-        "evaluates only the others"
+    kept = "nothing was written (the figure is written last)" if argv[0] == "curves" else \
+        "the points evaluated so far are kept in --out; the same command again evaluates only the others"
     run_command(importlib.import_module(f"swalab.analysis.{argv[0]}").main, argv[1:], prog="swalab.analysis",
                 interrupted=kept)
 

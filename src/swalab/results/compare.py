@@ -229,4 +229,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run_command(main, prog="swalab.results.compare")
+    run_command(main, prog="swalab.results.compare", interrupted="nothing was written (--out is written last)")

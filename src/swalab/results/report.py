@@ -241,4 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main, prog="swalab.results.report"))
+    sys.exit(run_command(main, prog="swalab.results.report",
+                         interrupted="the report's files written so far are whole, the rest are missing; the same "
+                                     "command again writes it whole"))

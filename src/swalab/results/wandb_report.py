@@ -411,4 +411,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main, prog="swalab.results.wandb_report"))
+    sys.exit(run_command(main, prog="swalab.results.wandb_report",
+                         interrupted="nothing of this machine's was changed; the same command again publishes it"))

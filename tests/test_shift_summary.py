@@ -156,3 +156,19 @@ def test_columns_scored_on_more_corruptions_get_their_seed_ensembles_over_those_
     ensemble = "cifar10 / preresnet20 · dataset.train_size=1000 · SGD 1B (4 ep) x2"
     assert line_of(first, ensemble)[1:4] == ["accuracy %", "0.00", "0.00"]  # contrast and gaussian noise: all wrong
     assert line_of(second, ensemble)[1:4] == ["accuracy %", f"{100 / 3:.2f}", f"{100 / 3:.2f}"]  # fog counted too
+
+
+def test_columns_scored_on_other_versions_of_one_ood_folder_are_told_apart_in_the_summary(tmp_path):
+    """The folder changed between the score commands of the SGD runs and of the SWA runs: each column's seeds agree
+    (so each is averaged), and each line names the images it was scored on, so no two lines of one set name compare
+    other images unsaid."""
+    shifted(tmp_path / "g")
+    for path in (tmp_path / "g").rglob("scores/ood-noise-gaussian/metrics.json"):
+        record = json.loads(path.read_text())
+        record["data"]["fingerprint"] = "2222bbbb-after" if "/swa/" in str(path) else "1111aaaa-before"
+        path.write_text(json.dumps(record))
+    lines = ood_markdown(table_of(tmp_path / "g"))
+    noise = [line.split(" | ")[1] for line in lines if "| noise-gaussian" in line]
+    assert sorted(set(noise)) == ["noise-gaussian, images 1111aaaa", "noise-gaussian, images 2222bbbb"], noise
+    folder = ood.spec_name(OOD_SETS[1]).removeprefix("ood-")
+    assert [line for line in lines if f"| {folder} |" in line]  # a set scored on the same images keeps its name

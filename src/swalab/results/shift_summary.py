@@ -27,7 +27,7 @@ import torch
 from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_metrics
 from swalab.results.ensembles import saved_log_probs
 from swalab.results.shift_plots import (CORRUPTED, OOD, SEVERITIES, clean_metrics, common_sets, corrupted_records,
-                                        other_images, shared_sets)
+                                        image_versions, images_of, other_images, shared_sets)
 from swalab.results.table import Cell, Column, Table, markdown_table, mean_pm
 from swalab.rundir import RunDir
 
@@ -165,6 +165,15 @@ def _coverage(common: Sequence[tuple[str, int]], scored) -> list[str]:
     return lines
 
 
+def version_of(row, cell: Cell, name: str) -> str:
+    """``, images <8 hex>`` where the row's columns were scored on other versions of the set ``name`` (its folder
+    changed between their score commands: ``shift_plots.image_versions``), so that no two lines of one set name hold
+    other images; else nothing."""
+    if len(image_versions(row, name)) < 2:
+        return ""
+    return ", images " + (next(iter(images_of(cell, name)), "")[:8] or "not recorded")
+
+
 def ood_markdown(table: Table) -> list[str]:
     """AUROC of the maximum softmax probability per OOD set, mean ± std over a cell's seeds."""
     lines, apart = [], []
@@ -183,7 +192,8 @@ def ood_markdown(table: Table) -> list[str]:
                              "changed between the score commands): not averaged; score every seed again with the same "
                              "--ood")
                 continue
-            lines.append([_name(row, column), name, str(len(values)), mean_pm(values, 4)])
+            lines.append([_name(row, column), name + version_of(row, cell, OOD + name), str(len(values)),
+                          mean_pm(values, 4)])
     if not lines and not apart:
         return []
     return ["## Out-of-distribution detection, per cell: AUROC of 1 - max softmax probability", "",

@@ -285,7 +285,7 @@ class Trainer:
             self.save(done)
             if done in self.opts.save_at and self.main:
                 self.store.keep_for_good(done)
-        if paused and not last:
+        if paused:  # in the last epoch too: its checkpoint is written, and a re-run only scores the run
             raise Preempted(f"{signal_words(self.pause.signum)} received: checkpoint {checkpoint_name(done)} written "
                             f"({checkpoint_words(done)})", self.pause.signum)
 

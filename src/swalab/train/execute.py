@@ -171,7 +171,7 @@ def claim(plan: RunPlan) -> tuple[dict | None, RunLock | None]:
             else:
                 lock = RunLock(plan.run_dir).acquire()
                 remove_killed_writes(plan.run_dir)  # under the lock: no live process writes them
-                finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume)
+                finished = inspect_run_dir(plan.run_dir, plan.identity, plan.cfg.run.resume, again=True)
                 if finished is not None:
                     log.info(f"[swalab] {plan.run_dir} was finished by another process meanwhile; skipping")
                     lock.release()

@@ -269,11 +269,13 @@ def check_not_foreign(run_dir: Path) -> None:
                           "takes a new or empty folder")
 
 
-def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | None = None) -> dict | None:
+def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | None = None,
+                    again: bool = False) -> dict | None:
     """What ``run_dir`` holds, checked against this run: the metrics of a finished run of the same
     identity (to skip it), None for a new or interrupted one; refused when it holds another config, or the
     same config on data that changed since (naming the class folders that did), or is no run but holds files a run
-    writes (:func:`check_not_foreign`)."""
+    writes (:func:`check_not_foreign`). ``again``: a second look (under the run's lock), which says nothing the first
+    one said."""
     check_not_foreign(run_dir)
     theirs = stored_identity(run_dir)
     diffs = differences(identity, theirs) if theirs is not None else []
@@ -291,12 +293,12 @@ def inspect_run_dir(run_dir: Path, identity: dict, resume, data_record: dict | N
     try:
         metrics = RunDir(run_dir).final_metrics()
     except DamagedRecord as exc:  # the run is scored again from its last checkpoint, which overwrites it
-        get_logger().warning(f"[swalab] {exc}: ignored; " + (
+        (get_logger().debug if again else get_logger().warning)(f"[swalab] {exc}: ignored; " + (
             "the run continues from its newest checkpoint (after the last epoch: only the final scoring runs again) "
             "and writes it anew" if CheckpointStore(run_dir).paths() else "its resume checkpoints were deleted when it "
             "finished (run.keep_finished_checkpoints=false), so it trains again from the start and writes it anew"))
         metrics = None
-    if unfingerprinted:  # this config's own run, made before runs recorded their data
+    if unfingerprinted and not again:  # this config's own run, made before runs recorded their data
         get_logger().warning(f"[swalab] {run_dir} was made by a swalab that did not fingerprint its data: whether its "
                              "data changed since cannot be checked" + ("" if metrics is not None else
                                                                       "; from now on they are (data.json)"))

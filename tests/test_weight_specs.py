@@ -71,3 +71,29 @@ def test_a_method_name_where_init_from_reads_only_a_run_s_last_weights_is_refuse
 def test_a_branch_point_without_an_epoch_or_with_a_method_name_is_refused(spec):
     with pytest.raises(BranchError, match="must be <run dir>@<epoch>"):
         parse_spec(spec)
+
+
+@pytest.mark.parametrize("reader, spec_of, damaged", [
+    ("init_from", lambda run: str(run), lambda run: run / "final.pt"),
+    ("init_from", lambda run: f"{run}@1", lambda run: next((run / "checkpoints").rglob("epoch0001.pt"))),
+    ("branch_from", lambda run: f"{run}@1", lambda run: next((run / "checkpoints").rglob("epoch0001.pt"))),
+])
+def test_weights_cut_short_are_refused_in_one_line_naming_the_file_and_what_to_do(
+        run_with_at_in_its_path, tmp_path, reader, spec_of, damaged):
+    """A run's final.pt or kept checkpoint cut short (a kill, a full disk, a copy) is named, and the way on is said."""
+    import shutil
+
+    from swalab.branching import load_branch_state
+    from swalab.checkpoint import CheckpointError
+
+    run = tmp_path / "lr@0.1" / "seed0"
+    shutil.copytree(run_with_at_in_its_path, run)
+    path = damaged(run)
+    path.write_bytes(path.read_bytes()[:2000])
+    with pytest.raises(CheckpointError) as refused:
+        load_init_weights(spec_of(run)) if reader == "init_from" else load_branch_state(spec_of(run), {})
+    said = str(refused.value)
+    assert "\n" not in said and said.startswith(("model.init_from=" if reader == "init_from" else "run.branch_from=")
+                                               + spec_of(run))
+    assert f"{path} is damaged (" in said
+    assert ("or train that run again" if reader == "init_from" else "or train the trunk again") in said

@@ -30,7 +30,7 @@ import json
 import math
 from pathlib import Path
 
-from swalab.checkpoint import CheckpointStore, read_checkpoint
+from swalab.checkpoint import CheckpointStore, damaged_says_what_to_do, read_checkpoint
 from swalab.identity import differences, method_part
 from swalab.rundir import RunDir, WeightSpec
 
@@ -63,7 +63,8 @@ def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:
     match on everything but what only the method decides and the schedule (module doc)."""
     parent, epoch = parse_spec(spec)
     path = find_checkpoint(parent, epoch)
-    state = read_checkpoint(path)
+    state = damaged_says_what_to_do(read_checkpoint, path, f"run.branch_from={spec}",
+                                    "branch from another epoch the trunk kept (run.save_at), or train the trunk again")
     if int(state.get("step", 0)) != 0 or int(state["epoch"]) != epoch:
         raise BranchError(f"{path} was written mid-epoch; a branch starts at an epoch boundary")
     trunk = dict(state.get("identity") or {})

@@ -26,7 +26,7 @@ import random
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -155,6 +155,19 @@ def read_checkpoint(path: str | Path) -> dict:
     if state.get("version") != VERSION:
         raise CheckpointError(f"{path} has checkpoint version {state.get('version')}, this swalab reads {VERSION}")
     return state
+
+
+def damaged_says_what_to_do(read: Callable[[Path], Any], path: Path, spec: str, instead: str):
+    """``read(path)``; a file that cannot be read (cut short by a kill, a full disk or a copy) refused in one line
+    naming the spec, the file and what to do ``instead``."""
+    try:
+        return read(path)
+    except CheckpointError as exc:
+        cause = exc.__cause__
+        if cause is None:  # read, but not what it should hold (another format or version): said as it is
+            raise CheckpointError(f"{spec}: {exc}") from None
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise CheckpointError(f"{spec}: {path} is damaged ({type(cause).__name__}: {first}); {instead}") from None
 
 
 def load_latest(directory: str | Path, identity: dict | None = None) -> dict | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from swalab.checkpoint import CheckpointStore, read_checkpoint, read_torch_file
+from swalab.checkpoint import CheckpointStore, damaged_says_what_to_do, read_checkpoint, read_torch_file
 from swalab.config import ConfigError
 from swalab.runlock import gone_holder
 from swalab.runstatus import STOPPED_STATES, RunStatus
@@ -84,14 +84,17 @@ def load_init_weights(spec: str, key: str = "model.init_from=") -> tuple[dict, d
             if found is None:
                 raise FileNotFoundError(f"{key}{spec}: no checkpoint of epoch {epoch} in {store.dir} "
                                         f"(keep it with run.save_at=[{epoch}] in the parent run)")
-            state = read_checkpoint(found)
+            state = damaged_says_what_to_do(read_checkpoint, found, f"{key}{spec}",
+                                            f"start from another epoch kept in {store.dir}, or train that run again")
         else:
             why = unfinished(path)
             if why is not None:
                 raise FileNotFoundError(f"{key}{spec}: {why}")
             final = path / RunDir.FINAL  # a finished run keeps no resume checkpoint (run.keep_finished_checkpoints)
             if final.is_file():
-                state = read_torch_file(final, f"{key}{spec}")
+                state = damaged_says_what_to_do(read_torch_file, final, f"{key}{spec}",
+                                                "start from <run dir>@<epoch> of a checkpoint it kept, or train that run "
+                                                "again (move it away and re-launch its command)")
                 return state["model"], {"parent": str(path), "checkpoint": str(final), "epoch": state["epoch"]}
             state = store.latest()
             if state is None:

@@ -211,14 +211,16 @@ def test_an_all_layer_laplace_under_a_weak_prior_predicts_otherwise_than_the_map
     g = torch.Generator().manual_seed(1)
     images, labels = torch.randn(60, 1, 6, 6, generator=g), torch.randint(0, 3, (60,), generator=g)
     loader = DataLoader(TensorDataset(images, labels), batch_size=20)
-    la = fit_laplace(model, loader, loader, weights="all", prior_precision=[1e-2])
-    assert la.n_params == sum(p.numel() for m in (model[0], model[5]) for p in m.parameters())
-    assert not any(p.requires_grad for p in model[1].parameters())
-    log_probs = LaplacePredictor(la, torch.device("cpu"), weights="all").predict_log_proba(loader)
     with torch.no_grad():
         map_log_probs = model(images).log_softmax(dim=1)
-    torch.testing.assert_close(log_probs.exp().sum(dim=1), torch.ones(len(labels)))
-    assert (log_probs - map_log_probs).abs().max() > 0.05
+    for hessian in ("kron", "diag"):
+        la = fit_laplace(model, loader, loader, hessian, weights="all", prior_precision=[1e-2])
+        assert la.n_params == sum(p.numel() for m in (model[0], model[5]) for p in m.parameters())
+        assert not any(p.requires_grad for p in model[1].parameters())
+        for link in ("probit", "bridge", "mc"):
+            log_probs = LaplacePredictor(la, torch.device("cpu"), link, weights="all").predict_log_proba(loader)
+            torch.testing.assert_close(log_probs.exp().sum(dim=1), torch.ones(len(labels)))
+            assert (log_probs - map_log_probs).abs().max() > 0.05, (hessian, link)
     last = fit_laplace(conv_with_batchnorm().eval(), loader, loader, prior_precision=[1e-2])
     assert last.n_params == 16 * 3 + 3  # the default stays the last layer
 
@@ -247,7 +249,9 @@ def test_method_weights_at_last_layer_leaves_a_laplace_run_as_it_was_and_all_cou
     assert identity_of(cfg)["method.weights"] == "all"
 
 
-TINY_NET = ["model.arch.depth=8"]  # a PreResNet-8: 78,000 weights, their Jacobian on 8x8 digits is fast
+# a PreResNet-8 (78,000 weights; their Jacobian on an 8x8 digit is fast) on fewer validation and test images
+TINY_ALL = ["dataset.train_size=200", "dataset.val_size=40", "dataset.test_size=60", "trainer.batch_size=50",
+            "run.eval_every=0", "model.arch.depth=8"]
 
 
 def test_an_all_layer_laplace_run_is_scored_and_scored_again_by_refitting_it(tmp_path):
@@ -257,10 +261,15 @@ def test_an_all_layer_laplace_run_is_scored_and_scored_again_by_refitting_it(tmp
 
     from swalab.results.score import main
 
-    train_on_one_thread(tmp_path / "sgd", *TINY, *TINY_NET, "method=sgd", "trainer.epochs=2",
+    train_on_one_thread(tmp_path / "sgd", *TINY_ALL, "method=sgd", "trainer.epochs=2",
                         f"run.cache_dir={tmp_path / 'cache'}")
-    cfg = compose_run(["method=laplace", *TINY_NET, f"model.init_from={tmp_path / 'sgd'}", "method.weights=all",
-                       "method.grid_size=5", f"run.cache_dir={tmp_path / 'cache'}"])
+    from conftest import CONF_DIR, QUIET
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*QUIET, *TINY_ALL, "method=laplace", "method.weights=all",
+                                                       f"model.init_from={tmp_path / 'sgd'}", "method.grid_size=3",
+                                                       f"run.cache_dir={tmp_path / 'cache'}"])
     train(cfg, run_dir=tmp_path / "laplace")
     own = json.loads((tmp_path / "laplace" / "metrics.json").read_text())
     assert own["laplace"]["nll"] != own["map"]["nll"] and len(own["laplace"]["prior_precision"]) == 1

@@ -2,12 +2,12 @@
 rival of SWAG.
 
 ``method=laplace`` (``conf/method/laplace.yaml``) trains nothing. It starts from a finished run's weights
-(``model.init_from=<SGD run dir>``), fits a Gaussian posterior over the last linear layer (``method.weights=last_layer``)
-or over every convolution and linear layer (``method.weights=all``: laplace-torch's ``subset_of_weights="all"``; the
-BatchNorm scales and shifts are held at their loaded values, for curvlinops' Kronecker factors cover only linear and
-convolution layers) with the Hessian (GGN) structure ``method.hessian`` on the training loader, chooses the prior precision by a grid search of the
-validation split's NLL (``dataset.val_size``; ``method.grid_size`` points log-spaced over ``method.prior_range``,
-10^-4 .. 10^4 by default, laplace-torch's ``optimize_prior_precision(method="gridsearch")``) and predicts with the linearised (GLM) predictive under the
+(``model.init_from=<SGD run dir>``), fits a Gaussian posterior over the last linear layer
+(``method.weights=last_layer``) or over every convolution and linear layer (``method.weights=all``: laplace-torch's
+``subset_of_weights="all"``; the BatchNorm scales and shifts are held at their loaded values, for curvlinops'
+Kronecker factors cover only linear and convolution layers) with the Hessian (GGN) structure ``method.hessian`` on the
+training loader, chooses the prior precision by a grid search of the validation split's NLL (``dataset.val_size``;
+``method.grid_size`` points log-spaced over ``method.prior_range``, 10^-4 .. 10^4 by default, laplace-torch's ``optimize_prior_precision(method="gridsearch")``) and predicts with the linearised (GLM) predictive under the
 link approximation ``method.link`` (``probit``: Daxberger et al. 2021's default). Predictors: ``laplace`` and
 ``map`` (the weights as loaded), scored by the same evaluator as every other method's, with ``+ts`` where the run
 fits temperatures; the chosen prior precision is recorded with the ``laplace`` predictor's metrics
@@ -80,7 +80,7 @@ def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str =
                 grid_size: int = 100, prior_precision: Sequence[float] | None = None,
                 prior_range: Sequence[float] = LOG_PRIOR_RANGE, weights: str = "last_layer"):
     """laplace-torch's Laplace of ``model``'s ``weights`` (last_layer, or all: every linear and convolution layer, the
-    others' parameters held as they are) fitted on ``train``, its prior precision chosen on ``val`` (a
+    others' parameters held as they are, their ``requires_grad`` turned off) fitted on ``train``, its prior precision chosen on ``val`` (a
     grid search: ``grid_size`` passes over the validation split, log-spaced over 10^``prior_range``), or
     ``prior_precision`` when one was chosen before. A choice at an end of the grid is logged (:func:`at_grid_edge`)."""
     require_laplace_torch()

@@ -196,3 +196,85 @@ def test_a_second_score_reuses_the_prior_precision_the_first_refit_chose(sgd_run
     for metric in ("acc", "nll", "ece", "brier"):
         assert second[1]["predictors"]["laplace"][metric] == pytest.approx(first["predictors"]["laplace"][metric],
                                                                            rel=1e-4, abs=1e-5)
+
+
+def conv_with_batchnorm() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(16, 3))
+
+
+def test_an_all_layer_laplace_under_a_weak_prior_predicts_otherwise_than_the_map_and_holds_batchnorm_as_loaded():
+    """``weights="all"``: laplace-torch's Kronecker factors over every convolution and linear layer; BatchNorm's
+    scale and shift (which curvlinops' factors do not cover) stay as loaded, out of the posterior."""
+    model = conv_with_batchnorm().eval()
+    g = torch.Generator().manual_seed(1)
+    images, labels = torch.randn(60, 1, 6, 6, generator=g), torch.randint(0, 3, (60,), generator=g)
+    loader = DataLoader(TensorDataset(images, labels), batch_size=20)
+    with torch.no_grad():
+        map_log_probs = model(images).log_softmax(dim=1)
+    for hessian in ("kron", "diag"):
+        la = fit_laplace(model, loader, loader, hessian, weights="all", prior_precision=[1e-2])
+        assert la.n_params == sum(p.numel() for m in (model[0], model[5]) for p in m.parameters())
+        assert not any(p.requires_grad for p in model[1].parameters())
+        for link in ("probit", "bridge", "mc"):
+            log_probs = LaplacePredictor(la, torch.device("cpu"), link, weights="all").predict_log_proba(loader)
+            torch.testing.assert_close(log_probs.exp().sum(dim=1), torch.ones(len(labels)))
+            assert (log_probs - map_log_probs).abs().max() > 0.05, (hessian, link)
+    last = fit_laplace(conv_with_batchnorm().eval(), loader, loader, prior_precision=[1e-2])
+    assert last.n_params == 16 * 3 + 3  # the default stays the last layer
+
+
+def test_an_all_layer_laplace_with_a_dense_hessian_is_refused_in_one_line_before_anything_is_written(sgd_run, tmp_path):
+    with pytest.raises(ConfigError, match=r"^method.weights=some: give one of last_layer, all$"):
+        LaplaceMethod(weights="some")
+    cfg = compose_run(["method=laplace", f"model.init_from={sgd_run}", "method.weights=all", "method.hessian=full",
+                       f"run.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError, match=r"^method.weights=all with method.hessian=full: .*give method.hessian=kron "
+                                          r"or diag$") as refused:
+        train(cfg, run_dir=tmp_path / "laplace")
+    assert "\n" not in str(refused.value) and not (tmp_path / "laplace").exists()
+
+
+def test_method_weights_at_last_layer_leaves_a_laplace_run_as_it_was_and_all_counts():
+    """Runs made before method.weights existed were last-layer Laplace runs: at that value the key is no part of the
+    identity (their directories and report cells stay theirs), at ``all`` it sets the run apart."""
+    from omegaconf import OmegaConf
+
+    from swalab.identity import identity_of
+
+    cfg = OmegaConf.to_container(compose_run(["method=laplace", "model.init_from=null"]), resolve=True)
+    assert cfg["method"]["weights"] == "last_layer" and "method.weights" not in identity_of(cfg)
+    cfg["method"]["weights"] = "all"
+    assert identity_of(cfg)["method.weights"] == "all"
+
+
+# a PreResNet-8 (78,000 weights; their Jacobian on an 8x8 digit is fast) on fewer validation and test images
+TINY_ALL = ["dataset.train_size=200", "dataset.val_size=40", "dataset.test_size=60", "trainer.batch_size=50",
+            "run.eval_every=0", "model.arch.depth=8"]
+
+
+def test_an_all_layer_laplace_run_is_scored_and_scored_again_by_refitting_it(tmp_path):
+    """``method.weights=all`` through a run: the grid search on the validation split, the probit predictive, and
+    ``results.score`` fitting the same posterior again, which gives the run's own numbers on its test split."""
+    from conftest import train_on_one_thread
+
+    from swalab.results.score import main
+
+    train_on_one_thread(tmp_path / "sgd", *TINY_ALL, "method=sgd", "trainer.epochs=2",
+                        f"run.cache_dir={tmp_path / 'cache'}")
+    from conftest import CONF_DIR, QUIET
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*QUIET, *TINY_ALL, "method=laplace", "method.weights=all",
+                                                       f"model.init_from={tmp_path / 'sgd'}", "method.grid_size=3",
+                                                       f"run.cache_dir={tmp_path / 'cache'}"])
+    train(cfg, run_dir=tmp_path / "laplace")
+    own = json.loads((tmp_path / "laplace" / "metrics.json").read_text())
+    assert own["laplace"]["nll"] != own["map"]["nll"] and len(own["laplace"]["prior_precision"]) == 1
+    run = str(tmp_path / "laplace")
+    record = main([run, "--data", "test", "--device", "cpu"])[run]["records"][0]
+    assert record["laplace"]["weights"] == "all" and not record["not_scored"]
+    for metric in ("acc", "nll", "ece", "brier"):
+        assert record["predictors"]["laplace"][metric] == pytest.approx(own["laplace"][metric], rel=1e-4, abs=1e-5)

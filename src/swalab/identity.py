@@ -27,7 +27,7 @@ caches and workers; the logger; the paths; Hydra) never do. Within the counted g
   reads (``TRAINING_GROUPS``) counts only for a method that trains (``Method.trains``: not ``method=pretrained``);
 * a key added after runs were made counts only away from the value that leaves a run as it was
   (``UNSET_VALUES``: ``dataset.val_size`` null or 0, ``dataset.classes`` null, Laplace's ``method.prior_range`` at
-  [-4, 4]), so those runs keep their identity;
+  [-4, 4] and ``method.weights`` at last_layer), so those runs keep their identity;
 * a key that says only what a run keeps, never what it computes (``OUTPUT_ONLY``: FGE's ``method.save_members``,
   which also writes FGE's members' weights), never counts, nor where an identity written before this rule holds it
   (:func:`today`): keeping more is the same run, the same group and the same name.
@@ -87,7 +87,8 @@ READ_THROUGH = (
 TRAINING_GROUPS = ("optimizer", "schedule", "loss", "trainer")
 # Keys added after runs were made, at the values that leave a run as it was: there they are left out of the identity,
 # so a run made before the key existed keeps its identity, its directory and its report cell. Any other value counts.
-UNSET_VALUES = {"dataset.val_size": (None, 0), "dataset.classes": (None,), "method.prior_range": ([-4, 4],)}
+UNSET_VALUES = {"dataset.val_size": (None, 0), "dataset.classes": (None,), "method.prior_range": ([-4, 4],),
+                "method.weights": ("last_layer",)}
 # Keys of the counted groups that say only what a run keeps, never what it computes: they never count (dropped like
 # LOCATION), and identities written before this rule (version 4 and earlier) are read
 # without them (:func:`today`), so a run that keeps more is the same run, group, directory and report row.

@@ -1,10 +1,13 @@
-"""A last-layer Laplace approximation on a finished run's weights (laplace-torch): the post-hoc rival of SWAG.
+"""A last-layer (or all-layer) Laplace approximation on a finished run's weights (laplace-torch): the post-hoc
+rival of SWAG.
 
 ``method=laplace`` (``conf/method/laplace.yaml``) trains nothing. It starts from a finished run's weights
-(``model.init_from=<SGD run dir>``), fits a Gaussian posterior over the last linear layer with the Hessian (GGN)
-structure ``method.hessian`` on the training loader, chooses the prior precision by a grid search of the
-validation split's NLL (``dataset.val_size``; ``method.grid_size`` points log-spaced over ``method.prior_range``,
-10^-4 .. 10^4 by default, laplace-torch's ``optimize_prior_precision(method="gridsearch")``) and predicts with the linearised (GLM) predictive under the
+(``model.init_from=<SGD run dir>``), fits a Gaussian posterior over the last linear layer
+(``method.weights=last_layer``) or over every convolution and linear layer (``method.weights=all``: laplace-torch's
+``subset_of_weights="all"``; the BatchNorm scales and shifts are held at their loaded values, for curvlinops'
+Kronecker factors cover only linear and convolution layers) with the Hessian (GGN) structure ``method.hessian`` on the
+training loader, chooses the prior precision by a grid search of the validation split's NLL (``dataset.val_size``;
+``method.grid_size`` points log-spaced over ``method.prior_range``, 10^-4 .. 10^4 by default, laplace-torch's ``optimize_prior_precision(method="gridsearch")``) and predicts with the linearised (GLM) predictive under the
 link approximation ``method.link`` (``probit``: Daxberger et al. 2021's default). Predictors: ``laplace`` and
 ``map`` (the weights as loaded), scored by the same evaluator as every other method's, with ``+ts`` where the run
 fits temperatures; the chosen prior precision is recorded with the ``laplace`` predictor's metrics
@@ -29,6 +32,9 @@ from swalab.methods.base import TrainContext
 from swalab.methods.pretrained import Pretrained
 
 HESSIANS = ("kron", "diag", "full")
+WEIGHTS = ("last_layer", "all")  # method.weights: laplace-torch's subset_of_weights
+CURVED = (nn.Linear, nn.Conv2d)  # the layers whose weights method.weights=all puts under the posterior
+ALL_LAYER_CHUNK = 8  # images per Jacobian of the all-layer predictive: (images x classes x weights) numbers at once
 LINKS = ("probit", "bridge", "mc")
 LOG_PRIOR_RANGE = (-4, 4)  # the grid of prior precisions, 10^-4 .. 10^4 (laplace-torch's default)
 
@@ -41,6 +47,19 @@ class Sized:
 
     def __iter__(self):
         return iter(self.loader)
+
+
+class Chunked(Sized):
+    """The same batches cut into pieces of at most ``size`` images: the all-layer predictive holds the Jacobian of
+    every image of a batch over every weight."""
+
+    def __init__(self, loader: Iterable, images: int, size: int = ALL_LAYER_CHUNK):
+        super().__init__(loader, images)
+        self.size = size
+
+    def __iter__(self):
+        for x, y in self.loader:
+            yield from zip(x.split(self.size), y.split(self.size))
 
 
 def count(loader: Iterable) -> int:
@@ -59,8 +78,9 @@ def require_laplace_torch() -> None:
 
 def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str = "kron", link: str = "probit",
                 grid_size: int = 100, prior_precision: Sequence[float] | None = None,
-                prior_range: Sequence[float] = LOG_PRIOR_RANGE):
-    """laplace-torch's last-layer Laplace of ``model`` fitted on ``train``, its prior precision chosen on ``val`` (a
+                prior_range: Sequence[float] = LOG_PRIOR_RANGE, weights: str = "last_layer"):
+    """laplace-torch's Laplace of ``model``'s ``weights`` (last_layer, or all: every linear and convolution layer, the
+    others' parameters held as they are, their ``requires_grad`` turned off) fitted on ``train``, its prior precision chosen on ``val`` (a
     grid search: ``grid_size`` passes over the validation split, log-spaced over 10^``prior_range``), or
     ``prior_precision`` when one was chosen before. A choice at an end of the grid is logged (:func:`at_grid_edge`)."""
     require_laplace_torch()
@@ -70,14 +90,20 @@ def fit_laplace(model: nn.Module, train: Iterable, val: Iterable, hessian: str =
     for p in model.parameters():  # laplace-torch flattens them with view(): weights read from a file may be strided
         if not p.is_contiguous():
             p.data = p.data.contiguous()
-    la = Laplace(model, "classification", subset_of_weights="last_layer", hessian_structure=hessian)
+    if weights == "all":
+        for module in model.modules():  # curvlinops' KFAC refuses parameters of other layers (BatchNorm's)
+            if not isinstance(module, CURVED):
+                for p in module.parameters(recurse=False):
+                    p.requires_grad_(False)
+    la = Laplace(model, "classification", subset_of_weights=weights, hessian_structure=hessian)
     la.fit(Sized(train, count(train)))
     if prior_precision is not None:
         la.prior_precision = torch.as_tensor(list(prior_precision), dtype=torch.float32).reshape(-1)
         return la
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*link_approx.*")  # the library reminds that we pass the same
-        la.optimize_prior_precision(method="gridsearch", pred_type="glm", link_approx=link, val_loader=Sized(val, count(val)),
+        la.optimize_prior_precision(method="gridsearch", pred_type="glm", link_approx=link,
+                                    val_loader=(Chunked if weights == "all" else Sized)(val, count(val)),
                                     log_prior_prec_min=prior_range[0], log_prior_prec_max=prior_range[1],
                                     grid_size=grid_size)
     edge = at_grid_edge(chosen_prior(la), prior_range)
@@ -108,23 +134,27 @@ def at_grid_edge(prior: Sequence[float], prior_range: Sequence[float]) -> str | 
 
 
 class LaplacePredictor:
-    """A fitted Laplace approximation as a predictor: the log of its GLM predictive under ``link``."""
+    """A fitted Laplace approximation as a predictor: the log of its GLM predictive under ``link`` (of ``weights``
+    all: ``ALL_LAYER_CHUNK`` images at a time)."""
 
-    def __init__(self, la, device: torch.device, link: str = "probit"):
+    def __init__(self, la, device: torch.device, link: str = "probit", weights: str = "last_layer"):
         self.la, self.device, self.link = la, device, link
+        self.chunk = ALL_LAYER_CHUNK if weights == "all" else None
 
     @torch.no_grad()
     def predict_log_proba(self, loader: Iterable) -> torch.Tensor:
         out = []
         with scoring_precision(self.device):
             for x, _ in loader:
-                probs = self.la(x.to(self.device).float(), pred_type="glm", link_approx=self.link)
-                out.append(probs.float().cpu())
+                for piece in x.split(self.chunk or len(x)):
+                    probs = self.la(piece.to(self.device).float(), pred_type="glm", link_approx=self.link)
+                    out.append(probs.float().cpu())
         return torch.cat(out).clamp_min(torch.finfo(torch.float32).tiny).log()
 
 
 class LaplaceMethod(Pretrained):
-    """No training step; predictors ``map`` (the loaded weights) and ``laplace`` (last-layer Laplace on them)."""
+    """No training step; predictors ``map`` (the loaded weights) and ``laplace`` (a Laplace of ``method.weights`` on
+    them)."""
 
     name = "laplace"
     live = "map"  # the loaded weights are the posterior's mode
@@ -132,11 +162,16 @@ class LaplaceMethod(Pretrained):
 
     def __init__(self, schedule=None, epochs: int = 0, budget: float = 0.0, name: str | None = None,
                  hessian: str = "kron", link: str = "probit", grid_size: int = 100,
-                 prior_range: Sequence[float] = LOG_PRIOR_RANGE):
+                 prior_range: Sequence[float] = LOG_PRIOR_RANGE, weights: str = "last_layer"):
         super().__init__(schedule, 0, budget, name)
         require_laplace_torch()
         if hessian not in HESSIANS:
             raise ConfigError(f"method.hessian={hessian}: give one of {', '.join(HESSIANS)}")
+        if weights not in WEIGHTS:
+            raise ConfigError(f"method.weights={weights}: give one of {', '.join(WEIGHTS)}")
+        if weights == "all" and hessian == "full":
+            raise ConfigError("method.weights=all with method.hessian=full: a dense Hessian over every weight (the "
+                              "square of their count) cannot be held; give method.hessian=kron or diag")
         if link not in LINKS:
             raise ConfigError(f"method.link={link}: give one of {', '.join(LINKS)}")
         if int(grid_size) < 2:
@@ -145,7 +180,7 @@ class LaplaceMethod(Pretrained):
         if len(prior_range) != 2 or not float(prior_range[0]) < float(prior_range[1]):
             raise ConfigError(f"method.prior_range={list(prior_range)}: give [low, high], the base-10 logarithms of "
                               "the smallest and largest prior precision searched, low < high (e.g. [-4,4])")
-        self.hessian, self.link, self.grid_size = hessian, link, int(grid_size)
+        self.hessian, self.link, self.grid_size, self.weights = hessian, link, int(grid_size), weights
         self.prior_range = tuple(float(v) for v in prior_range)
         self.prior: list[float] | None = None  # chosen on the validation split once the posterior is fitted
 
@@ -161,9 +196,10 @@ class LaplaceMethod(Pretrained):
 
     def predictors(self, ctx: TrainContext) -> dict[str, Predictor]:
         la = fit_laplace(ctx.model, ctx.train_data, ctx.val_data, self.hessian, self.link, self.grid_size,
-                         prior_range=self.prior_range)
+                         prior_range=self.prior_range, weights=self.weights)
         self.prior = chosen_prior(la)
-        return {self.live: ModelPredictor(ctx.model, ctx.device), "laplace": LaplacePredictor(la, ctx.device, self.link)}
+        return {self.live: ModelPredictor(ctx.model, ctx.device),
+                "laplace": LaplacePredictor(la, ctx.device, self.link, self.weights)}
 
     def describe(self, predictor: str) -> dict:
         """The ``laplace`` predictor's metrics carry the prior precision chosen for it (a list: one value, or one per

@@ -150,12 +150,13 @@ def laplace_again(scored) -> Rebuilt:
     train, _, _ = run.loaders(run.data(), scored.device)
     method = run.cfg.method
     hessian, link = str(method.get("hessian", "kron")), str(method.get("link", "probit"))
+    weights = str(method.get("weights", "last_layer"))
     chosen, where = earlier_prior(run, hessian, link)
     la = fit_laplace(scored.model, train, scored.val_loader, hessian, link, int(method.get("grid_size", 100)), chosen,
-                     prior_range=tuple(method.get("prior_range") or LOG_PRIOR_RANGE))
-    predictor = LaplacePredictor(la, scored.device, link)
+                     prior_range=tuple(method.get("prior_range") or LOG_PRIOR_RANGE), weights=weights)
+    predictor = LaplacePredictor(la, scored.device, link, weights)
     return Rebuilt(predict=lambda other: {"laplace": predictor.predict_log_proba(other.test_loader)},
-                   record={"laplace": {"refitted": True, "hessian": hessian, "link": link,
+                   record={"laplace": {"refitted": True, "weights": weights, "hessian": hessian, "link": link,
                                        "prior_precision": chosen_prior(la),
                                        "prior_precision_from": where}})
 

@@ -250,7 +250,7 @@ def test_method_weights_at_last_layer_leaves_a_laplace_run_as_it_was_and_all_cou
 
 
 # a PreResNet-8 (78,000 weights; their Jacobian on an 8x8 digit is fast) on fewer validation and test images
-TINY_ALL = ["dataset.train_size=200", "dataset.val_size=40", "dataset.test_size=60", "trainer.batch_size=50",
+TINY_ALL = ["dataset.train_size=200", "dataset.val_size=20", "dataset.test_size=30", "trainer.batch_size=50",
             "run.eval_every=0", "model.arch.depth=8"]
 
 
@@ -268,7 +268,7 @@ def test_an_all_layer_laplace_run_is_scored_and_scored_again_by_refitting_it(tmp
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*QUIET, *TINY_ALL, "method=laplace", "method.weights=all",
-                                                       f"model.init_from={tmp_path / 'sgd'}", "method.grid_size=3",
+                                                       f"model.init_from={tmp_path / 'sgd'}", "method.grid_size=2",
                                                        f"run.cache_dir={tmp_path / 'cache'}"])
     train(cfg, run_dir=tmp_path / "laplace")
     own = json.loads((tmp_path / "laplace" / "metrics.json").read_text())

@@ -96,3 +96,11 @@ def test_a_key_added_to_the_trainer_group_in_python_is_refused_naming_it(make_cf
     with pytest.raises(ConfigError, match=r"trainer.foo is not a setting of trainer \(swalab.settings.TrainerSettings"):
         validate(make_cfg("+trainer.foo=1"))
 
+
+
+def test_a_single_bad_value_is_refused_in_one_line_naming_it(make_cfg):
+    from swalab.train import validate
+
+    with pytest.raises(ConfigError) as refused:
+        validate(make_cfg("trainer.batch_size=0"))
+    assert str(refused.value) == "invalid config: trainer.batch_size=0 must be >= 1"

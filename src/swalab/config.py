@@ -189,6 +189,14 @@ def check_monitoring(eval_split: str, temperature_scaling: bool | str, has_val_s
                           "run has none: set dataset.val_size=<images or a fraction>")
 
 
+def invalid_config(errors: Sequence[str]) -> str:
+    """The refusal of a config's bad values: one on one line (``invalid config: seed=-1 must be >= 0``), several as a
+    list under ``invalid config:``, one a line."""
+    if len(errors) == 1:
+        return f"invalid config: {errors[0]}"
+    return "invalid config:\n  - " + "\n  - ".join(errors)
+
+
 def check_config(cfg: DictConfig, found: Sequence[str] = ()) -> None:
     """Raise ``ConfigError`` listing every bad value among the keys ``swalab.train`` reads (not just the first), with
     the errors ``found`` by the trainer and run settings' own checks (``swalab.settings``)."""
@@ -196,7 +204,7 @@ def check_config(cfg: DictConfig, found: Sequence[str] = ()) -> None:
     missing = [k for k in ("dataset.root", "model.arch._target_", "model.init_from")
                if OmegaConf.is_missing(OmegaConf.select(cfg, k.rpartition(".")[0]), k.rpartition(".")[2])]
     if missing:  # '???' in a config: a value the user must give
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(f"{k} is required: set {k}=..." for k in missing))
+        raise ConfigError(invalid_config([f"{k} is required: set {k}=..." for k in missing]))
     for key, (kind, low, high) in KEYS.items():
         if OmegaConf.select(cfg, key, default="<absent>") == "<absent>":
             continue
@@ -210,7 +218,7 @@ def check_config(cfg: DictConfig, found: Sequence[str] = ()) -> None:
     if cfg.model.get("init_from") and cfg.run.get("branch_from"):
         errors.append("set model.init_from (weights only) or run.branch_from (full state), not both")
     if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+        raise ConfigError(invalid_config(errors))
 
 
 def save_at_caveats(save_at, epochs: int) -> list[str]:

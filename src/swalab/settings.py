@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, get_type_hints
 
-from swalab.config import ConfigError, check_avg_device, compile_mode, is_int, require
+from swalab.config import ConfigError, check_avg_device, compile_mode, invalid_config, is_int, require
 
 
 class InvalidSettings(ConfigError):
@@ -19,7 +19,7 @@ class InvalidSettings(ConfigError):
 
     def __init__(self, errors: list[str]):
         self.errors = errors
-        super().__init__("invalid config:\n  - " + "\n  - ".join(errors))
+        super().__init__(invalid_config(errors))
 
 
 def problem(check: Callable, *args, **kwargs) -> str | None:

@@ -43,6 +43,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from swalab.checkpoint import save_predictions
+from swalab.cli import each_once
 from swalab.config import ConfigError
 from swalab.evaluate import ModelPredictor, labels_of, metrics_from_log_probs, score_predictors
 from swalab.identity import differences, group_hash
@@ -311,7 +312,7 @@ def earlier_average(run: Path, label: str, rebuild: dict, read: Sequence[Path]) 
     sources = mine.get("sources") if isinstance(mine, dict) else None
     if not isinstance(sources, dict) or any(mine.get(k) != v for k, v in rebuild.items()):
         return None
-    if set(sources) != set(fingerprints(run, read)) or changed_files(run, sources):
+    if set(sources) != {os.path.relpath(f, run) for f in read} or changed_files(run, sources):
         return None
     return record
 
@@ -466,10 +467,7 @@ def soups(runs: Sequence[Scored], request: Request) -> Iterator[tuple]:
 def build_and_score(run_dirs: Sequence[str | Path], request: Request, device: str = "auto") -> list[Result]:
     """Open every run, check the request, build every average, score and write it (module doc). A run given twice
     (under two spellings) is opened and averaged once; the soups' check still sees it twice and refuses it."""
-    opened: dict[Path, Scored] = {}
-    for d in run_dirs:
-        if Path(d).resolve() not in opened:
-            opened[Path(d).resolve()] = score_run(d, device=device)
+    opened = {Path(d).resolve(): score_run(d, device=device) for d in each_once(run_dirs)}
     runs = [opened[Path(d).resolve()] for d in run_dirs]
     check_request(request, runs)
     results: list[Result] = []

@@ -270,6 +270,12 @@ def image_versions(row: Row, name: str) -> list[str | None]:
     return list(found) if len(found) > 1 else [None]
 
 
+def images_label(images: str | None) -> str:
+    """``, images <8 hex>``: which version of an OOD set's images a panel or a summary line holds, where a row's
+    columns were scored on several (:func:`image_versions`); nothing for None."""
+    return f", images {images[:8]}" if images else ""
+
+
 def panel_columns(row: Row, name: str, images: str | None) -> list[Column]:
     """The row's columns in the panel of ``name``'s images ``images`` (:func:`image_versions`; None: every column)."""
     return [c for c in sorted(row.cells, key=lambda c: c.order)
@@ -335,7 +341,7 @@ def ood_set_text(row: Row, name: str, images: str | None = None) -> str:
         spec = "folder " + "/".join(Path(spec.removeprefix("folder:").rstrip("/")).parts[-2:])
     counts = (f" ({data['in_distribution']} test vs {data['out_of_distribution']} OOD images)"
               if "in_distribution" in data and "out_of_distribution" in data else "")
-    return f"OOD: {spec}{counts}" + (f", images {images[:8]}" if images else "")
+    return f"OOD: {spec}{counts}{images_label(images)}"
 
 
 def roc_panels(table: Table, read: dict) -> list[tuple[Row, str, str | None]]:

@@ -27,7 +27,7 @@ import torch
 from swalab.evaluate import ensemble_log_mean, metrics_from_log_probs, reported_metrics
 from swalab.results.ensembles import saved_log_probs
 from swalab.results.shift_plots import (CORRUPTED, OOD, SEVERITIES, clean_metrics, common_sets, corrupted_records,
-                                        image_versions, images_of, other_images, shared_sets)
+                                        image_versions, images_label, images_of, other_images, shared_sets)
 from swalab.results.table import Cell, Column, Table, markdown_table, mean_pm
 from swalab.rundir import RunDir
 
@@ -171,7 +171,7 @@ def version_of(row, cell: Cell, name: str) -> str:
     other images; else nothing."""
     if len(image_versions(row, name)) < 2:
         return ""
-    return ", images " + (next(iter(images_of(cell, name)), "")[:8] or "not recorded")
+    return images_label(next(iter(images_of(cell, name)), None)) or ", images not recorded"
 
 
 def ood_markdown(table: Table) -> list[str]:

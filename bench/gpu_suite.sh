@@ -12,13 +12,17 @@
 # output and exit code), pytest_gpu.txt and the JSON results; its JSONs are copied into bench/results/ afterwards
 # by whoever commits them.
 #
-# On a lent GPU machine the repository travels with what the call carries, 64 MiB in all; the tracked tree is about
-# 45 MB (Table 1's seed tarballs), so carry only what the suite needs, about 20 MB: the CIFAR-10 JPEG tarball and
-# hydra's wheels (../shared/gpu/prepare-carry makes both in .gpu/; its other extras would not fit beside them).
-# The call used on 2026-11-27, with those two copied into .gpu1/ and carry [".gpu1"]:
-#   python3 -m pip install -q --no-deps --no-index .gpu1/wheels/*.whl && python3 -m pip install -q --no-deps \
-#     --no-build-isolation -e . && mkdir -p /tmp/data && tar xzf .gpu1/cifar10-jpg.tar.gz -C /tmp/data \
-#     && SWALAB_CIFAR10_JPG=/tmp/data/cifar10-jpg bench/gpu_suite.sh /tmp/suite; tar czf $OUT/suite.tgz -C /tmp suite
+# On a lent GPU machine the repository travels with what the call carries, 64 MiB in all. The tracked tree is about
+# 54 MB (Table 1's seed tarballs are 44 MB of it), so the whole CIFAR-10 JPEG tarball (20 MB) no longer fits beside
+# it. The suite's data stages read at most 3,840 training images, so on 2026-11-28 the call carried hydra's wheels
+# and a 6,000-image part of the training split (the first 600 files of each class) with the whole test split,
+# 5.7 MB, in .gpu2/ (ignored through .git/info/exclude), with carry [".gpu2"]:
+#   python3 -m pip install -q --no-deps --no-index .gpu2/wheels/*.whl && python3 -m pip install -q --no-deps \
+#     --no-build-isolation -e . && mkdir -p /tmp/data && tar xzf .gpu2/cifar-sub.tgz -C /tmp/data \
+#     && SWALAB_CIFAR10_JPG=/tmp/data/cifar10-jpg bench/gpu_suite.sh $OUT/suite
+# Writing into $OUT directly keeps what finished when a call runs out of time. ../shared/gpu/prepare-carry stages
+# the wheels and the whole tarball in .gpu/; the part was cut from it with `ls | sort | tail -n +601 | xargs rm`
+# in each class folder of train/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}

@@ -10,6 +10,9 @@
 # (seed 0's SGD trunk: 0.8 s an epoch). Then every run directory of the seed is packed without its checkpoints and
 # final.pt (weights: VGG-16's are 60 MB each) into <packed output folder>/seed<seed>.tgz: metrics, history,
 # predictions, reliability, environment.json (the GPU named), config and identity remain.
+# It needs the whole JPEG copy (../shared/gpu/prepare-carry's 20 MB tarball). Since the fifth seed was committed the
+# tree and the tarball together exceed the 64 MiB a device call carries: move the five seed tarballs (44 MB) out of
+# the working tree for that call and back afterwards (not yet tried that way).
 set -uo pipefail
 seed=${1:?seed}; data=${2:?data folder}; out=${3:?output folder}
 runs=${SWALAB_TABLE1_RUNS:-/tmp/table1}

@@ -177,3 +177,19 @@ def test_environment_json_records_what_the_training_precision_resolved_to(tmp_pa
     bf16, = json.loads((tmp_path / "bf16" / "environment.json").read_text())
     assert (auto["device"], auto["training_autocast"], "device_name" in auto) == ("cpu", "float32 (none)", False)
     assert bf16["training_autocast"] == "bfloat16"
+
+
+def test_environment_json_records_each_starts_compile_mode_and_determinism(tmp_path):
+    """run.compile and run.deterministic change a run's rounding, not its identity: each start of the run records
+    the values it ran with, since config.yaml keeps only the latest start's."""
+    import json
+
+    from swalab.train import train
+    from swalab.train.records import environment_entry
+    from test_reliability import make_cfg
+
+    train(make_cfg("run.device=cpu", "run.deterministic=false"), run_dir=tmp_path / "run")
+    entry, = json.loads((tmp_path / "run" / "environment.json").read_text())
+    assert (entry["compile"], entry["deterministic"]) == ("off", False)
+    compiled = environment_entry("cpu", {"commit": None, "dirty": False}, "auto", "max-autotune-no-cudagraphs", True)
+    assert (compiled["compile"], compiled["deterministic"]) == ("max-autotune-no-cudagraphs", True)

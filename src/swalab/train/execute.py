@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from swalab import distributed, faults, slurm
 from swalab.checkpoint import CheckpointStore, atomic_save, checkpoint_words, save_predictions
 from swalab.cli import Terminated
-from swalab.config import ConfigError, build
+from swalab.config import ConfigError, build, compile_mode
 from swalab.data.classes import keep_classes
 from swalab.evaluate import metrics_table
 from swalab.identity import DATA_FINGERPRINT, IDENTITY_FILE, group_hash, record
@@ -206,7 +206,8 @@ def write_run_files(plan: RunPlan, lineage: dict | None, facts: dict | None = No
         write_text(run_dir / RunDir.OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(plan.overrides)))
     git = git_info()  # two git commands: asked once, recorded in both files
     write_json(run_dir / RunDir.GIT, git)
-    append_environment(run_dir, environment_entry(plan.device, git, str(plan.cfg.trainer.precision)))
+    append_environment(run_dir, environment_entry(plan.device, git, str(plan.cfg.trainer.precision),
+                                                  compile_mode(plan.cfg.run.compile), bool(plan.cfg.run.deterministic)))
     if facts is not None:
         write_json(run_dir / RunDir.DATA, facts)
     if lineage is not None:

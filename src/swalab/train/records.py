@@ -51,18 +51,23 @@ def git_info() -> dict:
     return {"commit": commit or None, "dirty": dirty}
 
 
-def environment_entry(device, git: dict, precision: str = "auto") -> dict:
+def environment_entry(device, git: dict, precision: str = "auto", compile: str | None = None,
+                      deterministic: bool = True) -> dict:
     """What a run's numbers depend on beyond its config, as this process runs it: when it started, the commit
     (``git``, from :func:`git_info`), torch's version, its CPU thread count and the device (on CUDA with the GPU's
-    name), and the autocast its training steps run in (``training_autocast``: what ``trainer.precision``, e.g.
-    ``auto``, resolved to on this device). The thread count matters on a CPU:
+    name), the autocast its training steps run in (``training_autocast``: what ``trainer.precision``, e.g.
+    ``auto``, resolved to on this device), and the two run settings that change a run's rounding without changing its
+    identity: ``compile`` (``run.compile``'s torch.compile mode, ``off`` when not compiled) and ``deterministic``
+    (``run.deterministic``). A run resumed with other values of them says so in its next entry, where config.yaml
+    holds only the latest start's. The thread count matters on a CPU:
     it changes the order of float sums, so a run is reproduced bit for bit only at the same count
     (docs/cluster.md); a run resumed at another count says so in its second entry."""
     device = torch.device(device)
     dtype = training_dtype(device, precision)
     entry = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **git, "torch": torch.__version__,
              "threads": torch.get_num_threads(), "device": str(device),
-             "training_autocast": "float32 (none)" if dtype is None else str(dtype).removeprefix("torch.")}
+             "training_autocast": "float32 (none)" if dtype is None else str(dtype).removeprefix("torch."),
+             "compile": compile or "off", "deterministic": deterministic}
     if device.type == "cuda":
         entry["device_name"] = torch.cuda.get_device_name(device)
     return entry

@@ -17,11 +17,6 @@ from swalab import style
 from swalab.results.table import Entry, Row, Table
 
 
-def _finish(plt, fig, path: Path) -> None:
-    """Save ``path`` (PNG) and the same figure as PDF beside it (``swalab.style.finish``)."""
-    style.finish(plt, fig, path)
-
-
 def _titled(fig, axes, rows) -> None:
     """Each panel titled by what sets its row apart from the figure's other rows (never a path), the figure by what
     they all share (``swalab.style.panel_titles``)."""
@@ -134,7 +129,7 @@ def plot_test_error(table: Table, path: Path) -> bool:
         handles, _ = ax.get_legend_handles_labels()
         style.legend_beneath(ax, handles=[*handles, *([_band_handle()] if banded else [])])
     _titled(fig, axes, [row for row, _ in panels])
-    _finish(plt, fig, path)
+    style.finish(plt, fig, path)
     return True
 
 
@@ -273,7 +268,7 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
         order = sorted(range(len(handles)), key=lambda k: apart and handles[k] is note)  # the note beneath the lines
         style.legend_beneath(ax, handles=[handles[k] for k in order], labels=[labels[k] for k in order])
     _titled(fig, axes, rows)
-    _finish(plt, fig, path)
+    style.finish(plt, fig, path)
     return True
 
 
@@ -366,5 +361,5 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))
         hist.grid(alpha=0.3)
     _titled(fig, axes, rows)
-    _finish(plt, fig, path)
+    style.finish(plt, fig, path)
     return True

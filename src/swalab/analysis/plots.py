@@ -146,12 +146,11 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
     SGD's colour, SWA averages solid in SWA's (as in every swalab figure), a second run's in a lighter shade; a log
     axis when the errors span more than a decade, so that the averaging phase is not a flat line at the bottom."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    shades: dict[str, int] = {}
+    shade = style.shades()
     for label, epochs, values in curves:
         kind = "sgd" if label.endswith(SGD_ITERATE) else "swa"
-        shades[kind] = shades.get(kind, -1) + 1
         ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if kind == "sgd" else "-",
-                color=style.color_of(kind, 2 * shades[kind]))
+                color=style.color_of(kind, 2 * shade(kind)))
     ax.set_xlabel("epoch")
     style.whole_ticks(ax.xaxis)
     errors = [v for _, _, values in curves for v in np.asarray(values, dtype=float) if v > 0]

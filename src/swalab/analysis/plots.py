@@ -88,7 +88,6 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
             ax.legend(loc="lower right", fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -114,7 +113,6 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -137,7 +135,6 @@ def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarr
     ax.grid(alpha=0.3)
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -161,13 +158,13 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
 def _save(fig, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` atomically, in the format its suffix names (PNG without one): a figure redrawn
     over an earlier one is never left half-written."""
+    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:  # bbox tight: equal-aspect planes leave empty bands otherwise

@@ -48,6 +48,7 @@ import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.cli import Terminated, run_command
 from swalab.config import ConfigError
 from swalab.methods import SWAG, column_rank, columns_of
+from swalab.methods.swa import budget_predictor
 from swalab.results.table import title_of
 from swalab.train.build import build_method
 from swalab.train.plan import locate
@@ -171,7 +172,7 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
 
     swa_ov = swa_overrides(budgets[-1], budgets[:-1], "swag" if swag else "swa")
     children = [("swag" if swag else "swa", swa_ov, compose_run(swa_ov),
-                 {**{f"SWA {b:g}B": f"swa@{b:g}" for b in budgets[:-1]},
+                 {**{f"SWA {b:g}B": budget_predictor(b) for b in budgets[:-1]},
                   f"SWA {budgets[-1]:g}B": "swa", **(columns_for(SWAG, budgets[-1]) if swag else {})}), *others]
     points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
     save_at = "run.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()) - {0})) + "]"

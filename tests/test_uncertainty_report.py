@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from swalab import style
 from swalab.evaluate import metrics_from_log_probs
 from swalab.results import plots
 from swalab.results.report import main, report
@@ -141,14 +142,14 @@ def test_a_temperature_fitted_to_its_search_bound_is_marked_in_its_cells_and_exp
 def test_reliability_diagrams_give_ece_and_brier_and_draw_the_columns_asked_for(uncertainty_grid, tmp_path,
                                                                                   monkeypatch):
     legends = {}  # per figure file, the legend of its first panel (drawn on one of that panel's axes)
-    real = plots._finish
+    real = style.finish
 
     def keep_legend(plt, fig, path):
         legend = next(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)
         legends[path.name] = [t.get_text() for t in legend.get_texts()]
         real(plt, fig, path)
 
-    monkeypatch.setattr(plots, "_finish", keep_legend)
+    monkeypatch.setattr(style, "finish", keep_legend)
     report([uncertainty_grid], tmp_path / "out", reliability=["sgd", "swa", "swag", "fge"])
     legend = legends["reliability.png"]
     assert legend == ["perfect calibration", "SGD 1B (4 ep) (n=2, ECE 0.050, Brier 0.250)",
@@ -184,8 +185,8 @@ def test_a_column_and_its_temperature_scaled_twin_are_told_apart_in_the_reliabil
                                                                                             monkeypatch):
     """SWA and SWA+ts share SWA's colour: the +ts curve is dashed (and its share of images too), so the two curves
     and their legend lines differ."""
-    figures, real = {}, plots._finish
-    monkeypatch.setattr(plots, "_finish", lambda plt, fig, path: (figures.setdefault(path.name, fig),
+    figures, real = {}, style.finish
+    monkeypatch.setattr(style, "finish", lambda plt, fig, path: (figures.setdefault(path.name, fig),
                                                                   real(plt, fig, path)))
     report([uncertainty_grid], tmp_path / "out", reliability=["swa", "swa+ts"])
     panel = figures["reliability.png"].axes[0]

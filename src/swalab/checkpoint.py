@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from swalab import faults
-from swalab.rundir import RunDir, atomic_write
+from swalab.rundir import RunDir, atomic_write, first_line
 
 FORMAT = "swalab-checkpoint"
 VERSION = 1
@@ -139,8 +139,7 @@ def read_torch_file(path: str | Path, name: str | None = None, weights_only: boo
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=mmap)
     except Exception as exc:  # truncated zip, wrong pickle, disk error...
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise CheckpointError(f"{name or path}: cannot read it ({type(exc).__name__}: {first})") from exc
+        raise CheckpointError(f"{name or path}: cannot read it ({first_line(exc)})") from exc
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -166,8 +165,7 @@ def damaged_says_what_to_do(read: Callable[[Path], Any], path: Path, spec: str, 
         cause = exc.__cause__
         if cause is None:  # read, but not what it should hold (another format or version): said as it is
             raise CheckpointError(f"{spec}: {exc}") from None
-        first = (str(cause).strip().splitlines() or [""])[0]
-        raise CheckpointError(f"{spec}: {path} is damaged ({type(cause).__name__}: {first}); {instead}") from None
+        raise CheckpointError(f"{spec}: {path} is damaged ({first_line(cause)}); {instead}") from None
 
 
 def load_latest(directory: str | Path, identity: dict | None = None) -> dict | None:

@@ -151,6 +151,11 @@ def earlier_format(what: str, run_dir: str | Path) -> str:
             f"today's format with python -m swalab.upgrade {run_dir} --write")
 
 
+def first_line(exc: BaseException) -> str:
+    """``<type>: <first line of its message>``: why a file could not be read (or W&B not reached), in one line."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
 def read_json(path: Path) -> Any:
     """The JSON file at ``path`` read back, or None when it is missing or damaged."""
     try:

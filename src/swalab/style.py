@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 #: colour of each method, the same in every figure (matplotlib's tab10, one hue per method)
 METHOD_COLORS = {"sgd": "#1f77b4", "pretrained": "#7f7f7f", "fge": "#ff7f0e", "swa": "#2ca02c", "swag": "#9467bd",
@@ -59,6 +59,16 @@ def color_of(method: str, shade: int = 0) -> str:
     mix = min(shade, 3) * 0.22  # towards white, at most two thirds of the way
     return to_hex(tuple(c + (1 - c) * mix for c in rgb))
 
+
+def shades() -> Callable[[str], int]:
+    """A panel's count of each method's columns (or runs): called with a column's method, how many of that method's
+    came before it (0, 1, 2 ...), the shade of its colour (:func:`color_of`) and its marker (:data:`SHADE_MARKERS`)."""
+    seen: dict[str, int] = {}
+
+    def shade(method: str) -> int:
+        seen[method] = seen.get(method, -1) + 1
+        return seen[method]
+    return shade
 
 
 def wants_log(values: Sequence[float]) -> bool:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from swalab.rundir import RunDir, read_json
+from swalab.rundir import RunDir, first_line, read_json
 
 RECORD_FILE = RunDir.WANDB_RUN
 MAX_NAME = 128  # characters W&B keeps of a run's name and group
@@ -112,7 +112,7 @@ class WandbTracker(NullTracker):
                 self._fail("init", exc)
                 return
             self.mode = "offline"
-            warnings.warn(f"W&B could not start online ({type(exc).__name__}: {_first_line(exc)}) within "
+            warnings.warn(f"W&B could not start online ({first_line(exc)}) within "
                           f"logger.init_timeout={init_timeout:g} s; training goes on and this run is mirrored offline "
                           f"in {Path(run_dir) / 'wandb'}: `wandb sync {Path(run_dir) / 'wandb'}/offline-run-*` uploads "
                           "it later, into the same W&B run", RuntimeWarning, stacklevel=2)
@@ -285,8 +285,3 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         elif isinstance(v, (int, float, str, bool)) or v is None:
             out[key] = v
     return out
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""

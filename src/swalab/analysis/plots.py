@@ -88,7 +88,6 @@ def plane_figure(path: str | Path, xs: np.ndarray, ys: np.ndarray, surfaces: dic
             ax.legend(loc="lower right", fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -114,7 +113,6 @@ def rays_figure(path: str | Path, distances: np.ndarray, curves: dict[str, dict[
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -137,7 +135,6 @@ def segment_figure(path: str | Path, distances: np.ndarray, train_loss: np.ndarr
     ax.grid(alpha=0.3)
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -146,12 +143,11 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
     SGD's colour, SWA averages solid in SWA's (as in every swalab figure), a second run's in a lighter shade; a log
     axis when the errors span more than a decade, so that the averaging phase is not a flat line at the bottom."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    shades: dict[str, int] = {}
+    shade = style.shades()
     for label, epochs, values in curves:
         kind = "sgd" if label.endswith(SGD_ITERATE) else "swa"
-        shades[kind] = shades.get(kind, -1) + 1
         ax.plot(epochs, values, label=label, linewidth=1.3, linestyle="--" if kind == "sgd" else "-",
-                color=style.color_of(kind, 2 * shades[kind]))
+                color=style.color_of(kind, 2 * shade(kind)))
     ax.set_xlabel("epoch")
     style.whole_ticks(ax.xaxis)
     errors = [v for _, _, values in curves for v in np.asarray(values, dtype=float) if v > 0]
@@ -162,13 +158,13 @@ def curves_figure(path: str | Path, curves: list[tuple[str, np.ndarray, np.ndarr
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
 def _save(fig, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` atomically, in the format its suffix names (PNG without one): a figure redrawn
     over an earlier one is never left half-written."""
+    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:  # bbox tight: equal-aspect planes leave empty bands otherwise

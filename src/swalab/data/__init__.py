@@ -15,14 +15,12 @@ keeps all; from a folder only the chosen files are decoded. ``cache_dir`` is ``r
 cache directory), and ``record`` the record of the files (the loader's ``files_record``,
 :func:`swalab.data.fingerprint.records_files`) when the caller has just made it, so that they are not read twice."""
 
-from .cache import CACHE_DIR, CACHE_FORMAT_VERSION
-from .cifar import load_cifar, read_cifar_pickles
+from .cifar import load_cifar
 from .digits import load_digits
 from .folder import read_image_folder
 from .folder_dataset import load_folder
-from .loader import ResidentLoader, epoch_generator, random_crop_flip
-from .splits import DataSplit, ImageData, cap_test_split, channel_stats, stratified_permutation, subset
+from .loader import ResidentLoader, random_crop_flip
+from .splits import DataSplit, ImageData, cap_test_split, channel_stats, subset
 
-__all__ = ["CACHE_DIR", "CACHE_FORMAT_VERSION", "DataSplit", "ImageData", "ResidentLoader", "cap_test_split",
-           "channel_stats", "epoch_generator", "load_cifar", "load_digits", "load_folder", "random_crop_flip",
-           "read_cifar_pickles", "read_image_folder", "stratified_permutation", "subset"]
+__all__ = ["DataSplit", "ImageData", "ResidentLoader", "cap_test_split", "channel_stats", "load_cifar", "load_digits",
+           "load_folder", "random_crop_flip", "read_image_folder", "subset"]

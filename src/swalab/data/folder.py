@@ -137,14 +137,13 @@ def _image_mode(path: str) -> str:
         raise ValueError(f"cannot decode image {path}: {type(err).__name__}: {err}") from err
 
 
-def infer_channels(paths: list[str], workers: int | None = None) -> int:
+def infer_channels(paths: list[str]) -> int:
     """1 if every image in ``paths`` is single-channel (:func:`single_channel`), else 3.
 
     Reads file headers only, and stops at the first colour image, so on a colour data set it costs one
     header read; only an all-grey folder has every header read."""
-    workers = workers or min(8, os.cpu_count() or 1)
     chunk = 1024
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         for start in range(0, len(paths), chunk):
             if not all(single_channel(m) for m in pool.map(_image_mode, paths[start : start + chunk])):
                 return 3
@@ -200,7 +199,7 @@ def _decode_image(path: str | Path, mode: str = "RGB", resize: int | None = None
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = None, workers: int | None = None,
+def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = None,
                   mode: str = "RGB", resize: int | None = None, hint: str = "") -> torch.Tensor:
     """Decode ``paths`` into one ``uint8`` tensor ``[N, C, H, W]`` (C = 3 for ``mode="RGB"``, 1 for ``"L"``).
 
@@ -229,9 +228,8 @@ def decode_images(paths: list[str] | list[Path], size: tuple[int, int] | None = 
         out[i] = arr.astype(np.uint16) * 257 if out.dtype == np.uint16 and arr.dtype == np.uint8 else arr
 
     put(0, first)
-    workers = workers or min(8, os.cpu_count() or 1)
     chunk = 1024
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         for start in range(1, len(paths), chunk):
             batch = paths[start : start + chunk]
             # looked up at each call (not bound once), so a test can count or forbid decodes by patching it

@@ -127,22 +127,18 @@ def window(text: str) -> tuple[float, float | None]:
     return float(m.group(1)), None if m.group(2) is None else float(m.group(2))
 
 
-def shown(x: float) -> str:
-    return f"{x:g}"
-
-
 def swa_window(points: Sequence[Point], text: str) -> tuple[str, list[Point]]:
     a, b = window(text)
     if b is not None and b > points[-1].position:  # its label would name epochs the run never trained
-        raise PosthocError(f"--swa {text}: the run ends at epoch {shown(points[-1].position)}: give --swa "
-                           f"{shown(a)}:{shown(points[-1].position)} or --swa {shown(a)}: (to the end)")
+        raise PosthocError(f"--swa {text}: the run ends at epoch {points[-1].position:g}: give --swa "
+                           f"{a:g}:{points[-1].position:g} or --swa {a:g}: (to the end)")
     end = b if b is not None else points[-1].position
     inside = [p for p in points if a <= p.position <= end]
     if len(inside) < 2:
         raise PosthocError(f"--swa {text}: the window holds {len(inside)} snapshot(s) of {len(points)} (epochs "
-                           f"{shown(points[0].position)} to {shown(points[-1].position)}): an average needs 2; widen it "
+                           f"{points[0].position:g} to {points[-1].position:g}): an average needs 2; widen it "
                            "or write snapshots more often (run.snapshots)")
-    return f"swa[{shown(a)}:{shown(end)}]", inside
+    return f"swa[{a:g}:{end:g}]", inside
 
 
 def last_k(points: Sequence[Point], k: int) -> tuple[str, list[Point]]:

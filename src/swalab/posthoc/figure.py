@@ -64,11 +64,10 @@ def plot(results: Sequence, online: dict[str, dict], path: Path, title: str = ""
             if picked:
                 ax.plot([r.knob for r in picked], [r.metrics[r.label][metric] for r in picked], "o", ms=11, mfc="none",
                         mec=color, mew=1.5, label="chosen on validation (its test score)")
-            shades: dict[str, int] = {}  # a second run of one method (a fine-tune's start) in a lighter shade
+            shade = style.shades()  # a second run of one method (a fine-tune's start) in a lighter shade
             for label, m in online.items():
                 method = label.split(" ")[0]
-                shades[method] = shades.get(method, -1) + 1
-                color = style.color_of(method, 2 * shades[method])  # two steps: +ts columns take one
+                color = style.color_of(method, 2 * shade(method))  # two steps: +ts columns take one
                 ax.axhline(m[metric], color=color, lw=1.0, label=f"online {label}, test")
                 if "val" in m:
                     ax.axhline(m["val"][metric], color=color, lw=1.0, ls=":", label=f"online {label}, validation")

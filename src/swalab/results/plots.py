@@ -17,11 +17,6 @@ from swalab import style
 from swalab.results.table import Entry, Row, Table
 
 
-def _finish(plt, fig, path: Path) -> None:
-    """Save ``path`` (PNG) and the same figure as PDF beside it (``swalab.style.finish``)."""
-    style.finish(plt, fig, path)
-
-
 def _titled(fig, axes, rows) -> None:
     """Each panel titled by what sets its row apart from the figure's other rows (never a path), the figure by what
     they all share (``swalab.style.panel_titles``)."""
@@ -134,7 +129,7 @@ def plot_test_error(table: Table, path: Path) -> bool:
         handles, _ = ax.get_legend_handles_labels()
         style.legend_beneath(ax, handles=[*handles, *([_band_handle()] if banded else [])])
     _titled(fig, axes, [row for row, _ in panels])
-    _finish(plt, fig, path)
+    style.finish(plt, fig, path)
     return True
 
 
@@ -168,7 +163,7 @@ def test_error_curves(row) -> list[tuple[dict, str, str, str, int]]:
         runs = tuple(sorted({str(e.run.path): e.run for e in cells[column].entries}.items()))
         groups.setdefault(runs, []).append(column)
     curves = []
-    shades: dict[str, int] = defaultdict(int)  # a method's second group in a panel (its other settings): lighter
+    shade = style.shades()  # a method's second group in a panel (its other settings): lighter
     for i, (runs, columns) in enumerate(groups.items()):
         runs = [run for _, run in runs]
         longest = max(columns, key=lambda c: c.epochs)
@@ -182,8 +177,7 @@ def test_error_curves(row) -> list[tuple[dict, str, str, str, int]]:
         own = [k for k in scored_during_training(runs, split) if k in {f"{m}_{split}_acc" for m in methods}]
         series = [(key, f" · {key.removesuffix(f'_{split}_acc').upper()} model", "-") for key in own]
         iterate = any(m not in ("sgd", "pretrained") for m in methods)
-        color = style.color_of(methods[0], shades[methods[0]])
-        shades[methods[0]] += 1
+        color = style.color_of(methods[0], shade(methods[0]))
         series.append((f"{split}_acc", iterate_label(methods[0]) if iterate else "", "--" if iterate else "-"))
         for key, suffix, line_style in series:
             points: dict[int, list[float]] = defaultdict(list)
@@ -273,7 +267,7 @@ def plot_fge_curve(table: Table, path: Path) -> bool:
         order = sorted(range(len(handles)), key=lambda k: apart and handles[k] is note)  # the note beneath the lines
         style.legend_beneath(ax, handles=[handles[k] for k in order], labels=[labels[k] for k in order])
     _titled(fig, axes, rows)
-    _finish(plt, fig, path)
+    style.finish(plt, fig, path)
     return True
 
 
@@ -333,16 +327,16 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
         hist = fig.add_subplot(grid[2 * (j // across) + 1, j % across], sharex=ax)
         axes.append(ax)
         ax.plot([0, 1], [0, 1], color="grey", lw=1, ls=":", label="perfect calibration")
-        shades: dict[str, int] = defaultdict(int)  # SWA 1B beside SWA 1.5B: one colour, the second lighter
+        shade = style.shades()  # SWA 1B beside SWA 1.5B: one colour, the second lighter
         for column in reliability_columns(row, methods):
             cell = row.cells[column]
             bins = pooled_bins(cell.entries)
             total = sum(b["count"] for b in bins)
             if not total:
                 continue
-            color = style.color_of(column.method, shades[column.method])
-            marker = style.SHADE_MARKERS[shades[column.method] % len(style.SHADE_MARKERS)]  # not a shade alone
-            shades[column.method] += 1
+            k = shade(column.method)
+            color = style.color_of(column.method, k)
+            marker = style.SHADE_MARKERS[k % len(style.SHADE_MARKERS)]  # not a shade alone
             dense = [b for b in bins if b["count"] >= SPARSE * total]
             sparse = [b for b in bins if 0 < b["count"] < SPARSE * total]
             tail = "".join(f", {name} {statistics.fmean(cell.values(metric)):.3f}"
@@ -366,5 +360,5 @@ def plot_reliability(table: Table, path: Path, methods: Sequence[str] | None = N
         hist.set(xlabel="confidence", ylabel="share of images\n(log scale)", yscale="log", ylim=(1e-3, 1.5))
         hist.grid(alpha=0.3)
     _titled(fig, axes, rows)
-    _finish(plt, fig, path)
+    style.finish(plt, fig, path)
     return True

@@ -48,6 +48,7 @@ import swalab  # noqa: F401  (registers the config resolvers)
 from swalab.cli import Terminated, run_command
 from swalab.config import ConfigError
 from swalab.methods import SWAG, column_rank, columns_of
+from swalab.methods.swa import budget_predictor
 from swalab.results.table import title_of
 from swalab.train.build import build_method
 from swalab.train.plan import locate
@@ -125,10 +126,6 @@ def branch_point(child_cfg: DictConfig, trunk_cfg: DictConfig) -> int:
     return min(limit, agree_until(child, trunk, trunk_epochs))
 
 
-def fmt_budget(b: float) -> str:
-    return f"{b:g}"
-
-
 def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_budgets=SWA_BUDGETS,
              methods: Sequence[str] = ("fge",), naive: bool = False, swag: bool = False) -> list[Job]:
     """The jobs of one row for one seed, in dependency order (the trunk first).
@@ -147,11 +144,11 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
     budgets = sorted(float(b) for b in swa_budgets)
 
     def swa_overrides(budget: float, marks: list[float], method: str = "swa") -> list[str]:
-        out = [*base, f"method={method}", f"method.budget={fmt_budget(budget)}", "model.swa.pre_schedule=base"]
+        out = [*base, f"method={method}", f"method.budget={budget:g}", "model.swa.pre_schedule=base"]
         if "model.swa.score_every" not in keys:  # the average's own test error each epoch, for test_error.png
             out.append("model.swa.score_every=1")
         if marks:
-            out.append("model.swa.score_at_budgets=[" + ",".join(fmt_budget(b) for b in marks) + "]")
+            out.append("model.swa.score_at_budgets=[" + ",".join(f"{b:g}" for b in marks) + "]")
         if "horizon" in trunk_cfg.schedule and int(compose_run(out).trainer.epochs) != trunk_epochs:
             out.append(f"schedule.horizon={trunk_epochs}")  # the SGD run's schedule, "not modified" (paper 3.2)
         return out
@@ -168,15 +165,15 @@ def plan_row(dataset: str, model: str, seed: int, extra: list[str] = (), swa_bud
         for b in budgets:
             last = swag and b == budgets[-1]
             ov = swa_overrides(b, [], "swag" if last else "swa")
-            jobs.append(Job(f"swag_b{fmt_budget(b)}" if last else f"swa_b{fmt_budget(b)}", ov,
+            jobs.append(Job(f"swag_b{b:g}" if last else f"swa_b{b:g}", ov,
                             run_dir_of(compose_run(ov), ov),
-                            columns={f"SWA {fmt_budget(b)}B": "swa", **(columns_for(SWAG, b) if last else {})}))
+                            columns={f"SWA {b:g}B": "swa", **(columns_for(SWAG, b) if last else {})}))
         return jobs
 
     swa_ov = swa_overrides(budgets[-1], budgets[:-1], "swag" if swag else "swa")
     children = [("swag" if swag else "swa", swa_ov, compose_run(swa_ov),
-                 {**{f"SWA {fmt_budget(b)}B": f"swa@{fmt_budget(b)}" for b in budgets[:-1]},
-                  f"SWA {fmt_budget(budgets[-1])}B": "swa", **(columns_for(SWAG, budgets[-1]) if swag else {})}), *others]
+                 {**{f"SWA {b:g}B": budget_predictor(b) for b in budgets[:-1]},
+                  f"SWA {budgets[-1]:g}B": "swa", **(columns_for(SWAG, budgets[-1]) if swag else {})}), *others]
     points = {name: branch_point(cfg, trunk_cfg) for name, _, cfg, _ in children}
     save_at = "run.save_at=[" + ",".join(str(k) for k in sorted(set(points.values()) - {0})) + "]"
     jobs = [Job("sgd", [*trunk_ov, save_at], trunk_dir, columns={"SGD": "sgd"})]
@@ -207,7 +204,7 @@ def _row_overrides(extra: Sequence[str]) -> dict[str, str]:
 def columns_for(method, budget: float) -> dict[str, str]:
     """The row's columns a run of ``method`` at ``budget`` budgets fills (``FGE 1B``, ``SWAG-diag 1.5B``): those it
     declares (``Method.columns``), by the names reports give them."""
-    return {f"{title_of(p)} {fmt_budget(budget)}B": p for p in columns_of(method)}
+    return {f"{title_of(p)} {budget:g}B": p for p in columns_of(method)}
 
 
 def finished(run_dir: Path) -> bool:

@@ -131,12 +131,8 @@ def corrupted_columns(row: Row) -> list[tuple[Column, Cell]]:
 def _colours(columns) -> list[str]:
     """Each column's colour: its method's, a lighter shade for the method's second column in a panel (SWA+ts beside
     SWA, SWA 1B beside SWA 1.5B)."""
-    shades: dict[str, int] = defaultdict(int)
-    out = []
-    for column in columns:
-        out.append(style.color_of(column.method, shades[column.base]))
-        shades[column.base] += 1
-    return out
+    shade = style.shades()
+    return [style.color_of(column.method, shade(column.base)) for column in columns]
 
 
 def _boxes(ax, values: dict[int, list[float]], offset: float, width: float, color: str) -> None:
@@ -308,11 +304,10 @@ def _roc_panel(ax, row: Row, name: str, images: str | None, read: dict, scores) 
     diagonal, the legend beneath."""
     ax.plot([0, 1], [0, 1], color="grey", lw=0.9, ls=(0, (1, 2)), label="chance (AUROC 0.5)")
     columns = panel_columns(row, name, images)
-    seeds, shades = 1, defaultdict(int)
+    seeds, shade = 1, style.shades()
     for column, color in zip(columns, _colours(columns)):
         cell = row.cells[column]
-        k = shades[column.base]  # SGD+ts beside SGD: a lighter shade and, not to rest on the shade alone, markers
-        shades[column.base] += 1
+        k = shade(column.base)  # SGD+ts beside SGD: a lighter shade and, not to rest on the shade alone, markers
         marks = {"marker": style.SHADE_MARKERS[k % len(style.SHADE_MARKERS)], "markevery": 0.1, "ms": 4,
                  "mfc": "none"} if k else {}
         for score, (fpr, tpr, aurocs, n) in roc_curves(cell, name, read, scores).items():

@@ -39,7 +39,7 @@ from swalab.evaluate import reported_metrics
 from swalab.results.table import Row, Table, mean_std
 from swalab.results.write import paper_row, to_markdown
 from swalab.tracking import WandbTracker, new_run_id, read_record
-from swalab.rundir import write_text
+from swalab.rundir import first_line, write_text
 
 SPEC_FILE = "wandb_report.json"
 PUBLISH = "python -m swalab.results.wandb_report publish {spec}"
@@ -333,7 +333,7 @@ def publish_report(table: Table, out: str | Path, mode: str, project: str | None
             result["url"] = report.url
             return result
         except Exception as exc:  # no API key, no network, no access to the project
-            result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            result["error"] = first_line(exc)
     spec_path = out / SPEC_FILE
     write_text(spec_path, json.dumps({"report": spec_of(report), "offline_runs": offline_runs(table, out)}, indent=1)
                + "\n")

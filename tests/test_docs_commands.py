@@ -442,3 +442,64 @@ def test_the_run_directories_the_posthoc_example_names_are_those_its_commands_tr
     for path in named:
         assert any(fnmatch.fnmatch(run, path) or run.startswith(path.rstrip("/") + "/") for run in made), \
             f"docs/posthoc.md names {path}, which no command of the example trains into: {made}"
+
+
+# -- the names the docs' prose gives ---------------------------------------------------------------------------------
+
+# A `trainer.`/`run.` key the docs write on purpose although no setting has it: what a user mistypes, shown refused.
+KEYS_SHOWN_REFUSED = {"trainer.foo"}
+SETTING_NAMED = re.compile(r"(?<![\w./$<-])(trainer|run)\.(?!py\b|log\b)([a-z_]+)\b")
+SWALAB_NAMED = re.compile(r"(?<![\w./-])swalab((?:\.[A-Za-z_]\w*)+)")
+
+
+def settings_named(text: str) -> set[str]:
+    """Every ``trainer.<key>`` / ``run.<key>`` that ``text`` names (``trainer.py``, ``run.log`` are files)."""
+    return {f"{group}.{key}" for group, key in SETTING_NAMED.findall(text)}
+
+
+def unknown_settings(text: str) -> set[str]:
+    """The ``trainer``/``run`` keys ``text`` names that neither settings class defines, leaving out the keys of earlier
+    versions that the docs name as refused (``swalab.compat``) and :data:`KEYS_SHOWN_REFUSED`."""
+    from dataclasses import fields
+
+    from swalab.compat import MOVED_KEYS, RESPELLED
+    from swalab.settings import RunSettings, TrainerSettings
+
+    known = {f"trainer.{f.name}" for f in fields(TrainerSettings)} | {f"run.{f.name}" for f in fields(RunSettings)}
+    return settings_named(text) - known - set(MOVED_KEYS) - set(RESPELLED) - KEYS_SHOWN_REFUSED
+
+
+def missing_swalab_names(text: str) -> set[str]:
+    """The ``swalab.<module>[.<name>...]`` that ``text`` names and that import and attribute lookup cannot find."""
+    missing = set()
+    for dotted in {m.rstrip(".") for m in SWALAB_NAMED.findall(text)}:
+        obj = importlib.import_module("swalab")
+        for part in dotted.strip(".").split("."):
+            if hasattr(obj, part):
+                obj = getattr(obj, part)
+                continue
+            try:
+                obj = importlib.import_module(f"{obj.__name__}.{part}")
+            except (ImportError, AttributeError):
+                missing.add(f"swalab{dotted}")
+                break
+    return missing
+
+
+def test_every_trainer_and_run_key_the_docs_name_is_a_setting():
+    stale = {f"{path.relative_to(REPO)}: {key}" for path in DOCS for key in unknown_settings(path.read_text())}
+    assert not stale, f"no setting of swalab.settings has these keys: {sorted(stale)}"
+
+
+def test_every_swalab_module_and_name_the_docs_give_exists():
+    stale = {f"{path.relative_to(REPO)}: {name}" for path in DOCS for name in missing_swalab_names(path.read_text())}
+    assert not stale, f"these names are no longer in swalab: {sorted(stale)}"
+
+
+def test_a_stale_key_or_name_in_a_doc_is_found():
+    assert unknown_settings("`run.eval_batch` and `trainer.epochs`; see run.py and trainer.py") == {"run.eval_batch"}
+    assert unknown_settings("`trainer.device=cpu` is refused with the key it became") == set()
+    assert missing_swalab_names("`swalab.identity.method_part`, `swalab.identity.BRANCH_MAY_DIFFER`, "
+                                "`python -m swalab.results.row`, `swalab.results.shift_plots`.") == \
+        {"swalab.identity.BRANCH_MAY_DIFFER"}
+    assert missing_swalab_names("python -m swalab.results.scores") == {"swalab.results.scores"}

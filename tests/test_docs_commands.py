@@ -486,6 +486,22 @@ def missing_swalab_names(text: str) -> set[str]:
     return missing
 
 
+def not_tools(text: str) -> set[str]:
+    """The ``python -m swalab.<module>`` that ``text`` names and that would do nothing or fail: no such module, or one
+    without a ``__main__`` block (a package: without ``__main__.py``)."""
+    import importlib.util
+
+    missing = set()
+    for name in set(re.findall(r"python -m (swalab[\w.]*\w)", text)):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:  # a package runs its __main__.py
+            spec = importlib.util.find_spec(f"{name}.__main__")
+        if spec is None or '__name__ == "__main__"' not in Path(spec.origin).read_text() and \
+                not spec.origin.endswith("__main__.py"):
+            missing.add(name)
+    return missing
+
+
 def test_every_trainer_and_run_key_the_docs_name_is_a_setting():
     stale = {f"{path.relative_to(REPO)}: {key}" for path in DOCS for key in unknown_settings(path.read_text())}
     assert not stale, f"no setting of swalab.settings has these keys: {sorted(stale)}"
@@ -496,6 +512,11 @@ def test_every_swalab_module_and_name_the_docs_give_exists():
     assert not stale, f"these names are no longer in swalab: {sorted(stale)}"
 
 
+def test_every_tool_the_docs_name_runs_as_python_m():
+    stale = {f"{path.relative_to(REPO)}: python -m {name}" for path in DOCS for name in not_tools(path.read_text())}
+    assert not stale, f"no such command: {sorted(stale)}"
+
+
 def test_a_stale_key_or_name_in_a_doc_is_found():
     assert unknown_settings("`run.eval_batch` and `trainer.epochs`; see run.py and trainer.py") == {"run.eval_batch"}
     assert unknown_settings("`trainer.device=cpu` is refused with the key it became") == set()
@@ -503,3 +524,6 @@ def test_a_stale_key_or_name_in_a_doc_is_found():
                                 "`python -m swalab.results.row`, `swalab.results.shift_plots`.") == \
         {"swalab.identity.BRANCH_MAY_DIFFER"}
     assert missing_swalab_names("python -m swalab.results.scores") == {"swalab.results.scores"}
+    assert not_tools("`python -m swalab.results.score`, `python -m swalab.posthoc` and `python -m swalab.analysis.`, "
+                     "not `python -m swalab.results.shift_summary` (a module without a command) nor "
+                     "`python -m swalab.results.scores`") == {"swalab.results.shift_summary", "swalab.results.scores"}

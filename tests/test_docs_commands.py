@@ -469,6 +469,44 @@ def unknown_settings(text: str) -> set[str]:
     return settings_named(text) - known - set(MOVED_KEYS) - set(RESPELLED) - KEYS_SHOWN_REFUSED
 
 
+# A key of another group the docs write on purpose although no yaml of conf/ has it: shown refused, or a block of one's own.
+GROUP_KEYS_SHOWN = {"model.swa.strat", "optimizer.lr", "model.polyak"}
+GROUP_NAMED = re.compile(r"(?<![\w./$<+-])((?:model|method|dataset|schedule|optimizer|loss|logger|paths)(?:\.[a-z_][a-z_0-9]*)+)"
+                         r"(?![\w(])")
+
+
+def conf_keys() -> set[str]:
+    """Every ``<group>.<key>[.<key>...]`` that some yaml of conf/ defines (an experiment's ``@package _global_`` keys
+    under their own group; the recipe blocks under ``model``)."""
+    import yaml
+
+    def keys(node, prefix):
+        for key, value in (node or {}).items() if isinstance(node, dict) else ():
+            if key != "defaults":
+                yield f"{prefix}.{key}"
+                yield from keys(value, f"{prefix}.{key}")
+
+    found = set()
+    for path in CONF_DIR.rglob("*.yaml"):
+        text, group = path.read_text(), path.parent.name
+        node = yaml.safe_load(text)
+        if "@package _global_" in text:
+            found |= {k[1:] for k in keys(node, "")}
+        else:
+            found |= set(keys(node, "model" if group == "recipe" else group))
+    return found
+
+
+def unknown_group_keys(text: str) -> set[str]:
+    """The ``model.``/``method.``/``dataset.``/... keys ``text`` names that no yaml of conf/ defines (a call such as
+    ``method.last_branch_epoch()`` and a custom model's ``model.arch.*`` left out)."""
+    from swalab.compat import MOVED_KEYS, RESPELLED
+
+    named = {m.rstrip(".") for m in GROUP_NAMED.findall(text)} - {""}
+    return {k for k in named - conf_keys() - set(MOVED_KEYS) - set(RESPELLED) - GROUP_KEYS_SHOWN
+            if not k.startswith("model.arch.")}
+
+
 def missing_swalab_names(text: str) -> set[str]:
     """The ``swalab.<module>[.<name>...]`` that ``text`` names and that import and attribute lookup cannot find."""
     missing = set()
@@ -507,6 +545,11 @@ def test_every_trainer_and_run_key_the_docs_name_is_a_setting():
     assert not stale, f"no setting of swalab.settings has these keys: {sorted(stale)}"
 
 
+def test_every_group_key_the_docs_name_is_defined_in_conf():
+    stale = {f"{path.relative_to(REPO)}: {key}" for path in DOCS for key in unknown_group_keys(path.read_text())}
+    assert not stale, f"no yaml of conf/ has these keys: {sorted(stale)}"
+
+
 def test_every_swalab_module_and_name_the_docs_give_exists():
     stale = {f"{path.relative_to(REPO)}: {name}" for path in DOCS for name in missing_swalab_names(path.read_text())}
     assert not stale, f"these names are no longer in swalab: {sorted(stale)}"
@@ -527,3 +570,6 @@ def test_a_stale_key_or_name_in_a_doc_is_found():
     assert not_tools("`python -m swalab.results.score`, `python -m swalab.posthoc` and `python -m swalab.analysis.`, "
                      "not `python -m swalab.results.shift_summary` (a module without a command) nor "
                      "`python -m swalab.results.scores`") == {"swalab.results.shift_summary", "swalab.results.scores"}
+    assert unknown_group_keys("`model.swa.start`, `model.swa.strt`, `method.last_branch_epoch()`, `dataset.val_size`, "
+                              "`schedule.horizon`, `optimizer.betas` and `dataset.subset`") == \
+        {"model.swa.strt", "dataset.subset"}

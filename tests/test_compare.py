@@ -92,8 +92,22 @@ def test_a_path_that_is_not_a_run_is_one_line_and_exit_2(tmp_path, command):
     done = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"[{command[0]}] not_a_run is not a swalab run directory: "
-                                                "no config.yaml there"]
+                                                "no such directory"]
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_an_outputs_folder_given_for_a_run_is_one_line_naming_a_run_below_it(tmp_path):
+    run = tmp_path / "outputs" / "digits" / "preresnet20" / "sgd" / "default" / "seed0"
+    run.mkdir(parents=True)
+    (run / "identity.json").write_text("{}")
+    (tmp_path / "notes").mkdir()
+    for folder, why in (("outputs", f"it holds runs below it: give one of them, e.g. {run.relative_to(tmp_path)}"),
+                        ("notes", "no config.yaml there")):
+        done = subprocess.run([sys.executable, "-m", "swalab.results.compare", folder], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines() == [f"[swalab.results.compare] {folder} is not a swalab run directory: "
+                                                    f"{why}"]
 
 
 @pytest.mark.parametrize("args, line", [

@@ -442,3 +442,134 @@ def test_the_run_directories_the_posthoc_example_names_are_those_its_commands_tr
     for path in named:
         assert any(fnmatch.fnmatch(run, path) or run.startswith(path.rstrip("/") + "/") for run in made), \
             f"docs/posthoc.md names {path}, which no command of the example trains into: {made}"
+
+
+# -- the names the docs' prose gives ---------------------------------------------------------------------------------
+
+# A `trainer.`/`run.` key the docs write on purpose although no setting has it: what a user mistypes, shown refused.
+KEYS_SHOWN_REFUSED = {"trainer.foo"}
+SETTING_NAMED = re.compile(r"(?<![\w./$<-])(trainer|run)\.(?!py\b|log\b)([a-z_]+)\b")
+SWALAB_NAMED = re.compile(r"(?<![\w./-])swalab((?:\.[A-Za-z_]\w*)+)")
+
+
+def settings_named(text: str) -> set[str]:
+    """Every ``trainer.<key>`` / ``run.<key>`` that ``text`` names (``trainer.py``, ``run.log`` are files)."""
+    return {f"{group}.{key}" for group, key in SETTING_NAMED.findall(text)}
+
+
+def unknown_settings(text: str) -> set[str]:
+    """The ``trainer``/``run`` keys ``text`` names that neither settings class defines, leaving out the keys of earlier
+    versions that the docs name as refused (``swalab.compat``) and :data:`KEYS_SHOWN_REFUSED`."""
+    from dataclasses import fields
+
+    from swalab.compat import MOVED_KEYS, RESPELLED
+    from swalab.settings import RunSettings, TrainerSettings
+
+    known = {f"trainer.{f.name}" for f in fields(TrainerSettings)} | {f"run.{f.name}" for f in fields(RunSettings)}
+    return settings_named(text) - known - set(MOVED_KEYS) - set(RESPELLED) - KEYS_SHOWN_REFUSED
+
+
+# A key of another group the docs write on purpose although no yaml of conf/ has it: shown refused, or a block of one's own.
+GROUP_KEYS_SHOWN = {"model.swa.strat", "optimizer.lr", "model.polyak"}
+GROUP_NAMED = re.compile(r"(?<![\w./$<+-])((?:model|method|dataset|schedule|optimizer|loss|logger|paths)(?:\.[a-z_][a-z_0-9]*)+)"
+                         r"(?![\w(])")
+
+
+def conf_keys() -> set[str]:
+    """Every ``<group>.<key>[.<key>...]`` that some yaml of conf/ defines (an experiment's ``@package _global_`` keys
+    under their own group; the recipe blocks under ``model``)."""
+    import yaml
+
+    def keys(node, prefix):
+        for key, value in (node or {}).items() if isinstance(node, dict) else ():
+            if key != "defaults":
+                yield f"{prefix}.{key}"
+                yield from keys(value, f"{prefix}.{key}")
+
+    found = set()
+    for path in CONF_DIR.rglob("*.yaml"):
+        text, group = path.read_text(), path.parent.name
+        node = yaml.safe_load(text)
+        if "@package _global_" in text:
+            found |= {k[1:] for k in keys(node, "")}
+        else:
+            found |= set(keys(node, "model" if group == "recipe" else group))
+    return found
+
+
+def unknown_group_keys(text: str) -> set[str]:
+    """The ``model.``/``method.``/``dataset.``/... keys ``text`` names that no yaml of conf/ defines (a call such as
+    ``method.last_branch_epoch()`` and a custom model's ``model.arch.*`` left out)."""
+    from swalab.compat import MOVED_KEYS, RESPELLED
+
+    named = {m.rstrip(".") for m in GROUP_NAMED.findall(text)} - {""}
+    return {k for k in named - conf_keys() - set(MOVED_KEYS) - set(RESPELLED) - GROUP_KEYS_SHOWN
+            if not k.startswith("model.arch.")}
+
+
+def missing_swalab_names(text: str) -> set[str]:
+    """The ``swalab.<module>[.<name>...]`` that ``text`` names and that import and attribute lookup cannot find."""
+    missing = set()
+    for dotted in {m.rstrip(".") for m in SWALAB_NAMED.findall(text)}:
+        obj = importlib.import_module("swalab")
+        for part in dotted.strip(".").split("."):
+            if hasattr(obj, part):
+                obj = getattr(obj, part)
+                continue
+            try:
+                obj = importlib.import_module(f"{obj.__name__}.{part}")
+            except (ImportError, AttributeError):
+                missing.add(f"swalab{dotted}")
+                break
+    return missing
+
+
+def not_tools(text: str) -> set[str]:
+    """The ``python -m swalab.<module>`` that ``text`` names and that would do nothing or fail: no such module, or one
+    without a ``__main__`` block (a package: without ``__main__.py``)."""
+    import importlib.util
+
+    missing = set()
+    for name in set(re.findall(r"python -m (swalab[\w.]*\w)", text)):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:  # a package runs its __main__.py
+            spec = importlib.util.find_spec(f"{name}.__main__")
+        if spec is None or '__name__ == "__main__"' not in Path(spec.origin).read_text() and \
+                not spec.origin.endswith("__main__.py"):
+            missing.add(name)
+    return missing
+
+
+def test_every_trainer_and_run_key_the_docs_name_is_a_setting():
+    stale = {f"{path.relative_to(REPO)}: {key}" for path in DOCS for key in unknown_settings(path.read_text())}
+    assert not stale, f"no setting of swalab.settings has these keys: {sorted(stale)}"
+
+
+def test_every_group_key_the_docs_name_is_defined_in_conf():
+    stale = {f"{path.relative_to(REPO)}: {key}" for path in DOCS for key in unknown_group_keys(path.read_text())}
+    assert not stale, f"no yaml of conf/ has these keys: {sorted(stale)}"
+
+
+def test_every_swalab_module_and_name_the_docs_give_exists():
+    stale = {f"{path.relative_to(REPO)}: {name}" for path in DOCS for name in missing_swalab_names(path.read_text())}
+    assert not stale, f"these names are no longer in swalab: {sorted(stale)}"
+
+
+def test_every_tool_the_docs_name_runs_as_python_m():
+    stale = {f"{path.relative_to(REPO)}: python -m {name}" for path in DOCS for name in not_tools(path.read_text())}
+    assert not stale, f"no such command: {sorted(stale)}"
+
+
+def test_a_stale_key_or_name_in_a_doc_is_found():
+    assert unknown_settings("`run.eval_batch` and `trainer.epochs`; see run.py and trainer.py") == {"run.eval_batch"}
+    assert unknown_settings("`trainer.device=cpu` is refused with the key it became") == set()
+    assert missing_swalab_names("`swalab.identity.method_part`, `swalab.identity.BRANCH_MAY_DIFFER`, "
+                                "`python -m swalab.results.row`, `swalab.results.shift_plots`.") == \
+        {"swalab.identity.BRANCH_MAY_DIFFER"}
+    assert missing_swalab_names("python -m swalab.results.scores") == {"swalab.results.scores"}
+    assert not_tools("`python -m swalab.results.score`, `python -m swalab.posthoc` and `python -m swalab.analysis.`, "
+                     "not `python -m swalab.results.shift_summary` (a module without a command) nor "
+                     "`python -m swalab.results.scores`") == {"swalab.results.shift_summary", "swalab.results.scores"}
+    assert unknown_group_keys("`model.swa.start`, `model.swa.strt`, `method.last_branch_epoch()`, `dataset.val_size`, "
+                              "`schedule.horizon`, `optimizer.betas` and `dataset.subset`") == \
+        {"model.swa.strt", "dataset.subset"}

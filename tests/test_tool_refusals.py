@@ -55,6 +55,17 @@ def test_a_row_refuses_a_bad_value_as_run_py_does_before_its_first_job(tmp_path,
     assert not out.exists()
 
 
+def test_a_row_refuses_a_misspelt_key_as_run_py_does_naming_the_key_meant(tmp_path, capsys):
+    from swalab.results.row import main
+
+    out = tmp_path / "out"
+    err = refused(capsys, main, ["--dataset", "digits", "--model", "preresnet20", "--dry-run", *TINY,
+                                 "model.swa.strat=0.5", f"paths.output_dir={out}"], prog="swalab.results.row")
+    assert err == ("[swalab.results.row] model.swa.strat=0.5: model.swa has no key 'strat', did you mean "
+                   "model.swa.start? (`python run.py --cfg job` prints every key)")
+    assert not out.exists()
+
+
 # -- compare reads a run's weights as model.init_from reads them ------------------------------------------------
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:

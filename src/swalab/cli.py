@@ -105,7 +105,9 @@ def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "
     except Exception as exc:
         if not is_users_error(exc):
             raise
-        text = one_line(message(exc)) or type(exc).__name__
+        from swalab.config import unknown_key
+
+        text = unknown_key(exc) or one_line(message(exc)) or type(exc).__name__  # a misspelt key: as run.py says it
         print(f"[{prog}] {text}", file=sys.stderr)
         raise SystemExit(USAGE_EXIT_CODE) from None
 

@@ -348,10 +348,11 @@ def main(argv: list[str] | None = None) -> dict:
         epilog="Any other argument of the form key=value is a Hydra override handed to every run of the row, "
                "e.g. dataset.root=../shared/data/cifar10-jpg dataset.train_size=10000 model.budget_epochs=30 "
                "logger=none paths.output_dir=<dir>.")
-    parser.add_argument("--dataset", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--swa-budgets", type=float, nargs="+", default=list(SWA_BUDGETS))
+    parser.add_argument("--dataset", required=True, help="the data set, as dataset= names it (conf/dataset/)")
+    parser.add_argument("--model", required=True, help="the model, as model= names it (conf/model/)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one row per seed (default: 0)")
+    parser.add_argument("--swa-budgets", type=float, nargs="+", default=list(SWA_BUDGETS),
+                        help="the SWA columns, in budgets B (default: %(default)s)")
     parser.add_argument("--no-fge", action="store_true", help="leave out the FGE column")
     parser.add_argument("--naive", action="store_true", help="train each column straight through (no branching)")
     parser.add_argument("--ema", action="store_true", help="add an EMA run of one budget (trained straight through)")

@@ -270,10 +270,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m swalab.results.score", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="finished run directories")
     parser.add_argument("--data", action="append", default=[],
-                        help="test | cifar10c:<corruption>:<severity> | cifar10c:<corruption> | cifar10c:all")
+                        help="test | cifar10c:<corruption>:<severity> | cifar10c:<corruption> | cifar10c:all; once per set "
+                             "(--data test --data cifar10c:all)")
     parser.add_argument("--ood", action="append", default=[],
                         help="noise:gaussian | noise:uniform | folder:<dir> | other-classes (those dataset.classes left out): OOD "
-                             "detection against the run's test split")
+                             "detection against the run's test split; once per set")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     parser.add_argument("--again", action="store_true",
                         help="score every set again, even one an earlier command scored from the same weights and images")

@@ -573,3 +573,19 @@ def test_a_stale_key_or_name_in_a_doc_is_found():
     assert unknown_group_keys("`model.swa.start`, `model.swa.strt`, `method.last_branch_epoch()`, `dataset.val_size`, "
                               "`schedule.horizon`, `optimizer.betas` and `dataset.subset`") == \
         {"model.swa.strt", "dataset.subset"}
+
+
+FAULT_POINT = re.compile(r"faults\.(?:hit|watch)\([^)]*?\"([a-z_]+)\"")
+
+
+def fault_points_in(source: str) -> set[str]:
+    """The ``SWALAB_FAULT`` points a piece of swalab's code passes through (``faults.hit("x")``, ``faults.watch(.., "x")``)."""
+    return set(FAULT_POINT.findall(source))
+
+
+def test_every_fault_point_the_code_passes_through_is_named_in_reliability_md():
+    points = set().union(*(fault_points_in(p.read_text()) for p in (REPO / "src" / "swalab").rglob("*.py")))
+    doc = (REPO / "docs" / "reliability.md").read_text()
+    section = doc[doc.index("## How faults are placed"):].split("\n## ", 1)[0]
+    assert len(points) >= 9 and {p for p in points if f"`{p}`" not in section} == set()
+    assert fault_points_in('faults.hit("a_new_point")\nfaults.watch(loader, "other")') == {"a_new_point", "other"}

@@ -296,6 +296,6 @@ def test_fge_needs_half_a_cycle_after_pretraining_refused_one_epoch_short_with_t
     shortest run that collects one."""
     FGE(Constant(lr=0.1), 5, lr_max=0.05, lr_min=0.01, cycle_epochs=4, pretrain_epochs=3).validate(False)
     message = refusal(epochs=4, lr_max=0.05, lr_min=0.01, cycle_epochs=4, pretrain_epochs=3)
-    for text in ("trainer.epochs=4 leaves 1 epochs after 3 epochs of pretraining", "fewer than half a cycle (2)",
+    for text in ("trainer.epochs=4 leaves 1 epoch after 3 epochs of pretraining", "fewer than half a cycle (2)",
                  "Lower method.pretrain (a fraction of the budget) or method.cycle_epochs"):
         assert text in message

@@ -90,8 +90,10 @@ class FGE(Method):
                               "method.pretrain > 0 (a fraction of the budget trained with SGD before the "
                               "cycles)")
         if epochs - self.pretrain_epochs < self.cycle_epochs // 2:
-            raise ConfigError(f"trainer.epochs={epochs} leaves {epochs - self.pretrain_epochs} epochs after "
-                              f"{self.pretrain_epochs} epochs of pretraining: fewer than half a cycle "
+            left = epochs - self.pretrain_epochs
+            raise ConfigError(f"trainer.epochs={epochs} leaves {left} epoch{'s' * (left != 1)} after "
+                              f"{self.pretrain_epochs} epoch{'s' * (self.pretrain_epochs != 1)} of pretraining: fewer "
+                              "than half a cycle "
                               f"({self.cycle_epochs // 2}), so no member would be collected. Lower method.pretrain (a "
                               "fraction of the budget) or method.cycle_epochs")
 

@@ -253,3 +253,19 @@ def test_every_tool_says_in_one_line_what_a_ctrl_c_leaves(tool, monkeypatch):
         pass
     assert isinstance(told.get("interrupted"), str) and told["interrupted"], told
 
+
+
+HELPED_TOOLS = ["swalab.results.report", "swalab.results.compare", "swalab.results.score", "swalab.results.row",
+                "swalab.analysis.plane", "swalab.analysis.rays", "swalab.analysis.segment", "swalab.analysis.curves"]
+
+
+@pytest.mark.parametrize("tool", HELPED_TOOLS)
+def test_a_tools_help_shows_its_description_without_rest_markup(tool, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_:
+        module = importlib.import_module(tool)
+        (module.parse_args if hasattr(module, "parse_args") else module.main)(["--help"])
+    shown = capsys.readouterr().out
+    first_words = " ".join(module.__doc__.split()[:4]).replace("``", "`")
+    assert exit_.value.code == 0 and first_words in " ".join(shown.split()) and "``" not in shown

@@ -112,6 +112,12 @@ def run_command(main: Callable, argv: Sequence[str] | None = None, prog: str = "
         raise SystemExit(USAGE_EXIT_CODE) from None
 
 
+def described(doc: str | None) -> str:
+    """A tool's ``--help`` description: the first paragraph of its module's docstring, with reST's double backticks
+    shown as single ones (a terminal renders no markup)."""
+    return (doc or "").split("\n\n")[0].replace("``", "`")
+
+
 def one_line(message: str) -> str:
     """A message on one line: Hydra's list of available options kept (``Could not find 'dataset/nosuch'; available
     options in 'dataset': cifar10, cifar100, ...``), its config search path left out; a list of refusals

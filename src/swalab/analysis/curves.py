@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.backend_bases import FigureCanvasBase
 
 from swalab.analysis import plots
-from swalab.cli import output_file, run_command
+from swalab.cli import described, output_file, run_command
 from swalab.config import ConfigError
 from swalab.rundir import RunDir
 
@@ -60,7 +60,7 @@ def label_of(run_dir: str | Path) -> str:
 
 
 def main(argv=None) -> list:
-    p = argparse.ArgumentParser(prog="python -m swalab.analysis.curves", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.curves", description=described(__doc__))
     p.add_argument("runs", nargs="+", help="run directories")
     p.add_argument("--labels", nargs="+", default=None, help="one label per run (default: from the paths)")
     p.add_argument("--only", choices=["swa", "sgd"], default=None, help="draw only the SWA or only the SGD curves")

@@ -31,7 +31,7 @@ from swalab.checkpoint import CheckpointStore
 from swalab.config import ConfigError
 from swalab.analysis.loading import add_common_arguments, flat, open_study
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
-from swalab.cli import run_command
+from swalab.cli import described, run_command
 from swalab.runweights import load_weights, run_of
 
 METRICS = ("train_loss", "train_ce", "train_err", "test_loss", "test_err")
@@ -105,7 +105,7 @@ def trajectory_specs(run_dir: str | Path) -> list[tuple[int, str]]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m swalab.analysis.plane", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.plane", description=described(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--w1", required=True, help="weights at the origin: <ckpt|run[:swa|:sgd|@epoch]>")
     p.add_argument("--w2", required=True, help="weights on the x axis")

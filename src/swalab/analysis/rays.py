@@ -29,7 +29,7 @@ from swalab.analysis.loading import (add_common_arguments, add_solution_argument
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
 from swalab.analysis.weights import random_unit_directions
-from swalab.cli import run_command
+from swalab.cli import described, run_command
 
 
 def evaluate_rays(starts: dict[str, tuple], directions, distances: np.ndarray, probe: Probe, log: ResultLog,
@@ -54,7 +54,7 @@ def evaluate_rays(starts: dict[str, tuple], directions, distances: np.ndarray, p
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m swalab.analysis.rays", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.rays", description=described(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_solution_arguments(p)
     p.add_argument("--directions", type=int, default=10, help="number of random unit directions")

@@ -26,7 +26,7 @@ from swalab.analysis.loading import (add_common_arguments, add_solution_argument
                                      solution_names)
 from swalab.analysis.plane import METRICS
 from swalab.analysis.probe import Probe, ResultLog, save_arrays
-from swalab.cli import run_command
+from swalab.cli import described, run_command
 
 
 def segment_ts(t_min: float, t_max: float, points: int) -> np.ndarray:
@@ -56,7 +56,7 @@ def evaluate_segment(swa: tuple, sgd: tuple, ts: np.ndarray, probe: Probe, log: 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m swalab.analysis.segment", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m swalab.analysis.segment", description=described(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_solution_arguments(p)
     p.add_argument("--t-min", type=float, default=-1.0, help="smallest t (negative: beyond SWA)")

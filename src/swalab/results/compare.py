@@ -34,7 +34,7 @@ from swalab.results.diagnostics import section35
 from swalab.evaluate import (ensemble_log_mean, labels_of, metrics_from_log_probs, metrics_table, predict_log_probs,
                              recompute_bn)
 from swalab.results.runs import Run, open_run
-from swalab.cli import output_file, run_command
+from swalab.cli import described, output_file, run_command
 from swalab.config import ConfigError
 from swalab.identity import label_of
 from swalab.train.build import build_val_loader, load_into
@@ -208,7 +208,7 @@ def format_report(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m swalab.results.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.compare", description=described(__doc__))
     parser.add_argument("runs", nargs="+", help="run directories (each with config.yaml and final.pt)")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")

@@ -51,7 +51,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from swalab.cli import output_folder, run_command, sigterm_raises
+from swalab.cli import described, output_folder, run_command, sigterm_raises
 from swalab.results.ensembles import seed_ensembles
 from swalab.results.plots import plot_fge_curve, plot_reliability, plot_test_error
 from swalab.results.row import row_cost, row_records
@@ -193,7 +193,7 @@ def left_as_it_was(out: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swalab.results.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.report", description=described(__doc__))
     parser.add_argument("dirs", nargs="+", help="output directories, run directories or grid records to read")
     parser.add_argument("--out", default="report", help="where the table, CSVs and plots go (default: report/)")
     parser.add_argument("--paper", action="store_true", help="show the paper's numbers (Tables 1 and 2) beside ours")

@@ -45,7 +45,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import swalab  # noqa: F401  (registers the config resolvers)
-from swalab.cli import Terminated, run_command
+from swalab.cli import Terminated, described, run_command
 from swalab.config import ConfigError
 from swalab.methods import SWAG, column_rank, columns_of
 from swalab.methods.swa import budget_predictor
@@ -344,7 +344,7 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> dict:
     own, extra = split_args(list(sys.argv[1:] if argv is None else argv))
     parser = argparse.ArgumentParser(
-        prog="python -m swalab.results.row", description=__doc__.split("\n\n")[0],
+        prog="python -m swalab.results.row", description=described(__doc__),
         epilog="Any other argument of the form key=value is a Hydra override handed to every run of the row, "
                "e.g. dataset.root=../shared/data/cifar10-jpg dataset.train_size=10000 model.budget_epochs=30 "
                "logger=none paths.output_dir=<dir>.")

@@ -50,7 +50,7 @@ import torch
 
 from swalab.calibration import SUFFIX, scaled, scaled_name
 from swalab.checkpoint import atomic_save, save_predictions
-from swalab.cli import each_once, first_of_each, run_command
+from swalab.cli import described, each_once, first_of_each, run_command
 from swalab.config import ConfigError
 from swalab.data import corruptions
 from swalab.data.splits import DataSplit
@@ -267,7 +267,7 @@ def summary_table(summary: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m swalab.results.score", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m swalab.results.score", description=described(__doc__))
     parser.add_argument("runs", nargs="+", help="finished run directories")
     parser.add_argument("--data", action="append", default=[],
                         help="test | cifar10c:<corruption>:<severity> | cifar10c:<corruption> | cifar10c:all; once per set "

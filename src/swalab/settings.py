@@ -50,7 +50,7 @@ class TrainerSettings(Checked):
     precision: str = "auto"         # training steps: auto (bf16 autocast on CUDA, float32 elsewhere) | bf16 | fp16 (with a gradient scaler, for GPUs without bf16) | fp32; test passes and BN updates always run in float32 (checked by swalab.precision)
     clip_grad_norm: Any = None      # clip the gradients' global norm to this before each optimizer step (null: no clipping)
     accumulate: int = 1             # split each batch into this many micro-batches (less memory), one optimizer step per batch of trainer.batch_size
-    bn_update_fraction: Any = 1.0   # fraction of the training set used to recompute BN statistics of averaged models (1.0: the paper's whole-set pass; 0.05 to 0.5 scored within 0.1 points of it on PreResNet-164, bench/README.md; a few batches give poor statistics)
+    bn_update_fraction: Any = 1.0   # fraction of the training set used to recompute BN statistics of averaged models (1.0: the paper's whole-set pass; 0.05 to 0.5 scored within 0.1 points of it on PreResNet-164, 0.1 to 0.5 on PreResNet-20 trained on 10k images, bench/README.md; a few batches give poor statistics)
     nonfinite: str = "stop"         # NaN/Inf loss: stop (keep last good checkpoint) | skip (drop the step, up to max_skips)
     max_skips: int = 10             # with nonfinite=skip, how many bad steps are tolerated
 

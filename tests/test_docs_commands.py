@@ -540,24 +540,15 @@ def not_tools(text: str) -> set[str]:
     return missing
 
 
-def test_every_trainer_and_run_key_the_docs_name_is_a_setting():
-    stale = {f"{path.relative_to(REPO)}: {key}" for path in DOCS for key in unknown_settings(path.read_text())}
-    assert not stale, f"no setting of swalab.settings has these keys: {sorted(stale)}"
-
-
-def test_every_group_key_the_docs_name_is_defined_in_conf():
-    stale = {f"{path.relative_to(REPO)}: {key}" for path in DOCS for key in unknown_group_keys(path.read_text())}
-    assert not stale, f"no yaml of conf/ has these keys: {sorted(stale)}"
-
-
-def test_every_swalab_module_and_name_the_docs_give_exists():
-    stale = {f"{path.relative_to(REPO)}: {name}" for path in DOCS for name in missing_swalab_names(path.read_text())}
-    assert not stale, f"these names are no longer in swalab: {sorted(stale)}"
-
-
-def test_every_tool_the_docs_name_runs_as_python_m():
-    stale = {f"{path.relative_to(REPO)}: python -m {name}" for path in DOCS for name in not_tools(path.read_text())}
-    assert not stale, f"no such command: {sorted(stale)}"
+@pytest.mark.parametrize("finder, what", [
+    (lambda text: unknown_settings(text), "no setting of swalab.settings has these keys"),
+    (lambda text: unknown_group_keys(text), "no yaml of conf/ has these keys"),
+    (lambda text: missing_swalab_names(text), "these names are no longer in swalab"),
+    (lambda text: {f"python -m {name}" for name in not_tools(text)}, "no such command"),
+], ids=["trainer_and_run_keys_are_settings", "group_keys_are_in_conf", "swalab_names_exist", "tools_run_as_python_m"])
+def test_every_key_name_and_tool_the_docs_give_exists(finder, what):
+    stale = {f"{path.relative_to(REPO)}: {item}" for path in DOCS for item in finder(path.read_text())}
+    assert not stale, f"{what}: {sorted(stale)}"
 
 
 def test_a_stale_key_or_name_in_a_doc_is_found():

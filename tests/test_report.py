@@ -628,12 +628,12 @@ def test_section_35_sets_swa_against_the_fge_ensemble_of_its_own_budget_only(tmp
 
 def drawn(monkeypatch, plot, root, tmp_path):
     """The figure ``plot`` makes of the runs below ``root``, drawn, instead of written."""
-    from swalab.results import plots
+    from swalab import style
     from swalab.results.runs import Run, run_dirs
     from swalab.results.table import build_table
 
     figures = []
-    monkeypatch.setattr(plots, "_finish", lambda plt, fig, path: figures.append(fig))
+    monkeypatch.setattr(style, "finish", lambda plt, fig, path: figures.append(fig))
     assert plot(build_table([Run(p) for p in run_dirs([root])]), tmp_path / "figure.png")
     figures[0].canvas.draw()
     return figures[0]

@@ -102,7 +102,8 @@ def test_an_outputs_folder_given_for_a_run_is_one_line_naming_a_run_below_it(tmp
     (run / "identity.json").write_text("{}")
     (tmp_path / "notes").mkdir()
     for folder, why in (("outputs", f"it holds runs below it: give one of them, e.g. {run.relative_to(tmp_path)}"),
-                        ("notes", "no config.yaml there")):
+                        ("notes", "no config.yaml there"),
+                        (str(run.relative_to(tmp_path)), "no config.yaml there")):  # a run that lost its config
         done = subprocess.run([sys.executable, "-m", "swalab.results.compare", folder], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2

@@ -372,9 +372,9 @@ def open_run(run_dir: str | Path) -> Run:
     """A run directory to score again: it must hold its ``config.yaml``."""
     run_dir = Path(run_dir)
     if not (run_dir / RunDir.CONFIG).exists():
-        inner = next(run_dir.rglob(RunDir.IDENTITY), None)  # an outputs folder given for one of its runs
-        why = ("no such directory" if not run_dir.is_dir() else "no config.yaml there" if inner is None else
-               f"it holds runs below it: give one of them, e.g. {inner.parent}")
+        below = [p for p in run_dirs([run_dir]) if p != run_dir] if run_dir.is_dir() else []  # an outputs folder
+        why = ("no such directory" if not run_dir.is_dir() else "no config.yaml there" if not below else
+               f"it holds runs below it: give one of them, e.g. {below[0]}")
         raise FileNotFoundError(f"{run_dir} is not a swalab run directory: {why}")
     return Run(run_dir)
 

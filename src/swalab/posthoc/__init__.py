@@ -295,7 +295,12 @@ def fingerprints(run: Path, files: Sequence[Path]) -> dict[str, str | None]:
     """``{path relative to run: swalab.rundir.file_fingerprint}`` of ``files``: what an average records of what it
     averaged, so that the report (``swalab.results.runs.Run.posthoc``) and a later call see when the run's files
     changed under it (the run trained again, more snapshots now)."""
-    return {os.path.relpath(f, run): file_fingerprint(f) for f in files}
+    return {source_name(run, f): file_fingerprint(f) for f in files}
+
+
+def source_name(run: Path, file: Path) -> str:
+    """How an average's record names a file it read: its path relative to ``run`` (:func:`fingerprints`)."""
+    return os.path.relpath(file, run)
 
 
 def earlier_average(run: Path, label: str, rebuild: dict, read: Sequence[Path]) -> dict | None:
@@ -308,7 +313,7 @@ def earlier_average(run: Path, label: str, rebuild: dict, read: Sequence[Path]) 
     sources = mine.get("sources") if isinstance(mine, dict) else None
     if not isinstance(sources, dict) or any(mine.get(k) != v for k, v in rebuild.items()):
         return None
-    if set(sources) != {os.path.relpath(f, run) for f in read} or changed_files(run, sources):
+    if set(sources) != {source_name(run, f) for f in read} or changed_files(run, sources):
         return None
     return record
 

@@ -312,8 +312,8 @@ def _train(built: Built, lock: RunLock | None, early: list = ()) -> dict:
                 log.info(f"[swalab] resuming {run_dir} from {start.state['path']} "
                          f"({checkpoint_words(done, step)})")
             else:
-                log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} epoch{'s' * (method.epochs != 1)}, identity "
-                         f"{record(plan.identity)['hash']})")
+                log.info(f"[swalab] training {run_dir} ({method.name}, {method.epochs} "
+                         f"epoch{'s' * (method.epochs != 1)}, identity {record(plan.identity)['hash']})")
             slow = slow_precision(plan.device, str(plan.cfg.trainer.precision))
             if slow:  # said once, at each start: a resumed run is as slow
                 log.warning(f"[swalab] {slow}")

@@ -419,6 +419,23 @@ def test_a_setting_typed_as_the_methods_key_or_its_recipe_blocks_key_is_one_run_
     assert both.run_dir.parent.name == "arch.depth-8+model.lr-0.07+swa.lr-0.03"  # sorted by the key shown
 
 
+def test_a_value_typed_for_a_key_whose_every_reader_is_typed_too_is_refused_naming_both(tmp_path):
+    """``model.swa.lr`` is read only by ``method.lr``: typed both, at other values, SWA trains at ``method.lr``'s
+    whatever the order, so the command is refused before anything is written; the same value twice is one setting,
+    and a key no setting of the method reads (``model.swa.lr`` for SGD) is left to the method's own check."""
+    for overrides in (["model.swa.lr=0.05", "method.lr=0.06"], ["method.lr=0.06", "model.swa.lr=0.05"]):
+        with pytest.raises(ConfigError, match=r"^model\.swa\.lr=0\.05 is read only by method\.lr, which this command "
+                                              r"sets itself \(method\.lr=0\.06\), so model\.swa\.lr=0\.05 would "
+                                              r"change nothing: give one of the two"):
+            plan_of(tmp_path, *QUIET, "method=swa", *overrides)
+    with pytest.raises(ConfigError, match=r"^model\.lr=0\.05 is read only by schedule\.lr, which this command"):
+        plan_of(tmp_path, *QUIET, "schedule=cosine", "model.lr=0.05", "schedule.lr=0.1")
+    assert list(tmp_path.iterdir()) == []
+    agreed = plan_of(tmp_path, *QUIET, "method=swa", "model.swa.lr=0.05", "method.lr=5e-2")
+    assert agreed.run_dir == plan_of(tmp_path, *QUIET, "method=swa", "model.swa.lr=0.05").run_dir
+    assert plan_of(tmp_path, *QUIET, "method=sgd", "model.swa.lr=0.05", "schedule.lr=0.1").identity["schedule.lr"] == 0.1
+
+
 def test_a_methods_own_key_on_the_command_line_is_taken_not_refused_as_an_earlier_versions(tmp_path):
     """``method.phase``, ``method.cycle_epochs`` were SWA's keys of identity version 1 (moved to ``model.swa`` then) and
     are its keys again: taken as typed, named by the recipe key they stand for, and a config of today comes back from

@@ -52,7 +52,8 @@ from swalab.methods.swa import budget_predictor
 from swalab.results.table import title_of
 from swalab.train.build import build_method
 from swalab.train.plan import locate
-from swalab.train.plan import apart_from_defaults, identity_for, validate
+from swalab.train.plan import (apart_from_defaults, check_typed_values_read, defaults_of, identity_for,
+                               validate)
 from swalab.rundir import DamagedRecord, RunDir, read_json, write_text
 
 REPO = Path(__file__).resolve().parents[3]
@@ -97,11 +98,13 @@ def run_dir_of(cfg: DictConfig, overrides: list[str]) -> Path:
     (``swalab.train.validate``: a mandatory ``???`` key left unset, a bad value), so that a row refuses what its
     jobs would refuse before any of them runs."""
     task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    validate(task)
     choices = dict(cfg.hydra.runtime.choices)
-    identity = identity_for(task)[0]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        settings = apart_from_defaults(task, identity, choices)
+        default = defaults_of(task, choices)
+    check_typed_values_read(task, overrides, default)
+    validate(task)
+    identity = identity_for(task)[0]
+    settings = apart_from_defaults(task, identity, choices, default)
     return locate(task, identity, settings, choices).resolve()
 
 

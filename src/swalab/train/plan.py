@@ -18,11 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from swalab.checkpoint import CheckpointStore
 from swalab.config import (ConfigError, check_config, check_overrides, check_path_fits, default_choices,
-                           save_at_caveats)
+                           save_at_caveats, split_override)
 from swalab.data.fingerprint import changes
-from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, IDENTITY_VERSION, METHOD_RECIPES, TRAINING_GROUPS,
-                             differences, group_hash, identity_of, method_trains, name_items, run_name, settings_apart,
-                             stored_identity)
+from swalab.identity import (DATA_FINGERPRINT, IDENTITY_FILE, IDENTITY_VERSION, METHOD_RECIPES, READ_THROUGH,
+                             TRAINING_GROUPS, differences, flat, group_hash, identity_of, method_trains, name_items,
+                             run_name, settings_apart, stored_identity)
 from swalab.logs import get_logger
 from swalab.graphed import check_graph_mode
 from swalab.precision import check_precision
@@ -141,10 +141,10 @@ def interpolation_sources(cfg: DictConfig, keys, follow: bool = True) -> dict[st
     return out
 
 
-def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -> dict | None:
-    """What sets this run apart from the defaults of its data set, model and method (``identity.settings_apart``),
-    by composing the config of the same group choices without the command line's key overrides; None when no
-    Hydra application is running to compose it (a config built in Python)."""
+def defaults_of(cfg: DictConfig, choices: dict | None) -> DictConfig | None:
+    """The config of the run's group choices without the command line's key overrides: what a run is named against
+    (:func:`apart_from_defaults`) and where a key's interpolation is read (:func:`check_typed_values_read`). None when
+    no Hydra application is running to compose it (a config built in Python), or the defaults cannot be composed."""
     from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
 
@@ -155,18 +155,52 @@ def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None) -
                  if v is not None and not g.startswith("hydra") and g != "dataset_model"]
     try:
         default = compose(config_name="config", overrides=overrides)
-        for key in ("dataset.root", "model.arch._target_"):  # values the defaults leave to the user ('???')
-            parent, _, leaf = key.rpartition(".")
-            if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
-                OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
+    except Exception:  # noqa: BLE001  defaults that do not compose: no record, the report falls back
+        return None
+    for key in ("dataset.root", "model.arch._target_"):  # values the defaults leave to the user ('???')
+        parent, _, leaf = key.rpartition(".")
+        if OmegaConf.is_missing(OmegaConf.select(default, parent), leaf):
+            OmegaConf.update(default, key, OmegaConf.select(cfg, key), force_add=True)
+    return default
+
+
+def apart_from_defaults(cfg: DictConfig, identity: dict, choices: dict | None,
+                        default: DictConfig | None) -> dict | None:
+    """What sets this run apart from ``default``, the config of the same group choices without the command line's
+    key overrides (:func:`defaults_of`; ``identity.settings_apart``); None without it."""
+    if default is None:
+        return None
+    try:
         default_identity = identity_of(OmegaConf.to_container(default, resolve=True), identity.get(DATA_FINGERPRINT))
     except Exception:  # noqa: BLE001  a config the defaults cannot resolve: no record, the report falls back
         return None
+    primary = default_choices()
     trains = method_trains({"method": {"_target_": cfg.method.get("_target_")}})  # else no training group counts
     changed_groups = {g: v for g, v in choices.items() if g not in PLACE_GROUPS and not g.startswith("hydra")
                       and v != primary.get(g) and (trains or g not in TRAINING_GROUPS)}
     # each key under the name the defaults read it by (method.lr as model.swa.lr), however it was typed: one name
     return settings_apart(identity, default_identity, interpolation_sources(default, identity), changed_groups)
+
+
+def check_typed_values_read(cfg: DictConfig, overrides: Sequence[str], default: DictConfig | None) -> None:
+    """Refuse a command line that types a value no setting reads: a key read only through another
+    (``identity.READ_THROUGH``: ``model.swa.lr``, read by ``method.lr: ${model.swa.lr}``; ``model.lr``, read by
+    ``schedule.lr``) typed beside every key that reads it, at another value (``model.swa.lr=0.05 method.lr=0.06``
+    trains at 0.06 whatever the order: the 0.05 would be dropped without a word)."""
+    if default is None:
+        return
+    typed = {parts[1]: parts[2] for parts in map(split_override, overrides) if parts and parts[0] in ("", "++")}
+    raw = flat(OmegaConf.to_container(default, resolve=False))
+    for key in (k for k in typed if k.startswith(READ_THROUGH) and OmegaConf.select(cfg, k, default=None) is not None):
+        readers = [k for k, v in raw.items() if v == "${" + key + "}"]
+        if not readers or any(k not in typed for k in readers):
+            continue
+        overruled = [k for k in readers if OmegaConf.select(cfg, k) != OmegaConf.select(cfg, key)]
+        if overruled:
+            reader = overruled[0]
+            raise ConfigError(f"{key}={typed[key]} is read only by {reader}, which this command sets itself "
+                              f"({reader}={typed[reader]}), so {key}={typed[key]} would change nothing: give one "
+                              f"of the two ({key} names the run either way)")
 
 
 def validate(cfg: DictConfig):
@@ -325,14 +359,16 @@ def prepare(cfg: DictConfig, run_dir: str | Path | None = None, overrides: Seque
     ``+`` be checked. Without them the directory name carries the identity's hash instead.
     ``grid`` is the record directory of the grid launch running this job (``outputs/grids/<date_time>``):
     its name tags the W&B run."""
+    default = defaults_of(cfg, choices)
     if overrides is not None:
         check_overrides(overrides, list(choices or {}))
+        check_typed_values_read(cfg, overrides, default)
     method = validate(cfg)
     for caveat in [*method.caveats(), *save_at_caveats(cfg.run.get("save_at"), method.epochs)]:
         get_logger().warning(f"[swalab] {in_user_keys(cfg, caveat)}")
     device = select_device(str(cfg.run.device))
     identity, resolved, data_record = identity_for(cfg)
-    settings = apart_from_defaults(cfg, identity, choices)
+    settings = apart_from_defaults(cfg, identity, choices, default)
     with named_as_typed(cfg):  # a refusal names what differs by the keys a user sets (model.swa.lr, not method.lr)
         run_dir = fits(cfg, Path(run_dir)) if run_dir is not None else locate(cfg, identity, settings, choices)
         finished = inspect_run_dir(run_dir, identity, cfg.run.resume, data_record)

@@ -38,6 +38,12 @@ def member_file(k: int, split: str = "test") -> str:
     return f"fge_member_{k:03d}" if split == "test" else f"fge_member_{k:03d}_{split}"
 
 
+def member_weights_file(k: int, epoch: int) -> str:
+    """The name of the ``k``-th member's weights in ``<run>/members/`` (1-based ``k``; ``epoch``: the epochs trained
+    when it was collected), written with ``method.save_members``."""
+    return f"member_{k:03d}_epoch{epoch}.pt"
+
+
 def member_log_probs_of(record: dict, path: Path) -> list[torch.Tensor]:
     """The members' log-probabilities in the ``fge_member_probs.pt`` at ``path``; one an earlier swalab wrote
     (``member_probs``) is refused with the command that rewrites it (``swalab.upgrade``)."""
@@ -145,7 +151,7 @@ class FGE(Method):
         if val_log_probs is not None:  # a member is scored on the validation split too
             self.member_val_files.append(ctx.predictions.save(member_file(len(self.ensemble), "val"), val_log_probs))
         if self.save_members and ctx.predictions.write:  # the writing rank only
-            path = Path(ctx.run_dir) / RunDir.MEMBERS / f"member_{len(self.ensemble):03d}_epoch{epoch + 1}.pt"
+            path = Path(ctx.run_dir) / RunDir.MEMBERS / member_weights_file(len(self.ensemble), epoch + 1)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_save({"model": ctx.model.state_dict(), "epoch": epoch + 1}, path)
 
@@ -192,7 +198,7 @@ class FGE(Method):
         if self.save_members and ctx.predictions.write:  # resumed with save_members after members it did not keep
             folder = Path(ctx.run_dir) / RunDir.MEMBERS
             missing = [k for k, e in enumerate(self.member_epochs, start=1)
-                       if not (folder / f"member_{k:03d}_epoch{e + 1}.pt").exists()]
+                       if not (folder / member_weights_file(k, e + 1)).exists()]
             if missing:
                 get_logger().warning("[swalab] method.save_members=true, but the weights of member(s) "
                                      f"{', '.join(map(str, missing))} of {len(self.member_epochs)} collected before "

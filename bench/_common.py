@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -121,15 +122,26 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# Folders named by an environment variable where a benchmark runs (the GPU machine's $OUT, the staged data),
+# written as the variable in a result, longest value first.
+PATH_VARIABLES = ("OUT", "SWALAB_CIFAR10_JPG", "SWALAB_SHARED_DATA", "HOME")
+
+
 def portable(value):
-    """``value`` with every path beside the repository written relative to its root (``../shared/data/...``):
+    """``value`` with every path beside the repository written relative to its root (``../shared/data/...``), and a
+    folder one of ``PATH_VARIABLES`` names written as the variable (``$OUT/suite``, ``$SWALAB_CIFAR10_JPG``, ``~``):
     committed results name no absolute path of the machine they were measured on."""
     if isinstance(value, dict):
         return {k: portable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [portable(v) for v in value]
     if isinstance(value, str):
-        return value.replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
+        value = value.replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
+        named = {name: os.environ.get(name, "").rstrip("/") for name in PATH_VARIABLES}
+        for name, folder in sorted(named.items(), key=lambda item: -len(item[1])):
+            if len(folder) > 1:
+                value = re.sub(rf"{re.escape(folder)}(?=/|\b|$)", "~" if name == "HOME" else f"${name}", value)
+        return value
     return value
 
 

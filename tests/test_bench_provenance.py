@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,3 +105,44 @@ def test_a_result_an_earlier_benchmark_rewrote_does_not_make_the_tree_dirty(benc
     (bench_repo / "bench" / "_common.py").write_text((bench_repo / "bench" / "_common.py").read_text() + "\n# edit\n")
     done = run_benchmark(bench_repo, tmp_path / "after_a_code_change.json")  # code under bench/ still counts
     assert done.returncode != 0 and "uncommitted changes" in done.stderr
+
+
+def test_a_result_names_the_folders_it_was_given_by_their_variables_not_the_machines_paths(bench_repo, tmp_path):
+    """On the GPU machine a benchmark writes to ``$OUT`` and reads the data staged where ``SWALAB_CIFAR10_JPG`` says:
+    the committed result names the variables, and the home folder as ``~``."""
+    out_dir, data = "/srv/device_out", "/mnt/staged/cifar10-jpg"  # named only, outside the repository's folder
+    probe = BENCHMARK.replace('{"value": 1.5}', f'{{"value": 1.5, "data": "{data} (train)", '
+                                                f'"cache": "{Path.home()}/.cache/swalab", '
+                                                f'"command": "--out {out_dir}/suite --data {data}"}}')
+    env = {**os.environ, "OUT": out_dir, "SWALAB_CIFAR10_JPG": data, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    written = tmp_path / "probe.json"
+    done = subprocess.run([sys.executable, "-c", probe, str(written)], cwd=bench_repo / "bench", env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(written.read_text())
+    assert result["data"] == "$SWALAB_CIFAR10_JPG (train)" and result["cache"] == "~/.cache/swalab"
+    assert result["command"] == "--out $OUT/suite --data $SWALAB_CIFAR10_JPG"
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.~$])/(?:root|home|work|Users)/")
+
+
+def test_committed_results_and_docs_name_no_absolute_path_of_a_machine():
+    """The brief's rule for what is committed: a folder of the machine a result was measured on is written relative
+    to the repository, as ``$OUT``/``$SWALAB_CIFAR10_JPG``, or as ``~`` (scratch folders under ``/tmp`` are the
+    commands' own, named in the scripts that made them)."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    listed = subprocess.run(["git", "ls-files", "README.md", "docs", "bench", "conf"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split()
+    if not listed:
+        pytest.skip("not a git checkout")
+    found = []
+    for name in listed:
+        try:
+            text = (REPO / name).read_text()
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue  # figures and archives
+        found += [f"{name}: {m.group(0)}" for m in MACHINE_PATH.finditer(text)]
+    assert found == []

@@ -738,6 +738,16 @@ def test_a_swa_window_ending_after_the_run_is_refused_naming_its_last_epoch(swa_
     assert not (swa_run / "posthoc" / "swa_2-9").exists()
 
 
+def test_a_swa_window_is_labelled_by_the_snapshots_it_averages(copied_run, capsys):
+    """``--swa 0:3`` of a run whose first snapshot is epoch 1 averaged epochs 1 to 3 and was labelled ``swa[0:3]``:
+    an epoch 0 it never read, and a second column beside ``swa[1:3]``, the same average."""
+    main([str(copied_run), "--swa", "0:3", "1:3"])
+    assert "swa[1:3]" in capsys.readouterr().out
+    assert sorted(p.name for p in (copied_run / "posthoc").iterdir() if p.is_dir()) == ["swa_1-3"]
+    built_from = posthoc_metrics(copied_run, "swa_1-3")["swa[1:3]"]["built_from"]
+    assert built_from == ["epoch0001.pt", "epoch0002.pt", "epoch0003.pt"]
+
+
 def test_a_snapshot_cut_short_is_named_in_one_line_and_the_averages_built_before_stay(copied_run, capsys):
     """A snapshot a full disk or a copy cut short is said in one line naming it (exit 2), as an unreadable
     ``final.pt`` is, and the averages written before stay whole."""

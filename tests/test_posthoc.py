@@ -748,6 +748,16 @@ def test_a_swa_window_is_labelled_by_the_snapshots_it_averages(copied_run, capsy
     assert built_from == ["epoch0001.pt", "epoch0002.pt", "epoch0003.pt"]
 
 
+def test_a_file_given_for_the_run_is_named_as_a_file_not_as_the_figure(tmp_path):
+    """A file given where the run directory goes was refused as ``--figure <file>/posthoc/posthoc.png lies below
+    <file>, which is a file``: an option never typed."""
+    config = tmp_path / "config.yaml"
+    config.write_text("seed: 0\n")
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(config))} is not a swalab run directory: it is a "
+                                                r"file; give the folder of a run$"):
+        main([str(config), "--lawa", "2"])
+
+
 def test_a_snapshot_cut_short_is_named_in_one_line_and_the_averages_built_before_stay(copied_run, capsys):
     """A snapshot a full disk or a copy cut short is said in one line naming it (exit 2), as an unreadable
     ``final.pt`` is, and the averages written before stay whole."""

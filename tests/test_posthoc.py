@@ -738,6 +738,47 @@ def test_a_swa_window_ending_after_the_run_is_refused_naming_its_last_epoch(swa_
     assert not (swa_run / "posthoc" / "swa_2-9").exists()
 
 
+def test_a_swa_window_is_labelled_by_the_snapshots_it_averages(copied_run, capsys):
+    """``--swa 0:3`` of a run whose first snapshot is epoch 1 averaged epochs 1 to 3 and was labelled ``swa[0:3]``:
+    an epoch 0 it never read, and a second column beside ``swa[1:3]``, the same average."""
+    main([str(copied_run), "--swa", "0:3", "1:3"])
+    assert "swa[1:3]" in capsys.readouterr().out
+    assert sorted(p.name for p in (copied_run / "posthoc").iterdir() if p.is_dir()) == ["swa_1-3"]
+    built_from = posthoc_metrics(copied_run, "swa_1-3")["swa[1:3]"]["built_from"]
+    assert built_from == ["epoch0001.pt", "epoch0002.pt", "epoch0003.pt"]
+
+
+def test_a_snapshot_holding_nan_is_named_in_one_line_and_nothing_is_built_of_it(copied_run, capsys):
+    """A snapshot whose weights hold NaN made every average of it NaN (accuracy at chance, NLL nan), written and
+    exit 0; it is said in one line naming the file and the tensor (exit 2), and the averages written before stay."""
+    from swalab.cli import run_command
+
+    main([str(copied_run), "--lawa", "2"])
+    snapshot = copied_run / "snapshots" / "epoch0002.pt"
+    saved = torch.load(snapshot, weights_only=True)
+    name = next(k for k, t in saved["model"].items() if t.is_floating_point())
+    saved["model"][name].view(-1)[0] = float("nan")
+    torch.save(saved, snapshot)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_command(main, [str(copied_run), "--swa", "1:3"], prog="swalab.posthoc")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{snapshot}: {name} holds NaN or Inf" in err[0], err
+    assert not (copied_run / "posthoc" / "swa_1-3").exists()
+    assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()
+
+
+def test_a_file_given_for_the_run_is_named_as_a_file_not_as_the_figure(tmp_path):
+    """A file given where the run directory goes was refused as ``--figure <file>/posthoc/posthoc.png lies below
+    <file>, which is a file``: an option never typed."""
+    config = tmp_path / "config.yaml"
+    config.write_text("seed: 0\n")
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(config))} is not a swalab run directory: it is a "
+                                                r"file; give the folder of a run$"):
+        main([str(config), "--lawa", "2"])
+
+
 def test_a_snapshot_cut_short_is_named_in_one_line_and_the_averages_built_before_stay(copied_run, capsys):
     """A snapshot a full disk or a copy cut short is said in one line naming it (exit 2), as an unreadable
     ``final.pt`` is, and the averages written before stay whole."""

@@ -357,6 +357,26 @@ def test_the_scores_of_a_run_kept_without_its_weights_stay_in_the_report(swa_run
 
 
 
+def test_a_final_pt_cut_short_is_one_line_saying_what_to_do_and_nothing_is_written(swa_run, tmp_path, capsys):
+    """A run's final.pt cut short (a copy, a full disk) was named with torch's reason alone: nothing said what to do."""
+    import shutil
+
+    from swalab.cli import run_command
+
+    run = tmp_path / "copy"
+    shutil.copytree(swa_run, run, ignore=shutil.ignore_patterns("scores", "posthoc"))
+    (run / "final.pt").write_bytes((run / "final.pt").read_bytes()[:3000])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_command(main, [str(run), "--data", "test", "--device", "cpu"], prog="swalab.results.score")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run / 'final.pt'}: cannot read it" in err[0], err
+    assert err[0].endswith("restore it from a copy of the run, or move its metrics.json away and re-run its command "
+                           "to train it again"), err
+    assert not (run / "scores").exists()
+
+
 def score_cli(*args: str, fault: str | None = None, wait: bool = True):
     """``python -m swalab.results.score <args> --device cpu`` in a child process, optionally with a planned fault
     (``swalab.faults``); the finished process, or the running one (``wait=False``)."""

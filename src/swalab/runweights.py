@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from swalab.checkpoint import CheckpointStore, damaged_says_what_to_do, read_checkpoint, read_torch_file
+from swalab.checkpoint import (CheckpointError, CheckpointStore, damaged_says_what_to_do, read_checkpoint,
+                               read_torch_file)
 from swalab.config import ConfigError
 from swalab.runlock import gone_holder
 from swalab.runstatus import STOPPED_STATES, RunStatus
@@ -56,7 +57,11 @@ def final_weights(run_dir: Path, name: str = "live", method: str = "") -> dict[s
     if not final.exists():
         raise FileNotFoundError(f"{run_dir} has finished but holds no {RunDir.FINAL}: re-score it by moving its "
                                 "metrics.json away and re-running its command")
-    state = read_torch_file(final)
+    try:
+        state = read_torch_file(final)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}: restore it from a copy of the run, or move its metrics.json away and re-run its "
+                              "command to train it again") from None
     if name in ("live", "sgd", "model"):
         return state["model"]
     methods = state.get("methods") or {}

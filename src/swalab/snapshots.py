@@ -143,7 +143,14 @@ class Snapshot:
                                   "it") from None
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return self.read()["model"]
+        """Its weights, or ``CheckpointError`` in one line naming a tensor that holds NaN or Inf: every average of
+        them would be NaN throughout."""
+        state = self.read()["model"]
+        bad = next((k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+        if bad is not None:
+            raise CheckpointError(f"{self.path}: {bad} holds NaN or Inf weights: move it out of {self.path.parent} "
+                                  "to average the other snapshots without it")
+        return state
 
     def steps_per_epoch(self) -> int:
         return int(self.read()["steps_per_epoch"])

@@ -138,7 +138,7 @@ def swa_window(points: Sequence[Point], text: str) -> tuple[str, list[Point]]:
         raise PosthocError(f"--swa {text}: the window holds {len(inside)} snapshot(s) of {len(points)} (epochs "
                            f"{points[0].position:g} to {points[-1].position:g}): an average needs 2; widen it "
                            "or write snapshots more often (run.snapshots)")
-    return f"swa[{a:g}:{end:g}]", inside
+    return f"swa[{inside[0].position:g}:{inside[-1].position:g}]", inside  # epochs it read, not the bounds typed
 
 
 def last_k(points: Sequence[Point], k: int) -> tuple[str, list[Point]]:

@@ -94,7 +94,6 @@ def check_marks(run_dirs: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    figure = output_file(args.figure or Path(args.runs[0]) / FOLDER / "posthoc.png", "--figure")
     request = Request(swa=args.swa, lawa=args.lawa, ema=args.ema, powerema=args.powerema, soup=args.soup,
                       wiseft=args.wiseft, wiseft_bn=args.wiseft_bn, select=args.select, by=args.by, again=args.again)
     if not any((request.swa, request.lawa, request.ema, request.powerema, request.soup, request.wiseft)):
@@ -103,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for run_dir in args.runs:  # every run checked before its posthoc/ is locked (and made)
         finished_run(run_dir)
+    figure = output_file(args.figure or Path(args.runs[0]) / FOLDER / "posthoc.png", "--figure")
     check_marks(args.mark)
     with held_folders([Path(run_dir) / FOLDER for run_dir in each_once(args.runs)], "averaged"):
         return build_score_and_draw(args, request, figure)

@@ -373,7 +373,8 @@ def open_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     if not (run_dir / RunDir.CONFIG).exists():
         below = [p for p in run_dirs([run_dir]) if p != run_dir] if run_dir.is_dir() else []  # an outputs folder
-        why = ("no such directory" if not run_dir.is_dir() else "no config.yaml there" if not below else
+        why = ("it is a file; give the folder of a run" if run_dir.is_file() else
+               "no such directory" if not run_dir.is_dir() else "no config.yaml there" if not below else
                f"it holds runs below it: give one of them, e.g. {below[0]}")
         raise FileNotFoundError(f"{run_dir} is not a swalab run directory: {why}")
     return Run(run_dir)

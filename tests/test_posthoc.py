@@ -748,22 +748,27 @@ def test_a_swa_window_is_labelled_by_the_snapshots_it_averages(copied_run, capsy
     assert built_from == ["epoch0001.pt", "epoch0002.pt", "epoch0003.pt"]
 
 
+def refusal_of_window(run, capsys) -> list[str]:
+    """What ``python -m swalab.posthoc <run> --swa 1:3`` prints on stderr when it refuses (asserted: exit 2)."""
+    from swalab.cli import run_command
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_command(main, [str(run), "--swa", "1:3"], prog="swalab.posthoc")
+    assert exited.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
 def test_a_snapshot_holding_nan_is_named_in_one_line_and_nothing_is_built_of_it(copied_run, capsys):
     """A snapshot whose weights hold NaN made every average of it NaN (accuracy at chance, NLL nan), written and
     exit 0; it is said in one line naming the file and the tensor (exit 2), and the averages written before stay."""
-    from swalab.cli import run_command
-
     main([str(copied_run), "--lawa", "2"])
     snapshot = copied_run / "snapshots" / "epoch0002.pt"
     saved = torch.load(snapshot, weights_only=True)
     name = next(k for k, t in saved["model"].items() if t.is_floating_point())
     saved["model"][name].view(-1)[0] = float("nan")
     torch.save(saved, snapshot)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        run_command(main, [str(copied_run), "--swa", "1:3"], prog="swalab.posthoc")
-    assert exited.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = refusal_of_window(copied_run, capsys)
     assert len(err) == 1 and f"{snapshot}: {name} holds NaN or Inf" in err[0], err
     assert not (copied_run / "posthoc" / "swa_1-3").exists()
     assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()
@@ -782,15 +787,9 @@ def test_a_file_given_for_the_run_is_named_as_a_file_not_as_the_figure(tmp_path)
 def test_a_snapshot_cut_short_is_named_in_one_line_and_the_averages_built_before_stay(copied_run, capsys):
     """A snapshot a full disk or a copy cut short is said in one line naming it (exit 2), as an unreadable
     ``final.pt`` is, and the averages written before stay whole."""
-    from swalab.cli import run_command
-
     main([str(copied_run), "--lawa", "2"])
     snapshot = copied_run / "snapshots" / "epoch0002.pt"
     snapshot.write_bytes(snapshot.read_bytes()[:2000])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        run_command(main, [str(copied_run), "--swa", "1:3"], prog="swalab.posthoc")
-    assert exited.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = refusal_of_window(copied_run, capsys)
     assert len(err) == 1 and f"{snapshot}: cannot read it" in err[0], err
     assert (copied_run / "posthoc" / "lawa2" / "metrics.json").exists()

@@ -190,9 +190,12 @@ def check_typed_values_read(cfg: DictConfig, overrides: Sequence[str], default: 
     if default is None:
         return
     typed = {parts[1]: parts[2] for parts in map(split_override, overrides) if parts and parts[0] in ("", "++")}
-    raw = flat(OmegaConf.to_container(default, resolve=False))
-    for key in (k for k in typed if k.startswith(READ_THROUGH) and OmegaConf.select(cfg, k, default=None) is not None):
-        readers = [k for k, v in raw.items() if v == "${" + key + "}"]
+    read = [k for k in typed if k.startswith(READ_THROUGH) and OmegaConf.select(cfg, k, default=None) is not None]
+    if not read:  # the common command line: nothing to look up
+        return
+    sources = interpolation_sources(default, flat(OmegaConf.to_container(default, resolve=False)), follow=False)
+    for key in read:
+        readers = [k for k, source in sources.items() if source == key]
         if not readers or any(k not in typed for k in readers):
             continue
         overruled = [k for k in readers if OmegaConf.select(cfg, k) != OmegaConf.select(cfg, key)]

@@ -41,6 +41,8 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
         why = "no process trains it"
     elif status in STOPPED_STATES:
         why = f"it stopped: {status}"
+    elif status == RunStatus.COMPLETE:  # metrics.json removed since: its command trains the run again
+        why = "status.json says complete, but metrics.json is not there"
     else:  # training now, or as far as can be told from here
         return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
     return f"{run_dir} has not finished ({where}{total}; {why}): {pick}re-run its own command to finish it"

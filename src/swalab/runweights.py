@@ -90,7 +90,9 @@ def load_init_weights(spec: str, key: str = "model.init_from=") -> tuple[dict, d
             found = store.find(epoch)
             if found is None:
                 raise FileNotFoundError(f"{key}{spec}: no checkpoint of epoch {epoch} in {store.dir} "
-                                        f"(keep it with run.save_at=[{epoch}] in the parent run)")
+                                        f"(a run keeps it with run.save_at=[{epoch}]: train that run again with it "
+                                        "in a directory of its own, run.dir=<dir>; its own command skips it once "
+                                        "finished)")
             state = damaged_says_what_to_do(read_checkpoint, found, f"{key}{spec}",
                                             f"start from another epoch kept in {store.dir}, or train that run again")
         else:

@@ -188,7 +188,8 @@ def check_powerema(scored: Scored, widths: Sequence[float]) -> list[PowerSnapsho
     found = power_snapshots(scored.run.path)
     if not found:
         raise PosthocError(f"--powerema {' '.join(f'{w:g}' for w in widths)}: {scored.run.path} tracked no power EMA; "
-                           "train with run.powerema=[0.05,0.10] and run.snapshots (e.g. 1) to rebuild any width later")
+                           "train with run.powerema=[0.05,0.10] and run.snapshots (e.g. 1) to rebuild any width later "
+                           "(this run again: in a directory of its own, run.dir=<dir>; its own command skips it)")
     return found
 
 

@@ -168,6 +168,11 @@ def composing_refusals_in_one_line() -> None:
         typed = getattr(exc, "override", None)  # an override Hydra cannot parse
         print(f"[swalab] {unknown_key(exc) or (typed + ': ' if typed else '') + in_one_line(str(exc))}", file=sys.stderr)
         sys.exit(REFUSED_EXIT_CODE)
+    except ValueError as exc:  # Hydra's check of its modes (-m with --cfg), before any job; a run's errors pass on
+        if own_report or not str(exc).startswith("Only one of --run, --multirun, --cfg"):
+            raise
+        print(f"[swalab] {exc}: drop -m to print the config (of one job: give one value per key)", file=sys.stderr)
+        sys.exit(REFUSED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -449,6 +449,7 @@ def test_an_analysis_refuses_what_the_user_typed_in_one_line_naming_it(tmp_path,
     assert "':swa' only applies to a run directory" in said
     said = analysis_error(capsys, "plane", "--w1", f"{run_dir}@7", *plane_args[3:], "--grid", "2")
     assert said.startswith(f"[swalab.analysis] {run_dir}@7: no checkpoint of epoch 7") and "init_from" not in said
+    assert "run.save_at=[7]" in said and "run.dir=<dir>" in said  # the run's own command, finished, skips it
     with pytest.raises(SystemExit) as done:
         plane.main(plane_args[1:-4] + ["--out", str(tmp_path / "one"), "--grid", "1"])
     assert done.value.code == 2 and "--grid 1: a surface needs at least 2 points" in capsys.readouterr().err

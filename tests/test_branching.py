@@ -173,8 +173,9 @@ def test_a_branch_from_another_seed_or_model_is_refused(trunk):
     state, lineage = load_branch_state(f"{trunk}@2", identity(*SWA_BASE, "method.budget=1.5"))  # method, epochs differ
     assert state["method"] is None and state["epoch"] == 2 and len(state["history"]) == 2
     assert (lineage["parent_method"], lineage["parent_epochs"]) == ("sgd", B)
-    with pytest.raises(FileNotFoundError, match=r"run.save_at=\[1\]"):
+    with pytest.raises(FileNotFoundError, match=r"run.save_at=\[1\]") as why:
         load_branch_state(f"{trunk}@1", identity(*SWA_BASE))
+    assert "move it away" in str(why.value)  # its own command (a row's too) skips a finished trunk: no checkpoint comes
     with pytest.raises(BranchError, match="<run dir>@<epoch>"):
         load_branch_state(str(trunk), identity(*SWA_BASE))
 
@@ -207,6 +208,16 @@ def test_a_branch_that_would_miss_a_capture_or_use_another_lr_is_refused():
 def test_a_row_refuses_overrides_that_would_contradict_it(override, reason):
     with pytest.raises(RowError, match=re.escape(reason)):
         plan_row("digits", "preresnet20", 0, ["logger=none", override])
+
+
+def test_a_job_of_a_row_that_is_refused_says_to_deal_with_why_before_running_the_row_again(tmp_path):
+    """A job refused (exit 2: a trunk that finished without its branch points' checkpoints, a bad value) is refused
+    again by the same command until the cause is dealt with: the row's last line must not send one round in a loop."""
+    from swalab.results.row import Job, run_jobs
+
+    with pytest.raises(RowError, match=r"job swa ended with exit 2 \(see above\)") as ended:
+        run_jobs([Job("swa", ["seed=abc"], tmp_path / "run")])
+    assert "once what it says is dealt with, run the same command again" in str(ended.value)
 
 
 def test_a_row_plans_one_trunk_and_two_branches():

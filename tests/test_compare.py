@@ -131,7 +131,7 @@ def test_compare_refuses_a_run_that_has_not_finished(runs, tmp_path):
     copy = tmp_path / "swa"
     shutil.copytree(runs[0], copy)
     (copy / "metrics.json").unlink()  # as while it still trains
-    with pytest.raises(FileNotFoundError, match=r"has not finished \(its newest kept checkpoint is epoch 6 of 6\)") as why:
+    with pytest.raises(FileNotFoundError, match=r"has not finished \(its newest kept checkpoint is epoch 6 of 6[;)]") as why:
         compare([copy], device="cpu")
     assert "@" not in str(why.value).replace(str(copy), "")  # compare scores whole runs: it offers no <run dir>@<epoch>
     (copy / "metrics.json").write_text("")  # damaged

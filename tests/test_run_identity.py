@@ -191,6 +191,15 @@ def test_the_cli_refuses_in_one_line_with_exit_2_and_creates_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no outputs/, no .hydra/, no run.log
 
 
+def test_a_grid_asked_for_its_config_is_refused_in_one_line_saying_to_drop_m(tmp_path):
+    """--cfg is a mode of Hydra's, like -m: the two together were refused with a traceback (docs/cluster.md)."""
+    done = cli("-m", "--cfg", "job", "method=sgd,swa", cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("[swalab] Only one of --run, --multirun, --cfg") and "drop -m" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("old, new, value", [("trainer.deterministic", "run.deterministic", "false"),
                                              ("method.avg_device", "run.avg_device", "cpu")])
 def test_a_key_of_an_earlier_version_is_refused_naming_the_key_it_became(tmp_path, old, new, value):
@@ -361,7 +370,7 @@ def test_an_unfinished_run_is_never_started_from_or_scored_as_if_finished(tmp_pa
     train(make_cfg(*TINY, "method=sgd", "run.save_at=[1]", "run.keep_finished_checkpoints=true"), run_dir=parent)
     (parent / "metrics.json").unlink()  # as if it were still training (or had stopped) after its last epoch
     with pytest.raises(FileNotFoundError, match=r"model.init_from=.*parent has not finished \(its newest kept "
-                                                r"checkpoint is epoch 2 of 2\): name an epoch explicitly"):
+                                                r"checkpoint is epoch 2 of 2[;)].*: name an epoch explicitly"):
         train(make_cfg(*TINY, "method=sgd", f"model.init_from={parent}"), run_dir=tmp_path / "child")
     with pytest.raises(FileNotFoundError, match="has not finished"):
         score_run(parent, device="cpu")

@@ -65,6 +65,8 @@ def test_a_swag_run_without_its_last_checkpoint_says_how_to_keep_it(runs, capsys
     record = main([str(runs["default"]), "--data", "test", "--device", "cpu"])[str(runs["default"])]["records"][0]
     assert "swag" not in record["predictors"] and "swa" in record["predictors"]
     assert "run.keep_finished_checkpoints=true" in record["not_scored"]["swag"]
+    # the flag is no part of the run's identity: typed on the same command it finds the run finished and skips it
+    assert "run.dir=<dir>" in record["not_scored"]["swag"] and "skips" in record["not_scored"]["swag"]
     assert "swag_samples" not in record
 
 

@@ -97,3 +97,18 @@ def test_weights_cut_short_are_refused_in_one_line_naming_the_file_and_what_to_d
                                                + spec_of(run))
     assert f"{path} is damaged (" in said
     assert ("or train that run again" if reader == "init_from" else "or train the trunk again") in said
+
+
+def test_a_finished_run_whose_metrics_file_was_removed_says_to_re_run_its_command_not_to_wait(tmp_path):
+    """status.json says complete and no process trains the run, but its metrics.json is gone (moved away by hand): the
+    run's own command trains it again, so score, compare, posthoc and model.init_from say that; "wait for it to
+    finish" would wait for ever."""
+    from swalab.rundir import RunDir
+    from swalab.runweights import unfinished
+
+    run = tmp_path / "sgd" / "seed0"
+    run.mkdir(parents=True)
+    RunDir(run).write_status({"status": "complete"})
+    said = unfinished(run)
+    assert said.startswith(f"{run} has not finished (") and "metrics.json" in said
+    assert said.endswith("re-run its own command to finish it") and "wait" not in said

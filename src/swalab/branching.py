@@ -53,7 +53,9 @@ def find_checkpoint(run_dir: Path, epoch: int) -> Path:
     if found is not None:
         return found
     raise FileNotFoundError(f"run.branch_from={run_dir}@{epoch}: no checkpoint of epoch {epoch} in "
-                            f"{run_dir / 'checkpoints'} (the trunk keeps it for good with run.save_at=[{epoch}])")
+                            f"{run_dir / 'checkpoints'} (the trunk keeps it for good with run.save_at=[{epoch}]; "
+                            "a finished trunk that kept none is skipped by its command: move it away, or use another "
+                            "paths.output_dir, and train it again)")
 
 
 def load_branch_state(spec: str, identity: dict) -> tuple[dict, dict]:

@@ -41,6 +41,8 @@ def unfinished(run_dir: Path, epoch_pick: bool = True) -> str | None:
         why = "no process trains it"
     elif status in STOPPED_STATES:
         why = f"it stopped: {status}"
+    elif status == RunStatus.COMPLETE:  # metrics.json removed since: its command trains the run again
+        why = "status.json says complete, but metrics.json is not there"
     else:  # training now, or as far as can be told from here
         return f"{run_dir} has not finished ({where}{total}): {pick}wait for it to finish"
     return f"{run_dir} has not finished ({where}{total}; {why}): {pick}re-run its own command to finish it"
@@ -88,7 +90,9 @@ def load_init_weights(spec: str, key: str = "model.init_from=") -> tuple[dict, d
             found = store.find(epoch)
             if found is None:
                 raise FileNotFoundError(f"{key}{spec}: no checkpoint of epoch {epoch} in {store.dir} "
-                                        f"(keep it with run.save_at=[{epoch}] in the parent run)")
+                                        f"(a run keeps it with run.save_at=[{epoch}]: train that run again with it "
+                                        "in a directory of its own, run.dir=<dir>; its own command skips it once "
+                                        "finished)")
             state = damaged_says_what_to_do(read_checkpoint, found, f"{key}{spec}",
                                             f"start from another epoch kept in {store.dir}, or train that run again")
         else:

@@ -115,7 +115,8 @@ def check_averaged(points: Sequence[Point], option: str, run: Path, snapshots: f
     if len(points) < 2:
         raise PosthocError(f"{option}: {run} holds its final weights only (no snapshot before them: it was trained "
                            "without run.snapshots, or with snapshots further apart than the run), so there is nothing "
-                           "to average: train it with run.snapshots=1 (a snapshot every epoch)")
+                           "to average: train it again with run.snapshots=1 (a snapshot every epoch) in a directory of "
+                           "its own (run.dir=<dir>) or after moving it away: the same command skips it")
 
 
 def window(text: str) -> tuple[float, float | None]:
@@ -187,7 +188,8 @@ def check_powerema(scored: Scored, widths: Sequence[float]) -> list[PowerSnapsho
     found = power_snapshots(scored.run.path)
     if not found:
         raise PosthocError(f"--powerema {' '.join(f'{w:g}' for w in widths)}: {scored.run.path} tracked no power EMA; "
-                           "train with run.powerema=[0.05,0.10] and run.snapshots (e.g. 1) to rebuild any width later")
+                           "train with run.powerema=[0.05,0.10] and run.snapshots (e.g. 1) to rebuild any width later "
+                           "(this run again: in a directory of its own, run.dir=<dir>; its own command skips it)")
     return found
 
 

@@ -77,7 +77,8 @@ def last_epoch_moments(run) -> tuple[dict, str] | str:
     kept = dict(CheckpointStore(run.path).kept())
     if last not in kept:
         return ("SWAG's moments are kept only in the checkpoint of its last epoch, which a finished run deletes: "
-                "train it with run.keep_finished_checkpoints=true to score swag and swag_diag again")
+                "train it again with run.keep_finished_checkpoints=true to score swag and swag_diag again, in a "
+                "directory of its own (run.dir=<dir>) or after moving this run away: the same command skips it")
     state = read_checkpoint(kept[last])
     method = state.get("method") or {}
     if method.get("sq_mean") is None:

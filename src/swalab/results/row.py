@@ -240,8 +240,9 @@ def run_jobs(jobs: list[Job], dry_run: bool = False) -> list[dict]:
             child.wait()  # not subprocess.run, which kills it 0.25 s after Ctrl-C, before its checkpoint is written
             raise
         if returncode:
-            raise RowError(f"job {job.name} ended with exit {returncode} (see above); the jobs before it "
-                           "are kept: run the same command again to continue the row", returncode)
+            raise RowError(f"job {job.name} ended with exit {returncode} (see above); the jobs before it are kept: "
+                           "once what it says is dealt with, run the same command again to continue the row",
+                           returncode)
         seconds = time.perf_counter() - t0
         done.append({**record, "skipped": False, "seconds": seconds,
                      "epochs_trained": len(trained_epochs(job.run_dir, job.branch_epoch or 0))})

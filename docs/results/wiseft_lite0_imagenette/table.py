@@ -4,14 +4,17 @@ with validation and test scores, as wiseft.csv and wiseft.json beside this file 
 both curves in one figure, wiseft.png/.pdf, drawn by the command's own plotting code (``swalab.posthoc.figure``) from
 the metrics the two commands wrote, nothing scored again (each command drew its own family alone).
 
-    python docs/results/wiseft_lite0_imagenette/table.py <sgd run> <pretrained run>
+    python docs/results/wiseft_lite0_imagenette/table.py <sgd run> <pretrained run> [--out DIR]
+
+``--out``: where the files go (default: beside this file); the figure's title names the runs' test and validation
+sizes, read from their ``data.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import sys
 from pathlib import Path
 
 from swalab.posthoc import Result, select
@@ -58,18 +61,30 @@ def shown(column: str, v) -> str:
     return "" if v is None else f"{v:.2f}" if column.endswith(("acc", "top5")) else f"{v:.4f}"
 
 
-def main(argv: list[str]) -> None:
-    sgd, pretrained = (Path(a) for a in argv)
+def sizes_of(run: Path) -> str:
+    """"test 3925, val 200 images": the sizes the run scored on, from its data.json."""
+    data = json.loads((run / "data.json").read_text())
+    return f"test {data['test_images']}, val {data['val_images']} images"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sgd", type=Path, help="the fine-tune's run directory (its posthoc/wiseft* are read)")
+    parser.add_argument("pretrained", type=Path, help="the method=pretrained run on the same data")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder for wiseft.csv/.json/.png/.pdf")
+    args = parser.parse_args(argv)
+    sgd, pretrained, out = args.sgd, args.pretrained, args.out
+    out.mkdir(parents=True, exist_ok=True)
     results = results_of(sgd)
     chosen = select(results, "nll")
     for (_, family), best in chosen.items():
         print(f"chosen on validation NLL ({family}): {best.label}")
-    plot(results, online_of([str(sgd), str(pretrained)]), HERE / "wiseft.png",
-         title="WiSE-FT, tf_efficientnet_lite0 fine-tuned on imagenette (1000-way; test 500, val 200 images)",
+    plot(results, online_of([str(sgd), str(pretrained)]), out / "wiseft.png",
+         title=f"WiSE-FT, tf_efficientnet_lite0 fine-tuned on imagenette (1000-way; {sizes_of(sgd)})",
          chosen=[best.label for best in chosen.values()])
     table = rows(sgd, pretrained)
-    (HERE / "wiseft.json").write_text(json.dumps(table, indent=1) + "\n")
-    with open(HERE / "wiseft.csv", "w", newline="") as f:
+    (out / "wiseft.json").write_text(json.dumps(table, indent=1) + "\n")
+    with open(out / "wiseft.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(table)
@@ -79,4 +94,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -271,6 +271,24 @@ def test_a_set_asked_twice_in_one_command_is_scored_and_shown_once(swa_run, caps
     assert out.count("split against ood-noise-uniform (") == 1 and out.count("against ood-noise-uniform: kept") <= 1
 
 
+def test_a_predictor_not_scored_is_named_once_per_run_not_once_per_set(tmp_path, capsys):
+    """A run's budget marks (and post-hoc averages) keep no weights, so no set scores them: over 75 corrupted sets
+    their reasons were printed 75 times each; once per run is enough."""
+    from conftest import train_on_one_thread
+
+    from swalab.results.score import not_scored_lines
+
+    run = train_on_one_thread(tmp_path / "swa", *[a for a in TINY if not a.startswith("trainer.epochs")],
+                              "model.budget_epochs=4", "method=swa", "model.swa.start_epoch=2",
+                              "model.swa.score_at_budgets=[1.0]", f"run.cache_dir={tmp_path / 'cache'}")
+    records = main([str(run), "--data", "cifar10c:contrast:3", "--data", "cifar10c:contrast:2", "--device",
+                    "cpu"])[str(run)]["records"]
+    assert records[0]["not_scored"] and records[0]["not_scored"] == records[1]["not_scored"]  # the same reasons twice
+    out = capsys.readouterr().out
+    lines = not_scored_lines(records[0]["not_scored"])  # swa@1 (and swa@1+ts): a budget mark ...
+    assert lines and all(out.count(f"  not scored: {line}\n") == 1 for line in lines)
+
+
 # -- a set scored before is kept; a score record is whole or absent; one score of a run at a time ----------------------
 
 def test_a_set_scored_before_from_the_same_weights_and_images_is_kept_and_again_scores_it_anew(swa_run, capsys):

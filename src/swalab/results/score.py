@@ -336,6 +336,7 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
         posterior = functools.cache(lambda: rebuild(scored, args.swag_samples))
 
         records = []
+        said = set()  # a predictor not scored for one reason is named once per run, not once per set
         for spec in specs:
             split, made = spec.make(scored.run.data().test, scored.run.get("run.cache_dir"))
             record = None if args.again else earlier_record(scored.run.path, spec.name, inputs, made)
@@ -348,7 +349,9 @@ def score_runs(args: argparse.Namespace, specs: Sequence[DataSpec]) -> dict:
             print(f"{scored.label} on {spec.name} ({record['data']['images']} images):")
             print(metrics_table(record["predictors"]))
             for line in not_scored_lines(record["not_scored"]):
-                print(f"  not scored: {line}")
+                if line not in said:
+                    said.add(line)
+                    print(f"  not scored: {line}")
         detections = []
         for spec in args.ood:
             outside = ood_images(scored, spec)
